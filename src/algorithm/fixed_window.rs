@@ -1,0 +1,141 @@
+//! Fixed window: one counter per window, windows aligned to the Unix epoch.
+//!
+//! A request of cost `c` at time `t` falls in window `k = ⌊t / W⌋`; it is allowed when the
+//! window's count plus `c` is at most `N`.
+//!
+//! * `remaining`: `N` minus the window's count after this decision.
+//! * `reset_after`: time until the current window ends (0 when nothing is counted).
+//! * `retry_after`: time until the next window starts, exactly (the count only drops there).
+//!
+//! **Accuracy bound and known weakness**: at most `N` per *fixed* window, but up to `2N` in a
+//! span as short as 2 ms around a window flip (`N` at the end of one window, `N` at the start of
+//! the next): the boundary burst. Prefer the sliding window counter for anything
+//! customer-facing.
+
+use super::PolicyDecision;
+use crate::policy::Policy;
+
+/// The window's index (`⌊t / W⌋`) and its count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FixedWindowState {
+    /// `⌊t / W⌋` of the last charged request.
+    pub window: u64,
+    /// Units charged in that window.
+    pub count: u64,
+}
+
+fn current(state: &FixedWindowState, idx: u64) -> u64 {
+    if state.window == idx {
+        state.count
+    } else {
+        0
+    }
+}
+
+/// What a request of `cost` at `now` would get, changing nothing.
+pub fn evaluate(state: &FixedWindowState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    let idx = now / w;
+    let count = current(state, idx);
+    let window_end = (idx + 1) * w - now;
+    let allowed = count + cost <= n;
+    let after = if allowed { count + cost } else { count };
+    PolicyDecision::from_parts(
+        allowed,
+        n,
+        n.saturating_sub(after),
+        if after > 0 { window_end } else { 0 },
+        window_end,
+        0,
+    )
+}
+
+/// Charges an allowed request.
+pub fn commit(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64) {
+    let idx = now / policy.window_millis();
+    let count = current(state, idx);
+    *state = FixedWindowState {
+        window: idx,
+        count: count + cost,
+    };
+}
+
+/// [`evaluate`] then, if allowed, [`commit`].
+pub fn decide(
+    mut state: FixedWindowState,
+    now: u64,
+    policy: &Policy,
+    cost: u64,
+) -> (PolicyDecision, FixedWindowState) {
+    let d = evaluate(&state, now, policy, cost);
+    if d.is_allowed() {
+        commit(&mut state, now, policy, cost);
+    }
+    (d, state)
+}
+
+/// When the state stops mattering (ms since the epoch): the end of its window.
+pub fn expires_at(state: &FixedWindowState, policy: &Policy) -> u64 {
+    (state.window + 1) * policy.window_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::test_support::assert_retry_exact;
+    use crate::{Algorithm, Rate};
+
+    fn policy(n: u64, w_ms: u64) -> Policy {
+        Policy::builder("fw", Rate::new(n, std::time::Duration::from_millis(w_ms)))
+            .algorithm(Algorithm::FixedWindow)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn counts_within_a_window_and_resets_at_the_next() {
+        let p = policy(3, 1000);
+        let mut s = FixedWindowState::default();
+        for i in 0..3 {
+            let (d, ns) = decide(s, 5_000 + i, &p, 1);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 2 - i);
+            assert_eq!(d.reset_after_millis(), 1000 - i);
+            s = ns;
+        }
+        let (d, s2) = decide(s, 5_500, &p, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(s2, s, "a denied request consumes nothing");
+        assert_eq!(d.retry_after_millis(), 500);
+        assert_retry_exact(&s, 5_500, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert!(evaluate(&s, 6_000, &p, 1).is_allowed());
+    }
+
+    #[test]
+    fn boundary_burst_admits_two_n_across_a_flip() {
+        let p = policy(10, 1000);
+        let mut s = FixedWindowState::default();
+        let mut admitted = 0;
+        for t in [999u64, 1000] {
+            for _ in 0..10 {
+                let (d, ns) = decide(s, t, &p, 1);
+                admitted += u64::from(d.is_allowed());
+                s = ns;
+            }
+        }
+        assert_eq!(admitted, 20, "the documented weakness: 2N within 2 ms");
+    }
+
+    #[test]
+    fn denied_cost_leaves_the_count() {
+        let p = policy(5, 1000);
+        let (_, s) = decide(FixedWindowState::default(), 0, &p, 4);
+        let (d, s2) = decide(s, 1, &p, 2);
+        assert!(!d.is_allowed());
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(s, s2);
+        let (d, _) = decide(s2, 2, &p, 1);
+        assert!(d.is_allowed());
+    }
+}

@@ -1,0 +1,188 @@
+//! GCRA, the generic cell rate algorithm: a leaky bucket used as a meter.
+//!
+//! Each unit has an emission interval `T = W/N`; the state is the *theoretical arrival time*
+//! (TAT) at which the meter would be empty. A request of cost `x` at `t` is allowed when
+//! `max(TAT, t) + x·T − t ≤ B·T`, where `B` is the burst (default the limit); it then moves the
+//! TAT to `max(TAT, t) + x·T`. `T` is usually fractional, so the TAT is kept as whole
+//! milliseconds plus a remainder in `1/N` ms: the arithmetic stays exact.
+//!
+//! * `remaining`: how many more cost-1 requests would pass right now.
+//! * `reset_after`: time until the meter is empty (TAT − t).
+//! * `retry_after`: time until the same request fits, exactly.
+//!
+//! **Accuracy bound**: exact. In any span of `L` ms the admitted total is at most `B + N·L/W`.
+//! It admits exactly what the [token bucket](super::token_bucket) with the same rate and burst
+//! admits.
+//!
+//! **Shaping**: with [`PolicyBuilder::shape`](crate::PolicyBuilder::shape) a request that does
+//! not fit now but would within `max_delay` is allowed with a [`delay`](PolicyDecision::delay):
+//! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
+//! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
+
+use super::{ceil_div, PolicyDecision};
+use crate::policy::Policy;
+
+/// The theoretical arrival time: `tat + frac/N` ms since the epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct GcraState {
+    /// Whole milliseconds of the TAT.
+    pub tat: u64,
+    /// The TAT's remainder in units of `1/N` ms (always below `N`).
+    pub frac: u64,
+}
+
+/// `N · max(TAT − now, 0)`: how far ahead the meter runs, in `1/N` ms.
+fn backlog(state: &GcraState, now: u64, n: u64) -> u64 {
+    if state.tat >= now {
+        (state.tat - now) * n + state.frac
+    } else {
+        0
+    }
+}
+
+/// What a request of `cost` at `now` would get, changing nothing.
+pub fn evaluate(state: &GcraState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    let tolerance = policy.capacity() * w;
+    let slack = policy.max_delay_millis() * n;
+    let backlog = backlog(state, now, n);
+    let after = backlog + cost * w;
+    let allowed = after <= tolerance + slack;
+    let delay = if allowed {
+        ceil_div(after.saturating_sub(tolerance), n)
+    } else {
+        0
+    };
+    let (left, reset_after) = if allowed {
+        (tolerance.saturating_sub(after), ceil_div(after, n))
+    } else {
+        (tolerance.saturating_sub(backlog), ceil_div(backlog, n))
+    };
+    let retry_after = if allowed {
+        0
+    } else {
+        ceil_div(after - tolerance - slack, n)
+    };
+    PolicyDecision::from_parts(
+        allowed,
+        policy.capacity(),
+        left / w,
+        reset_after,
+        retry_after,
+        delay,
+    )
+}
+
+/// Moves the TAT for an allowed request.
+pub fn commit(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
+    let n = policy.limit();
+    let (base, backlog) = if state.tat >= now {
+        (now, backlog(state, now, n))
+    } else {
+        (now, 0)
+    };
+    let after = backlog + cost * policy.window_millis();
+    *state = GcraState {
+        tat: base + after / n,
+        frac: after % n,
+    };
+}
+
+/// [`evaluate`] then, if allowed, [`commit`].
+pub fn decide(
+    mut state: GcraState,
+    now: u64,
+    policy: &Policy,
+    cost: u64,
+) -> (PolicyDecision, GcraState) {
+    let d = evaluate(&state, now, policy, cost);
+    if d.is_allowed() {
+        commit(&mut state, now, policy, cost);
+    }
+    (d, state)
+}
+
+/// When the state stops mattering (ms since the epoch): when the TAT is reached.
+pub fn expires_at(state: &GcraState, _policy: &Policy) -> u64 {
+    state.tat + u64::from(state.frac > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::test_support::assert_retry_exact;
+    use crate::algorithm::{token_bucket, TokenBucketState};
+    use crate::{Algorithm, Rate};
+    use std::time::Duration;
+
+    fn policy(n: u64, burst: u64) -> Policy {
+        Policy::builder("gcra", Rate::per_second(n).with_burst(burst))
+            .algorithm(Algorithm::Gcra)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn burst_then_one_per_interval() {
+        let p = policy(3, 2);
+        let mut s = GcraState::default();
+        for _ in 0..2 {
+            let (d, ns) = decide(s, 10_000, &p, 1);
+            assert!(d.is_allowed());
+            s = ns;
+        }
+        let (d, s2) = decide(s, 10_000, &p, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(s, s2);
+        assert_eq!(d.retry_after_millis(), 334);
+        assert_retry_exact(&s, 10_000, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_eq!(d.reset_after_millis(), 667);
+        let d = evaluate(&s, 10_000, &p, 2);
+        assert_retry_exact(&s, 10_000, 2, &d, |s, t, c| evaluate(s, t, &p, c));
+    }
+
+    #[test]
+    fn shaping_delays_within_the_bound() {
+        let p = Policy::builder("shape", Rate::per_second(10).with_burst(1))
+            .algorithm(Algorithm::Gcra)
+            .shape(Duration::from_millis(250))
+            .build()
+            .unwrap();
+        let mut s = GcraState::default();
+        let mut delays = vec![];
+        loop {
+            let (d, ns) = decide(s, 0, &p, 1);
+            if !d.is_allowed() {
+                assert_eq!(s, ns);
+                // At 50 ms the backlog has drained to where a 250 ms wait fits.
+                assert_eq!(d.retry_after_millis(), 50);
+                assert_retry_exact(&s, 0, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+                break;
+            }
+            delays.push(d.delay_millis());
+            s = ns;
+        }
+        assert_eq!(delays, vec![0, 100, 200]);
+    }
+
+    #[test]
+    fn agrees_with_the_token_bucket() {
+        let g = policy(7, 4);
+        let t = Policy::builder("tb", Rate::per_second(7).with_burst(4))
+            .algorithm(Algorithm::TokenBucket)
+            .build()
+            .unwrap();
+        let (mut gs, mut ts) = (GcraState::default(), TokenBucketState::default());
+        let mut now = 1_000;
+        for i in 0..2_000u64 {
+            now += (i * 7919) % 97;
+            let cost = 1 + i % 3;
+            let (a, ngs) = decide(gs, now, &g, cost);
+            let (b, nts) = token_bucket::decide(ts, now, &t, cost);
+            assert_eq!(a, b, "step {i} at {now}");
+            gs = ngs;
+            ts = nts;
+        }
+    }
+}

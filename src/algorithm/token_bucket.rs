@@ -1,0 +1,132 @@
+//! Token bucket: a bucket of `C` tokens (the burst, default the limit) refilled continuously at
+//! `N` tokens per `W` ms; a request of cost `x` takes `x` tokens.
+//!
+//! Tokens are fractional between refills; to keep the arithmetic exact the state stores the
+//! bucket's *deficit* (`C` minus the tokens) multiplied by `W`, which refills by `N` per
+//! millisecond. A fresh bucket is full.
+//!
+//! * `remaining`: whole tokens left after this decision.
+//! * `reset_after`: time until the bucket is full again.
+//! * `retry_after`: time until `x` tokens are there, exactly (`⌈(x − tokens)·W / N⌉` ms).
+//!
+//! **Accuracy bound**: exact. In any span of `L` ms the admitted total is at most
+//! `C + N·L/W`. A denied request takes no tokens.
+//!
+//! The token bucket and [GCRA](super::gcra) are two views of one meter: with the same rate and
+//! burst they admit exactly the same requests. The bucket stores a level and a time, GCRA one
+//! "theoretical arrival time"; GCRA can also shape.
+
+use super::{ceil_div, PolicyDecision};
+use crate::policy::Policy;
+
+/// The deficit (missing tokens × `W`) as of `updated_at`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TokenBucketState {
+    /// Missing tokens × window in ms; 0 is a full bucket.
+    pub deficit: u64,
+    /// ms since the epoch of the last charge.
+    pub updated_at: u64,
+}
+
+fn deficit_at(state: &TokenBucketState, now: u64, refill_per_ms: u64) -> u64 {
+    let elapsed = now.saturating_sub(state.updated_at);
+    state
+        .deficit
+        .saturating_sub(elapsed.saturating_mul(refill_per_ms))
+}
+
+/// What a request of `cost` at `now` would get, changing nothing.
+pub fn evaluate(state: &TokenBucketState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    let full = policy.capacity() * w;
+    let deficit = deficit_at(state, now, n);
+    let allowed = deficit + cost * w <= full;
+    let after = if allowed { deficit + cost * w } else { deficit };
+    let retry_after = if allowed {
+        0
+    } else {
+        ceil_div(deficit + cost * w - full, n)
+    };
+    PolicyDecision::from_parts(
+        allowed,
+        policy.capacity(),
+        (full - after) / w,
+        ceil_div(after, n),
+        retry_after,
+        0,
+    )
+}
+
+/// Takes `cost` tokens for an allowed request.
+pub fn commit(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64) {
+    let deficit = deficit_at(state, now, policy.limit());
+    *state = TokenBucketState {
+        deficit: deficit + cost * policy.window_millis(),
+        updated_at: now.max(state.updated_at),
+    };
+}
+
+/// [`evaluate`] then, if allowed, [`commit`].
+pub fn decide(
+    mut state: TokenBucketState,
+    now: u64,
+    policy: &Policy,
+    cost: u64,
+) -> (PolicyDecision, TokenBucketState) {
+    let d = evaluate(&state, now, policy, cost);
+    if d.is_allowed() {
+        commit(&mut state, now, policy, cost);
+    }
+    (d, state)
+}
+
+/// When the state stops mattering (ms since the epoch): when the bucket is full again.
+pub fn expires_at(state: &TokenBucketState, policy: &Policy) -> u64 {
+    state.updated_at + ceil_div(state.deficit, policy.limit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::test_support::assert_retry_exact;
+    use crate::{Algorithm, Rate};
+
+    fn policy(n: u64, burst: u64) -> Policy {
+        Policy::builder("tb", Rate::per_second(n).with_burst(burst))
+            .algorithm(Algorithm::TokenBucket)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn bursts_to_capacity_then_refills_at_the_rate() {
+        let p = policy(3, 5); // a token every 333⅓ ms
+        let mut s = TokenBucketState::default();
+        for i in 0..5 {
+            let (d, ns) = decide(s, 1_000, &p, 1);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 4 - i);
+            s = ns;
+        }
+        let (d, s2) = decide(s, 1_000, &p, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(s, s2, "a denied request takes no tokens");
+        assert_eq!(d.retry_after_millis(), 334);
+        assert_retry_exact(&s, 1_000, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        let d = evaluate(&s, 1_000, &p, 2);
+        assert_eq!(d.retry_after_millis(), 667);
+        assert_retry_exact(&s, 1_000, 2, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_eq!(d.reset_after_millis(), 1_667);
+    }
+
+    #[test]
+    fn a_denied_big_request_does_not_drain_the_bucket() {
+        let p = policy(1, 10);
+        let (_, s) = decide(TokenBucketState::default(), 0, &p, 5);
+        let (d, s2) = decide(s, 0, &p, 10);
+        assert!(!d.is_allowed());
+        assert_eq!(s, s2);
+        assert!(decide(s2, 0, &p, 5).0.is_allowed());
+    }
+}

@@ -1,0 +1,141 @@
+//! The answer for one request checked against one or more policies.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::algorithm::PolicyDecision;
+
+/// The answer for one request: allowed only if every policy allowed.
+///
+/// The accessors describe the *governing* policy: when denied, the denying policy that frees
+/// up last (the largest `retry_after`); when allowed, the one with the fewest units left. The
+/// per-policy answers are in [`policies`](Self::policies), in the order the policies were
+/// given.
+///
+/// # Examples
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use tollgate::{Limiter, Policy, Rate, key::Key};
+///
+/// let limiter = Limiter::builder()
+///     .policy(Policy::new("burst", Rate::per_second(2))?)
+///     .policy(Policy::new("daily", Rate::per_day(1000))?)
+///     .build()?;
+/// let key = Key::new("user", "42");
+/// let d = limiter.check(&key, 1).await?;
+/// assert!(d.is_allowed());
+/// assert_eq!(d.limit(), 2);          // the burst policy is the tighter one
+/// assert_eq!(d.remaining(), 1);
+/// assert_eq!(d.policies()[1].remaining(), 999);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    allowed: bool,
+    governing: usize,
+    decisions: SmallVec<[PolicyDecision; 2]>,
+}
+
+impl Decision {
+    /// Combines per-policy answers (at least one) into one decision.
+    ///
+    /// # Panics
+    ///
+    /// Never: an empty list gives an allowed decision with no policies, which only a limiter
+    /// without policies could produce (and building one is refused).
+    pub fn from_policies(decisions: impl IntoIterator<Item = PolicyDecision>) -> Self {
+        let decisions: SmallVec<[PolicyDecision; 2]> = decisions.into_iter().collect();
+        let allowed = decisions.iter().all(PolicyDecision::is_allowed);
+        let governing = if allowed {
+            decisions
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, d)| d.remaining)
+                .map_or(0, |(i, _)| i)
+        } else {
+            decisions
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| !d.allowed)
+                .max_by_key(|(i, d)| (d.retry_after_ms, std::cmp::Reverse(*i)))
+                .map_or(0, |(i, _)| i)
+        };
+        Self {
+            allowed,
+            governing,
+            decisions,
+        }
+    }
+
+    fn gov(&self) -> Option<&PolicyDecision> {
+        self.decisions.get(self.governing)
+    }
+
+    /// Whether the request may pass.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Index of the governing policy in [`policies`](Self::policies).
+    pub fn governing_index(&self) -> usize {
+        self.governing
+    }
+
+    /// The governing policy's answer.
+    pub fn governing(&self) -> Option<&PolicyDecision> {
+        self.gov()
+    }
+
+    /// Per-policy answers, in the order of the policies checked.
+    pub fn policies(&self) -> &[PolicyDecision] {
+        &self.decisions
+    }
+
+    /// The governing policy's quota.
+    pub fn limit(&self) -> u64 {
+        self.gov().map_or(0, |d| d.limit)
+    }
+
+    /// Units the governing policy has left after this decision.
+    pub fn remaining(&self) -> u64 {
+        self.gov().map_or(0, |d| d.remaining)
+    }
+
+    /// When the governing policy's quota is whole again.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_millis(self.gov().map_or(0, |d| d.reset_after_ms))
+    }
+
+    /// When denied, how long until the same request would be allowed by every policy that
+    /// denied it; `None` when allowed.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.allowed).then(|| Duration::from_millis(self.retry_after_millis()))
+    }
+
+    /// [`retry_after`](Self::retry_after) in milliseconds (0 when allowed).
+    pub fn retry_after_millis(&self) -> u64 {
+        if self.allowed {
+            0
+        } else {
+            self.gov().map_or(1, |d| d.retry_after_ms)
+        }
+    }
+
+    /// For shaping policies: how long the allowed request must wait (the longest wait any
+    /// policy asks for).
+    pub fn delay(&self) -> Duration {
+        Duration::from_millis(
+            self.decisions
+                .iter()
+                .map(|d| d.delay_ms)
+                .max()
+                .unwrap_or(0),
+        )
+    }
+}

@@ -1,0 +1,155 @@
+//! Error types.
+
+use std::fmt;
+
+/// A configuration mistake, reported when a policy, limiter or layer is built.
+///
+/// The message names the offending field and the value it had, so a typo in a config file
+/// can be found without reading the source.
+///
+/// # Examples
+///
+/// ```
+/// use tollgate::{Policy, Rate};
+///
+/// let err = Policy::new("api", Rate::per_second(0)).unwrap_err();
+/// assert_eq!(err.field(), "limit");
+/// assert!(err.to_string().contains("limit"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    field: String,
+    value: String,
+    reason: String,
+}
+
+impl ConfigError {
+    /// A new error for `field`, which had `value`, explaining `reason`.
+    pub fn new(
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The name of the offending field (for example `limit` or `policies[2].window`).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The offending value, as written.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// Why the value was refused.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// Prefixes the field with its parent, e.g. `limit` inside policy `login` becomes
+    /// `policy "login".limit`.
+    pub fn within(mut self, parent: impl fmt::Display) -> Self {
+        self.field = format!("{parent}.{}", self.field);
+        self
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid `{}` = {}: {}",
+            self.field, self.value, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a store could not decide.
+///
+/// The limiter's failure mode turns these into an outcome (see [`crate::Limiter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached (connection refused, reset, DNS, pool exhausted).
+    Connection(String),
+    /// The store did not answer in time.
+    Timeout,
+    /// The store answered with an error (a failing script, a wrong-type key).
+    Backend(String),
+    /// The store answered, but not in the shape tollgate expects.
+    Protocol(String),
+    /// The memory store is at its key cap and the new key's shard has nothing expired to
+    /// reclaim.
+    Capacity,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Connection(m) => write!(f, "rate-limit store unreachable: {m}"),
+            StoreError::Timeout => f.write_str("rate-limit store timed out"),
+            StoreError::Backend(m) => write!(f, "rate-limit store error: {m}"),
+            StoreError::Protocol(m) => write!(f, "unexpected rate-limit store reply: {m}"),
+            StoreError::Capacity => f.write_str("rate-limit store is at its key cap"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Why [`crate::Limiter::check`] gave no decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The request's cost is larger than a policy's capacity: it could never be allowed, so it
+    /// is refused outright instead of locking the key out.
+    CostExceedsCapacity {
+        /// The policy whose capacity is too small.
+        policy: String,
+        /// The cost asked for.
+        cost: u64,
+        /// The largest cost the policy can ever allow.
+        capacity: u64,
+    },
+    /// The store failed; see [`StoreError`].
+    Store(StoreError),
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::CostExceedsCapacity {
+                policy,
+                cost,
+                capacity,
+            } => write!(
+                f,
+                "cost {cost} exceeds the capacity {capacity} of policy \"{policy}\""
+            ),
+            CheckError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CheckError::Store(e) => Some(e),
+            CheckError::CostExceedsCapacity { .. } => None,
+        }
+    }
+}
+
+impl From<StoreError> for CheckError {
+    fn from(e: StoreError) -> Self {
+        CheckError::Store(e)
+    }
+}

@@ -1,0 +1,318 @@
+//! The [`KeyExtractor`] trait and the core extractors.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, Method, Request, Uri};
+
+use super::Key;
+
+/// What an extractor may read of a request: method, URI, headers and extensions.
+///
+/// A borrowed view, so one extractor works for any request body type.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+}
+
+impl<'a> RequestView<'a> {
+    /// A view of `request`.
+    pub fn new<B>(request: &'a Request<B>) -> Self {
+        Self {
+            method: request.method(),
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+
+    /// A view of request parts.
+    pub fn from_parts(parts: &'a http::request::Parts) -> Self {
+        Self {
+            method: &parts.method,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
+
+    /// The method.
+    pub fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The URI.
+    pub fn uri(&self) -> &'a Uri {
+        self.uri
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The extensions (where axum puts `ConnectInfo` and auth layers put the principal).
+    pub fn extensions(&self) -> &'a Extensions {
+        self.extensions
+    }
+
+    /// The TCP peer address, from axum's `ConnectInfo<SocketAddr>` (feature `axum`) or a plain
+    /// `SocketAddr` extension.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(axum::extract::ConnectInfo(addr)) = self
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(*addr);
+        }
+        self.extensions.get::<SocketAddr>().copied()
+    }
+}
+
+/// Derives the rate-limit [`Key`] of a request.
+///
+/// Returning `None` means "this extractor has no key for this request" (no authenticated user,
+/// no peer address); the limiter's missing-key setting decides what happens then.
+///
+/// Implement it for your own types, or wrap a closure with [`from_fn`].
+///
+/// ```
+/// use tollgate::key::{Key, KeyExtractor, RequestView};
+///
+/// #[derive(Debug)]
+/// struct Tenant;
+///
+/// impl KeyExtractor for Tenant {
+///     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
+///         let tenant = request.headers().get("x-tenant")?;
+///         Some(Key::new("tenant", tenant.as_bytes()))
+///     }
+/// }
+///
+/// let req = http::Request::builder().header("x-tenant", "acme").body(()).unwrap();
+/// assert_eq!(Tenant.extract(&RequestView::new(&req)).unwrap().as_str(), "tenant:acme");
+/// ```
+pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
+    /// The key for `request`, or `None`.
+    fn extract(&self, request: &RequestView<'_>) -> Option<Key>;
+}
+
+impl<K: KeyExtractor + ?Sized> KeyExtractor for Arc<K> {
+    fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
+        (**self).extract(request)
+    }
+}
+
+impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
+    fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
+        (**self).extract(request)
+    }
+}
+
+/// The TCP peer's IP address, ignoring every header. IPv6 peers are grouped by prefix
+/// (default /64, since one subscriber usually holds a whole /64); IPv4-mapped IPv6 addresses
+/// count as IPv4.
+///
+/// With axum, serve the app with `into_make_service_with_connect_info::<SocketAddr>()` so
+/// the address is there.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate::key::{KeyExtractor, PeerIp, RequestView};
+///
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>().unwrap());
+/// let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
+/// assert_eq!(key.as_str(), "ip:2001:db8:1:2::/64");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+impl PeerIp {
+    /// Groups IPv6 by /64.
+    pub const fn new() -> Self {
+        Self { ipv6_prefix: 64 }
+    }
+
+    /// Groups IPv6 addresses by the first `bits` bits (clamped to 1..=128; 128 keeps every
+    /// address apart).
+    pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = if bits == 0 {
+            1
+        } else if bits > 128 {
+            128
+        } else {
+            bits
+        };
+        self
+    }
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
+        let ip = request.peer_addr()?.ip();
+        Some(ip_key(ip, self.ipv6_prefix))
+    }
+}
+
+/// The key for a client address, grouping IPv6 by `ipv6_prefix` bits.
+pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
+    use std::fmt::Write;
+    let mut buf = compact_str::CompactString::default();
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let _ = write!(buf, "{v4}");
+        }
+        IpAddr::V6(v6) if ipv6_prefix >= 128 => {
+            let _ = write!(buf, "{v6}");
+        }
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = u128::MAX << (128 - u32::from(ipv6_prefix));
+            let _ = write!(buf, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
+        }
+    }
+    Key::new("ip", buf.as_bytes())
+}
+
+/// One key for every request: a global backstop ("never more than 5k/s to /search").
+///
+/// ```
+/// use tollgate::key::{Global, KeyExtractor, RequestView};
+///
+/// let req = http::Request::new(());
+/// assert_eq!(Global::new().extract(&RequestView::new(&req)).unwrap().as_str(), "global:all");
+/// assert_eq!(Global::named("search").extract(&RequestView::new(&req)).unwrap().as_str(), "global:search");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Global {
+    key: Key,
+}
+
+impl Global {
+    /// The key `global:all`.
+    pub fn new() -> Self {
+        Self::named("all")
+    }
+
+    /// The key `global:<name>`.
+    pub fn named(name: &str) -> Self {
+        Self {
+            key: Key::global(name),
+        }
+    }
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyExtractor for Global {
+    fn extract(&self, _request: &RequestView<'_>) -> Option<Key> {
+        Some(self.key.clone())
+    }
+}
+
+/// A closure as an extractor; see [`from_fn`].
+#[derive(Clone)]
+pub struct FnExtractor<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for FnExtractor<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnExtractor").finish_non_exhaustive()
+    }
+}
+
+/// Wraps a closure as a [`KeyExtractor`].
+///
+/// ```
+/// use tollgate::key::{from_fn, Key, KeyExtractor, RequestView};
+///
+/// let by_path = from_fn(|req: &RequestView<'_>| Some(Key::new("path", req.uri().path())));
+/// let req = http::Request::builder().uri("/a/b").body(()).unwrap();
+/// assert_eq!(by_path.extract(&RequestView::new(&req)).unwrap().as_str(), "path:/a/b");
+/// ```
+pub fn from_fn<F>(f: F) -> FnExtractor<F>
+where
+    F: Fn(&RequestView<'_>) -> Option<Key> + Send + Sync + 'static,
+{
+    FnExtractor { f }
+}
+
+impl<F> KeyExtractor for FnExtractor<F>
+where
+    F: Fn(&RequestView<'_>) -> Option<Key> + Send + Sync + 'static,
+{
+    fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
+        (self.f)(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_peer(addr: &str) -> Request<()> {
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(addr.parse::<SocketAddr>().unwrap());
+        req
+    }
+
+    #[test]
+    fn peer_ip_ignores_forwarding_headers() {
+        let mut req = with_peer("10.0.0.7:5000");
+        req.headers_mut()
+            .insert("x-forwarded-for", "1.2.3.4".parse().unwrap());
+        let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
+        assert_eq!(key.as_str(), "ip:10.0.0.7");
+    }
+
+    #[test]
+    fn ipv6_grouping() {
+        let a = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[2001:db8::1]:1")))
+            .unwrap();
+        let b = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[2001:db8::ffff:2]:1")))
+            .unwrap();
+        let c = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[2001:db8:0:1::1]:1")))
+            .unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let mapped = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[::ffff:1.2.3.4]:1")))
+            .unwrap();
+        assert_eq!(mapped.as_str(), "ip:1.2.3.4");
+        let exact = PeerIp::new()
+            .ipv6_prefix(128)
+            .extract(&RequestView::new(&with_peer("[2001:db8::1]:1")))
+            .unwrap();
+        assert_eq!(exact.as_str(), "ip:2001:db8::1");
+    }
+
+    #[test]
+    fn no_peer_no_key() {
+        assert!(PeerIp::new()
+            .extract(&RequestView::new(&Request::new(())))
+            .is_none());
+    }
+}

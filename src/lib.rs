@@ -1,0 +1,97 @@
+//! Production-grade rate limiting for [tower] services: axum, tonic, anything that speaks
+//! `tower::Service<http::Request<B>>`.
+//!
+//! * Five algorithms ([`Algorithm`]): sliding window counter (the default), sliding window
+//!   log, token bucket, fixed window and GCRA (with optional shaping).
+//! * An in-process [`MemoryStore`](store::MemoryStore) that needs no setup: sharded, bounded,
+//!   swept.
+//! * [`RateLimitLayer`]: keys requests with a [`KeyExtractor`](key::KeyExtractor), decides,
+//!   and answers denials with a complete 429 (`Retry-After`, `RateLimit-*`, JSON body).
+//! * [`Limiter`]: the same decisions without HTTP (`check`, `peek`, `reset`).
+//!
+//! A denied request consumes nothing, in every algorithm and in every policy of a request.
+//!
+//! # Examples
+//!
+//! Five requests per ten seconds per client IP on an axum app:
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{routing::get, Router};
+//! use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("per-ip", Rate::new(5, Duration::from_secs(10)))?)
+//!     .build()?; // memory store, keyed by peer IP
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(limiter));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Any tower stack, keyed globally, with the structured IETF headers:
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use std::convert::Infallible;
+//! use http::{Request, Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tollgate::{key::Global, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("burst", Rate::per_second(1))?)
+//!     .extractor(Global::new())
+//!     .build()?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Structured))
+//!     .service_fn(|_req: Request<String>| async {
+//!         Ok::<_, Infallible>(Response::new(String::from("ok")))
+//!     });
+//!
+//! let res = svc.clone().oneshot(Request::new(String::new())).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.headers()["ratelimit-policy"], "\"burst\";q=1;w=1");
+//! let res = svc.oneshot(Request::new(String::new())).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(res.headers()["retry-after"], "1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! [tower]: https://docs.rs/tower
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod algorithm;
+mod body;
+pub mod clock;
+mod decision;
+mod error;
+mod future;
+pub mod key;
+mod layer;
+mod limiter;
+pub mod policy;
+pub mod response;
+mod service;
+pub mod store;
+
+pub use body::RateLimitBody;
+pub use decision::Decision;
+pub use error::{CheckError, ConfigError, StoreError};
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
+pub use limiter::{Limiter, LimiterBuilder, MissingKey};
+pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
+pub use response::HeaderStyle;
+pub use service::RateLimitService;

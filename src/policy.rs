@@ -1,0 +1,639 @@
+//! Rates, algorithms and named policies.
+//!
+//! A [`Rate`] says how much: `limit` units per `window`, plus a burst capacity for the
+//! algorithms that have one. A [`Policy`] gives a rate a name and an [`Algorithm`]; the name is
+//! what headers and stores use, so two routes that name the same policy share its quota.
+//!
+//! Every value is checked when the policy is built: a zero limit, a zero or sub-millisecond
+//! window, a cost above the capacity, or a burst on an algorithm without one is a
+//! [`ConfigError`] naming the field.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Algorithm, Policy, Rate};
+//!
+//! // 100 requests per minute, sliding window counter (the default algorithm).
+//! let api = Policy::new("api", Rate::per_minute(100))?;
+//! assert_eq!(api.capacity(), 100);
+//!
+//! // A token bucket refilling 10 tokens per second that holds at most 50; each call costs 5.
+//! let llm = Policy::builder("llm", Rate::per_second(10).with_burst(50))
+//!     .algorithm(Algorithm::TokenBucket)
+//!     .cost(5)
+//!     .build()?;
+//! assert_eq!(llm.capacity(), 50);
+//!
+//! // Mistakes are caught at build time, naming the field.
+//! let err = Policy::builder("login", Rate::per_minute(5)).cost(6).build().unwrap_err();
+//! assert_eq!(err.field(), "cost");
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The largest `capacity × window-in-milliseconds` a policy may have (2^50).
+///
+/// Every algorithm does exact integer arithmetic on values up to a few times this product, in
+/// Rust and in the Redis Lua scripts alike; Lua numbers are doubles, exact only up to 2^53.
+/// That still allows, for example, 13 million per day or 300 000 per second.
+pub const MAX_CAPACITY_WINDOW_PRODUCT: u64 = 1 << 50;
+
+/// The largest limit the sliding window log accepts: it keeps one entry per admitted request.
+pub const MAX_LOG_LIMIT: u64 = 100_000;
+
+/// How many units may pass per window.
+///
+/// `per_second(n)` means *n requests per second* (not one request every n seconds).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Rate;
+///
+/// let r = Rate::per_second(10);
+/// assert_eq!(r.limit(), 10);
+/// assert_eq!(r.window(), Duration::from_secs(1));
+/// assert_eq!(r.burst(), None);
+///
+/// let r = Rate::new(5, Duration::from_secs(10)).with_burst(8);
+/// assert_eq!(r.burst(), Some(8));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    limit: u64,
+    window: Duration,
+    burst: Option<u64>,
+}
+
+impl Rate {
+    /// `limit` units per `window`.
+    pub const fn new(limit: u64, window: Duration) -> Self {
+        Self {
+            limit,
+            window,
+            burst: None,
+        }
+    }
+
+    /// `n` per second.
+    pub const fn per_second(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(1))
+    }
+
+    /// `n` per minute.
+    pub const fn per_minute(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    /// `n` per hour.
+    pub const fn per_hour(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(3_600))
+    }
+
+    /// `n` per day (24 hours).
+    pub const fn per_day(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(86_400))
+    }
+
+    /// Sets the burst capacity for the token bucket and GCRA: how many units may pass at
+    /// once from a full bucket. Without it the capacity equals the limit.
+    pub const fn with_burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Units per window.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window.
+    pub const fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The burst capacity, if one was set.
+    pub const fn burst(&self) -> Option<u64> {
+        self.burst
+    }
+
+    /// The window in whole milliseconds.
+    pub fn window_millis(&self) -> u64 {
+        self.window.as_millis() as u64
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.window.as_millis();
+        let (n, unit) = match ms {
+            86_400_000 => (1, "day"),
+            3_600_000 => (1, "hour"),
+            60_000 => (1, "minute"),
+            1_000 => (1, "second"),
+            m if m % 1000 == 0 => (m / 1000, "seconds"),
+            m => (m, "ms"),
+        };
+        if n == 1 {
+            write!(f, "{} per {unit}", self.limit)
+        } else {
+            write!(f, "{} per {n} {unit}", self.limit)
+        }
+    }
+}
+
+/// Which algorithm decides.
+///
+/// | algorithm | memory per key | exact? | bursts |
+/// |---|---|---|---|
+/// | [`SlidingWindowCounter`](Algorithm::SlidingWindowCounter) (default) | O(1) | approximate, bounded | no 2× at window flips |
+/// | [`SlidingWindowLog`](Algorithm::SlidingWindowLog) | O(limit) | exact | none |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | O(1) | exact | up to the capacity |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | O(1) | exact per window | **2× around a window flip** |
+/// | [`Gcra`](Algorithm::Gcra) | O(1) | exact | up to the burst; can shape |
+///
+/// Each variant's module in [`crate::algorithm`] documents what `remaining`, `reset_after` and
+/// `retry_after` mean for it and its accuracy bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Two adjacent fixed windows, the previous one weighted by how much of it still overlaps
+    /// the sliding window. See [`crate::algorithm::sliding_window_counter`].
+    #[default]
+    SlidingWindowCounter,
+    /// Every admitted request's timestamp, exact. See [`crate::algorithm::sliding_window_log`].
+    SlidingWindowLog,
+    /// A bucket of `capacity` tokens refilled at `limit` per `window`.
+    /// See [`crate::algorithm::token_bucket`].
+    TokenBucket,
+    /// A counter per fixed, epoch-aligned window. See [`crate::algorithm::fixed_window`].
+    FixedWindow,
+    /// The generic cell rate algorithm: a leaky bucket as a meter.
+    /// See [`crate::algorithm::gcra`].
+    Gcra,
+}
+
+impl Algorithm {
+    /// The stable short name used in Redis keys, config files and logs.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Whether the algorithm has a burst capacity separate from its limit.
+    pub const fn has_burst(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A named rate with an algorithm: the unit that stores keep state for.
+///
+/// Cheap to clone. Build one with [`Policy::new`] or [`Policy::builder`]; see the
+/// [module docs](crate::policy) for examples.
+#[derive(Clone)]
+pub struct Policy {
+    inner: Arc<PolicyInner>,
+}
+
+#[derive(Debug)]
+struct PolicyInner {
+    name: Arc<str>,
+    id: u32,
+    rate: Rate,
+    algorithm: Algorithm,
+    cost: u64,
+    capacity: u64,
+    window_ms: u64,
+    sensitive: bool,
+    max_delay: Option<Duration>,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.inner.name)
+            .field("rate", &self.inner.rate)
+            .field("algorithm", &self.inner.algorithm)
+            .field("cost", &self.inner.cost)
+            .field("sensitive", &self.inner.sensitive)
+            .field("max_delay", &self.inner.max_delay)
+            .finish()
+    }
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.inner.name == other.inner.name
+                && self.inner.rate == other.inner.rate
+                && self.inner.algorithm == other.inner.algorithm
+                && self.inner.cost == other.inner.cost
+                && self.inner.sensitive == other.inner.sensitive
+                && self.inner.max_delay == other.inner.max_delay)
+    }
+}
+
+impl Eq for Policy {}
+
+impl Policy {
+    /// A policy with the default algorithm (sliding window counter) and cost 1.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when the name or rate is invalid.
+    pub fn new(name: impl Into<String>, rate: Rate) -> Result<Self, ConfigError> {
+        Self::builder(name, rate).build()
+    }
+
+    /// A builder for the other settings.
+    pub fn builder(name: impl Into<String>, rate: Rate) -> PolicyBuilder {
+        PolicyBuilder {
+            name: name.into(),
+            rate,
+            algorithm: Algorithm::default(),
+            cost: 1,
+            sensitive: false,
+            max_delay: None,
+        }
+    }
+
+    /// The policy's name, as it appears in headers and store keys.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A process-wide number for the name: policies with the same name share an id.
+    pub(crate) fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.inner.rate
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// The default cost of one request.
+    pub fn cost(&self) -> u64 {
+        self.inner.cost
+    }
+
+    /// The largest cost a single request can ever be allowed: the burst for the token bucket
+    /// and GCRA, the limit for the window algorithms.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// `limit` (units per window).
+    pub fn limit(&self) -> u64 {
+        self.inner.rate.limit
+    }
+
+    /// The window in milliseconds.
+    pub fn window_millis(&self) -> u64 {
+        self.inner.window_ms
+    }
+
+    /// Whether rejections must not reveal counts (login and other auth endpoints).
+    pub fn is_sensitive(&self) -> bool {
+        self.inner.sensitive
+    }
+
+    /// For shaping GCRA policies: the longest a request may be delayed instead of rejected.
+    pub fn max_delay(&self) -> Option<Duration> {
+        self.inner.max_delay
+    }
+
+    pub(crate) fn max_delay_millis(&self) -> u64 {
+        self.inner.max_delay.map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// Builds a [`Policy`]; see the [module docs](crate::policy) for examples.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PolicyBuilder {
+    name: String,
+    rate: Rate,
+    algorithm: Algorithm,
+    cost: u64,
+    sensitive: bool,
+    max_delay: Option<Duration>,
+}
+
+impl PolicyBuilder {
+    /// The algorithm (default: [`Algorithm::SlidingWindowCounter`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The cost of one request (default 1). It must not exceed the capacity.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Marks the policy sensitive: its 429 carries a generic message and no counts
+    /// (`RateLimit-Remaining` and friends are left out). Use it for login and other auth routes.
+    pub fn sensitive(mut self, sensitive: bool) -> Self {
+        self.sensitive = sensitive;
+        self
+    }
+
+    /// Shapes instead of only policing (GCRA only): a request that would be rejected now but
+    /// fits within `max_delay` takes the next free slot and is forwarded after waiting for it;
+    /// one that would wait longer is rejected.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Policy, Rate};
+    ///
+    /// let smooth = Policy::builder("outbound", Rate::per_second(10).with_burst(1))
+    ///     .algorithm(Algorithm::Gcra)
+    ///     .shape(Duration::from_millis(500))
+    ///     .build()?;
+    /// assert_eq!(smooth.max_delay(), Some(Duration::from_millis(500)));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn shape(mut self, max_delay: Duration) -> Self {
+        self.max_delay = Some(max_delay);
+        self
+    }
+
+    /// Checks every value and builds the policy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first invalid field: `name`, `limit`, `window`, `burst`,
+    /// `cost` or `max_delay`.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        validate_name(&self.name)?;
+        let rate = self.rate;
+        if rate.limit == 0 {
+            return Err(ConfigError::new("limit", 0, "must be at least 1"));
+        }
+        if rate.window < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "window",
+                format_args!("{:?}", rate.window),
+                "must be at least 1 ms",
+            ));
+        }
+        if rate.window.subsec_nanos() % 1_000_000 != 0 {
+            return Err(ConfigError::new(
+                "window",
+                format_args!("{:?}", rate.window),
+                "must be a whole number of milliseconds",
+            ));
+        }
+        let window_ms = u64::try_from(rate.window.as_millis()).unwrap_or(u64::MAX);
+        if let Some(burst) = rate.burst {
+            if !self.algorithm.has_burst() {
+                return Err(ConfigError::new(
+                    "burst",
+                    burst,
+                    format!(
+                        "the {} algorithm has no burst; use token_bucket or gcra, or drop the burst",
+                        self.algorithm
+                    ),
+                ));
+            }
+            if burst == 0 {
+                return Err(ConfigError::new("burst", 0, "must be at least 1"));
+            }
+        }
+        let capacity = if self.algorithm.has_burst() {
+            rate.burst.unwrap_or(rate.limit)
+        } else {
+            rate.limit
+        };
+        let biggest = capacity.max(rate.limit);
+        if biggest
+            .checked_mul(window_ms)
+            .is_none_or(|p| p > MAX_CAPACITY_WINDOW_PRODUCT)
+        {
+            let field = if capacity > rate.limit { "burst" } else { "limit" };
+            return Err(ConfigError::new(
+                field,
+                biggest,
+                format!(
+                    "{field} × window ({window_ms} ms) must not exceed 2^50; use a shorter window or a smaller {field}"
+                ),
+            ));
+        }
+        if self.algorithm == Algorithm::SlidingWindowLog && rate.limit > MAX_LOG_LIMIT {
+            return Err(ConfigError::new(
+                "limit",
+                rate.limit,
+                format!(
+                    "the sliding window log keeps one entry per request and accepts at most {MAX_LOG_LIMIT}; use the sliding window counter"
+                ),
+            ));
+        }
+        if self.cost == 0 {
+            return Err(ConfigError::new("cost", 0, "must be at least 1"));
+        }
+        if self.cost > capacity {
+            return Err(ConfigError::new(
+                "cost",
+                self.cost,
+                format!("must not exceed the capacity ({capacity}); such a request could never pass"),
+            ));
+        }
+        if let Some(delay) = self.max_delay {
+            if self.algorithm != Algorithm::Gcra {
+                return Err(ConfigError::new(
+                    "max_delay",
+                    format_args!("{delay:?}"),
+                    format!(
+                        "shaping needs the gcra algorithm (leaky bucket), not {}",
+                        self.algorithm
+                    ),
+                ));
+            }
+            if delay < Duration::from_millis(1) || delay.subsec_nanos() % 1_000_000 != 0 {
+                return Err(ConfigError::new(
+                    "max_delay",
+                    format_args!("{delay:?}"),
+                    "must be a whole number of milliseconds, at least 1 ms",
+                ));
+            }
+            if (delay.as_millis() as u64).saturating_mul(rate.limit) > MAX_CAPACITY_WINDOW_PRODUCT {
+                return Err(ConfigError::new(
+                    "max_delay",
+                    format_args!("{delay:?}"),
+                    "max_delay in ms × limit must not exceed 2^50",
+                ));
+            }
+            if delay > Duration::from_secs(3_600) {
+                return Err(ConfigError::new(
+                    "max_delay",
+                    format_args!("{delay:?}"),
+                    "must not exceed one hour",
+                ));
+            }
+        }
+        let id = intern(&self.name);
+        Ok(Policy {
+            inner: Arc::new(PolicyInner {
+                name: Arc::from(self.name.as_str()),
+                id,
+                rate,
+                algorithm: self.algorithm,
+                cost: self.cost,
+                capacity,
+                window_ms,
+                sensitive: self.sensitive,
+                max_delay: self.max_delay,
+            }),
+        })
+    }
+}
+
+/// Policy names end up in store keys and header values, so they are kept to a safe alphabet.
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(ConfigError::new("name", "\"\"", "must not be empty"));
+    }
+    if name.len() > 64 {
+        return Err(ConfigError::new(
+            "name",
+            format_args!("{name:?}"),
+            "must be at most 64 characters",
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err(ConfigError::new(
+            "name",
+            format_args!("{name:?}"),
+            "may contain only ASCII letters, digits, '_', '-' and '.'",
+        ));
+    }
+    Ok(())
+}
+
+fn intern(name: &str) -> u32 {
+    static NAMES: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let next = names.len() as u32;
+    *names.entry(name.to_owned()).or_insert(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_constructors_mean_n_per_unit() {
+        assert_eq!(Rate::per_second(3).window(), Duration::from_secs(1));
+        assert_eq!(Rate::per_minute(3).window(), Duration::from_secs(60));
+        assert_eq!(Rate::per_hour(3).window(), Duration::from_secs(3600));
+        assert_eq!(Rate::per_day(3).window(), Duration::from_secs(86400));
+        assert_eq!(Rate::per_day(3).limit(), 3);
+        assert_eq!(Rate::per_minute(100).to_string(), "100 per minute");
+        assert_eq!(
+            Rate::new(5, Duration::from_secs(10)).to_string(),
+            "5 per 10 seconds"
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        let cases: Vec<(PolicyBuilder, &str)> = vec![
+            (Policy::builder("p", Rate::per_second(0)), "limit"),
+            (Policy::builder("p", Rate::new(1, Duration::ZERO)), "window"),
+            (
+                Policy::builder("p", Rate::new(1, Duration::from_micros(999))),
+                "window",
+            ),
+            (
+                Policy::builder("p", Rate::new(1, Duration::from_micros(1500))),
+                "window",
+            ),
+            (Policy::builder("p", Rate::per_second(5)).cost(6), "cost"),
+            (Policy::builder("p", Rate::per_second(5)).cost(0), "cost"),
+            (Policy::builder("p", Rate::per_second(5).with_burst(2)), "burst"),
+            (
+                Policy::builder("p", Rate::per_second(5).with_burst(0))
+                    .algorithm(Algorithm::Gcra),
+                "burst",
+            ),
+            (
+                Policy::builder("p", Rate::per_second(5).with_burst(2))
+                    .algorithm(Algorithm::TokenBucket)
+                    .cost(3),
+                "cost",
+            ),
+            (
+                Policy::builder("p", Rate::per_second(5)).shape(Duration::from_secs(1)),
+                "max_delay",
+            ),
+            (Policy::builder("", Rate::per_second(5)), "name"),
+            (Policy::builder("a b", Rate::per_second(5)), "name"),
+            (Policy::builder("{x}", Rate::per_second(5)), "name"),
+            (Policy::builder("p", Rate::per_day(u64::MAX)), "limit"),
+            (
+                Policy::builder("p", Rate::per_second(200_000))
+                    .algorithm(Algorithm::SlidingWindowLog),
+                "limit",
+            ),
+        ];
+        for (builder, field) in cases {
+            let dbg = format!("{builder:?}");
+            let err = builder.build().expect_err(&dbg);
+            assert_eq!(err.field(), field, "{dbg}: {err}");
+            assert!(err.to_string().contains(field));
+        }
+    }
+
+    #[test]
+    fn capacity_is_burst_for_buckets_and_limit_for_windows() {
+        let p = Policy::builder("b", Rate::per_second(5).with_burst(20))
+            .algorithm(Algorithm::TokenBucket)
+            .build()
+            .unwrap();
+        assert_eq!(p.capacity(), 20);
+        let p = Policy::new("w", Rate::per_second(5)).unwrap();
+        assert_eq!(p.capacity(), 5);
+        assert_eq!(p.algorithm(), Algorithm::SlidingWindowCounter);
+    }
+
+    #[test]
+    fn same_name_same_id() {
+        let a = Policy::new("shared-name", Rate::per_second(5)).unwrap();
+        let b = Policy::new("shared-name", Rate::per_minute(5)).unwrap();
+        let c = Policy::new("other-name", Rate::per_minute(5)).unwrap();
+        assert_eq!(a.id(), b.id());
+        assert_ne!(a.id(), c.id());
+    }
+}

@@ -1,0 +1,289 @@
+//! Quota headers and the rejection response.
+//!
+//! On a denial the layer answers `429 Too Many Requests` with:
+//!
+//! | header | value |
+//! |---|---|
+//! | `Retry-After` | whole seconds until the request would pass, rounded up, never 0 |
+//! | `RateLimit-Limit` | the governing policy's quota |
+//! | `RateLimit-Remaining` | units left |
+//! | `RateLimit-Reset` | seconds until reset (on a denial: the same value as `Retry-After`) |
+//! | `X-RateLimit-Limit`, `X-RateLimit-Remaining` | the same, legacy names |
+//! | `X-RateLimit-Reset` | the same moment as a Unix time in seconds |
+//! | `Cache-Control` | `no-store` |
+//! | `Content-Type` | `application/json` |
+//!
+//! and the body `{"error":"rate_limit_exceeded","message":"…","retry_after":N}`.
+//!
+//! With [`HeaderStyle::Structured`] (or [`HeaderStyle::All`]) the IETF structured fields of
+//! draft-ietf-httpapi-ratelimit-headers are sent instead (or as well): `RateLimit-Policy`
+//! lists every policy (`"burst";q=10;w=1, "daily";q=1000;w=86400`) and `RateLimit` gives each
+//! policy's remaining units and seconds to reset (`"burst";r=0;t=1, "daily";r=990;t=86400`).
+//!
+//! A [sensitive](crate::PolicyBuilder::sensitive) policy's 429 has a generic message and no
+//! quota headers at all (only `Retry-After`), and its allowed responses carry none either:
+//! "4 attempts left" helps a brute-forcer.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::policy::Policy;
+
+static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Which quota headers to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderStyle {
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` and their `X-RateLimit-*`
+    /// twins (the default: what most clients understand today).
+    #[default]
+    Classic,
+    /// The IETF structured fields `RateLimit-Policy` and `RateLimit`.
+    Structured,
+    /// Both sets.
+    All,
+}
+
+/// Everything a custom rejection response may want to know.
+///
+/// See [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
+#[derive(Debug)]
+pub struct Rejection<'a> {
+    pub(crate) decision: &'a Decision,
+    pub(crate) policies: &'a [Policy],
+    pub(crate) now_millis: u64,
+    pub(crate) config: &'a ResponseConfig,
+}
+
+impl<'a> Rejection<'a> {
+    /// The decision.
+    pub fn decision(&self) -> &'a Decision {
+        self.decision
+    }
+
+    /// The policy that denied (the one that frees up last).
+    pub fn policy(&self) -> Option<&'a Policy> {
+        self.policies.get(self.decision.governing_index())
+    }
+
+    /// Every policy checked, in the order of [`Decision::policies`].
+    pub fn policies(&self) -> &'a [Policy] {
+        self.policies
+    }
+
+    /// Whether any policy checked is sensitive (then say nothing about counts).
+    pub fn is_sensitive(&self) -> bool {
+        self.policies.iter().any(Policy::is_sensitive)
+    }
+
+    /// The `Retry-After` value: whole seconds, rounded up, at least 1.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.decision.retry_after_millis().div_ceil(1000).max(1)
+    }
+
+    /// The response tollgate sends by default.
+    pub fn default_response(&self) -> Response<Bytes> {
+        let retry = self.retry_after_secs();
+        let message = if self.is_sensitive() {
+            "Too many requests. Please try again later.".to_owned()
+        } else {
+            match self.policy() {
+                Some(p) => format!(
+                    "Rate limit exceeded: {} ({}). Retry in {retry} s.",
+                    p.rate(),
+                    p.name()
+                ),
+                None => format!("Rate limit exceeded. Retry in {retry} s."),
+            }
+        };
+        let body = serde_json::json!({
+            "error": "rate_limit_exceeded",
+            "message": message,
+            "retry_after": retry,
+        });
+        let mut res = Response::new(Bytes::from(body.to_string()));
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let headers = res.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.config.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+        }
+        if !self.is_sensitive() {
+            write_quota_headers(
+                headers,
+                self.decision,
+                self.policies,
+                self.now_millis,
+                self.config.style,
+            );
+        }
+        res
+    }
+}
+
+/// Builds a custom rejection response; see
+/// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
+pub type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
+
+/// How the layer renders responses.
+#[derive(Clone)]
+pub(crate) struct ResponseConfig {
+    pub(crate) style: HeaderStyle,
+    pub(crate) quota_on_success: bool,
+    pub(crate) retry_after: bool,
+    pub(crate) on_rejection: Option<Arc<RejectionFn>>,
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        Self {
+            style: HeaderStyle::Classic,
+            quota_on_success: true,
+            retry_after: true,
+            on_rejection: None,
+        }
+    }
+}
+
+impl fmt::Debug for ResponseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseConfig")
+            .field("style", &self.style)
+            .field("quota_on_success", &self.quota_on_success)
+            .field("retry_after", &self.retry_after)
+            .field("on_rejection", &self.on_rejection.is_some())
+            .finish()
+    }
+}
+
+impl ResponseConfig {
+    pub(crate) fn reject(
+        &self,
+        decision: &Decision,
+        policies: &[Policy],
+        now_millis: u64,
+    ) -> Response<Bytes> {
+        let rejection = Rejection {
+            decision,
+            policies,
+            now_millis,
+            config: self,
+        };
+        match &self.on_rejection {
+            Some(f) => f(&rejection),
+            None => rejection.default_response(),
+        }
+    }
+
+    /// Adds quota headers to an allowed response, unless turned off or sensitive.
+    pub(crate) fn decorate(
+        &self,
+        headers: &mut HeaderMap,
+        decision: &Decision,
+        policies: &[Policy],
+        now_millis: u64,
+    ) {
+        if self.quota_on_success && !policies.iter().any(Policy::is_sensitive) {
+            write_quota_headers(headers, decision, policies, now_millis, self.style);
+        }
+    }
+}
+
+/// Seconds until reset as sent in headers: on a denial the `Retry-After` moment, else the
+/// governing policy's reset, rounded up.
+fn reset_secs(decision: &Decision) -> u64 {
+    if decision.is_allowed() {
+        (decision.reset_after().as_millis() as u64).div_ceil(1000)
+    } else {
+        decision.retry_after_millis().div_ceil(1000).max(1)
+    }
+}
+
+/// Writes the quota headers for `decision` in `style`.
+pub fn write_quota_headers(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    policies: &[Policy],
+    now_millis: u64,
+    style: HeaderStyle,
+) {
+    if matches!(style, HeaderStyle::Classic | HeaderStyle::All) {
+        let reset = reset_secs(decision);
+        let limit = HeaderValue::from(decision.limit());
+        let remaining = HeaderValue::from(decision.remaining());
+        headers.insert(RATELIMIT_LIMIT.clone(), limit.clone());
+        headers.insert(RATELIMIT_REMAINING.clone(), remaining.clone());
+        headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+        headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            HeaderValue::from(now_millis / 1000 + reset),
+        );
+    }
+    if matches!(style, HeaderStyle::Structured | HeaderStyle::All) {
+        if let Some((policy_field, ratelimit_field)) = structured_fields(decision, policies) {
+            if let Ok(v) = HeaderValue::from_str(&policy_field) {
+                headers.insert(RATELIMIT_POLICY.clone(), v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&ratelimit_field) {
+                headers.insert(RATELIMIT.clone(), v);
+            }
+        }
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` as structured-field lists, one item per policy.
+fn structured_fields(decision: &Decision, policies: &[Policy]) -> Option<(String, String)> {
+    use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+    let q = KeyRef::constant("q");
+    let w = KeyRef::constant("w");
+    let r = KeyRef::constant("r");
+    let t = KeyRef::constant("t");
+    let mut policy_list = ListSerializer::new();
+    let mut ratelimit_list = ListSerializer::new();
+    for (policy, d) in policies.iter().zip(decision.policies()) {
+        let name = StringRef::from_str(policy.name()).ok()?;
+        let window_secs = policy.window_millis().div_ceil(1000).max(1);
+        policy_list
+            .bare_item(name)
+            .parameter(q, Integer::try_from(d.limit()).ok()?)
+            .parameter(w, Integer::try_from(window_secs).ok()?);
+        let reset = if d.is_allowed() {
+            d.reset_after_millis().div_ceil(1000)
+        } else {
+            d.retry_after_millis().div_ceil(1000).max(1)
+        };
+        ratelimit_list
+            .bare_item(name)
+            .parameter(r, Integer::try_from(d.remaining()).ok()?)
+            .parameter(t, Integer::try_from(reset).ok()?);
+    }
+    Some((policy_list.finish()?, ratelimit_list.finish()?))
+}
+
+/// A plain JSON error response (400 for a missing key, 503 when the store fails closed).
+pub(crate) fn json_error(status: StatusCode, error: &str, message: &str) -> Response<Bytes> {
+    let body = serde_json::json!({ "error": error, "message": message });
+    let mut res = Response::new(Bytes::from(body.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}

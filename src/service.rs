@@ -1,0 +1,112 @@
+//! [`RateLimitService`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use tower_service::Service;
+
+use crate::body::RateLimitBody;
+use crate::future::ResponseFuture;
+use crate::key::RequestView;
+use crate::layer::Shared;
+use crate::limiter::Limiter;
+use crate::response::json_error;
+use crate::store::Store;
+
+/// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// `poll_ready` only forwards the inner service's readiness: limits are per key and are
+/// decided in `call`, so one throttled client never holds up another.
+pub struct RateLimitService<Inner, St> {
+    inner: Inner,
+    shared: Arc<Shared<St>>,
+}
+
+impl<Inner, St> RateLimitService<Inner, St> {
+    /// Wraps `inner` with `limiter` and the default responses.
+    pub fn new(inner: Inner, limiter: Limiter<St>) -> Self {
+        crate::RateLimitLayer::new(limiter).layer_service(inner)
+    }
+
+    pub(crate) fn from_shared(inner: Inner, shared: Arc<Shared<St>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+
+    /// Consumes the middleware, returning the inner service.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter<St> {
+        &self.shared.limiter
+    }
+}
+
+impl<Inner: Clone, St> Clone for RateLimitService<Inner, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Inner: fmt::Debug, St: fmt::Debug> fmt::Debug for RateLimitService<Inner, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.limiter)
+            .finish()
+    }
+}
+
+impl<Inner, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<Inner, St>
+where
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = Inner::Error;
+    type Future = ResponseFuture<Inner, St::CheckFuture, ReqBody, St>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let limiter = &self.shared.limiter;
+        let Some(key) = limiter.key_for(&RequestView::new(&req)) else {
+            return ResponseFuture::early(json_error(
+                StatusCode::BAD_REQUEST,
+                "missing_rate_limit_key",
+                "The request carries nothing to rate-limit it by.",
+            ));
+        };
+        let check = limiter
+            .store()
+            .check(&key, limiter.policies(), limiter.default_costs());
+        // Take the service that was driven to readiness and leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::checking(check, inner, req, Arc::clone(&self.shared))
+    }
+}
+
+impl<St> crate::RateLimitLayer<St> {
+    fn layer_service<Inner>(self, inner: Inner) -> RateLimitService<Inner, St> {
+        RateLimitService::from_shared(inner, self.shared)
+    }
+}

@@ -1,0 +1,408 @@
+//! The in-process store: sharded, bounded, swept.
+//!
+//! State is kept per key in `S` shards (a power of two, four per core by default, at least 16),
+//! each a `parking_lot::Mutex` over a `hashbrown::HashTable`. The key is hashed once with a
+//! randomly seeded `foldhash` hasher — key material is attacker-chosen, and a fixed hash would
+//! let an attacker aim every key at one shard — and the hash picks both the shard and the
+//! bucket. All policies of one key live in one entry, so a multi-policy decision takes one
+//! lock and is all or nothing.
+//!
+//! # Expiry
+//!
+//! Each entry knows when its state stops mattering (the end of its last window, or when its
+//! bucket is full again). Expired entries are reclaimed
+//! * on access: a shard is swept during a check at most once per sweep interval, and
+//! * in the background: a thread (one per store, holding only a weak reference, so it ends
+//!   when the store is dropped) sweeps every shard once per sweep interval (default 1 s).
+//!
+//! # The key cap
+//!
+//! [`max_keys`](MemoryStoreBuilder::max_keys) (default 1 000 000) bounds live keys; it is
+//! enforced per shard (`max_keys / shards` each), so the real ceiling can be reached a little
+//! earlier when keys spread unevenly. When a new key arrives at a full shard, the shard is swept
+//! first; if it is still full the check fails with [`StoreError::Capacity`] and the
+//! limiter's failure mode decides (by default the request is refused with 503). Existing keys
+//! are never evicted to make room, so flooding new keys cannot reset anyone's limit.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::store::MemoryStore;
+//!
+//! let store = MemoryStore::builder()
+//!     .max_keys(100_000)
+//!     .sweep_interval(Duration::from_millis(500))
+//!     .build();
+//! assert_eq!(store.len(), 0);
+//! ```
+
+use std::fmt;
+use std::future::{ready, Ready};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::{BoxFuture, Store};
+use crate::algorithm::AnyState;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+
+/// The in-process store. Cheap to clone: clones share state. See the
+/// [module docs](crate::store::memory).
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("max_keys_per_shard", &self.inner.max_keys_per_shard)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    shard_mask: u64,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    max_keys_per_shard: usize,
+    sweep_interval_ms: u64,
+}
+
+#[repr(align(128))]
+struct CachePadded<T>(T);
+
+struct Shard {
+    table: HashTable<Entry>,
+    next_sweep: u64,
+}
+
+struct Entry {
+    key: Key,
+    expires_at: u64,
+    slots: SmallVec<[Slot; 1]>,
+}
+
+struct Slot {
+    policy: u32,
+    state: AnyState,
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    shards: Option<usize>,
+    max_keys: usize,
+    sweep_interval: Duration,
+    background_sweep: bool,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStoreBuilder {
+    /// The number of shards, rounded up to a power of two (default: four per core, at least
+    /// 16).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards.clamp(1, 1 << 16));
+        self
+    }
+
+    /// The cap on live keys (default 1 000 000); see the [module docs](crate::store::memory).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// How often expired entries are reclaimed (default 1 s).
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether a background thread sweeps idle shards (default `true`). Without it, expired
+    /// entries are reclaimed only when their shard is used or [`MemoryStore::sweep`] is called.
+    pub fn background_sweep(mut self, enabled: bool) -> Self {
+        self.background_sweep = enabled;
+        self
+    }
+
+    /// The clock (default [`SystemClock`]); tests use a
+    /// [`ManualClock`](crate::clock::ManualClock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store (and starts its sweeper thread, if enabled).
+    pub fn build(self) -> MemoryStore {
+        let shards = self
+            .shards
+            .unwrap_or_else(|| {
+                let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+                (cores * 4).max(16)
+            })
+            .next_power_of_two();
+        let sweep_interval_ms = self.sweep_interval.as_millis() as u64;
+        let inner = Arc::new(Inner {
+            shards: (0..shards)
+                .map(|_| {
+                    CachePadded(Mutex::new(Shard {
+                        table: HashTable::new(),
+                        next_sweep: 0,
+                    }))
+                })
+                .collect(),
+            shard_mask: shards as u64 - 1,
+            hasher: foldhash::fast::RandomState::default(),
+            clock: self.clock,
+            max_keys_per_shard: self.max_keys.div_ceil(shards).max(1),
+            sweep_interval_ms,
+        });
+        if self.background_sweep {
+            spawn_sweeper(Arc::downgrade(&inner), self.sweep_interval);
+        }
+        MemoryStore { inner }
+    }
+}
+
+fn spawn_sweeper(weak: Weak<Inner>, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("tollgate-sweeper".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            let Some(inner) = weak.upgrade() else { break };
+            inner.sweep_all();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "tollgate: could not start the memory store sweeper; expired keys are reclaimed on access only");
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default settings.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            shards: None,
+            max_keys: 1_000_000,
+            sweep_interval: Duration::from_secs(1),
+            background_sweep: true,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// Live keys (including expired ones not yet reclaimed).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.0.lock().table.len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reclaims every expired entry now.
+    pub fn sweep(&self) {
+        self.inner.sweep_all();
+    }
+
+    /// Decides synchronously; the [`Store`] methods wrap this.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Capacity`] when a new key arrives at a full shard.
+    pub fn decide(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: bool,
+    ) -> Result<Decision, StoreError> {
+        self.inner.decide(key, policies, costs, charge)
+    }
+
+    fn remove(&self, key: &Key, policies: &[Policy]) {
+        let inner = &self.inner;
+        let hash = inner.hasher.hash_one(key.as_str());
+        let mut shard = inner.shard(hash).lock();
+        if let Ok(mut occupied) = shard.table.find_entry(hash, |e| e.key == *key) {
+            let entry = occupied.get_mut();
+            entry
+                .slots
+                .retain(|s| !policies.iter().any(|p| p.id() == s.policy));
+            if entry.slots.is_empty() {
+                occupied.remove();
+            }
+        }
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[((hash >> 32) & self.shard_mask) as usize].0
+    }
+
+    fn sweep_all(&self) {
+        let now = self.clock.now_millis();
+        for shard in self.shards.iter() {
+            let mut shard = shard.0.lock();
+            shard.sweep(now, self.sweep_interval_ms, &self.hasher);
+        }
+    }
+
+    fn decide(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: bool,
+    ) -> Result<Decision, StoreError> {
+        debug_assert_eq!(policies.len(), costs.len());
+        let now = self.clock.now_millis();
+        let hash = self.hasher.hash_one(key.as_str());
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        if now >= shard.next_sweep {
+            shard.sweep(now, self.sweep_interval_ms, &self.hasher);
+        }
+        match shard.table.find_mut(hash, |e| e.key == *key) {
+            Some(entry) => {
+                let decision = Decision::from_policies(
+                    policies
+                        .iter()
+                        .zip(costs)
+                        .map(|(p, &c)| match entry.slot(p) {
+                            Some(s) => s.state.evaluate(now, p, c),
+                            None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
+                        }),
+                );
+                if charge && decision.is_allowed() {
+                    entry.charge(now, policies, costs);
+                }
+                Ok(decision)
+            }
+            None => {
+                let decision = Decision::from_policies(policies.iter().zip(costs).map(|(p, &c)| {
+                    AnyState::fresh(p.algorithm()).evaluate(now, p, c)
+                }));
+                if charge && decision.is_allowed() {
+                    if shard.table.len() >= self.max_keys_per_shard {
+                        shard.sweep(now, self.sweep_interval_ms, &self.hasher);
+                        if shard.table.len() >= self.max_keys_per_shard {
+                            return Err(StoreError::Capacity);
+                        }
+                    }
+                    let mut entry = Entry {
+                        key: key.clone(),
+                        expires_at: 0,
+                        slots: SmallVec::new(),
+                    };
+                    entry.charge(now, policies, costs);
+                    let hasher = &self.hasher;
+                    shard
+                        .table
+                        .insert_unique(hash, entry, |e| hasher.hash_one(e.key.as_str()));
+                }
+                Ok(decision)
+            }
+        }
+    }
+}
+
+impl Shard {
+    fn sweep(&mut self, now: u64, interval_ms: u64, hasher: &foldhash::fast::RandomState) {
+        self.table.retain(|e| e.expires_at > now);
+        if self.table.capacity() > 64 && self.table.len() < self.table.capacity() / 4 {
+            // Give memory back after a flood of keys has expired.
+            self.table
+                .shrink_to(self.table.len() * 2, |e| hasher.hash_one(e.key.as_str()));
+        }
+        self.next_sweep = now.saturating_add(interval_ms);
+    }
+}
+
+impl Entry {
+    #[inline]
+    fn slot(&self, policy: &Policy) -> Option<&Slot> {
+        self.slots
+            .iter()
+            .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
+    }
+
+    fn charge(&mut self, now: u64, policies: &[Policy], costs: &[u64]) {
+        for (p, &c) in policies.iter().zip(costs) {
+            let idx = match self.slots.iter().position(|s| s.policy == p.id()) {
+                Some(i) => {
+                    if self.slots[i].state.algorithm() != p.algorithm() {
+                        self.slots[i].state = AnyState::fresh(p.algorithm());
+                    }
+                    i
+                }
+                None => {
+                    self.slots.push(Slot {
+                        policy: p.id(),
+                        state: AnyState::fresh(p.algorithm()),
+                    });
+                    self.slots.len() - 1
+                }
+            };
+            let slot = &mut self.slots[idx];
+            slot.state.commit(now, p, c);
+            let expires = slot.state.expires_at(p);
+            self.expires_at = self.expires_at.max(expires);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    type CheckFuture = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        ready(self.inner.decide(key, policies, costs, true))
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        Box::pin(ready(self.inner.decide(key, policies, costs, false)))
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        self.remove(key, policies);
+        Box::pin(ready(Ok(())))
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.clock.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}

@@ -1,0 +1,54 @@
+//! Where limiter state lives.
+//!
+//! A [`Store`] decides a request for one key against one or more policies, atomically and all
+//! or nothing: every policy is evaluated first, and only if all allow is any of them charged.
+//!
+//! * [`MemoryStore`]: in-process, sharded, bounded; the embedded default. Per instance only:
+//!   N replicas each allow the full limit.
+
+pub mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+
+/// A boxed future, for the store operations that are off the hot path.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A backend that keeps limiter state and decides atomically.
+///
+/// Implementations must give the same answers as the pure functions in
+/// [`crate::algorithm`] for the same sequence of calls and times.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// The future of [`check`](Store::check).
+    type CheckFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides a request of `costs[i]` units against `policies[i]` for every `i` (the slices
+    /// have equal length), charging all of them only if every one allows.
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture;
+
+    /// What [`check`](Store::check) would answer now, charging nothing.
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>>;
+
+    /// Forgets the key's state for these policies: its next request starts afresh.
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
+
+    /// The store's time in milliseconds since the Unix epoch, used to render absolute reset
+    /// times in headers.
+    fn now_millis(&self) -> u64;
+
+    /// A short name for logs and metrics (`memory`, `redis`, …).
+    fn name(&self) -> &'static str;
+}
