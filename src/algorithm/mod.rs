@@ -11,7 +11,8 @@
 //!
 //! Splitting evaluation from charging is what lets a request checked against several policies
 //! be decided all or nothing: evaluate every policy, then commit every policy only if all
-//! allowed. The Redis Lua scripts implement the same arithmetic; a differential test keeps them
+//! allowed. When one denies, the others report `evaluate` with cost 0 — their state as it
+//! stands, since nothing was charged. The Redis Lua scripts implement the same arithmetic; a differential test keeps them
 //! equal.
 //!
 //! All arithmetic is on integers (scaled where a rate is fractional), so the Rust and Lua

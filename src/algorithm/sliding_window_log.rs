@@ -42,7 +42,7 @@ pub fn evaluate(
     let used: u64 = live(state, now, w).map(|(_, c)| c).sum();
     let allowed = used + cost <= n;
     let newest = state.entries.back().map(|(t, _)| *t).filter(|t| t + w > now);
-    let (after, reset_after) = if allowed {
+    let (after, reset_after) = if allowed && cost > 0 {
         (used + cost, w)
     } else {
         (used, newest.map_or(0, |t| t + w - now))

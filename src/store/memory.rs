@@ -290,24 +290,19 @@ impl Inner {
         }
         match shard.table.find_mut(hash, |e| e.key == *key) {
             Some(entry) => {
-                let decision = Decision::from_policies(
-                    policies
-                        .iter()
-                        .zip(costs)
-                        .map(|(p, &c)| match entry.slot(p) {
-                            Some(s) => s.state.evaluate(now, p, c),
-                            None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
-                        }),
-                );
+                let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
+                    Some(s) => s.state.evaluate(now, p, c),
+                    None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
+                });
                 if charge && decision.is_allowed() {
                     entry.charge(now, policies, costs);
                 }
                 Ok(decision)
             }
             None => {
-                let decision = Decision::from_policies(policies.iter().zip(costs).map(|(p, &c)| {
+                let decision = all_or_nothing(policies, costs, |p, c| {
                     AnyState::fresh(p.algorithm()).evaluate(now, p, c)
-                }));
+                });
                 if charge && decision.is_allowed() {
                     if shard.table.len() >= self.max_keys_per_shard {
                         shard.sweep(now, self.sweep_interval_ms, &self.hasher);
@@ -330,6 +325,28 @@ impl Inner {
             }
         }
     }
+}
+
+/// Evaluates every policy; when any denies, the ones that would have allowed report their
+/// state without this request's charge (nothing is charged), so their headers do not lie.
+pub(crate) fn all_or_nothing(
+    policies: &[Policy],
+    costs: &[u64],
+    evaluate: impl Fn(&Policy, u64) -> crate::algorithm::PolicyDecision,
+) -> Decision {
+    let mut decisions: SmallVec<[crate::algorithm::PolicyDecision; 2]> = policies
+        .iter()
+        .zip(costs)
+        .map(|(p, &c)| evaluate(p, c))
+        .collect();
+    if decisions.iter().any(|d| !d.is_allowed()) {
+        for (d, p) in decisions.iter_mut().zip(policies) {
+            if d.is_allowed() {
+                *d = evaluate(p, 0);
+            }
+        }
+    }
+    Decision::from_policies(decisions)
 }
 
 impl Shard {

@@ -1,0 +1,373 @@
+//! End to end: a real axum server on loopback, a real HTTP client.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use axum::Router;
+use reqwest::StatusCode;
+use tollgate::clock::ManualClock;
+use tollgate::key::Global;
+use tollgate::store::MemoryStore;
+use tollgate::{Algorithm, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
+    res.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("missing header {name}"))
+        .to_str()
+        .unwrap()
+}
+
+// 2026-12-02T10:00:03.250Z: 3.25 s into a 10 s window.
+const T0: u64 = 1_796_205_603_250;
+
+#[tokio::test]
+async fn the_request_over_the_limit_gets_a_complete_429() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .policy(
+            Policy::builder("per-ip", Rate::new(5, Duration::from_secs(10)))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let client = reqwest::Client::new();
+    for i in 0..5u64 {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit-limit"), "5");
+        assert_eq!(header(&res, "ratelimit-remaining"), (4 - i).to_string());
+        // The window ends at :10.000, 6.75 s away: 7 s rounded up.
+        assert_eq!(header(&res, "ratelimit-reset"), "7");
+        assert_eq!(header(&res, "x-ratelimit-limit"), "5");
+        assert_eq!(header(&res, "x-ratelimit-remaining"), (4 - i).to_string());
+        assert_eq!(
+            header(&res, "x-ratelimit-reset"),
+            (T0 / 1000 + 7).to_string()
+        );
+        assert!(res.headers().get("retry-after").is_none());
+        assert_eq!(res.text().await.unwrap(), "hello");
+    }
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), "7");
+    assert_eq!(header(&res, "ratelimit-limit"), "5");
+    assert_eq!(header(&res, "ratelimit-remaining"), "0");
+    assert_eq!(header(&res, "ratelimit-reset"), "7");
+    assert_eq!(header(&res, "x-ratelimit-limit"), "5");
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "0");
+    assert_eq!(
+        header(&res, "x-ratelimit-reset"),
+        (T0 / 1000 + 7).to_string()
+    );
+    assert_eq!(header(&res, "cache-control"), "no-store");
+    assert_eq!(header(&res, "content-type"), "application/json");
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "rate_limit_exceeded");
+    assert_eq!(body["retry_after"], 7);
+    assert!(body["message"].as_str().unwrap().contains("5 per 10 seconds"));
+
+    // Exactly when the window flips, the quota is back.
+    clock.advance(Duration::from_millis(6_750));
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "ratelimit-remaining"), "4");
+}
+
+#[tokio::test]
+async fn retry_after_is_never_zero_and_rounds_up() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .policy(
+            Policy::builder("fast", Rate::per_second(1))
+                .algorithm(Algorithm::Gcra)
+                .build()
+                .unwrap(),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let client = reqwest::Client::new();
+    assert!(client
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    clock.advance(Duration::from_millis(999));
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 1 ms to go: still "1", never "0".
+    assert_eq!(header(&res, "retry-after"), "1");
+    assert_eq!(header(&res, "ratelimit-reset"), "1");
+}
+
+#[tokio::test]
+async fn sensitive_policies_leak_no_counts() {
+    let limiter = Limiter::builder()
+        .policy(
+            Policy::builder("login", Rate::per_minute(2))
+                .sensitive(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(res.headers().get("ratelimit-remaining").is_none());
+    }
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().get("retry-after").is_some());
+    for name in [
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit",
+        "ratelimit-policy",
+    ] {
+        assert!(res.headers().get(name).is_none(), "{name} leaked");
+    }
+    let body = res.text().await.unwrap();
+    assert!(!body.contains("login") && !body.contains("per minute"), "{body}");
+    assert!(body.contains("rate_limit_exceeded"));
+}
+
+#[tokio::test]
+async fn structured_fields_list_every_policy() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock).build())
+        .policy(
+            Policy::builder("burst", Rate::per_second(2))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap(),
+        )
+        .policy(
+            Policy::builder("daily", Rate::per_day(1000))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All))).await;
+    let client = reqwest::Client::new();
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        r#""burst";q=2;w=1, "daily";q=1000;w=86400"#
+    );
+    // T0 is 10:00:03.250 UTC: the day window resets at midnight, 50 396.75 s away.
+    assert_eq!(
+        header(&res, "ratelimit"),
+        r#""burst";r=1;t=1, "daily";r=999;t=50397"#
+    );
+    // The classic headers describe the most restrictive policy.
+    assert_eq!(header(&res, "ratelimit-limit"), "2");
+    client.get(format!("http://{addr}/")).send().await.unwrap();
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "ratelimit"),
+        r#""burst";r=0;t=1, "daily";r=998;t=50397"#
+    );
+}
+
+#[tokio::test]
+async fn shaping_delays_then_forwards() {
+    let limiter = Limiter::builder()
+        .policy(
+            Policy::builder("smooth", Rate::per_second(10).with_burst(1))
+                .algorithm(Algorithm::Gcra)
+                .shape(Duration::from_millis(250))
+                .build()
+                .unwrap(),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut tasks = vec![];
+    for _ in 0..4 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+            (res.status(), started.elapsed())
+        }));
+    }
+    let mut results = vec![];
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    // Slots at 0, 100 and 200 ms; a fourth would wait 300 ms > 250 ms and is rejected.
+    let ok: Vec<Duration> = results
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::OK)
+        .map(|(_, e)| *e)
+        .collect();
+    assert_eq!(ok.len(), 3, "{results:?}");
+    assert_eq!(
+        results
+            .iter()
+            .filter(|(s, _)| *s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        1
+    );
+    // The last admitted one waited for its slot.
+    let slowest = ok.into_iter().max().unwrap();
+    assert!(slowest >= Duration::from_millis(190), "{slowest:?}");
+}
+
+#[tokio::test]
+async fn the_limit_holds_across_many_connections() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "hello" }
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            Limiter::builder()
+                .policy(Policy::new("shared", Rate::per_hour(50)).unwrap())
+                .build()
+                .unwrap(),
+        ));
+    let addr = serve(app).await;
+    let mut tasks = vec![];
+    for _ in 0..64 {
+        tasks.push(tokio::spawn(async move {
+            // A client per task: a connection per task, so axum clones the service 64 times.
+            let client = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            let mut ok = 0;
+            for _ in 0..3 {
+                let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+                ok += usize::from(res.status() == StatusCode::OK);
+            }
+            ok
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.unwrap();
+    }
+    assert_eq!(ok, 50);
+    assert_eq!(hits.load(Ordering::SeqCst), 50);
+}
+
+#[tokio::test]
+async fn route_layer_limits_only_its_routes() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("login", Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "login" }))
+        .route_layer(RateLimitLayer::new(limiter))
+        .route("/health", get(|| async { "ok" }));
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let get = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("http://{addr}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(get("/login").await, StatusCode::OK);
+    assert_eq!(get("/login").await, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..5 {
+        assert_eq!(get("/health").await, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn a_missing_peer_address_is_a_clear_400() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(5)).unwrap())
+        .build()
+        .unwrap();
+    let app = hello().layer(RateLimitLayer::new(limiter));
+    // Served without connect info: PeerIp has nothing to key on.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "missing_rate_limit_key");
+}
+
+#[tokio::test]
+async fn custom_rejection_and_quiet_success() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(limiter)
+        .quota_headers_on_success(false)
+        .on_rejection(|rejection| {
+            let mut res = http::Response::new(bytes::Bytes::from(format!(
+                "slow down for {}s",
+                rejection.retry_after_secs()
+            )));
+            *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+            res
+        });
+    let addr = serve(hello().layer(layer)).await;
+    let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("ratelimit-limit").is_none());
+    let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.text().await.unwrap().starts_with("slow down for "));
+}
