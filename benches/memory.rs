@@ -1,1 +1,97 @@
-fn main() {}
+//! Memory-store decision time next to governor's keyed GCRA limiter, in the same run.
+//!
+//! Scenarios: one hot key and 10 000 keys, on 1 and 2 threads; tollgate with GCRA and with
+//! the default sliding window counter. Both sides use string keys and a quota so large that
+//! every check is allowed (the common path). The two sides run interleaved (A B A B …,
+//! `ROUNDS` times) so host noise hits both alike; compare medians across rounds.
+//!
+//! With 2 threads each iteration is one check on each thread, and the time reported is the
+//! wall time divided by 2: the aggregate cost per check.
+//!
+//! ```text
+//! cargo bench --bench memory
+//! ```
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use governor::{Quota, RateLimiter};
+use tollgate::key::Key;
+use tollgate::store::MemoryStore;
+use tollgate::{Algorithm, Policy, Rate};
+
+const ROUNDS: usize = 3;
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+        .collect()
+}
+
+fn run_threads(threads: usize, iters: u64, f: impl Fn(usize, u64) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let f = &f;
+            s.spawn(move || f(t, iters));
+        }
+    });
+    start.elapsed() / threads as u32
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_decision");
+    group
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
+
+    for &(scenario, nkeys) in &[("hot_key", 1usize), ("10k_keys", 10_000)] {
+        let str_keys = keys(nkeys);
+        let tg_keys: Vec<Key> = str_keys.iter().map(|k| Key::new("ip", k)).collect();
+        for threads in [1usize, 2] {
+            for round in 0..ROUNDS {
+                for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindowCounter] {
+                    let store = MemoryStore::builder().background_sweep(false).build();
+                    let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
+                        .algorithm(algorithm)
+                        .build()
+                        .unwrap()];
+                    let name = format!("tollgate_{algorithm}/{scenario}/{threads}t/r{round}");
+                    group.bench_function(name, |b| {
+                        b.iter_custom(|iters| {
+                            run_threads(threads, iters, |t, iters| {
+                                let mut i = t * 7919;
+                                for _ in 0..iters {
+                                    i = (i + 1) % nkeys;
+                                    let d = store.decide(&tg_keys[i], &policies, &[1], true);
+                                    black_box(d.is_ok());
+                                }
+                            })
+                        })
+                    });
+                }
+                let governor =
+                    RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()));
+                let name = format!("governor_gcra/{scenario}/{threads}t/r{round}");
+                group.bench_function(name, |b| {
+                    b.iter_custom(|iters| {
+                        run_threads(threads, iters, |t, iters| {
+                            let mut i = t * 7919;
+                            for _ in 0..iters {
+                                i = (i + 1) % nkeys;
+                                black_box(governor.check_key(&str_keys[i]).is_ok());
+                            }
+                        })
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

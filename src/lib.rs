@@ -56,7 +56,7 @@
 //! assert_eq!(res.headers()["ratelimit-policy"], "\"burst\";q=1;w=1");
 //! let res = svc.oneshot(Request::new(String::new())).await?;
 //! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-//! assert_eq!(res.headers()["retry-after"], "1");
+//! assert!(res.headers().contains_key("retry-after"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```

@@ -90,7 +90,10 @@ async fn the_request_over_the_limit_gets_a_complete_429() {
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["error"], "rate_limit_exceeded");
     assert_eq!(body["retry_after"], 7);
-    assert!(body["message"].as_str().unwrap().contains("5 per 10 seconds"));
+    assert!(body["message"]
+        .as_str()
+        .unwrap()
+        .contains("5 per 10 seconds"));
 
     // Exactly when the window flips, the quota is back.
     clock.advance(Duration::from_millis(6_750));
@@ -164,7 +167,10 @@ async fn sensitive_policies_leak_no_counts() {
         assert!(res.headers().get(name).is_none(), "{name} leaked");
     }
     let body = res.text().await.unwrap();
-    assert!(!body.contains("login") && !body.contains("per minute"), "{body}");
+    assert!(
+        !body.contains("login") && !body.contains("per minute"),
+        "{body}"
+    );
     assert!(body.contains("rate_limit_exceeded"));
 }
 
@@ -187,7 +193,8 @@ async fn structured_fields_list_every_policy() {
         )
         .build()
         .unwrap();
-    let addr = serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All))).await;
+    let addr =
+        serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All))).await;
     let client = reqwest::Client::new();
     let res = client.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(

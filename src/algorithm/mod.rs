@@ -134,7 +134,7 @@ impl PolicyDecision {
 
 #[inline]
 pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
-    a / b + u64::from(a % b != 0)
+    a.div_ceil(b)
 }
 
 #[cfg(test)]

@@ -215,7 +215,11 @@ impl MemoryStore {
 
     /// Live keys (including expired ones not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.0.lock().table.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.0.lock().table.len())
+            .sum()
     }
 
     /// Whether no key is held.
