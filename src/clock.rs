@@ -23,7 +23,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of time in milliseconds since the Unix epoch.
 ///
@@ -51,9 +51,10 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// let clock = SystemClock::new();
 /// assert!(clock.now_millis() > 1_600_000_000_000);
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SystemClock {
-    origin: Instant,
+    clock: quanta::Clock,
+    origin_raw: u64,
     origin_epoch_millis: u64,
 }
 
@@ -64,8 +65,13 @@ impl SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
+        // quanta reads the CPU's time-stamp counter where it is reliable (and falls back to
+        // the OS monotonic clock): a few nanoseconds instead of a clock_gettime call.
+        let clock = quanta::Clock::new();
+        let origin_raw = clock.raw();
         Self {
-            origin: Instant::now(),
+            clock,
+            origin_raw,
             origin_epoch_millis,
         }
     }
@@ -80,7 +86,8 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now_millis(&self) -> u64 {
-        self.origin_epoch_millis + self.origin.elapsed().as_millis() as u64
+        let nanos = self.clock.delta_as_nanos(self.origin_raw, self.clock.raw());
+        self.origin_epoch_millis + nanos / 1_000_000
     }
 
     fn is_injected(&self) -> bool {

@@ -73,6 +73,15 @@ impl Decision {
         }
     }
 
+    /// The decision of a single policy.
+    pub fn single(decision: PolicyDecision) -> Self {
+        Self {
+            allowed: decision.allowed,
+            governing: 0,
+            decisions: smallvec::smallvec![decision],
+        }
+    }
+
     fn gov(&self) -> Option<&PolicyDecision> {
         self.decisions.get(self.governing)
     }

@@ -292,6 +292,23 @@ impl Inner {
         if now >= shard.next_sweep {
             shard.sweep(now, self.sweep_interval_ms, &self.hasher);
         }
+        let found = shard.table.find_mut(hash, |e| e.key == *key);
+        if let (Some(entry), [policy], [cost]) = (found, policies, costs) {
+            // The common case — one policy, a known key — without the general path's
+            // collections.
+            if let Some(slot) = entry
+                .slots
+                .iter_mut()
+                .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
+            {
+                let d = slot.state.evaluate(now, policy, *cost);
+                if charge && d.is_allowed() {
+                    slot.state.commit(now, policy, *cost);
+                    entry.expires_at = entry.expires_at.max(slot.state.expires_at(policy));
+                }
+                return Ok(Decision::single(d));
+            }
+        }
         match shard.table.find_mut(hash, |e| e.key == *key) {
             Some(entry) => {
                 let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
@@ -338,6 +355,9 @@ pub(crate) fn all_or_nothing(
     costs: &[u64],
     evaluate: impl Fn(&Policy, u64) -> crate::algorithm::PolicyDecision,
 ) -> Decision {
+    if let ([p], [c]) = (policies, costs) {
+        return Decision::single(evaluate(p, *c));
+    }
     let mut decisions: SmallVec<[crate::algorithm::PolicyDecision; 2]> = policies
         .iter()
         .zip(costs)
