@@ -82,6 +82,27 @@ impl Decision {
         }
     }
 
+    /// This decision turned into a denial by a penalty block on policy `index` that lasts
+    /// `retry_after_ms` more.
+    pub(crate) fn blocked(mut self, index: usize, retry_after_ms: u64) -> Self {
+        if let Some(d) = self.decisions.get_mut(index) {
+            d.allowed = false;
+            d.remaining = 0;
+            d.delay_ms = 0;
+            d.retry_after_ms = d.retry_after_ms.max(retry_after_ms).max(1);
+            d.reset_after_ms = d.reset_after_ms.max(d.retry_after_ms);
+            self.allowed = false;
+            self.governing = index;
+            // Another policy may free up even later.
+            for (i, other) in self.decisions.iter().enumerate() {
+                if !other.allowed && other.retry_after_ms > self.decisions[self.governing].retry_after_ms {
+                    self.governing = i;
+                }
+            }
+        }
+        self
+    }
+
     fn gov(&self) -> Option<&PolicyDecision> {
         self.decisions.get(self.governing)
     }

@@ -119,6 +119,9 @@ pub enum CheckError {
         /// The largest cost the policy can ever allow.
         capacity: u64,
     },
+    /// The limiter has policies only on routes, so a check without a route has nothing to
+    /// check against.
+    NoPolicies,
     /// The store failed; see [`StoreError`].
     Store(StoreError),
 }
@@ -134,6 +137,9 @@ impl fmt::Display for CheckError {
                 f,
                 "cost {cost} exceeds the capacity {capacity} of policy \"{policy}\""
             ),
+            CheckError::NoPolicies => {
+                f.write_str("the limiter has no default policies (only per-route ones)")
+            }
             CheckError::Store(e) => e.fmt(f),
         }
     }
@@ -143,7 +149,7 @@ impl std::error::Error for CheckError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CheckError::Store(e) => Some(e),
-            CheckError::CostExceedsCapacity { .. } => None,
+            CheckError::CostExceedsCapacity { .. } | CheckError::NoPolicies => None,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::body::RateLimitBody;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::layer::Shared;
+use crate::limiter::CheckFuture;
 use crate::response::json_error;
 use crate::store::Store;
 
@@ -23,30 +24,34 @@ pin_project! {
     /// The future of [`RateLimitService`](crate::RateLimitService): decides, waits when a
     /// shaping policy asks it to, calls the inner service and adds quota headers — or
     /// answers at once with a 429.
-    pub struct ResponseFuture<Inner, Check, ReqBody, St>
+    pub struct ResponseFuture<Inner, ReqBody, St>
     where
         Inner: Service<Request<ReqBody>>,
+        St: Store,
     {
         #[pin]
-        state: State<Inner, Check, ReqBody, St>,
+        state: State<Inner, ReqBody, St>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<Inner, Check, ReqBody, St>
+    enum State<Inner, ReqBody, St>
     where
         Inner: Service<Request<ReqBody>>,
+        St: Store,
     {
         Checking {
             #[pin]
-            check: Check,
+            check: CheckFuture<St::CheckFuture>,
+            set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             shared: Arc<Shared<St>>,
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
+            set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             decision: Option<Decision>,
@@ -55,18 +60,24 @@ pin_project! {
         Calling {
             #[pin]
             future: Inner::Future,
+            set: usize,
             decision: Option<Decision>,
             shared: Arc<Shared<St>>,
         },
         Early {
             response: Option<Response<Bytes>>,
         },
+        Passing {
+            #[pin]
+            future: Inner::Future,
+        },
     }
 }
 
-impl<Inner, Check, ReqBody, St> ResponseFuture<Inner, Check, ReqBody, St>
+impl<Inner, ReqBody, St> ResponseFuture<Inner, ReqBody, St>
 where
     Inner: Service<Request<ReqBody>>,
+    St: Store,
 {
     pub(crate) fn early(response: Response<Bytes>) -> Self {
         Self {
@@ -76,8 +87,15 @@ where
         }
     }
 
+    pub(crate) fn pass(future: Inner::Future) -> Self {
+        Self {
+            state: State::Passing { future },
+        }
+    }
+
     pub(crate) fn checking(
-        check: Check,
+        check: CheckFuture<St::CheckFuture>,
+        set: usize,
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
@@ -85,6 +103,7 @@ where
         Self {
             state: State::Checking {
                 check,
+                set,
                 inner: Some(inner),
                 request: Some(request),
                 shared,
@@ -109,10 +128,9 @@ fn into_body<B>(res: Response<Bytes>) -> Response<RateLimitBody<B>> {
     res.map(RateLimitBody::full)
 }
 
-impl<Inner, Check, ReqBody, ResBody, St> Future for ResponseFuture<Inner, Check, ReqBody, St>
+impl<Inner, ReqBody, ResBody, St> Future for ResponseFuture<Inner, ReqBody, St>
 where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    Check: Future<Output = Result<Decision, StoreError>>,
     St: Store,
 {
     type Output = Result<Response<RateLimitBody<ResBody>>, Inner::Error>;
@@ -125,12 +143,18 @@ where
                     let res = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(into_body(res)));
                 }
+                StateProj::Passing { future } => {
+                    let res = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
+                }
                 StateProj::Checking {
                     check,
+                    set,
                     inner,
                     request,
                     shared,
                 } => {
+                    let set = *set;
                     let outcome = ready!(check.poll(cx));
                     let shared = Arc::clone(shared);
                     let decision = match outcome {
@@ -160,12 +184,14 @@ where
                         let future = inner.call(request);
                         this.state.set(State::Calling {
                             future,
+                            set,
                             decision: Some(decision),
                             shared,
                         });
                     } else {
                         this.state.set(State::Waiting {
                             sleep: Box::pin(tokio::time::sleep(delay)),
+                            set,
                             inner: Some(inner),
                             request: Some(request),
                             decision: Some(decision),
@@ -175,6 +201,7 @@ where
                 }
                 StateProj::Waiting {
                     sleep,
+                    set,
                     inner,
                     request,
                     decision,
@@ -186,14 +213,17 @@ where
                     let future = inner.call(request);
                     let decision = decision.take();
                     let shared = Arc::clone(shared);
+                    let set = *set;
                     this.state.set(State::Calling {
                         future,
+                        set,
                         decision,
                         shared,
                     });
                 }
                 StateProj::Calling {
                     future,
+                    set,
                     decision,
                     shared,
                 } => {
@@ -203,7 +233,7 @@ where
                         shared.response.decorate(
                             res.headers_mut(),
                             &decision,
-                            shared.limiter.policies(),
+                            &shared.limiter.set(*set).enforced,
                             now,
                         );
                     }

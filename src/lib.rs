@@ -83,6 +83,7 @@ mod layer;
 mod limiter;
 pub mod policy;
 pub mod response;
+pub mod route;
 mod service;
 pub mod store;
 

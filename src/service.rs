@@ -11,7 +11,7 @@ use crate::body::RateLimitBody;
 use crate::future::ResponseFuture;
 use crate::key::RequestView;
 use crate::layer::Shared;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Prepared};
 use crate::response::json_error;
 use crate::store::Store;
 
@@ -80,28 +80,42 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = ResponseFuture<Inner, St::CheckFuture, ReqBody, St>;
+    type Future = ResponseFuture<Inner, ReqBody, St>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let limiter = &self.shared.limiter;
-        let Some(key) = limiter.key_for(&RequestView::new(&req)) else {
-            return ResponseFuture::early(json_error(
+        let prepared = self.shared.limiter.prepare(&RequestView::new(&req));
+        // Take the service that was driven to readiness and leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        match prepared {
+            Prepared::Pass => ResponseFuture::pass(inner.call(req)),
+            Prepared::Check { set, future } => {
+                ResponseFuture::checking(future, set, inner, req, Arc::clone(&self.shared))
+            }
+            Prepared::MissingKey => ResponseFuture::early(json_error(
                 StatusCode::BAD_REQUEST,
                 "missing_rate_limit_key",
                 "The request carries nothing to rate-limit it by.",
-            ));
-        };
-        let check = limiter
-            .store()
-            .check(&key, limiter.policies(), limiter.default_costs());
-        // Take the service that was driven to readiness and leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(check, inner, req, Arc::clone(&self.shared))
+            )),
+            Prepared::Forbidden => ResponseFuture::early(json_error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "This client is not allowed.",
+            )),
+            Prepared::TooCostly(error) => {
+                let mut res = json_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "cost_exceeds_capacity",
+                    &error.to_string(),
+                );
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                ResponseFuture::early(res)
+            }
+        }
     }
 }
 
