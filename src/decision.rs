@@ -95,7 +95,9 @@ impl Decision {
             self.governing = index;
             // Another policy may free up even later.
             for (i, other) in self.decisions.iter().enumerate() {
-                if !other.allowed && other.retry_after_ms > self.decisions[self.governing].retry_after_ms {
+                if !other.allowed
+                    && other.retry_after_ms > self.decisions[self.governing].retry_after_ms
+                {
                     self.governing = i;
                 }
             }

@@ -430,10 +430,7 @@ impl<S: Store> Limiter<S> {
             Cost::Fixed(c) => set.shadow.iter().map(|_| *c).collect(),
             Cost::Computed(f) => {
                 let c = f(request);
-                set.shadow
-                    .iter()
-                    .map(|p| c.min(p.capacity()))
-                    .collect()
+                set.shadow.iter().map(|p| c.min(p.capacity())).collect()
             }
         };
         let future = self.inner.store.check(key, &set.shadow, &costs);
@@ -540,7 +537,11 @@ impl<S> LimiterBuilder<S> {
     }
 
     /// Policies of the default route for requests of `tier`; see [`Route::tier`].
-    pub fn tier(mut self, tier: impl Into<String>, policies: impl IntoIterator<Item = Policy>) -> Self {
+    pub fn tier(
+        mut self,
+        tier: impl Into<String>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
         self.default_route = self.default_route.tier(tier, policies);
         self
     }
@@ -665,7 +666,11 @@ fn compile_set(
             ));
         }
     }
-    let enforced: Box<[Policy]> = policies.iter().filter(|p| !p.is_shadow()).cloned().collect();
+    let enforced: Box<[Policy]> = policies
+        .iter()
+        .filter(|p| !p.is_shadow())
+        .cloned()
+        .collect();
     let shadow: Box<[Policy]> = policies.iter().filter(|p| p.is_shadow()).cloned().collect();
     if let Cost::Fixed(c) = cost {
         for p in enforced.iter() {
@@ -711,7 +716,12 @@ fn compile_route(
             tiers: vec![],
         });
     }
-    let default_set = compile_set(&format!("{field}.policies"), &route.policies, &route.cost, sets)?;
+    let default_set = compile_set(
+        &format!("{field}.policies"),
+        &route.policies,
+        &route.cost,
+        sets,
+    )?;
     let mut tiers = vec![];
     for (i, (tier, policies)) in route.tiers.iter().enumerate() {
         if route.tiers[..i].iter().any(|(t, _)| t == tier) {
@@ -721,7 +731,12 @@ fn compile_route(
                 "the same tier appears twice",
             ));
         }
-        if let Some(set) = compile_set(&format!("{field}.tiers.{tier}"), policies, &route.cost, sets)? {
+        if let Some(set) = compile_set(
+            &format!("{field}.tiers.{tier}"),
+            policies,
+            &route.cost,
+            sets,
+        )? {
             tiers.push((tier.clone(), set));
         }
     }
@@ -757,11 +772,13 @@ impl<S: Store> LimiterBuilder<S> {
             patterns.push((pattern.clone(), i));
         }
         // The default route goes last.
-        routes.push(compile_route("default", &self.default_route, &mut sets).map_err(|e| {
-            // Errors on the default route read as the builder's own fields.
-            let field = e.field().trim_start_matches("default.").to_owned();
-            ConfigError::new(field, e.value(), e.reason())
-        })?);
+        routes.push(
+            compile_route("default", &self.default_route, &mut sets).map_err(|e| {
+                // Errors on the default route read as the builder's own fields.
+                let field = e.field().trim_start_matches("default.").to_owned();
+                ConfigError::new(field, e.value(), e.reason())
+            })?,
+        );
         let table = if patterns.is_empty() {
             None
         } else {

@@ -129,8 +129,13 @@ impl Route {
     ///     .build()?;
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    pub fn tier(mut self, tier: impl Into<String>, policies: impl IntoIterator<Item = Policy>) -> Self {
-        self.tiers.push((tier.into(), policies.into_iter().collect()));
+    pub fn tier(
+        mut self,
+        tier: impl Into<String>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.tiers
+            .push((tier.into(), policies.into_iter().collect()));
         self
     }
 
@@ -251,7 +256,10 @@ mod tests {
 
     #[test]
     fn patterns_parse() {
-        assert_eq!(parse_pattern("POST /login").unwrap(), (Some(Method::POST), "/login"));
+        assert_eq!(
+            parse_pattern("POST /login").unwrap(),
+            (Some(Method::POST), "/login")
+        );
         assert_eq!(parse_pattern("/x").unwrap(), (None, "/x"));
         assert_eq!(parse_pattern("get  /x").unwrap(), (Some(Method::GET), "/x"));
         assert!(parse_pattern("login").is_err());
