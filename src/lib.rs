@@ -73,8 +73,10 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod algorithm;
+pub mod audit;
 mod body;
 pub mod clock;
+pub mod config;
 mod decision;
 mod error;
 mod future;
@@ -87,6 +89,7 @@ pub mod route;
 mod service;
 pub mod store;
 
+pub use audit::{audit, AuditReport};
 pub use body::RateLimitBody;
 pub use decision::Decision;
 pub use error::{CheckError, ConfigError, StoreError};

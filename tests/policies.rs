@@ -1,5 +1,7 @@
 //! Per-route policies end to end through a real axum app.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -11,20 +13,6 @@ use tollgate::key::{from_fn, Key};
 use tollgate::route::Route;
 use tollgate::store::MemoryStore;
 use tollgate::{Algorithm, Limiter, Policy, Rate, RateLimitLayer};
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 fn app() -> Router {
     Router::new()
@@ -70,7 +58,7 @@ impl Client {
 
 async fn start(limiter: Limiter) -> Client {
     Client {
-        addr: serve(app().layer(RateLimitLayer::new(limiter))).await,
+        addr: common::serve(app().layer(RateLimitLayer::new(limiter))).await,
         http: reqwest::Client::new(),
     }
 }
