@@ -86,6 +86,8 @@ pub enum StoreError {
     Backend(String),
     /// The store answered, but not in the shape tollgate expects.
     Protocol(String),
+    /// The circuit breaker is open: the store is being skipped for a cool-down.
+    CircuitOpen,
     /// The memory store is at its key cap and the new key's shard has nothing expired to
     /// reclaim.
     Capacity,
@@ -98,6 +100,7 @@ impl fmt::Display for StoreError {
             StoreError::Timeout => f.write_str("rate-limit store timed out"),
             StoreError::Backend(m) => write!(f, "rate-limit store error: {m}"),
             StoreError::Protocol(m) => write!(f, "unexpected rate-limit store reply: {m}"),
+            StoreError::CircuitOpen => f.write_str("rate-limit store circuit is open"),
             StoreError::Capacity => f.write_str("rate-limit store is at its key cap"),
         }
     }

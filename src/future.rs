@@ -13,12 +13,15 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::RateLimitBody;
-use crate::decision::Decision;
+use crate::decision::{Decision, Outcome};
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::layer::Shared;
 use crate::limiter::CheckFuture;
+use crate::policy::Policy;
 use crate::response::json_error;
 use crate::store::Store;
+use crate::telemetry;
 
 pin_project! {
     /// The future of [`RateLimitService`](crate::RateLimitService): decides, waits when a
@@ -45,6 +48,7 @@ pin_project! {
             #[pin]
             check: CheckFuture<St::CheckFuture>,
             set: usize,
+            key: Option<Key>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             shared: Arc<Shared<St>>,
@@ -96,6 +100,7 @@ where
     pub(crate) fn checking(
         check: CheckFuture<St::CheckFuture>,
         set: usize,
+        key: Option<Key>,
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
@@ -104,6 +109,7 @@ where
             state: State::Checking {
                 check,
                 set,
+                key,
                 inner: Some(inner),
                 request: Some(request),
                 shared,
@@ -112,8 +118,27 @@ where
     }
 }
 
+/// One debug event per decision, with the fields OpenTelemetry users expect.
+fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
+    let digest = crate::key::digest(key);
+    let policy = policies
+        .get(decision.governing_index())
+        .map_or("", Policy::name);
+    tracing::event!(
+        target: "tollgate::decision",
+        tracing::Level::DEBUG,
+        ratelimit.key = digest.as_str(),
+        ratelimit.policy = policy,
+        ratelimit.allowed = decision.is_allowed(),
+        ratelimit.remaining = decision.remaining(),
+        ratelimit.store = store,
+        ratelimit.outcome = decision.outcome().as_str(),
+        "rate-limit decision"
+    );
+}
+
 fn store_failure(error: &StoreError) -> Response<Bytes> {
-    tracing::warn!(%error, "tollgate: rate-limit store failed; refusing the request (fail closed)");
+    tracing::debug!(%error, "tollgate: refusing the request (fail closed)");
     let mut res = json_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "rate_limiter_unavailable",
@@ -150,6 +175,7 @@ where
                 StateProj::Checking {
                     check,
                     set,
+                    key,
                     inner,
                     request,
                     shared,
@@ -167,6 +193,23 @@ where
                             continue;
                         }
                     };
+                    let policies = &shared.limiter.set(set).enforced;
+                    let store = shared.limiter.store().name();
+                    telemetry::decision(decision.outcome(), decision.is_allowed(), store);
+                    if let Some(key) = key.take() {
+                        trace_decision(&key, &decision, policies, store);
+                    }
+                    if decision.outcome() == Outcome::FailClosed {
+                        let error = StoreError::CircuitOpen;
+                        let mut res = store_failure(&error);
+                        let retry = decision.retry_after_millis().div_ceil(1000).max(1);
+                        res.headers_mut()
+                            .insert(RETRY_AFTER, HeaderValue::from(retry));
+                        this.state.set(State::Early {
+                            response: Some(res),
+                        });
+                        continue;
+                    }
                     if !decision.is_allowed() {
                         let now = shared.limiter.store().now_millis();
                         let res = shared

@@ -88,10 +88,11 @@ pub mod response;
 pub mod route;
 mod service;
 pub mod store;
+mod telemetry;
 
 pub use audit::{audit, AuditReport};
 pub use body::RateLimitBody;
-pub use decision::Decision;
+pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;

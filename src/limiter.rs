@@ -154,8 +154,13 @@ pub(crate) enum Prepared<F> {
     MissingKey,
     /// A computed cost above a policy's capacity.
     TooCostly(CheckError),
-    /// Ask the store; render with policy set `set`.
-    Check { set: usize, future: CheckFuture<F> },
+    /// Ask the store; render with policy set `set`. `key` is kept only when decisions are
+    /// traced.
+    Check {
+        set: usize,
+        future: CheckFuture<F>,
+        key: Option<Key>,
+    },
 }
 
 pin_project_lite::pin_project! {
@@ -357,6 +362,8 @@ impl<S: Store> Limiter<S> {
                 costs
             }
         };
+        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
+        let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
             CheckFuture::Direct {
                 future: inner.store.check(&key, &set.enforced, &costs),
@@ -369,6 +376,7 @@ impl<S: Store> Limiter<S> {
         Prepared::Check {
             set: set_id,
             future,
+            key: traced_key,
         }
     }
 

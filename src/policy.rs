@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::store::FailureMode;
 
 /// The largest `capacity × window-in-milliseconds` a policy may have (2^50).
 ///
@@ -229,6 +230,7 @@ struct PolicyInner {
     max_delay: Option<Duration>,
     shadow: bool,
     penalty: Option<Duration>,
+    failure_mode: Option<FailureMode>,
 }
 
 impl fmt::Debug for Policy {
@@ -283,6 +285,7 @@ impl Policy {
             max_delay: None,
             shadow: false,
             penalty: None,
+            failure_mode: None,
         }
     }
 
@@ -371,8 +374,14 @@ impl Policy {
                 max_delay: None,
                 shadow: false,
                 penalty: None,
+                failure_mode: self.inner.failure_mode,
             }),
         })
+    }
+
+    /// The policy's own failure mode, if it overrides the store's.
+    pub fn failure_mode(&self) -> Option<FailureMode> {
+        self.inner.failure_mode
     }
 }
 
@@ -388,6 +397,7 @@ pub struct PolicyBuilder {
     max_delay: Option<Duration>,
     shadow: bool,
     penalty: Option<Duration>,
+    failure_mode: Option<FailureMode>,
 }
 
 impl PolicyBuilder {
@@ -435,6 +445,23 @@ impl PolicyBuilder {
     /// ```
     pub fn penalty(mut self, duration: Duration) -> Self {
         self.penalty = Some(duration);
+        self
+    }
+
+    /// What a [`ResilientStore`](crate::store::ResilientStore) does for this policy when its
+    /// store is unavailable, overriding the store's own mode.
+    ///
+    /// ```
+    /// use tollgate::{store::FailureMode, Policy, Rate};
+    ///
+    /// let payments = Policy::builder("payments", Rate::per_minute(30))
+    ///     .failure_mode(FailureMode::FailClosed)
+    ///     .build()?;
+    /// assert_eq!(payments.failure_mode(), Some(FailureMode::FailClosed));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.failure_mode = Some(mode);
         self
     }
 
@@ -610,6 +637,7 @@ impl PolicyBuilder {
                 max_delay: self.max_delay,
                 shadow: self.shadow,
                 penalty: self.penalty,
+                failure_mode: self.failure_mode,
             }),
         })
     }

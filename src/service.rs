@@ -93,8 +93,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         match prepared {
             Prepared::Pass => ResponseFuture::pass(inner.call(req)),
-            Prepared::Check { set, future } => {
-                ResponseFuture::checking(future, set, inner, req, Arc::clone(&self.shared))
+            Prepared::Check { set, future, key } => {
+                ResponseFuture::checking(future, set, key, inner, req, Arc::clone(&self.shared))
             }
             Prepared::MissingKey => ResponseFuture::early(json_error(
                 StatusCode::BAD_REQUEST,

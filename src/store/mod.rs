@@ -5,10 +5,14 @@
 //!
 //! * [`MemoryStore`]: in-process, sharded, bounded; the embedded default. Per instance only:
 //!   N replicas each allow the full limit.
+//! * [`ResilientStore`]: wraps a shared store with a timeout, a circuit breaker, a local deny
+//!   cache and a failure mode (fail open, fail closed, local fallback).
 
 pub mod memory;
+pub mod resilient;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
