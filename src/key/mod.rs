@@ -172,10 +172,7 @@ mod tests {
 
     #[test]
     fn ipv6_material_stays_readable() {
-        assert_eq!(
-            Key::new("ip", "2001:db8::/64").as_str(),
-            "ip:2001:db8::/64"
-        );
+        assert_eq!(Key::new("ip", "2001:db8::/64").as_str(), "ip:2001:db8::/64");
     }
 
     proptest! {

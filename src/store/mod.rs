@@ -5,10 +5,23 @@
 //!
 //! * [`MemoryStore`]: in-process, sharded, bounded; the embedded default. Per instance only:
 //!   N replicas each allow the full limit.
+//! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
+//!   per decision.
+//! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redis")]
+mod script;
 
+#[cfg(feature = "cluster")]
+pub use cluster::RedisClusterStore;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
