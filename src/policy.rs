@@ -405,7 +405,7 @@ impl PolicyBuilder {
                 "must be at least 1 ms",
             ));
         }
-        if rate.window.subsec_nanos() % 1_000_000 != 0 {
+        if !rate.window.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(ConfigError::new(
                 "window",
                 format_args!("{:?}", rate.window),
@@ -483,7 +483,7 @@ impl PolicyBuilder {
                     ),
                 ));
             }
-            if delay < Duration::from_millis(1) || delay.subsec_nanos() % 1_000_000 != 0 {
+            if delay < Duration::from_millis(1) || !delay.subsec_nanos().is_multiple_of(1_000_000) {
                 return Err(ConfigError::new(
                     "max_delay",
                     format_args!("{delay:?}"),

@@ -185,7 +185,11 @@ mod tests {
             let b = Key::new(&s2, &m2);
             prop_assert_eq!(a == b, s1 == s2 && m1 == m2);
             for k in [&a, &b] {
-                prop_assert!(k.as_str().bytes().all(|c| c.is_ascii_graphic() && c != b'{' && c != b'}'));
+                prop_assert!(
+                    k.as_str().bytes().all(|c| c.is_ascii_graphic() && c != b'{' && c != b'}'),
+                    "unsafe byte in key {:?}",
+                    k.as_str()
+                );
                 prop_assert!(k.as_str().len() <= 32 * 3 + 1 + MAX_MATERIAL_LEN);
             }
         }

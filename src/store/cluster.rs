@@ -108,10 +108,7 @@ impl RedisStoreBuilder {
         let client = builder
             .build()
             .map_err(|e| ConfigError::new("urls", format_args!("{urls:?}"), e.to_string()))?;
-        let cluster = Cluster::Urls {
-            client,
-            connection: OnceCell::new(),
-        };
+        let cluster = Cluster::Urls(Box::new((client, OnceCell::new())));
         Ok(RedisClusterStore {
             core: Arc::new(Core::new(cluster, self.options)?),
         })
@@ -195,10 +192,7 @@ impl Store for RedisClusterStore {
 /// How a cluster store reaches the cluster.
 pub(crate) enum Cluster {
     Pool(deadpool_redis::cluster::Pool),
-    Urls {
-        client: ClusterClient,
-        connection: OnceCell<ClusterConnection>,
-    },
+    Urls(Box<(ClusterClient, OnceCell<ClusterConnection>)>),
 }
 
 impl Connector for Cluster {
@@ -211,8 +205,9 @@ impl Connector for Cluster {
                 .await
                 .map(PooledOrShared::Pooled)
                 .map_err(pool_error),
-            Cluster::Urls { client, connection } => connection
-                .get_or_try_init(|| client.get_async_connection())
+            Cluster::Urls(lazy) => lazy
+                .1
+                .get_or_try_init(|| lazy.0.get_async_connection())
                 .await
                 .cloned()
                 .map(PooledOrShared::Shared)
@@ -223,7 +218,7 @@ impl Connector for Cluster {
     fn describe(&self) -> &'static str {
         match self {
             Cluster::Pool(_) => "deadpool-redis cluster pool",
-            Cluster::Urls { .. } => "cluster connection",
+            Cluster::Urls(_) => "cluster connection",
         }
     }
 }

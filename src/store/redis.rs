@@ -164,11 +164,11 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(t))
                 .set_response_timeout(Some(t));
         }
-        let single = Single::Url {
+        let single = Single::Url(Box::new(Lazy {
             client,
             config,
             manager: OnceCell::new(),
-        };
+        }));
         Ok(RedisStore {
             core: Arc::new(Core::new(single, self.options)?),
         })
@@ -246,11 +246,14 @@ impl Store for RedisStore {
 /// How a single-server store reaches Redis.
 pub(crate) enum Single {
     Pool(deadpool_redis::Pool),
-    Url {
-        client: redis::Client,
-        config: ConnectionManagerConfig,
-        manager: OnceCell<ConnectionManager>,
-    },
+    Url(Box<Lazy>),
+}
+
+/// A client and the connection it opens on first use.
+pub(crate) struct Lazy {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    manager: OnceCell<ConnectionManager>,
 }
 
 impl Connector for Single {
@@ -263,12 +266,12 @@ impl Connector for Single {
                 .await
                 .map(PooledOrShared::Pooled)
                 .map_err(pool_error),
-            Single::Url {
-                client,
-                config,
-                manager,
-            } => manager
-                .get_or_try_init(|| client.get_connection_manager_with_config(config.clone()))
+            Single::Url(lazy) => lazy
+                .manager
+                .get_or_try_init(|| {
+                    lazy.client
+                        .get_connection_manager_with_config(lazy.config.clone())
+                })
                 .await
                 .cloned()
                 .map(PooledOrShared::Shared)
@@ -279,7 +282,7 @@ impl Connector for Single {
     fn describe(&self) -> &'static str {
         match self {
             Single::Pool(_) => "deadpool-redis pool",
-            Single::Url { .. } => "multiplexed connection",
+            Single::Url(_) => "multiplexed connection",
         }
     }
 }
