@@ -80,6 +80,17 @@ use crate::policy::Policy;
 
 pub use super::script::{DEFAULT_PREFIX, TTL_MARGIN_MS};
 
+/// The Lua text of the decision script both Redis stores run, for inspection, auditing or
+/// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
+///
+/// ```
+/// let lua = tollgate::store::redis::script_source();
+/// assert!(lua.contains("redis.call('TIME')"));
+/// ```
+pub fn script_source() -> &'static str {
+    super::script::source()
+}
+
 /// A store in one Redis server (or a primary with replicas). Cheap to clone: clones share the
 /// pool or connection. See the [module docs](crate::store::redis).
 #[derive(Clone)]
