@@ -2,8 +2,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use proptest::test_runner::{Config, TestRunner};
 use support::scenarios::{self, Step};
 use support::RedisCluster;
@@ -85,25 +83,14 @@ fn aggregate_enforcement_on_the_cluster(cluster: &RedisCluster, rt: &tokio::runt
             }
         })
         .collect();
-    let policies = scenarios::hourly_policies();
     // The five keys land on nodes 0, 1, 2, 0, 1: different slots on every master.
     let keys = keys_on(cluster, &[0, 1, 2, 0, 1]);
-    let node0 = &cluster.nodes()[0];
-    let admitted = rt.block_on(async {
-        scenarios::avoid_window_flip(
-            || {
-                let (s, us): (u64, u64) = node0.query(&["TIME"]).unwrap();
-                s * 1000 + us / 1000
-            },
-            Duration::from_secs(3_600),
-            Duration::from_secs(10),
-        )
-        .await;
-        scenarios::hammer(&stores, &policies, &keys, 64, Duration::from_secs(2)).await
-    });
-    for (p, n) in policies.iter().zip(&admitted) {
-        assert_eq!(*n, 500, "{}: admitted {n}, expected exactly 500", p.name());
-    }
+    rt.block_on(scenarios::exactly_the_limit_in_aggregate(
+        &stores,
+        &keys,
+        64,
+        &cluster.nodes()[0],
+    ));
     // Each master holds its share of the state, and every key has a TTL.
     for (i, node) in cluster.nodes().iter().enumerate() {
         let keys = node.scan(&format!("{prefix}:*"));

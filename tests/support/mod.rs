@@ -123,6 +123,12 @@ impl RedisServer {
         self.child.id()
     }
 
+    /// The server's clock (`TIME`) in ms since the epoch.
+    pub fn now_millis(&self) -> u64 {
+        let (s, us): (u64, u64) = self.query(&["TIME"]).unwrap();
+        s * 1000 + us / 1000
+    }
+
     /// Sends one command over a fresh synchronous connection.
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
         let client = redis::Client::open(self.url())?;

@@ -233,6 +233,27 @@ pub fn hourly_policies() -> Vec<Policy> {
         .collect()
 }
 
+/// Hammers 500-per-hour policies of every algorithm (one key each) from every store with
+/// `tasks` concurrent tasks for 2 s, and requires exactly 500 admissions per policy.
+pub async fn exactly_the_limit_in_aggregate<S: Store + Clone>(
+    stores: &[S],
+    keys: &[Key],
+    tasks: usize,
+    server: &super::RedisServer,
+) {
+    let policies = hourly_policies();
+    avoid_window_flip(
+        || server.now_millis(),
+        Duration::from_secs(3_600),
+        Duration::from_secs(10),
+    )
+    .await;
+    let admitted = hammer(stores, &policies, keys, tasks, Duration::from_secs(2)).await;
+    for (p, n) in policies.iter().zip(&admitted) {
+        assert_eq!(*n, 500, "{}: admitted {n}, expected exactly 500", p.name());
+    }
+}
+
 /// Waits, if needed, until the server's clock is at least `margin` away from the next
 /// multiple of `window`, so a short run sees no window flip.
 pub async fn avoid_window_flip(
