@@ -17,7 +17,8 @@
 //!   differential test runs random traces through both.
 //! * **One clock**: the script reads the Redis server's `TIME`, so instances with skewed clocks
 //!   agree. A store given an injected clock (a [`ManualClock`](crate::clock::ManualClock) in
-//!   tests) passes that clock's time instead.
+//!   tests) passes that clock's time instead. ([`Store::now_millis`], used only to render
+//!   absolute reset times in headers, reads the local clock.)
 //! * **Nothing left behind**: every key it writes gets a TTL that ends
 //!   [`TTL_MARGIN_MS`] after its state stops mattering.
 //! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
