@@ -7,12 +7,25 @@
 //!   N replicas each allow the full limit.
 //! * [`ResilientStore`]: wraps a shared store with a timeout, a circuit breaker, a local deny
 //!   cache and a failure mode (fail open, fail closed, local fallback).
+//! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
+//!   per decision.
+//! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod memory;
 pub mod resilient;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redis")]
+mod script;
 
+#[cfg(feature = "cluster")]
+pub use cluster::RedisClusterStore;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
