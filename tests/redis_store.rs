@@ -387,10 +387,10 @@ fn multi_policy_denial_charges_nothing_and_peek_and_reset_work() {
             let d = store.check(&key, &both, &[1, 1]).await.unwrap();
             assert!(!d.is_allowed());
             assert_eq!(d.governing_index(), 0);
-            // The daily policy alone would allow (leaving 997), but it was not charged for
-            // the denied requests: its answer stays the same.
+            // The daily policy alone would allow, but it was not charged for the denied
+            // requests: it reports its state as it stands, 998 left.
             assert!(d.policies()[1].is_allowed());
-            assert_eq!(d.policies()[1].remaining(), 997);
+            assert_eq!(d.policies()[1].remaining(), 998);
         }
         let peeked = store.peek(&key, &both, &[1, 1]).await.unwrap();
         assert!(!peeked.is_allowed());
