@@ -605,21 +605,22 @@ impl Plan {
         store: S,
     ) -> Result<crate::store::ResilientStore<S>, ConfigError> {
         use crate::store::{FailureMode, ResilientStore};
-        let mode = match self.failure_mode {
-            Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
-            Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
-            Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
-                replicas: self.replicas.unwrap_or(1).max(1),
-            },
-            None => {
-                return Err(ConfigError::new(
+        let mode =
+            match self.failure_mode {
+                Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
+                Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
+                Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
+                    replicas: self.replicas.unwrap_or(1).max(1),
+                },
+                None => return Err(ConfigError::new(
                     "failure_mode",
                     "(missing)",
                     "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
-                ))
-            }
-        };
-        Ok(ResilientStore::builder(store, mode).deny_cache(10_000).build())
+                )),
+            };
+        Ok(ResilientStore::builder(store, mode)
+            .deny_cache(10_000)
+            .build())
     }
 }
 

@@ -14,18 +14,18 @@
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod memory;
-pub mod resilient;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod resilient;
 #[cfg(feature = "redis")]
 mod script;
 
 #[cfg(feature = "cluster")]
 pub use cluster::RedisClusterStore;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
+pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
