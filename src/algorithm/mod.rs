@@ -133,7 +133,7 @@ impl PolicyDecision {
 
 #[inline]
 pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
-    a / b + u64::from(a % b != 0)
+    a / b + u64::from(!a.is_multiple_of(b))
 }
 
 #[cfg(test)]

@@ -144,13 +144,7 @@ impl PeerIp {
     /// Groups IPv6 addresses by the first `bits` bits (clamped to 1..=128; 128 keeps every
     /// address apart).
     pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.ipv6_prefix = if bits == 0 {
-            1
-        } else if bits > 128 {
-            128
-        } else {
-            bits
-        };
+        self.ipv6_prefix = clamp_prefix(bits);
         self
     }
 }
@@ -168,8 +162,24 @@ impl KeyExtractor for PeerIp {
     }
 }
 
+/// Clamps an IPv6 grouping prefix to 1..=128.
+pub(crate) const fn clamp_prefix(bits: u8) -> u8 {
+    if bits == 0 {
+        1
+    } else if bits > 128 {
+        128
+    } else {
+        bits
+    }
+}
+
 /// The key for a client address, grouping IPv6 by `ipv6_prefix` bits.
 pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
+    Key::new("ip", ip_material(ip, ipv6_prefix).as_bytes())
+}
+
+/// The text of a client address: IPv4 as is, IPv6 as its `ipv6_prefix` network.
+pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> compact_str::CompactString {
     use std::fmt::Write;
     let mut buf = compact_str::CompactString::default();
     match ip.to_canonical() {
@@ -185,7 +195,7 @@ pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
             let _ = write!(buf, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
         }
     }
-    Key::new("ip", buf.as_bytes())
+    buf
 }
 
 /// One key for every request: a global backstop ("never more than 5k/s to /search").
