@@ -10,13 +10,30 @@ use super::Key;
 
 /// What an extractor may read of a request: method, URI, headers and extensions.
 ///
-/// A borrowed view, so one extractor works for any request body type.
-#[derive(Debug, Clone, Copy)]
+/// A borrowed view, so one extractor works for any request body type. Its `Debug` output
+/// shows header names but no header values, so credentials never reach a log through it.
+#[derive(Clone, Copy)]
 pub struct RequestView<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
     extensions: &'a Extensions,
+}
+
+impl fmt::Debug for RequestView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Names<'h>(&'h HeaderMap);
+        impl fmt::Debug for Names<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_list().entries(self.0.keys()).finish()
+            }
+        }
+        f.debug_struct("RequestView")
+            .field("method", self.method)
+            .field("uri", self.uri)
+            .field("headers", &Names(self.headers))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> RequestView<'a> {
@@ -317,6 +334,22 @@ mod tests {
             .extract(&RequestView::new(&with_peer("[2001:db8::1]:1")))
             .unwrap();
         assert_eq!(exact.as_str(), "ip:2001:db8::1");
+    }
+
+    #[test]
+    fn debug_shows_no_header_values() {
+        let req = Request::builder()
+            .uri("/x")
+            .header("authorization", "Bearer secret-token")
+            .header("x-api-key", "secret-key")
+            .body(())
+            .unwrap();
+        let shown = format!("{:?}", RequestView::new(&req));
+        assert!(
+            shown.contains("x-api-key") && shown.contains("/x"),
+            "{shown}"
+        );
+        assert!(!shown.contains("secret"), "{shown}");
     }
 
     #[test]
