@@ -153,10 +153,7 @@ mod tests {
         let a = clock.now_millis();
         let b = clock.now_millis();
         assert!(b >= a);
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
         assert!(wall.abs_diff(a) < 1_000);
         assert!(!clock.is_injected());
     }

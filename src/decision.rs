@@ -130,6 +130,12 @@ impl Decision {
     /// For shaping policies: how long the allowed request must wait (the longest wait any
     /// policy asks for).
     pub fn delay(&self) -> Duration {
-        Duration::from_millis(self.decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0))
+        Duration::from_millis(
+            self.decisions
+                .iter()
+                .map(|d| d.delay_ms)
+                .max()
+                .unwrap_or(0),
+        )
     }
 }

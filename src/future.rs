@@ -145,9 +145,10 @@ where
                     };
                     if !decision.is_allowed() {
                         let now = shared.limiter.store().now_millis();
-                        let res = shared
-                            .response
-                            .reject(&decision, shared.limiter.policies(), now);
+                        let res =
+                            shared
+                                .response
+                                .reject(&decision, shared.limiter.policies(), now);
                         this.state.set(State::Early {
                             response: Some(res),
                         });

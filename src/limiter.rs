@@ -133,11 +133,7 @@ impl<S: Store> Limiter<S> {
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
         let costs: SmallVec<[u64; 2]> = self.inner.policies.iter().map(|_| cost).collect();
         self.validate_costs(&costs)?;
-        Ok(self
-            .inner
-            .store
-            .check(key, &self.inner.policies, &costs)
-            .await?)
+        Ok(self.inner.store.check(key, &self.inner.policies, &costs).await?)
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging

@@ -162,9 +162,7 @@ impl fmt::Display for Rate {
 ///
 /// Each variant's module in [`crate::algorithm`] documents what `remaining`, `reset_after` and
 /// `retry_after` mean for it and its accuracy bound.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     /// Two adjacent fixed windows, the previous one weighted by how much of it still overlaps
@@ -438,11 +436,7 @@ impl PolicyBuilder {
             .checked_mul(window_ms)
             .is_none_or(|p| p > MAX_CAPACITY_WINDOW_PRODUCT)
         {
-            let field = if capacity > rate.limit {
-                "burst"
-            } else {
-                "limit"
-            };
+            let field = if capacity > rate.limit { "burst" } else { "limit" };
             return Err(ConfigError::new(
                 field,
                 biggest,
@@ -467,9 +461,7 @@ impl PolicyBuilder {
             return Err(ConfigError::new(
                 "cost",
                 self.cost,
-                format!(
-                    "must not exceed the capacity ({capacity}); such a request could never pass"
-                ),
+                format!("must not exceed the capacity ({capacity}); such a request could never pass"),
             ));
         }
         if let Some(delay) = self.max_delay {
@@ -590,12 +582,10 @@ mod tests {
             ),
             (Policy::builder("p", Rate::per_second(5)).cost(6), "cost"),
             (Policy::builder("p", Rate::per_second(5)).cost(0), "cost"),
+            (Policy::builder("p", Rate::per_second(5).with_burst(2)), "burst"),
             (
-                Policy::builder("p", Rate::per_second(5).with_burst(2)),
-                "burst",
-            ),
-            (
-                Policy::builder("p", Rate::per_second(5).with_burst(0)).algorithm(Algorithm::Gcra),
+                Policy::builder("p", Rate::per_second(5).with_burst(0))
+                    .algorithm(Algorithm::Gcra),
                 "burst",
             ),
             (

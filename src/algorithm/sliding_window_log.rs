@@ -41,11 +41,7 @@ pub fn evaluate(
     let w = policy.window_millis();
     let used: u64 = live(state, now, w).map(|(_, c)| c).sum();
     let allowed = used + cost <= n;
-    let newest = state
-        .entries
-        .back()
-        .map(|(t, _)| *t)
-        .filter(|t| t + w > now);
+    let newest = state.entries.back().map(|(t, _)| *t).filter(|t| t + w > now);
     let (after, reset_after) = if allowed {
         (used + cost, w)
     } else {
@@ -65,14 +61,7 @@ pub fn evaluate(
         }
         at - now
     };
-    PolicyDecision::from_parts(
-        allowed,
-        n,
-        n.saturating_sub(after),
-        reset_after,
-        retry_after,
-        0,
-    )
+    PolicyDecision::from_parts(allowed, n, n.saturating_sub(after), reset_after, retry_after, 0)
 }
 
 /// Drops expired entries and logs an allowed request.

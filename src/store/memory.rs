@@ -215,11 +215,7 @@ impl MemoryStore {
 
     /// Live keys (including expired ones not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.0.lock().table.len())
-            .sum()
+        self.inner.shards.iter().map(|s| s.0.lock().table.len()).sum()
     }
 
     /// Whether no key is held.
@@ -294,25 +290,24 @@ impl Inner {
         }
         match shard.table.find_mut(hash, |e| e.key == *key) {
             Some(entry) => {
-                let decision =
-                    Decision::from_policies(policies.iter().zip(costs).map(|(p, &c)| {
-                        match entry.slot(p) {
+                let decision = Decision::from_policies(
+                    policies
+                        .iter()
+                        .zip(costs)
+                        .map(|(p, &c)| match entry.slot(p) {
                             Some(s) => s.state.evaluate(now, p, c),
                             None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
-                        }
-                    }));
+                        }),
+                );
                 if charge && decision.is_allowed() {
                     entry.charge(now, policies, costs);
                 }
                 Ok(decision)
             }
             None => {
-                let decision = Decision::from_policies(
-                    policies
-                        .iter()
-                        .zip(costs)
-                        .map(|(p, &c)| AnyState::fresh(p.algorithm()).evaluate(now, p, c)),
-                );
+                let decision = Decision::from_policies(policies.iter().zip(costs).map(|(p, &c)| {
+                    AnyState::fresh(p.algorithm()).evaluate(now, p, c)
+                }));
                 if charge && decision.is_allowed() {
                     if shard.table.len() >= self.max_keys_per_shard {
                         shard.sweep(now, self.sweep_interval_ms, &self.hasher);
