@@ -73,7 +73,7 @@ impl TrustedProxies {
         for (i, cidr) in cidrs.into_iter().enumerate() {
             let text = cidr.as_ref().trim();
             let net = match text.parse::<IpNet>() {
-                Ok(net) => net.trunc(),
+                Ok(net) => net,
                 Err(_) => match text.parse::<IpAddr>() {
                     Ok(ip) => IpNet::from(ip),
                     Err(_) => {
@@ -85,7 +85,7 @@ impl TrustedProxies {
                     }
                 },
             };
-            nets.push(net);
+            nets.push(canonical_net(net));
         }
         Ok(Self { nets })
     }
@@ -108,7 +108,7 @@ impl TrustedProxies {
 
     /// Adds one network.
     pub fn with(mut self, net: IpNet) -> Self {
-        self.nets.push(net.trunc());
+        self.nets.push(canonical_net(net));
         self
     }
 
@@ -133,6 +133,19 @@ impl TrustedProxies {
     pub fn is_empty(&self) -> bool {
         self.nets.is_empty()
     }
+}
+
+/// `net` without host bits, and an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the
+/// IPv4 network it maps (`10.0.0.0/8`), since addresses are compared in canonical form.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
+    .trunc()
 }
 
 /// Which header a trusted proxy writes the client address to.
@@ -362,6 +375,10 @@ mod tests {
         assert!(t.contains("::1".parse().unwrap()));
         assert!(!t.contains("::2".parse().unwrap()));
         assert!(TrustedProxies::none().is_empty());
+        let mapped = TrustedProxies::parse(["::ffff:10.0.0.0/104"]).unwrap();
+        assert_eq!(mapped.nets()[0].to_string(), "10.0.0.0/8");
+        assert!(mapped.contains("10.9.9.9".parse().unwrap()));
+        assert!(mapped.contains("::ffff:10.9.9.9".parse().unwrap()));
     }
 
     #[test]
