@@ -195,24 +195,71 @@ pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     Key::new("ip", ip_material(ip, ipv6_prefix).as_bytes())
 }
 
-/// The text of a client address: IPv4 as is, IPv6 as its `ipv6_prefix` network.
-pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> compact_str::CompactString {
+/// The text of a client address: IPv4 as is, IPv6 as its `ipv6_prefix` network. Written on
+/// the stack: this runs on every request.
+pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> IpText {
     use std::fmt::Write;
-    let mut buf = compact_str::CompactString::default();
+    let mut text = IpText {
+        buf: [0; IpText::CAP],
+        len: 0,
+    };
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
-            let _ = write!(buf, "{v4}");
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push(b'.');
+                }
+                if octet >= 100 {
+                    text.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    text.push(b'0' + octet / 10 % 10);
+                }
+                text.push(b'0' + octet % 10);
+            }
         }
         IpAddr::V6(v6) if ipv6_prefix >= 128 => {
-            let _ = write!(buf, "{v6}");
+            let _ = write!(text, "{v6}");
         }
         IpAddr::V6(v6) => {
             let bits = u128::from(v6);
             let mask = u128::MAX << (128 - u32::from(ipv6_prefix));
-            let _ = write!(buf, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
+            let _ = write!(text, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
         }
     }
-    buf
+    text
+}
+
+/// An address as text in a fixed buffer (the longest, an IPv6 network with `/128`, is 43
+/// bytes).
+pub(crate) struct IpText {
+    buf: [u8; IpText::CAP],
+    len: usize,
+}
+
+impl IpText {
+    const CAP: usize = 48;
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    fn push(&mut self, b: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+}
+
+impl fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// One key for every request: a global backstop ("never more than 5k/s to /search").
@@ -350,6 +397,34 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn ip_text_matches_display() {
+        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "203.0.113.7"] {
+            let parsed: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_material(parsed, 64).as_bytes(), ip.as_bytes());
+        }
+        let longest: IpAddr = "1111:2222:3333:4444:5555:6666:7777:8888".parse().unwrap();
+        assert_eq!(
+            ip_material(longest, 128).as_bytes(),
+            b"1111:2222:3333:4444:5555:6666:7777:8888"
+        );
+        assert_eq!(
+            ip_material(longest, 127).as_bytes(),
+            b"1111:2222:3333:4444:5555:6666:7777:8888/127"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ip_text_matches_display_for_any_address(v4: std::net::Ipv4Addr, v6: Ipv6Addr) {
+            let (text, shown) = (ip_material(IpAddr::V4(v4), 64), v4.to_string());
+            proptest::prop_assert_eq!(text.as_bytes(), shown.as_bytes());
+            let canonical = IpAddr::V6(v6).to_canonical().to_string();
+            let text = ip_material(IpAddr::V6(v6), 128);
+            proptest::prop_assert_eq!(text.as_bytes(), canonical.as_bytes());
+        }
     }
 
     #[test]

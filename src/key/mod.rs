@@ -83,9 +83,10 @@ impl Key {
     /// ```
     pub fn new(source: &str, material: impl AsRef<[u8]>) -> Self {
         let material = material.as_ref();
-        let mut out = CompactString::default();
+        let escaped = escaped_len(material);
+        let mut out = CompactString::with_capacity(source.len() + 1 + escaped.min(33));
         push_source(&mut out, source);
-        if escaped_len(material) > MAX_MATERIAL_LEN {
+        if escaped > MAX_MATERIAL_LEN {
             out.push('#');
             push_digest(&mut out, &Sha256::digest(material));
         } else {
@@ -218,12 +219,19 @@ fn escaped_len(material: &[u8]) -> usize {
 }
 
 fn push_material(out: &mut CompactString, material: &[u8]) {
-    for &b in material {
-        if is_material_byte(b) {
-            out.push(b as char);
-        } else {
-            push_escaped(out, b);
-        }
+    let mut rest = material;
+    while !rest.is_empty() {
+        let run = rest
+            .iter()
+            .position(|&b| !is_material_byte(b))
+            .unwrap_or(rest.len());
+        // Material bytes are ASCII, so the run is always valid UTF-8.
+        out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
+        let Some((&escaped, tail)) = rest[run..].split_first() else {
+            break;
+        };
+        push_escaped(out, escaped);
+        rest = tail;
     }
 }
 
