@@ -67,8 +67,9 @@ pub struct Key(CompactString);
 impl Key {
     /// Encodes `material` from `source` into a key.
     ///
-    /// The source is kept as is when it is 1–32 characters of `a-z 0-9 _ . + -` and escaped
-    /// otherwise. In the material, ASCII letters, digits and `- . _ ~ : / @ + = ,` are kept
+    /// The source is kept as is when it is 1–32 characters of `a-z 0-9 _ . + -`, escaped
+    /// otherwise, and replaced by `#` and 128 bits of its SHA-256 when escaping makes it longer
+    /// than 96 characters (so a key is never longer than 98 + [`MAX_MATERIAL_LEN`] bytes). In the material, ASCII letters, digits and `- . _ ~ : / @ + = ,` are kept
     /// and every other byte becomes `%XX`; when the result is longer than
     /// [`MAX_MATERIAL_LEN`], the material is replaced by `#` and the first 128 bits of its
     /// SHA-256 in hex (`#` cannot appear in escaped material, so the two forms never meet).
@@ -199,6 +200,14 @@ fn is_material_byte(b: u8) -> bool {
 fn push_source(out: &mut CompactString, source: &str) {
     if is_plain_source(source) {
         out.push_str(source);
+    } else if source
+        .bytes()
+        .map(|b| if is_source_byte(b) { 1 } else { 3 })
+        .sum::<usize>()
+        > 96
+    {
+        out.push('#');
+        push_digest(out, &Sha256::digest(source.as_bytes()));
     } else {
         for &b in source.as_bytes() {
             if is_source_byte(b) {
@@ -273,6 +282,10 @@ mod tests {
         assert_eq!(Key::new("user", "").as_str(), "user:");
         assert_eq!(Key::new("", "x").as_str(), ":x");
         assert_eq!(Key::new("user", "7").source(), "user");
+        let long = "S".repeat(40);
+        assert_eq!(Key::new(&long, "x").source().len(), 33);
+        assert!(Key::new(&long, "x").source().starts_with('#'));
+        assert_ne!(Key::new(&long, "x"), Key::new(&"S".repeat(41), "x"));
     }
 
     #[test]
@@ -306,15 +319,15 @@ mod tests {
     proptest! {
         #[test]
         fn encoding_is_injective_and_safe(
-            s1 in "[a-z:{}% ]{0,6}", m1 in proptest::collection::vec(any::<u8>(), 0..140),
-            s2 in "[a-z:{}% ]{0,6}", m2 in proptest::collection::vec(any::<u8>(), 0..140),
+            s1 in "[a-z:{}% ]{0,6}|[a-zA-Z]{30,40}", m1 in proptest::collection::vec(any::<u8>(), 0..140),
+            s2 in "[a-z:{}% ]{0,6}|[a-zA-Z]{30,40}", m2 in proptest::collection::vec(any::<u8>(), 0..140),
         ) {
             let a = Key::new(&s1, &m1);
             let b = Key::new(&s2, &m2);
             prop_assert_eq!(a == b, s1 == s2 && m1 == m2);
             for k in [&a, &b] {
                 prop_assert!(is_safe(k), "unsafe key {:?}", k);
-                prop_assert!(k.as_str().len() <= 32 * 3 + 1 + MAX_MATERIAL_LEN);
+                prop_assert!(k.as_str().len() <= 32 * 3 + 2 + MAX_MATERIAL_LEN);
             }
         }
 
