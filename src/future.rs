@@ -44,6 +44,7 @@ pin_project! {
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             shared: Arc<Shared<St>>,
+            grpc: Option<HeaderValue>,
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
@@ -81,6 +82,7 @@ where
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
+        grpc: Option<HeaderValue>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -88,17 +90,27 @@ where
                 inner: Some(inner),
                 request: Some(request),
                 shared,
+                grpc,
             },
         }
     }
 }
 
-fn store_failure(error: &StoreError) -> Response<Bytes> {
+fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
     tracing::warn!(%error, "tollgate: rate-limit store failed; refusing the request (fail closed)");
+    const MESSAGE: &str = "The rate limiter is unavailable. Please retry shortly.";
+    if let Some(ct) = grpc {
+        return crate::grpc::error_response(
+            crate::grpc::UNAVAILABLE,
+            MESSAGE,
+            Some(std::time::Duration::from_secs(1)),
+            ct,
+        );
+    }
     let mut res = json_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "rate_limiter_unavailable",
-        "The rate limiter is unavailable. Please retry shortly.",
+        MESSAGE,
     );
     res.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -130,13 +142,14 @@ where
                     inner,
                     request,
                     shared,
+                    grpc,
                 } => {
                     let outcome = ready!(check.poll(cx));
                     let shared = Arc::clone(shared);
                     let decision = match outcome {
                         Ok(decision) => decision,
                         Err(error) => {
-                            let res = store_failure(&error);
+                            let res = store_failure(&error, grpc.as_ref());
                             this.state.set(State::Early {
                                 response: Some(res),
                             });
@@ -145,9 +158,12 @@ where
                     };
                     if !decision.is_allowed() {
                         let now = shared.limiter.store().now_millis();
-                        let res = shared
-                            .response
-                            .reject(&decision, shared.limiter.policies(), now);
+                        let res = shared.response.reject(
+                            &decision,
+                            shared.limiter.policies(),
+                            now,
+                            grpc.as_ref(),
+                        );
                         this.state.set(State::Early {
                             response: Some(res),
                         });

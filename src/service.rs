@@ -88,12 +88,16 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let limiter = &self.shared.limiter;
+        // A gRPC call must be refused in gRPC terms; remember it for the future.
+        let grpc = crate::grpc::content_type(req.headers()).cloned();
         let Some(key) = limiter.key_for(&RequestView::new(&req)) else {
-            return ResponseFuture::early(json_error(
-                StatusCode::BAD_REQUEST,
-                "missing_rate_limit_key",
-                "The request carries nothing to rate-limit it by.",
-            ));
+            const MESSAGE: &str = "The request carries nothing to rate-limit it by.";
+            return ResponseFuture::early(match &grpc {
+                Some(ct) => {
+                    crate::grpc::error_response(crate::grpc::INVALID_ARGUMENT, MESSAGE, None, ct)
+                }
+                None => json_error(StatusCode::BAD_REQUEST, "missing_rate_limit_key", MESSAGE),
+            });
         };
         let check = limiter
             .store()
@@ -101,7 +105,7 @@ where
         // Take the service that was driven to readiness and leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(check, inner, req, Arc::clone(&self.shared))
+        ResponseFuture::checking(check, inner, req, Arc::clone(&self.shared), grpc)
     }
 }
 
