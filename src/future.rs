@@ -96,7 +96,7 @@ where
     }
 }
 
-fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
+pub(crate) fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
     tracing::warn!(%error, "tollgate: rate-limit store failed; refusing the request (fail closed)");
     const MESSAGE: &str = "The rate limiter is unavailable. Please retry shortly.";
     if let Some(ct) = grpc {

@@ -369,7 +369,7 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails; refuse the login then (fail closed).
     pub async fn check(&self, attempt: &LoginAttempt) -> Result<LoginDecision, CheckError> {
-        let peeked = self.peek_all(attempt).await?;
+        let peeked = self.ask_all(attempt, false).await?;
         if !peeked.is_allowed() || self.inner.mode == LoginMode::FailuresOnly {
             return Ok(self.decision(peeked));
         }
@@ -377,7 +377,7 @@ impl<S: Store> LoginGuard<S> {
         // test all three first (a refusal then charges nothing) and charge afterwards; a
         // concurrent attempt can still slip in between, and then the earlier tuples keep
         // their charge, which errs on the side of counting.
-        let charged = self.charge_all(attempt).await?;
+        let charged = self.ask_all(attempt, true).await?;
         Ok(self.decision(charged))
     }
 
@@ -389,7 +389,7 @@ impl<S: Store> LoginGuard<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn record_failure(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
         if self.inner.mode == LoginMode::FailuresOnly {
-            self.charge_all(attempt).await?;
+            self.ask_all(attempt, true).await?;
         }
         Ok(())
     }
@@ -440,27 +440,17 @@ impl<S: Store> LoginGuard<S> {
             .await?)
     }
 
-    async fn peek_all(&self, attempt: &LoginAttempt) -> Result<Decision, CheckError> {
+    /// Asks the store about all three tuples: a peek (`charge == false`) or a check.
+    async fn ask_all(&self, attempt: &LoginAttempt, charge: bool) -> Result<Decision, CheckError> {
         let mut decisions = Vec::with_capacity(3);
         for (key, policy) in attempt.keys.iter().zip(&self.inner.policies) {
-            let d = self
-                .inner
-                .store
-                .peek(key, std::slice::from_ref(policy), &[policy.cost()])
-                .await?;
-            decisions.extend(d.policies().first().cloned());
-        }
-        Ok(Decision::from_policies(decisions))
-    }
-
-    async fn charge_all(&self, attempt: &LoginAttempt) -> Result<Decision, CheckError> {
-        let mut decisions = Vec::with_capacity(3);
-        for (key, policy) in attempt.keys.iter().zip(&self.inner.policies) {
-            let d = self
-                .inner
-                .store
-                .check(key, std::slice::from_ref(policy), &[policy.cost()])
-                .await?;
+            let policies = std::slice::from_ref(policy);
+            let costs = [policy.cost()];
+            let d = if charge {
+                self.inner.store.check(key, policies, &costs).await?
+            } else {
+                self.inner.store.peek(key, policies, &costs).await?
+            };
             decisions.extend(d.policies().first().cloned());
         }
         Ok(Decision::from_policies(decisions))
@@ -488,7 +478,7 @@ pub fn normalise_username(username: &str) -> String {
 /// The answer of [`LoginGuard::check`].
 ///
 /// A refusal renders as a generic 429 (JSON body, `Retry-After`, `Cache-Control: no-store`,
-/// no counts and no hint of which limit tripped) with [`into_response`](Self::into_response),
+/// no counts and no hint of which limit tripped) with [`to_response`](Self::to_response),
 /// or, with the `axum` feature, by returning it from a handler.
 ///
 /// ```
@@ -500,7 +490,7 @@ pub fn normalise_username(username: &str) -> String {
 /// guard.record_failure(&attempt).await?;
 /// let decision = guard.check(&attempt).await?;
 /// assert!(!decision.is_allowed());
-/// let res = decision.into_response();
+/// let res = decision.to_response();
 /// assert_eq!(res.status(), 429);
 /// assert_eq!(res.headers()["retry-after"], "60");
 /// assert!(res.headers().get("ratelimit-remaining").is_none());
@@ -533,7 +523,7 @@ impl LoginDecision {
 
     /// The generic 429 for a refusal (see the type docs). For an allowed attempt this is a
     /// plain `204 No Content`, which a handler has no reason to send.
-    pub fn into_response(self) -> Response<Bytes> {
+    pub fn to_response(&self) -> Response<Bytes> {
         self.render(None)
     }
 
@@ -547,13 +537,13 @@ impl LoginDecision {
     /// let guard = LoginGuard::builder().ip_rate(Rate::per_minute(1)).build()?;
     /// let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "dave");
     /// guard.record_failure(&attempt).await?;
-    /// let res = guard.check(&attempt).await?.into_grpc_response();
+    /// let res = guard.check(&attempt).await?.to_grpc_response();
     /// assert_eq!(res.status(), 200);
     /// assert_eq!(res.headers()["grpc-status"], "8");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn into_grpc_response(self) -> Response<Bytes> {
+    pub fn to_grpc_response(&self) -> Response<Bytes> {
         static GRPC: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
         self.render(Some(&GRPC))
     }
@@ -604,7 +594,7 @@ impl LoginDecision {
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LoginDecision {
     fn into_response(self) -> axum::response::Response {
-        LoginDecision::into_response(self).map(axum::body::Body::from)
+        self.to_response().map(axum::body::Body::from)
     }
 }
 

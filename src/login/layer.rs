@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::LoginGuard;
 use crate::body::RateLimitBody;
+use crate::error::{CheckError, StoreError};
 use crate::key::RequestView;
 use crate::response::json_error;
 use crate::store::{MemoryStore, Store};
@@ -375,19 +376,13 @@ where
             };
             match guard.check(&attempt).await {
                 Ok(decision) if decision.is_allowed() => {}
-                Ok(decision) => return early(decision.into_response()),
+                Ok(decision) => return early(decision.to_response()),
                 Err(error) => {
-                    tracing::warn!(%error, "tollgate: login guard store failed; refusing the attempt (fail closed)");
-                    let mut res = json_error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "rate_limiter_unavailable",
-                        "The rate limiter is unavailable. Please retry shortly.",
-                    );
-                    res.headers_mut().insert(
-                        http::header::RETRY_AFTER,
-                        http::HeaderValue::from_static("1"),
-                    );
-                    return early(res);
+                    let error = match error {
+                        CheckError::Store(e) => e,
+                        other => StoreError::Backend(other.to_string()),
+                    };
+                    return early(crate::future::store_failure(&error, None));
                 }
             }
             let res = inner.call(req).await?;
