@@ -268,16 +268,22 @@ pub struct LoginAttempt {
 
 impl LoginAttempt {
     /// The (client IP, username) key.
+    ///
+    /// See [`LoginAttempt`] for an example.
     pub fn ip_user_key(&self) -> &Key {
         &self.keys[IP_USER]
     }
 
     /// The client IP key.
+    ///
+    /// See [`LoginAttempt`] for an example.
     pub fn ip_key(&self) -> &Key {
         &self.keys[IP]
     }
 
     /// The username key.
+    ///
+    /// See [`LoginAttempt`] for an example.
     pub fn user_key(&self) -> &Key {
         &self.keys[USER]
     }
@@ -285,16 +291,22 @@ impl LoginAttempt {
 
 impl<S: Store> LoginGuard<S> {
     /// The three policies: (IP, username), IP, username.
+    ///
+    /// See [`LoginGuard`] and [`LoginMode`] for examples.
     pub fn policies(&self) -> &[Policy] {
         &self.inner.policies
     }
 
     /// The counting mode.
+    ///
+    /// See [`LoginGuard`] and [`LoginMode`] for examples.
     pub fn mode(&self) -> LoginMode {
         self.inner.mode
     }
 
     /// The store.
+    ///
+    /// See [`LoginGuard`] and [`LoginMode`] for examples.
     pub fn store(&self) -> &S {
         &self.inner.store
     }
@@ -365,6 +377,8 @@ impl<S: Store> LoginGuard<S> {
     /// nothing; with [`LoginMode::EveryAttempt`] an allowed attempt is charged to all three
     /// limits (a refused one to none).
     ///
+    /// See the [module docs](crate::login) for an example.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails; refuse the login then (fail closed).
@@ -384,6 +398,8 @@ impl<S: Store> LoginGuard<S> {
     /// Records a wrong password: charges all three limits in [`LoginMode::FailuresOnly`],
     /// does nothing in [`LoginMode::EveryAttempt`] (the attempt was charged by `check`).
     ///
+    /// See the [module docs](crate::login) for an example.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails.
@@ -397,6 +413,8 @@ impl<S: Store> LoginGuard<S> {
     /// Records a successful login: clears the (IP, username) tuple, so a user who mistyped
     /// a few times starts afresh. The IP and username limits keep their counts (clearing
     /// them would let an attacker who owns one account reset their spraying budget).
+    ///
+    /// See the [module docs](crate::login) for an example.
     ///
     /// # Errors
     ///
@@ -506,23 +524,31 @@ pub struct LoginDecision {
 
 impl LoginDecision {
     /// Whether the attempt may go ahead.
+    ///
+    /// See [`LoginDecision`] for an example.
     pub fn is_allowed(&self) -> bool {
         self.decision.is_allowed()
     }
 
     /// When refused, how long until every exhausted limit allows again.
+    ///
+    /// See [`LoginDecision`] for an example.
     pub fn retry_after(&self) -> Option<Duration> {
         self.decision.retry_after()
     }
 
     /// The per-limit answers, in the order (IP, username), IP, username — for logs and
     /// metrics, never for the client.
+    ///
+    /// See [`LoginDecision`] for an example.
     pub fn decision(&self) -> &Decision {
         &self.decision
     }
 
     /// The generic 429 for a refusal (see the type docs). For an allowed attempt this is a
     /// plain `204 No Content`, which a handler has no reason to send.
+    ///
+    /// See [`LoginDecision`] for an example.
     pub fn to_response(&self) -> Response<Bytes> {
         self.render(None)
     }
@@ -548,7 +574,7 @@ impl LoginDecision {
         self.render(Some(&GRPC))
     }
 
-    fn render(&self, grpc: Option<&http::HeaderValue>) -> Response<Bytes> {
+    pub(crate) fn render(&self, grpc: Option<&http::HeaderValue>) -> Response<Bytes> {
         if self.decision.is_allowed() {
             let mut res = Response::new(Bytes::new());
             *res.status_mut() = http::StatusCode::NO_CONTENT;

@@ -98,12 +98,16 @@ impl<'a> Rejection<'a> {
 
     /// Whether the request was a gRPC call (its `Content-Type` starts with
     /// `application/grpc`); the default response is then [`grpc_response`](Self::grpc_response).
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
     pub fn is_grpc(&self) -> bool {
         self.grpc.is_some()
     }
 
     /// The human-readable message: generic when any policy is sensitive, else naming the
     /// rate and policy.
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
     pub fn message(&self) -> String {
         let retry = self.retry_after_secs();
         if self.is_sensitive() {
@@ -131,6 +135,8 @@ impl<'a> Rejection<'a> {
     }
 
     /// The 429 with `Retry-After`, quota headers (unless sensitive) and a JSON body.
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
     pub fn http_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let body = serde_json::json!({
@@ -153,6 +159,26 @@ impl<'a> Rejection<'a> {
     /// The gRPC `RESOURCE_EXHAUSTED` trailers-only response (HTTP 200, `grpc-status: 8`,
     /// `grpc-message`, `retry-after` and a `google.rpc.RetryInfo` in
     /// `grpc-status-details-bin`, quota headers unless sensitive); see [`crate::grpc`].
+    ///
+    /// A custom rejection that changes the HTTP body but leaves gRPC calls alone:
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::builder().policy(Policy::new("api", Rate::per_second(5))?).build()?,
+    /// )
+    /// .on_rejection(|rejection| {
+    ///     if rejection.is_grpc() {
+    ///         return rejection.grpc_response();
+    ///     }
+    ///     let mut res = rejection.http_response();
+    ///     *res.body_mut() = Bytes::from(format!("{{\"error\":{:?}}}", rejection.message()));
+    ///     res
+    /// });
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
     pub fn grpc_response(&self) -> Response<Bytes> {
         static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
         let retry = self

@@ -73,8 +73,9 @@ enum Username {
 /// be read counts against the empty username (and its IP), so such requests share one small
 /// budget instead of escaping the limit.
 ///
-/// A refused attempt gets the generic 429 of [`LoginDecision`](super::LoginDecision); a
-/// request without a client address `400`, and a failing store `503` (fail closed). The
+/// A refused attempt gets the generic 429 of [`LoginDecision`](super::LoginDecision) (for a
+/// gRPC call: `RESOURCE_EXHAUSTED`, see [`crate::grpc`]); a request without a client address
+/// `400`, and a failing store `503` (fail closed). The
 /// outcome is recorded before the response is returned, so the next attempt sees it.
 ///
 /// # Examples
@@ -314,11 +315,15 @@ impl<Inner: fmt::Debug, St: fmt::Debug> fmt::Debug for LoginService<Inner, St> {
 
 impl<Inner, St> LoginService<Inner, St> {
     /// The inner service.
+    ///
+    /// See [`LoginLayer`] for an example of the middleware.
     pub fn get_ref(&self) -> &Inner {
         &self.inner
     }
 
     /// Consumes the middleware, returning the inner service.
+    ///
+    /// See [`LoginLayer`] for an example of the middleware.
     pub fn into_inner(self) -> Inner {
         self.inner
     }
@@ -347,6 +352,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
+        let grpc = crate::grpc::content_type(req.headers()).cloned();
         Box::pin(async move {
             let early = |res: Response<Bytes>| Ok(res.map(RateLimitBody::full));
             let (req, username) = match &shared.username {
@@ -376,13 +382,13 @@ where
             };
             match guard.check(&attempt).await {
                 Ok(decision) if decision.is_allowed() => {}
-                Ok(decision) => return early(decision.to_response()),
+                Ok(decision) => return early(decision.render(grpc.as_ref())),
                 Err(error) => {
                     let error = match error {
                         CheckError::Store(e) => e,
                         other => StoreError::Backend(other.to_string()),
                     };
-                    return early(crate::future::store_failure(&error, None));
+                    return early(crate::future::store_failure(&error, grpc.as_ref()));
                 }
             }
             let res = inner.call(req).await?;
