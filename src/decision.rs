@@ -39,7 +39,38 @@ use crate::algorithm::PolicyDecision;
 pub struct Decision {
     allowed: bool,
     governing: usize,
+    outcome: Outcome,
     decisions: SmallVec<[PolicyDecision; 2]>,
+}
+
+/// How a decision was reached: by the store, or by a failure mode while the store was
+/// unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Outcome {
+    /// The store decided.
+    #[default]
+    Decided,
+    /// The store failed and the failure mode allowed the request.
+    FailOpen,
+    /// The store failed and the failure mode refused the request (the layer answers 503).
+    FailClosed,
+    /// The store failed and a local in-memory limiter decided.
+    Fallback,
+    /// A recent denial from the store was still in force: refused without asking it.
+    CachedDeny,
+}
+
+impl Outcome {
+    /// The name used in logs, spans and metrics (`decided`, `fail_open`, …).
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Decided => "decided",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+            Outcome::Fallback => "fallback",
+            Outcome::CachedDeny => "cached_deny",
+        }
+    }
 }
 
 impl Decision {
@@ -69,6 +100,7 @@ impl Decision {
         Self {
             allowed,
             governing,
+            outcome: Outcome::Decided,
             decisions,
         }
     }
@@ -78,8 +110,43 @@ impl Decision {
         Self {
             allowed: decision.allowed,
             governing: 0,
+            outcome: Outcome::Decided,
             decisions: smallvec::smallvec![decision],
         }
+    }
+
+    /// This decision turned into a denial by a penalty block on policy `index` that lasts
+    /// `retry_after_ms` more.
+    pub(crate) fn blocked(mut self, index: usize, retry_after_ms: u64) -> Self {
+        if let Some(d) = self.decisions.get_mut(index) {
+            d.allowed = false;
+            d.remaining = 0;
+            d.delay_ms = 0;
+            d.retry_after_ms = d.retry_after_ms.max(retry_after_ms).max(1);
+            d.reset_after_ms = d.reset_after_ms.max(d.retry_after_ms);
+            self.allowed = false;
+            self.governing = index;
+            // Another policy may free up even later.
+            for (i, other) in self.decisions.iter().enumerate() {
+                if !other.allowed
+                    && other.retry_after_ms > self.decisions[self.governing].retry_after_ms
+                {
+                    self.governing = i;
+                }
+            }
+        }
+        self
+    }
+
+    /// How the decision was reached.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// The same decision, marked as reached by `outcome`.
+    pub fn with_outcome(mut self, outcome: Outcome) -> Self {
+        self.outcome = outcome;
+        self
     }
 
     fn gov(&self) -> Option<&PolicyDecision> {

@@ -86,6 +86,8 @@ pub enum StoreError {
     Backend(String),
     /// The store answered, but not in the shape tollgate expects.
     Protocol(String),
+    /// The circuit breaker is open: the store is being skipped for a cool-down.
+    CircuitOpen,
     /// The memory store is at its key cap and the new key's shard has nothing expired to
     /// reclaim.
     Capacity,
@@ -98,6 +100,7 @@ impl fmt::Display for StoreError {
             StoreError::Timeout => f.write_str("rate-limit store timed out"),
             StoreError::Backend(m) => write!(f, "rate-limit store error: {m}"),
             StoreError::Protocol(m) => write!(f, "unexpected rate-limit store reply: {m}"),
+            StoreError::CircuitOpen => f.write_str("rate-limit store circuit is open"),
             StoreError::Capacity => f.write_str("rate-limit store is at its key cap"),
         }
     }
@@ -119,6 +122,9 @@ pub enum CheckError {
         /// The largest cost the policy can ever allow.
         capacity: u64,
     },
+    /// The limiter has policies only on routes, so a check without a route has nothing to
+    /// check against.
+    NoPolicies,
     /// The store failed; see [`StoreError`].
     Store(StoreError),
 }
@@ -134,6 +140,9 @@ impl fmt::Display for CheckError {
                 f,
                 "cost {cost} exceeds the capacity {capacity} of policy \"{policy}\""
             ),
+            CheckError::NoPolicies => {
+                f.write_str("the limiter has no default policies (only per-route ones)")
+            }
             CheckError::Store(e) => e.fmt(f),
         }
     }
@@ -143,7 +152,7 @@ impl std::error::Error for CheckError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CheckError::Store(e) => Some(e),
-            CheckError::CostExceedsCapacity { .. } => None,
+            CheckError::CostExceedsCapacity { .. } | CheckError::NoPolicies => None,
         }
     }
 }

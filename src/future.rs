@@ -13,34 +13,42 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::RateLimitBody;
-use crate::decision::Decision;
+use crate::decision::{Decision, Outcome};
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::layer::Shared;
+use crate::limiter::CheckFuture;
+use crate::policy::Policy;
 use crate::response::json_error;
 use crate::store::Store;
+use crate::telemetry;
 
 pin_project! {
     /// The future of [`RateLimitService`](crate::RateLimitService): decides, waits when a
     /// shaping policy asks it to, calls the inner service and adds quota headers — or
     /// answers at once with a 429.
-    pub struct ResponseFuture<Inner, Check, ReqBody, St>
+    pub struct ResponseFuture<Inner, ReqBody, St>
     where
         Inner: Service<Request<ReqBody>>,
+        St: Store,
     {
         #[pin]
-        state: State<Inner, Check, ReqBody, St>,
+        state: State<Inner, ReqBody, St>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<Inner, Check, ReqBody, St>
+    enum State<Inner, ReqBody, St>
     where
         Inner: Service<Request<ReqBody>>,
+        St: Store,
     {
         Checking {
             #[pin]
-            check: Check,
+            check: CheckFuture<St::CheckFuture>,
+            set: usize,
+            key: Option<Key>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             shared: Arc<Shared<St>>,
@@ -48,6 +56,7 @@ pin_project! {
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
+            set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             decision: Option<Decision>,
@@ -56,18 +65,24 @@ pin_project! {
         Calling {
             #[pin]
             future: Inner::Future,
+            set: usize,
             decision: Option<Decision>,
             shared: Arc<Shared<St>>,
         },
         Early {
             response: Option<Response<Bytes>>,
         },
+        Passing {
+            #[pin]
+            future: Inner::Future,
+        },
     }
 }
 
-impl<Inner, Check, ReqBody, St> ResponseFuture<Inner, Check, ReqBody, St>
+impl<Inner, ReqBody, St> ResponseFuture<Inner, ReqBody, St>
 where
     Inner: Service<Request<ReqBody>>,
+    St: Store,
 {
     pub(crate) fn early(response: Response<Bytes>) -> Self {
         Self {
@@ -77,8 +92,16 @@ where
         }
     }
 
+    pub(crate) fn pass(future: Inner::Future) -> Self {
+        Self {
+            state: State::Passing { future },
+        }
+    }
+
     pub(crate) fn checking(
-        check: Check,
+        check: CheckFuture<St::CheckFuture>,
+        set: usize,
+        key: Option<Key>,
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
@@ -87,6 +110,8 @@ where
         Self {
             state: State::Checking {
                 check,
+                set,
+                key,
                 inner: Some(inner),
                 request: Some(request),
                 shared,
@@ -96,8 +121,28 @@ where
     }
 }
 
+/// One debug event per decision, with the fields OpenTelemetry users expect.
+fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
+    let digest = crate::key::digest(key);
+    let policy = policies
+        .get(decision.governing_index())
+        .map_or("", Policy::name);
+    tracing::event!(
+        target: "tollgate::decision",
+        tracing::Level::DEBUG,
+        ratelimit.key = digest.as_str(),
+        ratelimit.policy = policy,
+        ratelimit.allowed = decision.is_allowed(),
+        ratelimit.remaining = decision.remaining(),
+        ratelimit.store = store,
+        ratelimit.outcome = decision.outcome().as_str(),
+        "rate-limit decision"
+    );
+}
+
+/// The fail-closed answer: 503 with `Retry-After: 1`, or gRPC `UNAVAILABLE` for a gRPC call.
 pub(crate) fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
-    tracing::warn!(%error, "tollgate: rate-limit store failed; refusing the request (fail closed)");
+    tracing::debug!(%error, "tollgate: refusing the request (fail closed)");
     const MESSAGE: &str = "The rate limiter is unavailable. Please retry shortly.";
     if let Some(ct) = grpc {
         return crate::grpc::error_response(
@@ -121,10 +166,9 @@ fn into_body<B>(res: Response<Bytes>) -> Response<RateLimitBody<B>> {
     res.map(RateLimitBody::full)
 }
 
-impl<Inner, Check, ReqBody, ResBody, St> Future for ResponseFuture<Inner, Check, ReqBody, St>
+impl<Inner, ReqBody, ResBody, St> Future for ResponseFuture<Inner, ReqBody, St>
 where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    Check: Future<Output = Result<Decision, StoreError>>,
     St: Store,
 {
     type Output = Result<Response<RateLimitBody<ResBody>>, Inner::Error>;
@@ -137,13 +181,20 @@ where
                     let res = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(into_body(res)));
                 }
+                StateProj::Passing { future } => {
+                    let res = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
+                }
                 StateProj::Checking {
                     check,
+                    set,
+                    key,
                     inner,
                     request,
                     shared,
                     grpc,
                 } => {
+                    let set = *set;
                     let outcome = ready!(check.poll(cx));
                     let shared = Arc::clone(shared);
                     let decision = match outcome {
@@ -156,11 +207,30 @@ where
                             continue;
                         }
                     };
+                    let policies = &shared.limiter.set(set).enforced;
+                    let store = shared.limiter.store().name();
+                    telemetry::decision(decision.outcome(), decision.is_allowed(), store);
+                    if let Some(key) = key.take() {
+                        trace_decision(&key, &decision, policies, store);
+                    }
+                    if decision.outcome() == Outcome::FailClosed {
+                        let error = StoreError::CircuitOpen;
+                        let mut res = store_failure(&error, grpc.as_ref());
+                        let retry = decision.retry_after_millis().div_ceil(1000).max(1);
+                        res.headers_mut()
+                            .insert(RETRY_AFTER, HeaderValue::from(retry));
+                        this.state.set(State::Early {
+                            response: Some(res),
+                        });
+                        continue;
+                    }
                     if !decision.is_allowed() {
                         let now = shared.limiter.store().now_millis();
+                        // The policies of the route's set, not the default route's: the
+                        // message, headers and sensitivity must match the decision.
                         let res = shared.response.reject(
                             &decision,
-                            shared.limiter.policies(),
+                            &shared.limiter.set(set).enforced,
                             now,
                             grpc.as_ref(),
                         );
@@ -176,12 +246,14 @@ where
                         let future = inner.call(request);
                         this.state.set(State::Calling {
                             future,
+                            set,
                             decision: Some(decision),
                             shared,
                         });
                     } else {
                         this.state.set(State::Waiting {
                             sleep: Box::pin(tokio::time::sleep(delay)),
+                            set,
                             inner: Some(inner),
                             request: Some(request),
                             decision: Some(decision),
@@ -191,6 +263,7 @@ where
                 }
                 StateProj::Waiting {
                     sleep,
+                    set,
                     inner,
                     request,
                     decision,
@@ -202,14 +275,17 @@ where
                     let future = inner.call(request);
                     let decision = decision.take();
                     let shared = Arc::clone(shared);
+                    let set = *set;
                     this.state.set(State::Calling {
                         future,
+                        set,
                         decision,
                         shared,
                     });
                 }
                 StateProj::Calling {
                     future,
+                    set,
                     decision,
                     shared,
                 } => {
@@ -219,7 +295,7 @@ where
                         shared.response.decorate(
                             res.headers_mut(),
                             &decision,
-                            shared.limiter.policies(),
+                            &shared.limiter.set(*set).enforced,
                             now,
                         );
                     }

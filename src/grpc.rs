@@ -14,8 +14,8 @@
 //! | `retry-after` | whole seconds, as for HTTP |
 //! | quota headers | as for HTTP (none for a sensitive policy) |
 //!
-//! Store failures become `UNAVAILABLE` (14) and a request without a key `INVALID_ARGUMENT`
-//! (3), mirroring the HTTP 503 and 400.
+//! Store failures become `UNAVAILABLE` (14), a request without a key `INVALID_ARGUMENT` (3)
+//! and a denied client `PERMISSION_DENIED` (7), mirroring the HTTP 503, 400 and 403.
 //!
 //! The protobuf is encoded by hand (it is a few bytes), so no gRPC crate is needed to send
 //! it; clients decode it with, for example, `tonic-types`' `StatusExt::get_error_details`.
@@ -71,6 +71,8 @@ pub const RESOURCE_EXHAUSTED: i32 = 8;
 pub const UNAVAILABLE: i32 = 14;
 /// `INVALID_ARGUMENT`: the gRPC status when a request carries nothing to key it by.
 pub const INVALID_ARGUMENT: i32 = 3;
+/// `PERMISSION_DENIED`: the gRPC status of a client on the deny list.
+pub const PERMISSION_DENIED: i32 = 7;
 
 const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
 

@@ -77,8 +77,10 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod algorithm;
+pub mod audit;
 mod body;
 pub mod clock;
+pub mod config;
 mod decision;
 mod error;
 mod future;
@@ -89,11 +91,14 @@ mod limiter;
 pub mod login;
 pub mod policy;
 pub mod response;
+pub mod route;
 mod service;
 pub mod store;
+mod telemetry;
 
+pub use audit::{audit, AuditReport};
 pub use body::RateLimitBody;
-pub use decision::Decision;
+pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;

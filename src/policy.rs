@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::store::FailureMode;
 
 /// The largest `capacity × window-in-milliseconds` a policy may have (2^50).
 ///
@@ -227,6 +228,9 @@ struct PolicyInner {
     window_ms: u64,
     sensitive: bool,
     max_delay: Option<Duration>,
+    shadow: bool,
+    penalty: Option<Duration>,
+    failure_mode: Option<FailureMode>,
 }
 
 impl fmt::Debug for Policy {
@@ -238,6 +242,8 @@ impl fmt::Debug for Policy {
             .field("cost", &self.inner.cost)
             .field("sensitive", &self.inner.sensitive)
             .field("max_delay", &self.inner.max_delay)
+            .field("shadow", &self.inner.shadow)
+            .field("penalty", &self.inner.penalty)
             .finish()
     }
 }
@@ -250,7 +256,9 @@ impl PartialEq for Policy {
                 && self.inner.algorithm == other.inner.algorithm
                 && self.inner.cost == other.inner.cost
                 && self.inner.sensitive == other.inner.sensitive
-                && self.inner.max_delay == other.inner.max_delay)
+                && self.inner.max_delay == other.inner.max_delay
+                && self.inner.shadow == other.inner.shadow
+                && self.inner.penalty == other.inner.penalty)
     }
 }
 
@@ -275,6 +283,9 @@ impl Policy {
             cost: 1,
             sensitive: false,
             max_delay: None,
+            shadow: false,
+            penalty: None,
+            failure_mode: None,
         }
     }
 
@@ -332,6 +343,46 @@ impl Policy {
     pub(crate) fn max_delay_millis(&self) -> u64 {
         self.inner.max_delay.map_or(0, |d| d.as_millis() as u64)
     }
+
+    /// Whether the policy only observes (shadow mode): its decisions are computed, logged
+    /// and counted, but it never rejects.
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow
+    }
+
+    /// How long a key is blocked after this policy denies it, if a penalty is set.
+    pub fn penalty(&self) -> Option<Duration> {
+        self.inner.penalty
+    }
+
+    /// The hidden policy that records a penalty block: one unit per penalty duration, so a
+    /// charge blocks the key for exactly that long.
+    pub(crate) fn penalty_policy(&self) -> Option<Policy> {
+        let penalty = self.inner.penalty?;
+        let name = format!("{}~penalty", self.inner.name);
+        let window_ms = penalty.as_millis() as u64;
+        Some(Policy {
+            inner: Arc::new(PolicyInner {
+                id: intern(&name),
+                name: Arc::from(name.as_str()),
+                rate: Rate::new(1, penalty).with_burst(1),
+                algorithm: Algorithm::Gcra,
+                cost: 1,
+                capacity: 1,
+                window_ms,
+                sensitive: self.inner.sensitive,
+                max_delay: None,
+                shadow: false,
+                penalty: None,
+                failure_mode: self.inner.failure_mode,
+            }),
+        })
+    }
+
+    /// The policy's own failure mode, if it overrides the store's.
+    pub fn failure_mode(&self) -> Option<FailureMode> {
+        self.inner.failure_mode
+    }
 }
 
 /// Builds a [`Policy`]; see the [module docs](crate::policy) for examples.
@@ -344,6 +395,9 @@ pub struct PolicyBuilder {
     cost: u64,
     sensitive: bool,
     max_delay: Option<Duration>,
+    shadow: bool,
+    penalty: Option<Duration>,
+    failure_mode: Option<FailureMode>,
 }
 
 impl PolicyBuilder {
@@ -363,6 +417,51 @@ impl PolicyBuilder {
     /// (`RateLimit-Remaining` and friends are left out). Use it for login and other auth routes.
     pub fn sensitive(mut self, sensitive: bool) -> Self {
         self.sensitive = sensitive;
+        self
+    }
+
+    /// Shadow mode: the policy's decisions are computed, logged (target `tollgate::shadow`) and
+    /// counted ([`Limiter::shadow_counts`](crate::Limiter::shadow_counts)), but it never
+    /// rejects and never holds back the route's other policies. Use it to roll out a new limit
+    /// safely. Shadow policies cost one extra store call per request.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// A brute-force lockout: once this policy denies a key, the key is refused for
+    /// `duration` (whatever the policy's own state says), counted from the denial. Costs one
+    /// extra store call per request, and one more when a block starts.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let login = Policy::builder("login", Rate::per_minute(5))
+    ///     .penalty(Duration::from_secs(15 * 60))
+    ///     .build()?;
+    /// assert_eq!(login.penalty(), Some(Duration::from_secs(900)));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn penalty(mut self, duration: Duration) -> Self {
+        self.penalty = Some(duration);
+        self
+    }
+
+    /// What a [`ResilientStore`](crate::store::ResilientStore) does for this policy when its
+    /// store is unavailable, overriding the store's own mode.
+    ///
+    /// ```
+    /// use tollgate::{store::FailureMode, Policy, Rate};
+    ///
+    /// let payments = Policy::builder("payments", Rate::per_minute(30))
+    ///     .failure_mode(FailureMode::FailClosed)
+    ///     .build()?;
+    /// assert_eq!(payments.failure_mode(), Some(FailureMode::FailClosed));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.failure_mode = Some(mode);
         self
     }
 
@@ -505,6 +604,25 @@ impl PolicyBuilder {
                 ));
             }
         }
+        if let Some(penalty) = self.penalty {
+            if penalty < Duration::from_millis(1)
+                || !penalty.subsec_nanos().is_multiple_of(1_000_000)
+                || penalty > Duration::from_secs(366 * 86_400)
+            {
+                return Err(ConfigError::new(
+                    "penalty",
+                    format_args!("{penalty:?}"),
+                    "must be a whole number of milliseconds between 1 ms and 366 days",
+                ));
+            }
+            if self.shadow {
+                return Err(ConfigError::new(
+                    "penalty",
+                    format_args!("{penalty:?}"),
+                    "a shadow policy never rejects, so it cannot block",
+                ));
+            }
+        }
         let id = intern(&self.name);
         Ok(Policy {
             inner: Arc::new(PolicyInner {
@@ -517,6 +635,9 @@ impl PolicyBuilder {
                 window_ms,
                 sensitive: self.sensitive,
                 max_delay: self.max_delay,
+                shadow: self.shadow,
+                penalty: self.penalty,
+                failure_mode: self.failure_mode,
             }),
         })
     }

@@ -4,14 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use crate::body::RateLimitBody;
 use crate::future::ResponseFuture;
 use crate::key::RequestView;
 use crate::layer::Shared;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Prepared};
 use crate::response::json_error;
 use crate::store::Store;
 
@@ -80,33 +80,72 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = ResponseFuture<Inner, St::CheckFuture, ReqBody, St>;
+    type Future = ResponseFuture<Inner, ReqBody, St>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let limiter = &self.shared.limiter;
+        let prepared = self.shared.limiter.prepare(&RequestView::new(&req));
         // A gRPC call must be refused in gRPC terms; remember it for the future.
         let grpc = crate::grpc::content_type(req.headers()).cloned();
-        let Some(key) = limiter.key_for(&RequestView::new(&req)) else {
-            const MESSAGE: &str = "The request carries nothing to rate-limit it by.";
-            return ResponseFuture::early(match &grpc {
-                Some(ct) => {
-                    crate::grpc::error_response(crate::grpc::INVALID_ARGUMENT, MESSAGE, None, ct)
-                }
-                None => json_error(StatusCode::BAD_REQUEST, "missing_rate_limit_key", MESSAGE),
-            });
-        };
-        let check = limiter
-            .store()
-            .check(&key, limiter.policies(), limiter.default_costs());
         // Take the service that was driven to readiness and leave a fresh clone behind.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(check, inner, req, Arc::clone(&self.shared), grpc)
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        match prepared {
+            Prepared::Pass => ResponseFuture::pass(inner.call(req)),
+            Prepared::Check { set, future, key } => ResponseFuture::checking(
+                future,
+                set,
+                key,
+                inner,
+                req,
+                Arc::clone(&self.shared),
+                grpc,
+            ),
+            Prepared::MissingKey => refuse(
+                grpc.as_ref(),
+                StatusCode::BAD_REQUEST,
+                crate::grpc::INVALID_ARGUMENT,
+                "missing_rate_limit_key",
+                "The request carries nothing to rate-limit it by.",
+            ),
+            Prepared::Forbidden => refuse(
+                grpc.as_ref(),
+                StatusCode::FORBIDDEN,
+                crate::grpc::PERMISSION_DENIED,
+                "forbidden",
+                "This client is not allowed.",
+            ),
+            Prepared::TooCostly(error) => refuse(
+                grpc.as_ref(),
+                StatusCode::TOO_MANY_REQUESTS,
+                crate::grpc::RESOURCE_EXHAUSTED,
+                "cost_exceeds_capacity",
+                &error.to_string(),
+            ),
+        }
     }
+}
+
+/// A refusal decided before any store is asked: JSON with `status`, or, for a gRPC call, the
+/// gRPC status `code`.
+fn refuse<Inner, ReqBody, St>(
+    grpc: Option<&HeaderValue>,
+    status: StatusCode,
+    code: i32,
+    error: &str,
+    message: &str,
+) -> ResponseFuture<Inner, ReqBody, St>
+where
+    Inner: Service<Request<ReqBody>>,
+    St: Store,
+{
+    ResponseFuture::early(match grpc {
+        Some(ct) => crate::grpc::error_response(code, message, None, ct),
+        None => json_error(status, error, message),
+    })
 }
 
 impl<St> crate::RateLimitLayer<St> {

@@ -1,6 +1,7 @@
 //! End to end: a real axum server on loopback, a real HTTP client.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,20 +13,6 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Global;
 use tollgate::store::MemoryStore;
 use tollgate::{Algorithm, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "hello" }))
@@ -55,7 +42,7 @@ async fn the_request_over_the_limit_gets_a_complete_429() {
         )
         .build()
         .unwrap();
-    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for i in 0..5u64 {
         let res = client.get(format!("http://{addr}/")).send().await.unwrap();
@@ -116,7 +103,7 @@ async fn retry_after_is_never_zero_and_rounds_up() {
         .extractor(Global::new())
         .build()
         .unwrap();
-    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     assert!(client
         .get(format!("http://{addr}/"))
@@ -144,7 +131,7 @@ async fn sensitive_policies_leak_no_counts() {
         )
         .build()
         .unwrap();
-    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for _ in 0..2 {
         let res = client.get(format!("http://{addr}/")).send().await.unwrap();
@@ -194,7 +181,8 @@ async fn structured_fields_list_every_policy() {
         .build()
         .unwrap();
     let addr =
-        serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All))).await;
+        common::serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All)))
+            .await;
     let client = reqwest::Client::new();
     let res = client.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(
@@ -230,7 +218,7 @@ async fn shaping_delays_then_forwards() {
         .extractor(Global::new())
         .build()
         .unwrap();
-    let addr = serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     let started = Instant::now();
     let mut tasks = vec![];
@@ -282,7 +270,7 @@ async fn the_limit_holds_across_many_connections() {
                 .build()
                 .unwrap(),
         ));
-    let addr = serve(app).await;
+    let addr = common::serve(app).await;
     let mut tasks = vec![];
     for _ in 0..64 {
         tasks.push(tokio::spawn(async move {
@@ -317,7 +305,7 @@ async fn route_layer_limits_only_its_routes() {
         .route("/login", get(|| async { "login" }))
         .route_layer(RateLimitLayer::new(limiter))
         .route("/health", get(|| async { "ok" }));
-    let addr = serve(app).await;
+    let addr = common::serve(app).await;
     let client = reqwest::Client::new();
     let get = |path: &'static str| {
         let client = client.clone();
@@ -370,7 +358,7 @@ async fn custom_rejection_and_quiet_success() {
             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
             res
         });
-    let addr = serve(hello().layer(layer)).await;
+    let addr = common::serve(hello().layer(layer)).await;
     let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("ratelimit-limit").is_none());

@@ -126,6 +126,16 @@ impl AsRef<str> for Key {
     }
 }
 
+/// A short, stable digest of a key for logs and spans: never the key material itself.
+pub fn digest(key: &Key) -> String {
+    let d = Sha256::digest(key.as_str().as_bytes());
+    let mut out = CompactString::default();
+    for b in &d[..8] {
+        push_hex(&mut out, *b);
+    }
+    out.into()
+}
+
 fn is_source_byte(b: u8) -> bool {
     b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'+' | b'-')
 }

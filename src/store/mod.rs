@@ -5,10 +5,27 @@
 //!
 //! * [`MemoryStore`]: in-process, sharded, bounded; the embedded default. Per instance only:
 //!   N replicas each allow the full limit.
+//! * [`ResilientStore`]: wraps a shared store with a timeout, a circuit breaker, a local deny
+//!   cache and a failure mode (fail open, fail closed, local fallback).
+//! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
+//!   per decision.
+//! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+pub mod resilient;
+#[cfg(feature = "redis")]
+mod script;
 
+#[cfg(feature = "cluster")]
+pub use cluster::RedisClusterStore;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
+pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
@@ -51,4 +68,109 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs and metrics (`memory`, `redis`, …).
     fn name(&self) -> &'static str;
+}
+
+/// Any store behind one type, for limiters whose store is chosen at run time (a config file).
+///
+/// Each check allocates one boxed future; build with a concrete store type when that matters.
+///
+/// ```
+/// use tollgate::store::{DynStore, MemoryStore, Store};
+///
+/// let store = DynStore::new(MemoryStore::new());
+/// assert_eq!(store.name(), "memory");
+/// ```
+#[derive(Clone)]
+pub struct DynStore {
+    inner: std::sync::Arc<dyn ErasedStore>,
+}
+
+impl fmt::Debug for DynStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DynStore").field(&self.inner).finish()
+    }
+}
+
+trait ErasedStore: Send + Sync + fmt::Debug + 'static {
+    fn check_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>>;
+    fn peek_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>>;
+    fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
+    fn now(&self) -> u64;
+    fn store_name(&self) -> &'static str;
+}
+
+impl<S: Store> ErasedStore for S {
+    fn check_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        Box::pin(self.check(key, policies, costs))
+    }
+    fn peek_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        self.peek(key, policies, costs)
+    }
+    fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        self.reset(key, policies)
+    }
+    fn now(&self) -> u64 {
+        self.now_millis()
+    }
+    fn store_name(&self) -> &'static str {
+        self.name()
+    }
+}
+
+impl DynStore {
+    /// Erases `store`'s type.
+    pub fn new(store: impl Store) -> Self {
+        Self {
+            inner: std::sync::Arc::new(store),
+        }
+    }
+}
+
+impl Store for DynStore {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.inner.check_boxed(key, policies, costs)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        self.inner.peek_boxed(key, policies, costs)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.reset_boxed(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.now()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.store_name()
+    }
 }

@@ -1,0 +1,294 @@
+//! Per-route policies: which policies (and cost) apply to which requests.
+//!
+//! A [`Limiter`](crate::Limiter) holds a route table: patterns like `POST /login`,
+//! `/api/{*rest}` or `/search` (a method is optional; without one the route applies to every
+//! method), each with a [`Route`] — policies, per-tier policies, a cost — or exempt from limiting
+//! altogether. Requests that match no pattern get the default route (the policies given to
+//! [`LimiterBuilder::policy`](crate::LimiterBuilder::policy)).
+//!
+//! Matching uses [`matchit`] (axum's router): the most specific path pattern wins — static
+//! segments over `{param}` segments over `{*catch_all}` — and within the winning pattern a
+//! route for the request's method beats one for any method. If the winning pattern has no
+//! route for the method, the default route applies. gRPC methods are paths too
+//! (`/package.Service/Method`).
+//!
+//! # Examples
+//!
+//! ```
+//! use tollgate::{Algorithm, Limiter, Policy, Rate, route::Route};
+//!
+//! let login = Policy::builder("login", Rate::per_minute(5)).sensitive(true).build()?;
+//! let reads = Policy::new("reads", Rate::per_minute(1000))?;
+//! let burst = Policy::new("burst", Rate::per_second(10))?;
+//! let daily = Policy::new("daily", Rate::per_day(10_000))?;
+//! let llm = Policy::builder("llm", Rate::per_minute(100).with_burst(200))
+//!     .algorithm(Algorithm::TokenBucket)
+//!     .build()?;
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(reads)                                            // the default route
+//!     .route("POST /login", Route::new().policy(login))
+//!     .route("/api/{*rest}", Route::new().policy(burst).policy(daily)) // both must pass
+//!     .route("POST /v1/completions", Route::new().policy(llm).cost(10))
+//!     .exempt("/health")
+//!     .build()?;
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::Method;
+
+use crate::error::ConfigError;
+use crate::key::RequestView;
+use crate::policy::Policy;
+
+/// Computes a request's cost.
+pub type CostFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
+
+/// Resolves a request's tier (plan), e.g. `free`, `pro`, `internal`.
+pub type TierFn = dyn for<'a> Fn(&RequestView<'a>) -> Option<&'a str> + Send + Sync;
+
+/// How much a request costs.
+#[derive(Clone, Default)]
+pub enum Cost {
+    /// Each policy's own [`cost`](crate::PolicyBuilder::cost) (default 1).
+    #[default]
+    PolicyDefault,
+    /// The same cost for every policy of the route.
+    Fixed(u64),
+    /// Computed from the request. A cost above a policy's capacity is refused with a 429 that
+    /// says so (no `Retry-After`: waiting would not help).
+    Computed(Arc<CostFn>),
+}
+
+impl fmt::Debug for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::PolicyDefault => f.write_str("PolicyDefault"),
+            Cost::Fixed(c) => write!(f, "Fixed({c})"),
+            Cost::Computed(_) => f.write_str("Computed(..)"),
+        }
+    }
+}
+
+/// What applies to the requests a route pattern matches. See the
+/// [module docs](crate::route).
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct Route {
+    pub(crate) exempt: bool,
+    pub(crate) policies: Vec<Policy>,
+    pub(crate) tiers: Vec<(String, Vec<Policy>)>,
+    pub(crate) cost: Cost,
+}
+
+impl Route {
+    /// A route with no policies yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A route that skips limiting entirely (no check, no headers).
+    pub fn exempt() -> Self {
+        Self {
+            exempt: true,
+            ..Self::default()
+        }
+    }
+
+    /// Adds a policy. Every policy of a route must allow a request, and a denied request is
+    /// charged to none of them. With tiers, these policies apply to requests whose tier is
+    /// unknown or has no policies of its own.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds several policies.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// The policies for requests of `tier` (as resolved by
+    /// [`LimiterBuilder::tier_fn`](crate::LimiterBuilder::tier_fn)).
+    ///
+    /// ```
+    /// use tollgate::{route::Route, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .route("/api/{*rest}", Route::new()
+    ///         .policy(Policy::new("anon", Rate::per_minute(10))?)
+    ///         .tier("free", [Policy::new("free", Rate::per_minute(100))?])
+    ///         .tier("pro", [Policy::new("pro", Rate::per_minute(10_000))?]))
+    ///     .policy(Policy::new("other", Rate::per_minute(60))?)
+    ///     .tier_fn(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn tier(
+        mut self,
+        tier: impl Into<String>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.tiers
+            .push((tier.into(), policies.into_iter().collect()));
+        self
+    }
+
+    /// Charges `cost` to every policy of the route.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Cost::Fixed(cost);
+        self
+    }
+
+    /// Computes the cost from the request.
+    ///
+    /// ```
+    /// use tollgate::{route::Route, Policy, Rate};
+    ///
+    /// let route = Route::new()
+    ///     .policy(Policy::new("tokens", Rate::per_minute(1000))?)
+    ///     .cost_fn(|req| req.headers().get("x-batch-size")
+    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///         .unwrap_or(1));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn cost_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.cost = Cost::Computed(Arc::new(f));
+        self
+    }
+}
+
+/// A compiled pattern → route lookup.
+#[derive(Clone)]
+pub(crate) struct RouteTable {
+    router: matchit::Router<Vec<(Option<Method>, usize)>>,
+}
+
+impl fmt::Debug for RouteTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTable").finish_non_exhaustive()
+    }
+}
+
+/// Splits `"POST /login"` into its method and path; a bare path applies to every method.
+pub(crate) fn parse_pattern(pattern: &str) -> Result<(Option<Method>, &str), String> {
+    let pattern = pattern.trim();
+    let (method, path) = match pattern.split_once(char::is_whitespace) {
+        Some((m, p)) => (Some(m), p.trim()),
+        None => (None, pattern),
+    };
+    let method = match method {
+        Some(m) => Some(
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("`{m}` is not an HTTP method"))?,
+        ),
+        None => None,
+    };
+    if !path.starts_with('/') {
+        return Err("the path must start with '/'".to_owned());
+    }
+    Ok((method, path))
+}
+
+impl RouteTable {
+    /// Builds the table from `(pattern, route index)` pairs.
+    pub(crate) fn build(patterns: &[(String, usize)]) -> Result<Self, ConfigError> {
+        let mut by_path: BTreeMap<&str, Vec<(Option<Method>, usize)>> = BTreeMap::new();
+        let mut order: Vec<&str> = vec![];
+        for (i, (pattern, idx)) in patterns.iter().enumerate() {
+            let field = format!("routes[{i}].pattern");
+            let (method, path) = parse_pattern(pattern)
+                .map_err(|reason| ConfigError::new(&field, format_args!("{pattern:?}"), reason))?;
+            let entry = by_path.entry(path).or_insert_with(|| {
+                order.push(path);
+                vec![]
+            });
+            if entry.iter().any(|(m, _)| *m == method) {
+                return Err(ConfigError::new(
+                    field,
+                    format_args!("{pattern:?}"),
+                    "the same method and path appear twice",
+                ));
+            }
+            entry.push((method, *idx));
+        }
+        let mut router = matchit::Router::new();
+        for path in order {
+            let routes = by_path.remove(path).unwrap_or_default();
+            router.insert(path, routes).map_err(|e| {
+                let i = patterns
+                    .iter()
+                    .position(|(p, _)| parse_pattern(p).is_ok_and(|(_, q)| q == path))
+                    .unwrap_or(0);
+                ConfigError::new(
+                    format!("routes[{i}].pattern"),
+                    format_args!("{:?}", patterns[i].0),
+                    e.to_string(),
+                )
+            })?;
+        }
+        Ok(Self { router })
+    }
+
+    /// The route index for a request, if a pattern matches.
+    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<usize> {
+        let found = self.router.at(path).ok()?;
+        let routes = found.value;
+        routes
+            .iter()
+            .find(|(m, _)| m.as_ref() == Some(method))
+            .or_else(|| routes.iter().find(|(m, _)| m.is_none()))
+            .map(|(_, i)| *i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_parse() {
+        assert_eq!(
+            parse_pattern("POST /login").unwrap(),
+            (Some(Method::POST), "/login")
+        );
+        assert_eq!(parse_pattern("/x").unwrap(), (None, "/x"));
+        assert_eq!(parse_pattern("get  /x").unwrap(), (Some(Method::GET), "/x"));
+        assert!(parse_pattern("login").is_err());
+        assert!(parse_pattern("P{ST /x").is_err());
+    }
+
+    #[test]
+    fn most_specific_wins_and_method_beats_any() {
+        let t = RouteTable::build(&[
+            ("/api/{*rest}".into(), 0),
+            ("/api/search".into(), 1),
+            ("POST /api/search".into(), 2),
+            ("/users/{id}".into(), 3),
+        ])
+        .unwrap();
+        assert_eq!(t.lookup(&Method::GET, "/api/x/y"), Some(0));
+        assert_eq!(t.lookup(&Method::GET, "/api/search"), Some(1));
+        assert_eq!(t.lookup(&Method::POST, "/api/search"), Some(2));
+        assert_eq!(t.lookup(&Method::GET, "/users/7"), Some(3));
+        assert_eq!(t.lookup(&Method::GET, "/other"), None);
+    }
+
+    #[test]
+    fn bad_patterns_name_the_route() {
+        let err = RouteTable::build(&[("/a".into(), 0), ("nope".into(), 1)]).unwrap_err();
+        assert_eq!(err.field(), "routes[1].pattern");
+        let err = RouteTable::build(&[("/a/{*x}/b".into(), 0)]).unwrap_err();
+        assert_eq!(err.field(), "routes[0].pattern");
+        let err = RouteTable::build(&[("GET /a".into(), 0), ("GET /a".into(), 1)]).unwrap_err();
+        assert_eq!(err.field(), "routes[1].pattern");
+    }
+}

@@ -1,0 +1,224 @@
+//! The Redis Cluster store: the same script and keys as [`RedisStore`](super::RedisStore), on
+//! a cluster.
+//!
+//! Every key of one principal shares one hash tag (`<prefix>:{<key>}:…`), so the script that
+//! decides all of a request's policies touches a single slot: no `CROSSSLOT` errors, and the
+//! whole decision is still **one round trip** to the primary that owns the slot. redis-rs
+//! follows `MOVED` and `ASK` redirections and refreshes its slot map by itself; on `NOSCRIPT`
+//! the script is loaded on every primary and the call retried once. Different principals
+//! spread over the cluster's slots.
+//!
+//! Everything the [Redis store](crate::store::redis) guarantees holds here too: all or
+//! nothing across policies, the arithmetic of [`crate::algorithm`], the server clock, a TTL on
+//! every key, typed [`StoreError`]s.
+//!
+//! # Examples
+//!
+//! With `deadpool-redis`'s cluster pool:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::{key::Key, store::RedisClusterStore, Limiter, Policy, Rate};
+//!
+//! let urls = vec!["redis://10.0.0.1:6379".to_owned(), "redis://10.0.0.2:6379".to_owned()];
+//! let pool = deadpool_redis::cluster::Config::from_urls(urls)
+//!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+//! let limiter = Limiter::builder()
+//!     .store(RedisClusterStore::from_pool(pool))
+//!     .policy(Policy::new("api", Rate::per_minute(600))?)
+//!     .build()?;
+//! assert!(limiter.check(&Key::new("user", "42"), 1).await?.is_allowed());
+//! # Ok(()) }
+//! ```
+//!
+//! From seed node URLs, over one cluster connection:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::store::RedisClusterStore;
+//!
+//! let store = RedisClusterStore::builder()
+//!     .prefix("myapp")
+//!     .build_cluster_with_urls(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
+//! store.ping().await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::OnceCell;
+
+use super::redis::{pool_error, RedisStoreBuilder};
+use super::script::{store_error, Connector, Core, Options, PooledOrShared};
+use super::{BoxFuture, Store};
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::policy::Policy;
+
+/// A store in a Redis Cluster. Cheap to clone: clones share the pool or connection. See the
+/// [module docs](crate::store::cluster).
+#[derive(Clone)]
+pub struct RedisClusterStore {
+    core: Arc<Core<Cluster>>,
+}
+
+impl fmt::Debug for RedisClusterStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisClusterStore")
+            .field(&self.core)
+            .finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// A cluster store using the application's `deadpool-redis` cluster pool.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `prefix` when the prefix is invalid.
+    pub fn build_cluster_with_pool(
+        self,
+        pool: deadpool_redis::cluster::Pool,
+    ) -> Result<RedisClusterStore, ConfigError> {
+        Ok(RedisClusterStore {
+            core: Arc::new(Core::new(Cluster::Pool(pool), self.options)?),
+        })
+    }
+
+    /// A cluster store over one cluster connection to the nodes behind `urls` (seed nodes:
+    /// the rest are discovered). The connection is opened by the first decision.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `urls` when they cannot be parsed, or on `prefix`.
+    pub fn build_cluster_with_urls<I, U>(self, urls: I) -> Result<RedisClusterStore, ConfigError>
+    where
+        I: IntoIterator<Item = U>,
+        U: AsRef<str>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let mut builder = ClusterClient::builder(urls.iter().map(String::as_str));
+        if let Some(t) = self.options.timeout {
+            builder = builder.connection_timeout(t).response_timeout(t);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| ConfigError::new("urls", format_args!("{urls:?}"), e.to_string()))?;
+        let cluster = Cluster::Urls(Box::new((client, OnceCell::new())));
+        Ok(RedisClusterStore {
+            core: Arc::new(Core::new(cluster, self.options)?),
+        })
+    }
+}
+
+impl RedisClusterStore {
+    /// A builder for the key prefix, clock and timeout; finish it with
+    /// [`build_cluster_with_pool`](RedisStoreBuilder::build_cluster_with_pool) or
+    /// [`build_cluster_with_urls`](RedisStoreBuilder::build_cluster_with_urls).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// A store on the application's `deadpool-redis` cluster pool, with the default prefix.
+    /// See the [module docs](crate::store::cluster) for an example.
+    pub fn from_pool(pool: deadpool_redis::cluster::Pool) -> Self {
+        Self {
+            core: Arc::new(Core::unchecked(Cluster::Pool(pool), Options::default())),
+        }
+    }
+
+    /// A store over one cluster connection to the nodes behind `urls`, with the default
+    /// prefix.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `urls` when they cannot be parsed.
+    pub fn from_urls<I, U>(urls: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = U>,
+        U: AsRef<str>,
+    {
+        Self::builder().build_cluster_with_urls(urls)
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.core.prefix()
+    }
+
+    /// Sends `PING` (to a random node): a start-up check that the cluster is reachable.
+    ///
+    /// # Errors
+    ///
+    /// The [`StoreError`] a decision would have met.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.core.ping().await
+    }
+}
+
+impl Store for RedisClusterStore {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.core.decide(key, policies, costs, true)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        self.core.decide(key, policies, costs, false)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        self.core.reset(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.core.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+}
+
+/// How a cluster store reaches the cluster.
+pub(crate) enum Cluster {
+    Pool(deadpool_redis::cluster::Pool),
+    Urls(Box<(ClusterClient, OnceCell<ClusterConnection>)>),
+}
+
+impl Connector for Cluster {
+    type Conn = PooledOrShared<deadpool_redis::cluster::Connection, ClusterConnection>;
+
+    async fn connection(&self) -> Result<Self::Conn, StoreError> {
+        match self {
+            Cluster::Pool(pool) => pool
+                .get()
+                .await
+                .map(PooledOrShared::Pooled)
+                .map_err(pool_error),
+            Cluster::Urls(lazy) => lazy
+                .1
+                .get_or_try_init(|| lazy.0.get_async_connection())
+                .await
+                .cloned()
+                .map(PooledOrShared::Shared)
+                .map_err(store_error),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Cluster::Pool(_) => "deadpool-redis cluster pool",
+            Cluster::Urls(_) => "cluster connection",
+        }
+    }
+}

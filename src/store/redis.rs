@@ -1,0 +1,309 @@
+//! The Redis store: limits shared by every instance of a service.
+//!
+//! **One round trip per decision.** [`check`](Store::check) and [`peek`](Store::peek) send a
+//! single `EVALSHA` of one Lua script that decides the request against *all* its policies. If
+//! Redis has forgotten the script (`NOSCRIPT`, after a restart or `SCRIPT FLUSH`), it is loaded
+//! and the call retried once, so that one decision costs three round trips. The first
+//! decision of a store built from a URL also opens its connection.
+//! [`reset`](Store::reset) is one `UNLINK`.
+//!
+//! # What the script guarantees
+//!
+//! * **Atomic, all or nothing**: every read-modify-write happens inside the script. All
+//!   policies are evaluated first; only if every one allows is any of them charged, so a
+//!   denied request consumes nothing anywhere.
+//! * **The same answers as the memory store**: the Lua is the arithmetic of
+//!   [`crate::algorithm`], in integers (exact below 2^53, which policies guarantee); a
+//!   differential test runs random traces through both.
+//! * **One clock**: the script reads the Redis server's `TIME`, so instances with skewed clocks
+//!   agree. A store given an injected clock (a [`ManualClock`](crate::clock::ManualClock) in
+//!   tests) passes that clock's time instead. ([`Store::now_millis`], used only to render
+//!   absolute reset times in headers, reads the local clock.)
+//! * **Nothing left behind**: every key it writes gets a TTL that ends
+//!   [`TTL_MARGIN_MS`] after its state stops mattering.
+//! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
+//!   share a hash tag, so the same script runs unchanged on
+//!   [`RedisClusterStore`](super::RedisClusterStore).
+//!
+//! Connection failures, timeouts and script errors are [`StoreError`]s; the limiter's failure
+//! mode decides what a request gets then.
+//!
+//! # Examples
+//!
+//! With the `deadpool-redis` pool the application already has:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::{key::Key, store::RedisStore, Limiter, Policy, Rate};
+//!
+//! let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
+//!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+//! let limiter = Limiter::builder()
+//!     .store(RedisStore::from_pool(pool))
+//!     .policy(Policy::new("burst", Rate::per_second(10))?)
+//!     .policy(Policy::new("daily", Rate::per_day(1000))?)
+//!     .build()?;
+//! let d = limiter.check(&Key::new("user", "42"), 1).await?;
+//! assert!(d.is_allowed());
+//! # Ok(()) }
+//! ```
+//!
+//! From a URL, over one multiplexed connection that reconnects by itself, with a custom key
+//! prefix and timeout:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tollgate::store::RedisStore;
+//!
+//! let store = RedisStore::builder()
+//!     .prefix("myapp:rl")
+//!     .timeout(Duration::from_millis(200))
+//!     .build_with_url("redis://127.0.0.1:6379")?;
+//! store.ping().await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+use super::script::{store_error, Connector, Core, Options, PooledOrShared};
+use super::{BoxFuture, Store};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::policy::Policy;
+
+pub use super::script::{DEFAULT_PREFIX, TTL_MARGIN_MS};
+
+/// The Lua text of the decision script both Redis stores run, for inspection, auditing or
+/// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
+///
+/// ```
+/// let lua = tollgate::store::redis::script_source();
+/// assert!(lua.contains("redis.call('TIME')"));
+/// ```
+pub fn script_source() -> &'static str {
+    super::script::source()
+}
+
+/// A store in one Redis server (or a primary with replicas). Cheap to clone: clones share the
+/// pool or connection. See the [module docs](crate::store::redis).
+#[derive(Clone)]
+pub struct RedisStore {
+    core: Arc<Core<Single>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisStore").field(&self.core).finish()
+    }
+}
+
+/// Builds a [`RedisStore`] or a [`RedisClusterStore`](super::RedisClusterStore).
+///
+/// # Examples
+///
+/// ```
+/// use tollgate::store::RedisStore;
+///
+/// // Building from a URL does not connect yet: the first decision does.
+/// let store = RedisStore::builder().prefix("app").build_with_url("redis://127.0.0.1:6379")?;
+/// assert_eq!(store.prefix(), "app");
+///
+/// let err = RedisStore::builder().prefix("a{b}").build_with_url("redis://127.0.0.1").unwrap_err();
+/// assert_eq!(err.field(), "prefix");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Default)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    pub(super) options: Options,
+}
+
+impl RedisStoreBuilder {
+    /// The first part of every key (default `tollgate`). It must not contain `{`, `}`,
+    /// whitespace or control characters; that is checked when the store is built.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options.prefix = prefix.into().into_boxed_str();
+        self
+    }
+
+    /// Passes this clock's time to the script instead of reading the server's `TIME`. For
+    /// tests: production stores should keep the default server clock, which every instance
+    /// shares.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.options.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// For stores built from a URL: how long to wait for a connection and for each reply
+    /// (default: 1 s to connect, 500 ms per reply). A pool passed in keeps its own settings.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.options.timeout = Some(timeout);
+        self
+    }
+
+    /// A store using the application's `deadpool-redis` pool: one pooled connection per
+    /// decision.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `prefix` when the prefix is invalid.
+    pub fn build_with_pool(self, pool: deadpool_redis::Pool) -> Result<RedisStore, ConfigError> {
+        Ok(RedisStore {
+            core: Arc::new(Core::new(Single::Pool(pool), self.options)?),
+        })
+    }
+
+    /// A store over one multiplexed connection to `url` (a [`ConnectionManager`], which
+    /// reconnects by itself). The connection is opened by the first decision.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `url` when the URL cannot be parsed, or on `prefix`.
+    pub fn build_with_url(self, url: &str) -> Result<RedisStore, ConfigError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| ConfigError::new("url", format_args!("{url:?}"), e.to_string()))?;
+        let mut config = ConnectionManagerConfig::new().set_number_of_retries(1);
+        if let Some(t) = self.options.timeout {
+            config = config
+                .set_connection_timeout(Some(t))
+                .set_response_timeout(Some(t));
+        }
+        let single = Single::Url(Box::new(Lazy {
+            client,
+            config,
+            manager: OnceCell::new(),
+        }));
+        Ok(RedisStore {
+            core: Arc::new(Core::new(single, self.options)?),
+        })
+    }
+}
+
+impl RedisStore {
+    /// A builder for the key prefix, clock and timeout.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// A store on the application's `deadpool-redis` pool, with the default prefix. See the
+    /// [module docs](crate::store::redis) for an example.
+    pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
+        Self {
+            core: Arc::new(Core::unchecked(Single::Pool(pool), Options::default())),
+        }
+    }
+
+    /// A store over one multiplexed connection to `url`, with the default prefix; see
+    /// [`RedisStoreBuilder::build_with_url`].
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `url` when the URL cannot be parsed.
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        Self::builder().build_with_url(url)
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.core.prefix()
+    }
+
+    /// Sends `PING`: a start-up check that Redis is reachable.
+    ///
+    /// # Errors
+    ///
+    /// The [`StoreError`] a decision would have met.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.core.ping().await
+    }
+}
+
+impl Store for RedisStore {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.core.decide(key, policies, costs, true)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        self.core.decide(key, policies, costs, false)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        self.core.reset(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.core.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// How a single-server store reaches Redis.
+pub(crate) enum Single {
+    Pool(deadpool_redis::Pool),
+    Url(Box<Lazy>),
+}
+
+/// A client and the connection it opens on first use.
+pub(crate) struct Lazy {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    manager: OnceCell<ConnectionManager>,
+}
+
+impl Connector for Single {
+    type Conn = PooledOrShared<deadpool_redis::Connection, ConnectionManager>;
+
+    async fn connection(&self) -> Result<Self::Conn, StoreError> {
+        match self {
+            Single::Pool(pool) => pool
+                .get()
+                .await
+                .map(PooledOrShared::Pooled)
+                .map_err(pool_error),
+            Single::Url(lazy) => lazy
+                .manager
+                .get_or_try_init(|| {
+                    lazy.client
+                        .get_connection_manager_with_config(lazy.config.clone())
+                })
+                .await
+                .cloned()
+                .map(PooledOrShared::Shared)
+                .map_err(store_error),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Single::Pool(_) => "deadpool-redis pool",
+            Single::Url(_) => "multiplexed connection",
+        }
+    }
+}
+
+/// A pool that could not hand out a connection.
+pub(crate) fn pool_error(e: deadpool_redis::PoolError) -> StoreError {
+    match e {
+        deadpool_redis::PoolError::Timeout(_) => StoreError::Timeout,
+        deadpool_redis::PoolError::Backend(e) => store_error(e),
+        other => StoreError::Connection(other.to_string()),
+    }
+}

@@ -1,0 +1,588 @@
+//! Failure handling for a shared store: timeouts, a circuit breaker, a local deny cache and a
+//! chosen failure mode.
+//!
+//! A rate limiter must never become the outage. [`ResilientStore`] wraps a store (Redis) so
+//! that every check answers quickly even when the store is down, stalled or restarting:
+//!
+//! * **Timeout**: each store call gets at most [`timeout`](ResilientStoreBuilder::timeout)
+//!   (default 50 ms); a stalled Redis cannot stall requests.
+//! * **Circuit breaker**: after [`N`](ResilientStoreBuilder::circuit_breaker) consecutive
+//!   failures (default 5) the store is not called for a cool-down (default 1 s); then one probe
+//!   goes through (half-open) and, if it succeeds, calls resume. Each transition is logged
+//!   (target `tollgate::breaker`) and counted.
+//! * **Failure mode** — no silent default: [`ResilientStore::builder`] takes one, and a policy
+//!   may override it with [`PolicyBuilder::failure_mode`](crate::PolicyBuilder::failure_mode):
+//!
+//! | mode | what clients see | what operators see | pick it when |
+//! |---|---|---|---|
+//! | [`FailOpen`](FailureMode::FailOpen) | requests pass, no quota headers | a warning (at most one a second) and the `fail_open` counter | availability matters more than the limit |
+//! | [`FailClosed`](FailureMode::FailClosed) | `503` with `Retry-After` | the same, `fail_closed` | the limit protects something that must not be overrun (costly or abusable endpoints) |
+//! | [`LocalFallback`](FailureMode::LocalFallback) | limiting continues per instance at `limit / replicas` | the same, `fallback` | you want both: degraded but real protection |
+//!
+//! * **Deny cache**: when the store denies a key until `T`, the denial is remembered locally
+//!   (bounded, [`deny_cache`](ResilientStoreBuilder::deny_cache)) for exactly that key, policy
+//!   set and cost, until exactly `T`, and further requests are refused without a round trip.
+//!   `T` is the earliest moment the store itself would allow that request (nothing else can
+//!   make it allow sooner, except a [`reset`](crate::Limiter::reset), which clears the local
+//!   cache), so the cache never refuses what the store would allow.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::store::{FailureMode, MemoryStore, ResilientStore};
+//!
+//! // Any store can be wrapped; in production it is a RedisStore.
+//! let store = ResilientStore::builder(MemoryStore::new(), FailureMode::LocalFallback { replicas: 4 })
+//!     .timeout(Duration::from_millis(30))
+//!     .circuit_breaker(5, Duration::from_secs(1))
+//!     .deny_cache(10_000)
+//!     .build();
+//! # let _ = store;
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::{BoxFuture, MemoryStore, Store};
+use crate::algorithm::PolicyDecision;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Outcome};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::{Policy, Rate};
+use crate::telemetry;
+
+/// What to do when the store cannot decide. See the [module docs](crate::store::resilient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureMode {
+    /// Allow the request.
+    FailOpen,
+    /// Refuse it; the layer answers `503 Service Unavailable` with `Retry-After`.
+    FailClosed,
+    /// Decide with an in-memory limiter on this instance, each policy's limit (and burst)
+    /// divided by `replicas` (rounded up, at least 1).
+    LocalFallback {
+        /// How many instances share the limit normally.
+        replicas: u32,
+    },
+}
+
+/// A store that fails gracefully; see the [module docs](crate::store::resilient).
+pub struct ResilientStore<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for ResilientStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for ResilientStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientStore")
+            .field("primary", &self.inner.primary)
+            .field("mode", &self.inner.mode)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<S> {
+    primary: S,
+    mode: FailureMode,
+    timeout: Duration,
+    breaker: Breaker,
+    deny_cache: Option<DenyCache>,
+    fallback: MemoryStore,
+    fallback_policies: Mutex<HashMap<(u32, u32), Policy>>,
+    clock: Arc<dyn Clock>,
+    warned_at: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+/// Builds a [`ResilientStore`].
+#[must_use]
+pub struct ResilientStoreBuilder<S> {
+    primary: S,
+    mode: FailureMode,
+    timeout: Duration,
+    threshold: u32,
+    cooldown: Duration,
+    deny_cache: Option<usize>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for ResilientStoreBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientStoreBuilder")
+            .field("primary", &self.primary)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> ResilientStore<S> {
+    /// Wraps `primary`; `mode` applies to every policy that does not choose its own.
+    pub fn builder(primary: S, mode: FailureMode) -> ResilientStoreBuilder<S> {
+        ResilientStoreBuilder {
+            primary,
+            mode,
+            timeout: Duration::from_millis(50),
+            threshold: 5,
+            cooldown: Duration::from_secs(1),
+            deny_cache: None,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn primary(&self) -> &S {
+        &self.inner.primary
+    }
+
+    /// Whether the circuit breaker is open (the store is being skipped).
+    pub fn is_circuit_open(&self) -> bool {
+        self.inner.breaker.open_until.load(Ordering::Acquire) != 0
+    }
+}
+
+impl<S: Store> ResilientStoreBuilder<S> {
+    /// The longest a store call may take (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Open the breaker after `failures` consecutive failures, for `cooldown` (defaults 5 and
+    /// 1 s).
+    pub fn circuit_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.threshold = failures.max(1);
+        self.cooldown = cooldown.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Remember up to `entries` current denials locally (default: off).
+    pub fn deny_cache(mut self, entries: usize) -> Self {
+        self.deny_cache = (entries > 0).then_some(entries);
+        self
+    }
+
+    /// The local clock for the breaker, the deny cache and the fallback limiter (default
+    /// [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> ResilientStore<S> {
+        let clock = self.clock;
+        ResilientStore {
+            inner: Arc::new(Inner {
+                primary: self.primary,
+                mode: self.mode,
+                timeout: self.timeout,
+                breaker: Breaker {
+                    threshold: self.threshold,
+                    cooldown_ms: self.cooldown.as_millis() as u64,
+                    failures: AtomicU32::new(0),
+                    open_until: AtomicU64::new(0),
+                    probing: AtomicBool::new(false),
+                },
+                deny_cache: self.deny_cache.map(DenyCache::new),
+                fallback: MemoryStore::builder()
+                    .clock(ClockRef(clock.clone()))
+                    .build(),
+                fallback_policies: Mutex::new(HashMap::new()),
+                clock,
+                warned_at: AtomicU64::new(0),
+                suppressed: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ClockRef(Arc<dyn Clock>);
+
+impl Clock for ClockRef {
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+    fn is_injected(&self) -> bool {
+        self.0.is_injected()
+    }
+}
+
+/// Consecutive-failure circuit breaker; lock-free on the happy path.
+struct Breaker {
+    threshold: u32,
+    cooldown_ms: u64,
+    failures: AtomicU32,
+    /// 0 while closed; otherwise when the cool-down ends.
+    open_until: AtomicU64,
+    probing: AtomicBool,
+}
+
+enum Gate {
+    Call,
+    Probe,
+    Skip,
+}
+
+impl Breaker {
+    fn gate(&self, now: u64) -> Gate {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Gate::Call;
+        }
+        if now < until {
+            return Gate::Skip;
+        }
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::info!(target: "tollgate::breaker", state = "half_open", "rate-limit store circuit half-open: probing");
+            telemetry::breaker("half_open");
+            Gate::Probe
+        } else {
+            Gate::Skip
+        }
+    }
+
+    fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            self.probing.store(false, Ordering::Release);
+            tracing::info!(target: "tollgate::breaker", state = "closed", "rate-limit store circuit closed: store healthy again");
+            telemetry::breaker("closed");
+        }
+    }
+
+    fn failure(&self, now: u64, probe: bool) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if probe || (failures >= self.threshold && self.open_until.load(Ordering::Acquire) == 0) {
+            self.open_until
+                .store(now + self.cooldown_ms, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::warn!(target: "tollgate::breaker", state = "open", failures, cooldown_ms = self.cooldown_ms, "rate-limit store circuit open: skipping the store");
+            telemetry::breaker("open");
+        }
+    }
+}
+
+/// Current denials from the store, keyed by (key, policies, costs), each until its moment.
+struct DenyCache {
+    capacity: usize,
+    hasher: foldhash::fast::RandomState,
+    entries: Mutex<HashMap<u64, (Key, u64, Decision)>>,
+}
+
+impl DenyCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            hasher: foldhash::fast::RandomState::default(),
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn slot(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        for (p, c) in policies.iter().zip(costs) {
+            p.name().hash(&mut h);
+            c.hash(&mut h);
+        }
+        h.finish()
+    }
+
+    fn get(&self, slot: u64, key: &Key, now: u64) -> Option<Decision> {
+        let mut entries = self.entries.lock();
+        let (k, until, decision) = entries.get(&slot)?;
+        if k != key {
+            return None;
+        }
+        if now >= *until {
+            entries.remove(&slot);
+            return None;
+        }
+        Some(shift(decision, until - now))
+    }
+
+    fn insert(&self, slot: u64, key: &Key, until: u64, decision: Decision, now: u64) {
+        let mut entries = self.entries.lock();
+        if entries.len() >= self.capacity {
+            entries.retain(|_, (_, u, _)| *u > now);
+            if entries.len() >= self.capacity {
+                return;
+            }
+        }
+        entries.insert(slot, (key.clone(), until, decision));
+    }
+
+    fn forget(&self, key: &Key) {
+        self.entries.lock().retain(|_, (k, _, _)| k != key);
+    }
+}
+
+/// A cached denial as seen `left` ms before it ends.
+fn shift(decision: &Decision, left: u64) -> Decision {
+    let policies: SmallVec<[PolicyDecision; 2]> = decision
+        .policies()
+        .iter()
+        .map(|d| {
+            if d.is_allowed() {
+                *d
+            } else {
+                PolicyDecision::from_parts(
+                    false,
+                    d.limit(),
+                    d.remaining(),
+                    d.reset_after_millis().min(left.max(d.reset_after_millis())),
+                    d.retry_after_millis().min(left),
+                    0,
+                )
+            }
+        })
+        .collect();
+    Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
+}
+
+impl<S: Store> Inner<S> {
+    fn warn_degraded(&self, outcome: Outcome, error: &StoreError) {
+        let now = self.clock.now_millis();
+        let last = self.warned_at.load(Ordering::Relaxed);
+        if now >= last + 1_000
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                target: "tollgate::store",
+                outcome = outcome.as_str(),
+                %error,
+                suppressed,
+                "rate-limit store unavailable; deciding by failure mode"
+            );
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn fallback_policy(&self, policy: &Policy, replicas: u32) -> Policy {
+        let mut cache = self.fallback_policies.lock();
+        cache
+            .entry((policy.id(), replicas))
+            .or_insert_with(|| {
+                let share = |n: u64| n.div_ceil(u64::from(replicas.max(1))).max(1);
+                let rate = policy.rate();
+                let mut scaled = Rate::new(share(rate.limit()), rate.window());
+                if policy.algorithm().has_burst() {
+                    scaled = scaled.with_burst(share(policy.capacity()));
+                }
+                let mut b = Policy::builder(format!("{}-fallback", policy.name()), scaled)
+                    .algorithm(policy.algorithm())
+                    .sensitive(policy.is_sensitive());
+                if let Some(d) = policy.max_delay() {
+                    b = b.shape(d);
+                }
+                b.build().unwrap_or_else(|_| policy.clone())
+            })
+            .clone()
+    }
+
+    /// Decides without the store, by each policy's failure mode.
+    fn degraded(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        error: &StoreError,
+    ) -> Decision {
+        let modes: SmallVec<[FailureMode; 2]> = policies
+            .iter()
+            .map(|p| p.failure_mode().unwrap_or(self.mode))
+            .collect();
+        let closed = modes.contains(&FailureMode::FailClosed);
+        let retry_ms = self.breaker.cooldown_ms.max(1_000);
+        let mut fallback_idx: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut fallback_policies: SmallVec<[Policy; 2]> = SmallVec::new();
+        let mut fallback_costs: SmallVec<[u64; 2]> = SmallVec::new();
+        for (i, m) in modes.iter().enumerate() {
+            if let FailureMode::LocalFallback { replicas } = m {
+                let fp = self.fallback_policy(&policies[i], *replicas);
+                fallback_costs.push(costs[i].min(fp.capacity()));
+                fallback_policies.push(fp);
+                fallback_idx.push(i);
+            }
+        }
+        // Charge the fallback limiter only when nothing fails closed (all or nothing).
+        let local = if fallback_policies.is_empty() {
+            None
+        } else {
+            self.fallback
+                .decide(key, &fallback_policies, &fallback_costs, !closed)
+                .ok()
+        };
+        let mut out: SmallVec<[PolicyDecision; 2]> = SmallVec::new();
+        for (i, (p, m)) in policies.iter().zip(&modes).enumerate() {
+            let d = match m {
+                FailureMode::FailOpen => {
+                    PolicyDecision::from_parts(true, p.capacity(), p.capacity(), 0, 0, 0)
+                }
+                FailureMode::FailClosed => {
+                    PolicyDecision::from_parts(false, p.capacity(), 0, retry_ms, retry_ms, 0)
+                }
+                FailureMode::LocalFallback { .. } => {
+                    let j = fallback_idx.iter().position(|&k| k == i).unwrap_or(0);
+                    local
+                        .as_ref()
+                        .and_then(|l| l.policies().get(j).copied())
+                        .unwrap_or_else(|| {
+                            PolicyDecision::from_parts(
+                                false,
+                                p.capacity(),
+                                0,
+                                retry_ms,
+                                retry_ms,
+                                0,
+                            )
+                        })
+                }
+            };
+            out.push(d);
+        }
+        let outcome = if closed {
+            Outcome::FailClosed
+        } else if !fallback_idx.is_empty() {
+            Outcome::Fallback
+        } else {
+            Outcome::FailOpen
+        };
+        self.warn_degraded(outcome, error);
+        telemetry::outcome(outcome);
+        Decision::from_policies(out).with_outcome(outcome)
+    }
+}
+
+impl<S: Store> Store for ResilientStore<S> {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        let inner = &self.inner;
+        let now = inner.clock.now_millis();
+        let slot = inner
+            .deny_cache
+            .as_ref()
+            .map(|c| c.slot(key, policies, costs));
+        if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
+            if let Some(d) = cache.get(slot, key, now) {
+                telemetry::outcome(Outcome::CachedDeny);
+                return Box::pin(std::future::ready(Ok(d)));
+            }
+        }
+        let probe = match inner.breaker.gate(now) {
+            Gate::Skip => {
+                let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen);
+                return Box::pin(std::future::ready(Ok(d)));
+            }
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = inner.primary.check(key, policies, costs);
+        let this = Arc::clone(inner);
+        let key = key.clone();
+        let policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+        let costs: SmallVec<[u64; 2]> = costs.iter().copied().collect();
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = match tokio::time::timeout(this.timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout),
+            };
+            telemetry::store_latency(this.primary.name(), started.elapsed());
+            match result {
+                Ok(decision) => {
+                    this.breaker.success();
+                    if !decision.is_allowed() {
+                        if let (Some(cache), Some(slot)) = (&this.deny_cache, slot) {
+                            let now = this.clock.now_millis();
+                            let until = now + decision.retry_after_millis();
+                            cache.insert(slot, &key, until, decision.clone(), now);
+                        }
+                    }
+                    Ok(decision)
+                }
+                Err(error) => {
+                    telemetry::store_error(&error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                    Ok(this.degraded(&key, &policies, &costs, &error))
+                }
+            }
+        })
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        let call = self.inner.primary.peek(key, policies, costs);
+        let timeout = self.inner.timeout;
+        Box::pin(async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        let fallback: Vec<Policy> = {
+            let map = self.inner.fallback_policies.lock();
+            map.values()
+                .filter(|fp| {
+                    policies
+                        .iter()
+                        .any(|p| fp.name() == format!("{}-fallback", p.name()))
+                })
+                .cloned()
+                .collect()
+        };
+        let _ = self.inner.fallback.reset(key, &fallback);
+        let call = self.inner.primary.reset(key, policies);
+        let timeout = self.inner.timeout;
+        Box::pin(async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.clock.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.primary.name()
+    }
+}

@@ -1,0 +1,469 @@
+//! What the Redis stores share: the Lua script, the key layout, the invocation and the reply.
+//!
+//! The script is the concatenation of `lua/prelude.lua`, one file per algorithm and the
+//! driver `lua/decide.lua`, built once. One `EVALSHA` decides a request against all its
+//! policies: every policy is evaluated, and only if all allow is any of them charged.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
+use smallvec::SmallVec;
+
+use super::BoxFuture;
+use crate::algorithm::PolicyDecision;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::policy::{Algorithm, Policy};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tollgate";
+
+/// How long a key outlives the moment its state stops mattering, in milliseconds.
+///
+/// Every key a script writes gets `PEXPIRE (expires_at − now) + TTL_MARGIN_MS`, where
+/// `expires_at` is the same instant [`crate::algorithm`] computes for the memory store.
+pub const TTL_MARGIN_MS: u64 = 1_000;
+
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+const COUNTER: &str = include_str!("../../lua/sliding_window_counter.lua");
+const LOG: &str = include_str!("../../lua/sliding_window_log.lua");
+const BUCKET: &str = include_str!("../../lua/token_bucket.lua");
+const FIXED: &str = include_str!("../../lua/fixed_window.lua");
+const GCRA: &str = include_str!("../../lua/gcra.lua");
+const DRIVER: &str = include_str!("../../lua/decide.lua");
+
+/// The whole decision script, as sent to Redis.
+pub(crate) fn source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let prelude = PRELUDE.replace(
+            "local TTL_MARGIN_MS = 1000",
+            &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
+        );
+        [prelude.as_str(), COUNTER, LOG, BUCKET, FIXED, GCRA, DRIVER].join("\n")
+    })
+}
+
+/// The decision script, hashed once.
+pub(crate) fn script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(source()))
+}
+
+/// The algorithm's number in the script's `ALG` table.
+fn algorithm_id(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingWindowCounter => 1,
+        Algorithm::SlidingWindowLog => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::FixedWindow => 4,
+        Algorithm::Gcra => 5,
+    }
+}
+
+/// The last part of a state key: which algorithm's state it holds.
+fn algorithm_part(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindowCounter => "swc",
+        Algorithm::SlidingWindowLog => "swl",
+        Algorithm::TokenBucket => "tb",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::Gcra => "gcra",
+    }
+}
+
+const ALL_ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::Gcra,
+];
+
+/// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.
+pub(crate) fn state_key(prefix: &str, key: &Key, policy: &str, algorithm: Algorithm) -> String {
+    let key = key.as_str();
+    let part = algorithm_part(algorithm);
+    let mut s = String::with_capacity(prefix.len() + key.len() + policy.len() + part.len() + 5);
+    s.push_str(prefix);
+    s.push_str(":{");
+    s.push_str(key);
+    s.push_str("}:");
+    s.push_str(policy);
+    s.push(':');
+    s.push_str(part);
+    s
+}
+
+/// Checks a key prefix: 1–64 bytes, no braces (they would break the hash tag), no whitespace
+/// or control bytes.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.is_empty() || prefix.len() > 64 {
+        return Err(ConfigError::new(
+            "prefix",
+            format_args!("{prefix:?}"),
+            "must be 1 to 64 bytes long",
+        ));
+    }
+    if prefix
+        .chars()
+        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::new(
+            "prefix",
+            format_args!("{prefix:?}"),
+            "must not contain '{', '}', whitespace or control characters (it precedes the key's hash tag)",
+        ));
+    }
+    Ok(())
+}
+
+/// Turns a redis-rs error into the store error the limiter's failure mode understands.
+pub(crate) fn store_error(e: RedisError) -> StoreError {
+    use redis::ErrorKind;
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::AuthenticationFailed
+                | ErrorKind::InvalidClientConfig
+        )
+    {
+        StoreError::Connection(e.to_string())
+    } else if matches!(e.kind(), ErrorKind::Parse | ErrorKind::UnexpectedReturnType) {
+        StoreError::Protocol(e.to_string())
+    } else {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+/// Where a store gets a connection for one decision.
+pub(crate) trait Connector: Send + Sync + 'static {
+    /// A connection (or a cheap handle to a shared one).
+    type Conn: ConnectionLike + Send;
+
+    /// A connection for one command.
+    fn connection(&self) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send;
+
+    /// What the store's `Debug` shows about its connection.
+    fn describe(&self) -> &'static str;
+}
+
+/// A connection from a pool, or a handle to one shared multiplexed connection.
+pub(crate) enum PooledOrShared<P, S> {
+    Pooled(P),
+    Shared(S),
+}
+
+impl<P: ConnectionLike, S: ConnectionLike> ConnectionLike for PooledOrShared<P, S> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Pooled(c) => c.req_packed_command(cmd),
+            Self::Shared(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Pooled(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Pooled(c) => c.get_db(),
+            Self::Shared(c) => c.get_db(),
+        }
+    }
+}
+
+/// Settings common to both Redis stores.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) prefix: Box<str>,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.into(),
+            clock: None,
+            timeout: None,
+        }
+    }
+}
+
+/// The store logic shared by [`RedisStore`](super::RedisStore) and the cluster store: it knows
+/// the keys, the script and the reply, and nothing about how connections are made.
+pub(crate) struct Core<C> {
+    connector: C,
+    prefix: Box<str>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<C: Connector> fmt::Debug for Core<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCore")
+            .field("connection", &self.connector.describe())
+            .field("prefix", &self.prefix)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl<C: Connector> Core<C> {
+    /// Checks the options and builds the core.
+    pub(crate) fn new(connector: C, options: Options) -> Result<Self, ConfigError> {
+        validate_prefix(&options.prefix)?;
+        Ok(Self::unchecked(connector, options))
+    }
+
+    /// Builds the core from options already checked (or the defaults).
+    pub(crate) fn unchecked(connector: C, options: Options) -> Self {
+        Self {
+            connector,
+            prefix: options.prefix,
+            clock: options
+                .clock
+                .unwrap_or_else(|| Arc::new(SystemClock::new())),
+        }
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Sends `PING`.
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connector.connection().await?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    pub(crate) fn now_millis(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    /// The script call for one decision: one key and six arguments per policy.
+    pub(crate) fn invocation(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: bool,
+    ) -> ScriptInvocation<'static> {
+        let mut inv = script().prepare_invoke();
+        for p in policies {
+            inv.key(state_key(&self.prefix, key, p.name(), p.algorithm()));
+        }
+        if self.clock.is_injected() {
+            inv.arg(self.clock.now_millis());
+        } else {
+            inv.arg(""); // the script reads TIME
+        }
+        inv.arg(u8::from(charge));
+        for (p, &cost) in policies.iter().zip(costs) {
+            inv.arg(algorithm_id(p.algorithm()))
+                .arg(p.limit())
+                .arg(p.window_millis())
+                .arg(p.capacity())
+                .arg(p.max_delay_millis())
+                .arg(cost);
+        }
+        inv
+    }
+
+    /// One `EVALSHA` (reloading the script once on `NOSCRIPT`).
+    pub(crate) fn decide(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: bool,
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        debug_assert_eq!(policies.len(), costs.len());
+        let inv = self.invocation(key, policies, costs, charge);
+        let limits: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let reply: Vec<i64> = inv.invoke_async(&mut conn).await.map_err(store_error)?;
+            parse_reply(&reply, &limits)
+        })
+    }
+
+    /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
+    pub(crate) fn reset(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let mut cmd = redis::cmd("UNLINK");
+        for p in policies {
+            for a in ALL_ALGORITHMS {
+                cmd.arg(state_key(&self.prefix, key, p.name(), a));
+            }
+        }
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let _: i64 = cmd.query_async(&mut conn).await.map_err(store_error)?;
+            Ok(())
+        })
+    }
+}
+
+/// `{ allowed, then per policy: allowed, remaining, reset_after, retry_after, delay }`.
+pub(crate) fn parse_reply(reply: &[i64], limits: &[u64]) -> Result<Decision, StoreError> {
+    if reply.len() != 1 + 5 * limits.len() {
+        return Err(StoreError::Protocol(format!(
+            "the decision script returned {} integers for {} policies",
+            reply.len(),
+            limits.len()
+        )));
+    }
+    let field = |i: usize| -> Result<u64, StoreError> {
+        u64::try_from(reply[i]).map_err(|_| {
+            StoreError::Protocol(format!("negative value {} in the script reply", reply[i]))
+        })
+    };
+    let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
+    for (i, &limit) in limits.iter().enumerate() {
+        let o = 1 + 5 * i;
+        decisions.push(PolicyDecision::from_parts(
+            field(o)? == 1,
+            limit,
+            field(o + 1)?,
+            field(o + 2)?,
+            field(o + 3)?,
+            field(o + 4)?,
+        ));
+    }
+    let decision = Decision::from_policies(decisions);
+    if decision.is_allowed() != (reply[0] == 1) {
+        return Err(StoreError::Protocol(
+            "the script's overall answer disagrees with its per-policy answers".into(),
+        ));
+    }
+    Ok(decision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rate;
+
+    #[test]
+    fn keys_share_one_hash_tag_per_principal() {
+        let key = Key::new("user", "a {b}");
+        let k = state_key("app", &key, "burst", Algorithm::SlidingWindowCounter);
+        assert_eq!(k, "app:{user:a%20%7Bb%7D}:burst:swc");
+        let k2 = state_key("app", &key, "daily", Algorithm::Gcra);
+        let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
+        assert_eq!(tag(&k), tag(&k2));
+    }
+
+    #[test]
+    fn prefixes_that_would_break_the_hash_tag_are_refused() {
+        assert!(validate_prefix("tollgate").is_ok());
+        assert!(validate_prefix("app:v2").is_ok());
+        for bad in ["", "a{b", "a}b", "a b", "a\nb", &"x".repeat(65)] {
+            assert_eq!(
+                validate_prefix(bad).unwrap_err().field(),
+                "prefix",
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_script_is_one_text_with_every_algorithm() {
+        let s = source();
+        for id in 1..=5 {
+            assert!(
+                s.contains(&format!("ALG[{id}] =")),
+                "algorithm {id} missing"
+            );
+        }
+        assert!(s.contains(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}")));
+        assert!(s.trim_end().ends_with("return out"));
+    }
+
+    #[test]
+    fn the_invocation_carries_keys_and_six_arguments_per_policy() {
+        struct Never;
+        impl Connector for Never {
+            type Conn = redis::aio::MultiplexedConnection;
+            async fn connection(&self) -> Result<Self::Conn, StoreError> {
+                Err(StoreError::Connection("never".into()))
+            }
+            fn describe(&self) -> &'static str {
+                "never"
+            }
+        }
+        let clock = crate::clock::ManualClock::new(1_234);
+        let core = Core::new(
+            Never,
+            Options {
+                prefix: "t".into(),
+                clock: Some(Arc::new(clock)),
+                timeout: None,
+            },
+        )
+        .unwrap();
+        let a = Policy::new("a", Rate::per_second(10)).unwrap();
+        let b = Policy::builder("b", Rate::per_minute(5).with_burst(7))
+            .algorithm(Algorithm::Gcra)
+            .shape(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let inv = core.invocation(&Key::new("ip", "1.2.3.4"), &[a, b], &[1, 2], true);
+        // redis-rs shows only the counts: two keys, 2 + 6 × 2 arguments.
+        let dbg = format!("{inv:?}");
+        assert!(dbg.contains("args: 14"), "{dbg}");
+        assert!(dbg.contains("keys: 2"), "{dbg}");
+    }
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_protocol_errors() {
+        assert!(matches!(
+            parse_reply(&[1, 1, 2], &[5]),
+            Err(StoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[1, 1, -2, 0, 0, 0], &[5]),
+            Err(StoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[0, 1, 2, 0, 0, 0], &[5]),
+            Err(StoreError::Protocol(_))
+        ));
+        let d = parse_reply(&[0, 1, 2, 0, 0, 0, 0, 0, 900, 300, 0], &[5, 10]).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.governing_index(), 1);
+        assert_eq!(d.retry_after_millis(), 300);
+        assert_eq!(d.limit(), 10);
+    }
+}

@@ -1,0 +1,502 @@
+//! The Redis store against a real `redis-server` spawned per test.
+
+mod support;
+
+use std::time::Duration;
+
+use proptest::test_runner::{Config, TestRunner};
+use support::scenarios::{self, Step, ALGORITHMS};
+use support::RedisServer;
+use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::key::Key;
+use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::{Algorithm, Policy, Rate, StoreError};
+
+const T0: u64 = 1_700_000_000_123;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn manual_store(server: &RedisServer, clock: &ManualClock, tag: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(scenarios::unique_prefix(tag))
+        .clock(clock.clone())
+        .build_with_url(&server.url())
+        .unwrap()
+}
+
+/// Random traces through the memory store and the Redis store give the same decisions.
+fn differential(policies: Vec<Policy>, cases: u32) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&scenarios::trace(1_000..1_600, 3), |steps: Vec<Step>| {
+        let clock = ManualClock::new(T0);
+        let store = manual_store(&server, &clock, "diff");
+        rt.block_on(scenarios::run_differential(
+            &store, &clock, &policies, &steps,
+        ))
+    });
+    if let Err(e) = result {
+        // The failing step comes first; the whole trace would drown it.
+        panic!("{}", e.to_string().chars().take(3_000).collect::<String>());
+    }
+}
+
+#[test]
+fn differential_sliding_window_counter() {
+    differential(
+        scenarios::differential_policies(Algorithm::SlidingWindowCounter),
+        3,
+    );
+}
+
+#[test]
+fn differential_sliding_window_log() {
+    differential(
+        scenarios::differential_policies(Algorithm::SlidingWindowLog),
+        3,
+    );
+}
+
+#[test]
+fn differential_token_bucket() {
+    differential(scenarios::differential_policies(Algorithm::TokenBucket), 3);
+}
+
+#[test]
+fn differential_fixed_window() {
+    differential(scenarios::differential_policies(Algorithm::FixedWindow), 3);
+}
+
+#[test]
+fn differential_gcra_with_shaping() {
+    differential(scenarios::differential_policies(Algorithm::Gcra), 3);
+}
+
+#[test]
+fn differential_mixed_policies_all_or_nothing() {
+    differential(scenarios::mixed_policies(), 3);
+}
+
+#[test]
+fn aggregate_enforcement_four_instances_sixty_four_tasks_each() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let prefix = scenarios::unique_prefix("aggregate");
+    // Four independent stores: two on their own pools, two on their own multiplexed
+    // connections.
+    let stores: Vec<RedisStore> = (0..4)
+        .map(|i| {
+            let b = RedisStore::builder().prefix(prefix.clone());
+            if i % 2 == 0 {
+                b.build_with_pool(server.pool(16)).unwrap()
+            } else {
+                b.build_with_url(&server.url()).unwrap()
+            }
+        })
+        .collect();
+    let keys: Vec<Key> = (0..5)
+        .map(|i| Key::new("tenant", format!("t{i}")))
+        .collect();
+    rt.block_on(scenarios::exactly_the_limit_in_aggregate(
+        &stores, &keys, 64, &server,
+    ));
+}
+
+async fn admitted_at(
+    store: &impl Store,
+    clock: &ManualClock,
+    policy: &Policy,
+    times: &[u64],
+) -> u64 {
+    let key = Key::new("user", "flip");
+    let mut admitted = 0;
+    for &t in times {
+        clock.set_millis(t);
+        let d = store
+            .check(&key, std::slice::from_ref(policy), &[1])
+            .await
+            .unwrap();
+        admitted += u64::from(d.is_allowed());
+    }
+    admitted
+}
+
+#[test]
+fn no_double_burst_at_a_window_flip() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        // Ten at the last millisecond of a window, then ten at each of the next two.
+        let flip = 1_700_000_001_000;
+        let times: Vec<u64> = [flip - 1, flip, flip + 1]
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t, 10))
+            .collect();
+        let rate = Rate::new(10, Duration::from_secs(1));
+        let clock = ManualClock::new(flip - 1);
+        let counter = scenarios::policy("c", rate, Algorithm::SlidingWindowCounter);
+        let store = manual_store(&server, &clock, "flip");
+        assert_eq!(admitted_at(&store, &clock, &counter, &times).await, 10);
+        let log = scenarios::policy("l", rate, Algorithm::SlidingWindowLog);
+        assert_eq!(admitted_at(&store, &clock, &log, &times).await, 10);
+        // The fixed window's documented weakness shows through Redis too: 2N within 2 ms.
+        let fixed = scenarios::policy("f", rate, Algorithm::FixedWindow);
+        assert_eq!(admitted_at(&store, &clock, &fixed, &times).await, 20);
+    });
+}
+
+/// Admitted times from a long random trace through Redis; every span must respect the
+/// algorithm's documented bound.
+#[test]
+fn interval_bounds_hold_through_redis() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let w = 1_000u64;
+    let n = 10u64;
+    let cases = [
+        (Algorithm::SlidingWindowCounter, n),
+        (Algorithm::SlidingWindowLog, n),
+        (Algorithm::TokenBucket, n),
+        (Algorithm::Gcra, n),
+    ];
+    rt.block_on(async {
+        for (algorithm, capacity) in cases {
+            let clock = ManualClock::new(T0);
+            let store = manual_store(&server, &clock, "bounds");
+            let p = scenarios::policy("b", Rate::new(n, Duration::from_millis(w)), algorithm);
+            let key = Key::new("user", "bounds");
+            let mut admitted = Vec::new();
+            let mut x: u64 = 12345;
+            for _ in 0..2_000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                clock.advance(Duration::from_millis((x >> 33) % 40));
+                let d = store
+                    .check(&key, std::slice::from_ref(&p), &[1])
+                    .await
+                    .unwrap();
+                if d.is_allowed() {
+                    admitted.push(clock.now_millis());
+                }
+            }
+            assert!(
+                admitted.len() > 200,
+                "{algorithm}: too few admissions to mean anything"
+            );
+            for (i, &start) in admitted.iter().enumerate() {
+                for (j, &end) in admitted.iter().enumerate().skip(i) {
+                    let span = end - start; // admissions in [start, end]
+                    if span >= w {
+                        break;
+                    }
+                    let count = (j - i + 1) as u64;
+                    let bound = match algorithm {
+                        Algorithm::SlidingWindowLog => n,
+                        // N + N·L/W (counter) and C + N·L/W (buckets), L = span + 1 ms.
+                        _ => capacity + (n * (span + 1)).div_ceil(w),
+                    };
+                    assert!(
+                        count <= bound,
+                        "{algorithm}: {count} admitted in {span} ms, bound {bound}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn noscript_after_script_flush_is_reloaded_transparently() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let cached = || -> String {
+        let info: String = server.query(&["INFO", "memory"]).unwrap();
+        info.lines()
+            .find(|l| l.starts_with("number_of_cached_scripts:"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = manual_store(&server, &clock, "noscript");
+        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let policies = scenarios::mixed_policies();
+        let costs = vec![1; policies.len()];
+        let key = Key::new("user", "noscript");
+        for i in 0..600u64 {
+            if i % 150 == 75 {
+                let _: String = server.query(&["SCRIPT", "FLUSH"]).unwrap();
+                assert_eq!(cached(), "number_of_cached_scripts:0");
+            }
+            clock.advance(Duration::from_millis(i % 7 * 13));
+            let m = memory.check(&key, &policies, &costs).await.unwrap();
+            let r = store.check(&key, &policies, &costs).await.unwrap();
+            assert_eq!(m, r, "step {i}");
+        }
+        assert_eq!(cached(), "number_of_cached_scripts:1");
+    });
+}
+
+#[test]
+fn every_key_has_a_ttl_and_none_is_left_after_the_windows() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let prefix = scenarios::unique_prefix("leak");
+    let store = RedisStore::builder()
+        .prefix(prefix.clone())
+        .build_with_url(&server.url())
+        .unwrap();
+    let w = Duration::from_millis(200);
+    let policies: Vec<Policy> = ALGORITHMS
+        .iter()
+        .map(|&a| scenarios::policy(&format!("p{}", a as u8), Rate::new(5, w), a))
+        .collect();
+    let pattern = format!("{prefix}:*");
+    rt.block_on(async {
+        for round in 0..30u32 {
+            for k in 0..8 {
+                let key = Key::new("user", format!("{k}"));
+                for p in &policies {
+                    store
+                        .check(&key, std::slice::from_ref(p), &[1])
+                        .await
+                        .unwrap();
+                }
+            }
+            if round % 10 == 5 {
+                let keys = server.scan(&pattern);
+                assert_eq!(keys.len(), 8 * policies.len(), "{keys:?}");
+                for k in &keys {
+                    let pttl: i64 = server.query(&["PTTL", k]).unwrap();
+                    let longest = 2 * 200 + tollgate::store::redis::TTL_MARGIN_MS as i64;
+                    assert!(pttl > 0 && pttl <= longest, "{k}: PTTL {pttl}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    // The longest-lived state (the counter's) matters until two windows after its last
+    // charge, plus the margin.
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    loop {
+        let left = server.scan(&pattern);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keys left behind: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A clock that is real but off by `offset` ms, as on a pod with a skewed clock.
+#[derive(Debug)]
+struct Skewed {
+    offset: u64,
+    inner: SystemClock,
+}
+
+impl Clock for Skewed {
+    fn now_millis(&self) -> u64 {
+        self.inner.now_millis() + self.offset
+    }
+    fn is_injected(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn instances_with_skewed_clocks_share_one_limit() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let prefix = scenarios::unique_prefix("skew");
+    let store = |offset: u64| {
+        RedisStore::builder()
+            .prefix(prefix.clone())
+            .clock(Skewed {
+                offset,
+                inner: SystemClock::new(),
+            })
+            .build_with_url(&server.url())
+            .unwrap()
+    };
+    let (a, b) = (store(0), store(5_000));
+    assert!(b.now_millis() >= a.now_millis() + 4_990);
+    // With local clocks 5 s apart, a 5 s fixed window would be two windows (2N) and GCRA's
+    // backlog would have drained for the later pod (2N again). The server clock gives N.
+    let w = Duration::from_secs(5);
+    let policies = [
+        scenarios::policy("fixed", Rate::new(10, w), Algorithm::FixedWindow),
+        scenarios::policy("gcra", Rate::new(10, w), Algorithm::Gcra),
+        scenarios::policy("counter", Rate::new(10, w), Algorithm::SlidingWindowCounter),
+    ];
+    rt.block_on(async {
+        scenarios::avoid_window_flip(|| server.now_millis(), w, Duration::from_secs(1)).await;
+        for p in &policies {
+            let key = Key::new("user", "skew");
+            let mut admitted = 0;
+            for i in 0..40 {
+                let s = if i % 2 == 0 { &a } else { &b };
+                let d = s.check(&key, std::slice::from_ref(p), &[1]).await.unwrap();
+                admitted += u32::from(d.is_allowed());
+            }
+            assert_eq!(admitted, 10, "{}", p.name());
+        }
+    });
+}
+
+#[test]
+fn multi_policy_denial_charges_nothing_and_peek_and_reset_work() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = manual_store(&server, &clock, "multi");
+        let burst = scenarios::policy(
+            "burst",
+            Rate::per_second(2),
+            Algorithm::SlidingWindowCounter,
+        );
+        let daily = scenarios::policy("daily", Rate::per_day(1_000), Algorithm::SlidingWindowLog);
+        let both = [burst, daily];
+        let key = Key::new("user", "42");
+        for _ in 0..2 {
+            assert!(store
+                .check(&key, &both, &[1, 1])
+                .await
+                .unwrap()
+                .is_allowed());
+        }
+        for _ in 0..5 {
+            let d = store.check(&key, &both, &[1, 1]).await.unwrap();
+            assert!(!d.is_allowed());
+            assert_eq!(d.governing_index(), 0);
+            // The daily policy alone would allow, but it was not charged for the denied
+            // requests: it reports its state as it stands, 998 left.
+            assert!(d.policies()[1].is_allowed());
+            assert_eq!(d.policies()[1].remaining(), 998);
+        }
+        let peeked = store.peek(&key, &both, &[1, 1]).await.unwrap();
+        assert!(!peeked.is_allowed());
+        store.reset(&key, &both).await.unwrap();
+        let d = store.check(&key, &both, &[1, 1]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.policies()[1].remaining(), 999);
+        assert_eq!(store.name(), "redis");
+    });
+}
+
+#[test]
+fn log_requests_in_one_millisecond_all_count() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = manual_store(&server, &clock, "samems");
+        let p = scenarios::policy("log", Rate::per_second(5), Algorithm::SlidingWindowLog);
+        let key = Key::new("user", "same-ms");
+        for i in 0..5 {
+            let d = store
+                .check(&key, std::slice::from_ref(&p), &[1])
+                .await
+                .unwrap();
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 4 - i);
+        }
+        assert!(!store
+            .check(&key, std::slice::from_ref(&p), &[1])
+            .await
+            .unwrap()
+            .is_allowed());
+        let k = format!("{}:{{user:same-ms}}:log:swl", store.prefix());
+        let members: Vec<String> = server.query(&["ZRANGE", &k, "0", "-1"]).unwrap();
+        assert_eq!(members, vec![format!("{T0}:5")]);
+    });
+}
+
+#[test]
+fn failures_are_typed_store_errors() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let p = [Policy::new("p", Rate::per_second(5)).unwrap()];
+    let key = Key::new("user", "err");
+    rt.block_on(async {
+        // Nothing listens: connection errors, from a URL and from a pool.
+        let dead = RedisServer::start();
+        let dead_url = dead.url();
+        let dead_pool = dead.pool(2);
+        drop(dead);
+        let store = RedisStore::builder()
+            .timeout(Duration::from_millis(300))
+            .build_with_url(&dead_url)
+            .unwrap();
+        let e = store.check(&key, &p, &[1]).await.unwrap_err();
+        assert!(matches!(e, StoreError::Connection(_)), "{e:?}");
+        let store = RedisStore::from_pool(dead_pool);
+        let e = store.check(&key, &p, &[1]).await.unwrap_err();
+        assert!(matches!(e, StoreError::Connection(_)), "{e:?}");
+
+        // A key of the wrong type: the script fails, as a backend error.
+        let store = RedisStore::builder()
+            .prefix(scenarios::unique_prefix("err"))
+            .timeout(Duration::from_millis(300))
+            .build_with_url(&server.url())
+            .unwrap();
+        let k = format!("{}:{{user:err}}:p:swc", store.prefix());
+        let _: () = server.query(&["SET", &k, "not a hash"]).unwrap();
+        let e = store.check(&key, &p, &[1]).await.unwrap_err();
+        assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+        store.reset(&key, &p).await.unwrap();
+        assert!(store.check(&key, &p, &[1]).await.unwrap().is_allowed());
+
+        // A stalled server: a timeout, then service again once it is back.
+        server.signal("STOP");
+        let e = store.check(&key, &p, &[1]).await.unwrap_err();
+        server.signal("CONT");
+        assert_eq!(e, StoreError::Timeout);
+        let mut ok = false;
+        for _ in 0..50 {
+            if store.check(&key, &p, &[1]).await.is_ok() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(ok, "the store did not recover after the server came back");
+    });
+}
+
+#[test]
+fn builder_refuses_bad_prefixes_and_urls() {
+    for prefix in ["", "a{b", "a}b", "a b"] {
+        let err = RedisStore::builder()
+            .prefix(prefix)
+            .build_with_url("redis://127.0.0.1:1")
+            .unwrap_err();
+        assert_eq!(err.field(), "prefix");
+    }
+    let err = RedisStore::from_url("not a url").unwrap_err();
+    assert_eq!(err.field(), "url");
+    assert_eq!(
+        RedisStore::from_url("redis://127.0.0.1:1")
+            .unwrap()
+            .prefix(),
+        "tollgate"
+    );
+}
