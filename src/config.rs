@@ -559,12 +559,68 @@ impl Plan {
                 }
                 Ok(DynStore::new(b.build()))
             }
+            #[cfg(feature = "redis")]
+            StoreKind::Redis => {
+                let url = self.store.url.clone().ok_or_else(|| {
+                    ConfigError::new("store.url", "(missing)", "a redis store needs a url")
+                })?;
+                let mut b = crate::store::RedisStore::builder();
+                if let Some(p) = &self.store.prefix {
+                    b = b.prefix(p.clone());
+                }
+                let store = b.build_with_url(&url).map_err(|e| e.within("store"))?;
+                Ok(DynStore::new(self.resilient(store)?))
+            }
+            #[cfg(feature = "cluster")]
+            StoreKind::RedisCluster => {
+                if self.store.urls.is_empty() {
+                    return Err(ConfigError::new(
+                        "store.urls",
+                        "[]",
+                        "a redis_cluster store needs seed urls",
+                    ));
+                }
+                let mut b = crate::store::RedisClusterStore::builder();
+                if let Some(p) = &self.store.prefix {
+                    b = b.prefix(p.clone());
+                }
+                let store = b
+                    .build_cluster_with_urls(self.store.urls.iter().map(String::as_str))
+                    .map_err(|e| e.within("store"))?;
+                Ok(DynStore::new(self.resilient(store)?))
+            }
+            #[allow(unreachable_patterns)]
             other => Err(ConfigError::new(
                 "store.kind",
                 format_args!("{other:?}"),
-                "this store is not available in this build",
+                "this store needs a cargo feature this build lacks (redis, cluster)",
             )),
         }
+    }
+
+    /// Wraps a shared store in the plan's failure mode; the mode must be chosen.
+    #[cfg(feature = "redis")]
+    fn resilient<S: crate::store::Store>(
+        &self,
+        store: S,
+    ) -> Result<crate::store::ResilientStore<S>, ConfigError> {
+        use crate::store::{FailureMode, ResilientStore};
+        let mode =
+            match self.failure_mode {
+                Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
+                Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
+                Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
+                    replicas: self.replicas.unwrap_or(1).max(1),
+                },
+                None => return Err(ConfigError::new(
+                    "failure_mode",
+                    "(missing)",
+                    "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
+                )),
+            };
+        Ok(ResilientStore::builder(store, mode)
+            .deny_cache(10_000)
+            .build())
     }
 }
 

@@ -276,7 +276,11 @@ impl ResponseConfig {
         policies: &[Policy],
         now_millis: u64,
     ) {
-        if self.quota_on_success && !policies.iter().any(Policy::is_sensitive) {
+        // A fail-open decision knows nothing about the quota: say nothing rather than guess.
+        if self.quota_on_success
+            && decision.outcome() != crate::decision::Outcome::FailOpen
+            && !policies.iter().any(Policy::is_sensitive)
+        {
             write_quota_headers(headers, decision, policies, now_millis, self.style);
         }
     }

@@ -568,7 +568,8 @@ impl<S: Store> Store for ResilientStore<S> {
                 .cloned()
                 .collect()
         };
-        let _ = self.inner.fallback.reset(key, &fallback);
+        // The memory store forgets at call time; its future only reports success.
+        drop(self.inner.fallback.reset(key, &fallback));
         let call = self.inner.primary.reset(key, policies);
         let timeout = self.inner.timeout;
         Box::pin(async move {

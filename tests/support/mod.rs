@@ -171,6 +171,48 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// Kills the process with SIGKILL (no clean shutdown), keeping the port for
+    /// [`restart`](Self::restart).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a fresh server (empty, as after a crash without persistence) on the same port.
+    pub fn restart(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let child = Command::new("redis-server")
+                .arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--protected-mode", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start redis-server: {e}. {INSTALL_HINT}"));
+            self.child = child;
+            match self.wait_ready() {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("redis-server did not restart: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Calls of a command so far, from `INFO commandstats` (e.g. `evalsha`).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = self.query(&["INFO", "commandstats"]).unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Sends a signal (`STOP`, `CONT`) to the process.
     pub fn signal(&self, signal: &str) {
         let ok = Command::new("kill")
