@@ -4,15 +4,16 @@
 //! cargo run --example tonic_grpc
 //! ```
 //!
-//! Starts the standard gRPC health service on a free loopback port with a limit of 3 calls
-//! per 10 seconds for each gRPC method, calls `grpc.health.v1.Health/Check` five times, prints
-//! what the client sees (the last two calls are refused with `RESOURCE_EXHAUSTED`, a
-//! `retry-after` and a `google.rpc.RetryInfo`), shows that another method has its own quota,
-//! and exits.
+//! Starts the standard gRPC health service on a free loopback port with a per-method policy
+//! of 3 calls per 10 seconds on `grpc.health.v1.Health/Check` (other methods: 100 per
+//! minute), calls `Check` five times, prints what the client sees (the last two calls are
+//! refused with `RESOURCE_EXHAUSTED`, a `retry-after` and a `google.rpc.RetryInfo`), shows
+//! that `Watch` is still allowed, and exits.
 
 use std::time::Duration;
 
-use tollgate::key::{from_fn, Key};
+use tollgate::key::Global;
+use tollgate::route::Route;
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
@@ -22,16 +23,19 @@ use tonic_types::StatusExt;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // One quota per gRPC method (`/package.Service/Method`), shared by all callers. With the
-    // `tonic` feature, the default key (the peer IP) works for tonic servers too.
+    // Per-method policies: gRPC methods are paths (`/package.Service/Method`), so the route
+    // table applies. One quota per method shared by all callers (`Global`); with the `tonic`
+    // feature the default key, the peer IP, works for tonic servers too.
     let limiter = Limiter::builder()
-        .policy(Policy::new(
-            "per-method",
-            Rate::new(3, Duration::from_secs(10)),
-        )?)
-        .extractor(from_fn(|req| {
-            Some(Key::new("grpc-method", req.uri().path()))
-        }))
+        .policy(Policy::new("default", Rate::per_minute(100))?)
+        .route(
+            "/grpc.health.v1.Health/Check",
+            Route::new().policy(Policy::new(
+                "health-check",
+                Rate::new(3, Duration::from_secs(10)),
+            )?),
+        )
+        .extractor(Global::new())
         .build()?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -46,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let _ = stopped.await;
             }),
     );
-    println!("health service with a limit of 3 calls / 10 s per method on {addr}");
+    println!("health service on {addr}: Check limited to 3 calls / 10 s");
 
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .connect()
@@ -84,7 +88,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?
         .into_inner();
     if let Some(first) = watch.message().await? {
-        println!("Watch: OK (its own quota), serving status {}", first.status);
+        println!(
+            "Watch: OK (the default policy), serving status {}",
+            first.status
+        );
     }
     drop(watch);
 

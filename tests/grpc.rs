@@ -1,14 +1,16 @@
 //! gRPC end to end: `RateLimitLayer` on a real tonic server (the standard health service),
 //! called by a real tonic client.
 //!
-//! One limiter wraps the whole server; per-method limits come from keying by the gRPC path
-//! (`/package.Service/Method`).
+//! One limiter wraps the whole server; per-method limits come from its route table (gRPC
+//! methods are paths, `/package.Service/Method`) or from keying by the path.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
+use tollgate::key::Global;
 use tollgate::key::{from_fn, Key};
+use tollgate::route::Route;
 use tollgate::store::{MemoryStore, Store};
 use tollgate::{Algorithm, Limiter, Policy, Rate, RateLimitLayer};
 use tonic::transport::server::TcpIncoming;
@@ -215,4 +217,54 @@ async fn peer_ip_keys_tonic_calls() {
         b.check(check()).await.unwrap_err().code(),
         Code::ResourceExhausted
     );
+}
+
+#[tokio::test]
+async fn per_method_policies_from_the_route_table() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .policy(fixed("default", 100).build().unwrap())
+        .route(
+            "/grpc.health.v1.Health/Check",
+            Route::new().policy(fixed("health-check", 2).build().unwrap()),
+        )
+        .route(
+            "/grpc.health.v1.Health/Watch",
+            Route::new().policy(fixed("health-watch", 1).sensitive(true).build().unwrap()),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    for remaining in ["1", "0"] {
+        let res = c.check(check()).await.unwrap();
+        assert_eq!(res.metadata().get("ratelimit-limit").unwrap(), "2");
+        assert_eq!(
+            res.metadata().get("ratelimit-remaining").unwrap(),
+            remaining
+        );
+    }
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    // The refusal names the method's policy, not the default route's.
+    assert_eq!(
+        status.message(),
+        "Rate limit exceeded: 2 per 10 seconds (health-check). Retry in 7 s."
+    );
+    assert_eq!(status.metadata().get("ratelimit-limit").unwrap(), "2");
+
+    // Watch has its own, sensitive policy: refusals say nothing about counts.
+    let first = c.watch(check()).await.unwrap();
+    assert!(first.metadata().get("ratelimit-remaining").is_none());
+    drop(first);
+    let status = c.watch(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "Too many requests. Please try again later."
+    );
+    assert!(status.metadata().get("ratelimit-limit").is_none());
+    assert!(status.get_error_details().retry_info().is_some());
 }

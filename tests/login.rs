@@ -226,3 +226,43 @@ async fn the_layer_caps_the_buffered_body() {
         StatusCode::OK
     );
 }
+
+/// A plain `RateLimitLayer` with a sensitive policy on the login route only: its 429 must be
+/// as quiet as the guard's, even though the default route's policy is not sensitive.
+#[tokio::test]
+async fn a_sensitive_route_policy_hides_counts() {
+    use tollgate::route::Route;
+    use tollgate::{Limiter, Policy, RateLimitLayer};
+
+    let limiter = Limiter::builder()
+        .policy(Policy::new("pages", Rate::per_minute(100)).unwrap())
+        .route(
+            "POST /login",
+            Route::new().policy(
+                Policy::builder("login", Rate::per_minute(1))
+                    .sensitive(true)
+                    .build()
+                    .unwrap(),
+            ),
+        )
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/login", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = serve(app).await;
+    let client = client_from(80);
+    let res = client
+        .post(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("ratelimit-remaining").is_none());
+    let res = client
+        .post(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_generic_429(res).await;
+}
