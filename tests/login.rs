@@ -4,11 +4,14 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use common::serve;
 use reqwest::StatusCode;
 use tollgate::clock::ManualClock;
 use tollgate::login::LoginGuard;
 use tollgate::store::MemoryStore;
 use tollgate::Rate;
+
+mod common;
 
 #[allow(dead_code)]
 #[path = "../examples/login.rs"]
@@ -17,20 +20,6 @@ mod example;
 const T0: u64 = 1_796_205_603_250;
 const WINDOW: Duration = Duration::from_secs(600);
 const PASSWORD: &str = "correct horse battery staple";
-
-async fn serve(app: axum::Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 /// A client whose connections come from 127.0.0.`n`.
 fn client_from(n: u8) -> reqwest::Client {
