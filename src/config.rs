@@ -128,7 +128,9 @@ pub struct KeyConfig {
     /// `ip_user_agent`.
     #[serde(default)]
     pub kind: KeyKind,
-    /// For `header` and `api_key`: the header to read.
+    /// For `header` and `api_key`: the header to read; for `client_ip` and `ip_user_agent`:
+    /// the forwarding header (`x-forwarded-for` by default, `forwarded`, or a single-value
+    /// header such as `cf-connecting-ip`).
     pub header: Option<String>,
     /// For `global`: the bucket's name.
     pub name: Option<String>,
@@ -137,6 +139,9 @@ pub struct KeyConfig {
     pub trusted_proxies: Vec<String>,
     /// IPv6 grouping prefix (default 64).
     pub ipv6_prefix: Option<u8>,
+    /// For `api_key`: the environment variable holding the HMAC secret (without it keys are
+    /// plain SHA-256).
+    pub secret_env: Option<String>,
 }
 
 /// Extractor kinds.
@@ -470,14 +475,48 @@ impl Plan {
                         .map(|v| Key::new("header", v.as_bytes()))
                 }))
             }
-            other => {
+            KeyKind::ClientIp => Box::new(self.client_ip(prefix)?),
+            KeyKind::IpUserAgent => Box::new(crate::key::IpUserAgent::new(self.client_ip(prefix)?)),
+            KeyKind::ApiKey => {
+                let mut extractor = crate::key::ApiKey::new();
+                if let Some(h) = &k.header {
+                    let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                        ConfigError::new("key.header", format_args!("{h:?}"), "not a header name")
+                    })?;
+                    extractor = extractor.header(name);
+                }
+                if let Some(var) = &k.secret_env {
+                    let secret = std::env::var(var).map_err(|_| {
+                        ConfigError::new(
+                            "key.secret_env",
+                            format_args!("{var:?}"),
+                            "the environment variable is not set",
+                        )
+                    })?;
+                    extractor = extractor.secret(secret);
+                }
+                Box::new(extractor)
+            }
+            KeyKind::User => {
                 return Err(ConfigError::new(
                     "key.kind",
-                    format_args!("{other:?}"),
-                    "this key kind cannot be built from a config file yet",
+                    "\"user\"",
+                    "the user extractor reads a typed value from the request extensions: build it in code (tollgate::key::User), or use kind = \"header\" with the header your auth proxy sets",
                 ))
             }
         })
+    }
+
+    fn client_ip(&self, ipv6_prefix: u8) -> Result<crate::key::ClientIp, ConfigError> {
+        let k = &self.key;
+        let trusted =
+            crate::key::TrustedProxies::parse(k.trusted_proxies.iter().map(String::as_str))
+                .map_err(|e| e.within("key"))?;
+        let mut ip = crate::key::ClientIp::new(trusted).ipv6_prefix(ipv6_prefix);
+        if let Some(h) = &k.header {
+            ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within("key"))?);
+        }
+        Ok(ip)
     }
 
     fn route(

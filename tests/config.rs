@@ -72,6 +72,24 @@ fn build_errors_name_the_field() {
         ("[key]\nkind = \"header\"", "key.header"),
         ("[key]\nipv6_prefix = 0", "key.ipv6_prefix"),
         ("[tier]\nheader = \"bad header\"", "tier.header"),
+        (
+            "[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"nope\"]",
+            "key.trusted_proxies[1]",
+        ),
+        (
+            "[key]\nkind = \"client_ip\"\nheader = \"not a header\"",
+            "key.forwarded_header",
+        ),
+        ("[key]\nkind = \"user\"", "key.kind"),
+        (
+            "[key]\nkind = \"api_key\"\nsecret_env = \"TOLLGATE_TEST_UNSET_VARIABLE\"",
+            "key.secret_env",
+        ),
+        (
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"",
+            "failure_mode",
+        ),
+        ("[store]\nkind = \"redis\"", "store.url"),
     ];
     for (extra, field) in cases {
         let text = format!("{BASE}\n{extra}");

@@ -10,13 +10,30 @@ use super::Key;
 
 /// What an extractor may read of a request: method, URI, headers and extensions.
 ///
-/// A borrowed view, so one extractor works for any request body type.
-#[derive(Debug, Clone, Copy)]
+/// A borrowed view, so one extractor works for any request body type. Its `Debug` output
+/// shows header names but no header values, so credentials never reach a log through it.
+#[derive(Clone, Copy)]
 pub struct RequestView<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
     extensions: &'a Extensions,
+}
+
+impl fmt::Debug for RequestView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Names<'h>(&'h HeaderMap);
+        impl fmt::Debug for Names<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_list().entries(self.0.keys()).finish()
+            }
+        }
+        f.debug_struct("RequestView")
+            .field("method", self.method)
+            .field("uri", self.uri)
+            .field("headers", &Names(self.headers))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> RequestView<'a> {
@@ -152,13 +169,7 @@ impl PeerIp {
     /// Groups IPv6 addresses by the first `bits` bits (clamped to 1..=128; 128 keeps every
     /// address apart).
     pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.ipv6_prefix = if bits == 0 {
-            1
-        } else if bits > 128 {
-            128
-        } else {
-            bits
-        };
+        self.ipv6_prefix = clamp_prefix(bits);
         self
     }
 }
@@ -176,24 +187,87 @@ impl KeyExtractor for PeerIp {
     }
 }
 
+/// Clamps an IPv6 grouping prefix to 1..=128.
+pub(crate) const fn clamp_prefix(bits: u8) -> u8 {
+    if bits == 0 {
+        1
+    } else if bits > 128 {
+        128
+    } else {
+        bits
+    }
+}
+
 /// The key for a client address, grouping IPv6 by `ipv6_prefix` bits.
 pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
+    Key::new("ip", ip_material(ip, ipv6_prefix).as_bytes())
+}
+
+/// The text of a client address: IPv4 as is, IPv6 as its `ipv6_prefix` network. Written on
+/// the stack: this runs on every request.
+pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> IpText {
     use std::fmt::Write;
-    let mut buf = compact_str::CompactString::default();
+    let mut text = IpText {
+        buf: [0; IpText::CAP],
+        len: 0,
+    };
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
-            let _ = write!(buf, "{v4}");
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push(b'.');
+                }
+                if octet >= 100 {
+                    text.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    text.push(b'0' + octet / 10 % 10);
+                }
+                text.push(b'0' + octet % 10);
+            }
         }
         IpAddr::V6(v6) if ipv6_prefix >= 128 => {
-            let _ = write!(buf, "{v6}");
+            let _ = write!(text, "{v6}");
         }
         IpAddr::V6(v6) => {
             let bits = u128::from(v6);
             let mask = u128::MAX << (128 - u32::from(ipv6_prefix));
-            let _ = write!(buf, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
+            let _ = write!(text, "{}/{ipv6_prefix}", Ipv6Addr::from(bits & mask));
         }
     }
-    Key::new("ip", buf.as_bytes())
+    text
+}
+
+/// An address as text in a fixed buffer (the longest, an IPv6 network with `/128`, is 43
+/// bytes).
+pub(crate) struct IpText {
+    buf: [u8; IpText::CAP],
+    len: usize,
+}
+
+impl IpText {
+    const CAP: usize = 48;
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    fn push(&mut self, b: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+}
+
+impl fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// One key for every request: a global backstop ("never more than 5k/s to /search").
@@ -315,6 +389,50 @@ mod tests {
             .extract(&RequestView::new(&with_peer("[2001:db8::1]:1")))
             .unwrap();
         assert_eq!(exact.as_str(), "ip:2001:db8::1");
+    }
+
+    #[test]
+    fn debug_shows_no_header_values() {
+        let req = Request::builder()
+            .uri("/x")
+            .header("authorization", "Bearer secret-token")
+            .header("x-api-key", "secret-key")
+            .body(())
+            .unwrap();
+        let shown = format!("{:?}", RequestView::new(&req));
+        assert!(
+            shown.contains("x-api-key") && shown.contains("/x"),
+            "{shown}"
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn ip_text_matches_display() {
+        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "203.0.113.7"] {
+            let parsed: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_material(parsed, 64).as_bytes(), ip.as_bytes());
+        }
+        let longest: IpAddr = "1111:2222:3333:4444:5555:6666:7777:8888".parse().unwrap();
+        assert_eq!(
+            ip_material(longest, 128).as_bytes(),
+            b"1111:2222:3333:4444:5555:6666:7777:8888"
+        );
+        assert_eq!(
+            ip_material(longest, 127).as_bytes(),
+            b"1111:2222:3333:4444:5555:6666:7777:8888/127"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ip_text_matches_display_for_any_address(v4: std::net::Ipv4Addr, v6: Ipv6Addr) {
+            let (text, shown) = (ip_material(IpAddr::V4(v4), 64), v4.to_string());
+            proptest::prop_assert_eq!(text.as_bytes(), shown.as_bytes());
+            let canonical = IpAddr::V6(v6).to_canonical().to_string();
+            let text = ip_material(IpAddr::V6(v6), 128);
+            proptest::prop_assert_eq!(text.as_bytes(), canonical.as_bytes());
+        }
     }
 
     #[test]

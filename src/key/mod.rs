@@ -7,7 +7,22 @@
 //! and is bounded in length (long material is replaced by a SHA-256 digest).
 //!
 //! A [`KeyExtractor`] reads a request and yields a key, or nothing. Ready-made extractors:
-//! [`PeerIp`], [`Global`] and [`from_fn`] for anything else.
+//!
+//! | extractor | key | for |
+//! | --- | --- | --- |
+//! | [`User`] / [`User::from_fn`] | `user:42` | the principal an auth layer put in the extensions |
+//! | [`ApiKey`] | `apikey:<hash>` | `X-API-Key` or `Authorization: Bearer`, hashed |
+//! | [`ClientIp`] | `ip:203.0.113.5` | the client behind [`TrustedProxies`] (see [`forwarded`]) |
+//! | [`PeerIp`] | `ip:203.0.113.5` | the TCP peer, no headers read |
+//! | [`IpUserAgent`] | `ip+ua:…` | anonymous traffic, split by `User-Agent` behind one NAT |
+//! | [`Global`] | `global:all` | one budget for everyone (a per-endpoint backstop) |
+//! | [`Chain`] | the first key found | user, else API key, else client address |
+//! | [`Composite`] | `user+ip:…` | a tuple of keys as one key |
+//! | [`from_fn`] | anything | a closure |
+//!
+//! IPv6 addresses are grouped by prefix (default /64: one subscriber usually holds a whole
+//! /64). When no key can be found, the limiter's [`MissingKey`](crate::MissingKey) setting
+//! rejects the request with `400` or puts it in one shared bucket.
 //!
 //! # Examples
 //!
@@ -21,9 +36,20 @@
 //! assert_eq!(Key::new("user", "a {b}").as_str(), "user:a%20%7Bb%7D");
 //! ```
 
+mod api_key;
+mod chain;
+mod client_ip;
 mod extractor;
+pub mod forwarded;
+mod ip_user_agent;
+mod user;
 
+pub use api_key::ApiKey;
+pub use chain::{Chain, Composite};
+pub use client_ip::{ClientIp, ForwardedHeader, TrustedProxies};
 pub use extractor::{from_fn, FnExtractor, Global, KeyExtractor, PeerIp, RequestView};
+pub use ip_user_agent::IpUserAgent;
+pub use user::{User, UserFn};
 
 use std::fmt;
 
@@ -41,8 +67,9 @@ pub struct Key(CompactString);
 impl Key {
     /// Encodes `material` from `source` into a key.
     ///
-    /// The source is kept as is when it is 1–32 characters of `a-z 0-9 _ . + -` and escaped
-    /// otherwise. In the material, ASCII letters, digits and `- . _ ~ : / @ + = ,` are kept
+    /// The source is kept as is when it is 1–32 characters of `a-z 0-9 _ . + -`, escaped
+    /// otherwise, and replaced by `#` and 128 bits of its SHA-256 when escaping makes it longer
+    /// than 96 characters (so a key is never longer than 98 + [`MAX_MATERIAL_LEN`] bytes). In the material, ASCII letters, digits and `- . _ ~ : / @ + = ,` are kept
     /// and every other byte becomes `%XX`; when the result is longer than
     /// [`MAX_MATERIAL_LEN`], the material is replaced by `#` and the first 128 bits of its
     /// SHA-256 in hex (`#` cannot appear in escaped material, so the two forms never meet).
@@ -57,36 +84,64 @@ impl Key {
     /// ```
     pub fn new(source: &str, material: impl AsRef<[u8]>) -> Self {
         let material = material.as_ref();
-        let mut out = CompactString::default();
-        if is_plain_source(source) {
-            out.push_str(source);
-        } else {
-            for &b in source.as_bytes() {
-                if is_source_byte(b) {
-                    out.push(b as char);
-                } else {
-                    push_escaped(&mut out, b);
-                }
-            }
-        }
-        out.push(':');
-        let escaped_len: usize = material
-            .iter()
-            .map(|&b| if is_material_byte(b) { 1 } else { 3 })
-            .sum();
-        if escaped_len > MAX_MATERIAL_LEN {
+        let escaped = escaped_len(material);
+        let mut out = CompactString::with_capacity(source.len() + 1 + escaped.min(33));
+        push_source(&mut out, source);
+        if escaped > MAX_MATERIAL_LEN {
             out.push('#');
-            let digest = Sha256::digest(material);
-            for b in &digest[..16] {
-                push_hex(&mut out, *b);
-            }
+            push_digest(&mut out, &Sha256::digest(material));
         } else {
-            for &b in material {
-                if is_material_byte(b) {
-                    out.push(b as char);
-                } else {
-                    push_escaped(&mut out, b);
+            push_material(&mut out, material);
+        }
+        Self(out)
+    }
+
+    /// Encodes a tuple of materials from `source` into one key (see [`Composite`]).
+    ///
+    /// Each part is escaped as in [`Key::new`] and the parts are joined by `|`, which escaped
+    /// material never contains, so two tuples never give one key. When the joined result is
+    /// longer than [`MAX_MATERIAL_LEN`], the material is replaced by `!` and the first 128 bits
+    /// of the SHA-256 of the length-prefixed parts. A one-part tuple is exactly
+    /// `Key::new(source, part)`; the empty tuple is the material `!`. No multi-part key can
+    /// equal a single-material key: the `|`, `!` and `#` forms never meet.
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    ///
+    /// let k = Key::from_parts("ip+ua", &["10.0.0.1", "curl/8.0"]);
+    /// assert_eq!(k.as_str(), "ip+ua:10.0.0.1|curl/8.0");
+    /// // The separator is escaped inside a part, so the tuples stay apart.
+    /// assert_ne!(Key::from_parts("t", &["a|b", "c"]), Key::from_parts("t", &["a", "b|c"]));
+    /// assert_eq!(Key::from_parts("t", &["x"]), Key::new("t", "x"));
+    /// ```
+    pub fn from_parts<P: AsRef<[u8]>>(source: &str, parts: &[P]) -> Self {
+        if let [single] = parts {
+            return Self::new(source, single);
+        }
+        let mut out = CompactString::default();
+        push_source(&mut out, source);
+        let joined_len = parts
+            .iter()
+            .map(|p| escaped_len(p.as_ref()) + 1)
+            .sum::<usize>()
+            .saturating_sub(1);
+        if parts.is_empty() {
+            out.push('!');
+        } else if joined_len > MAX_MATERIAL_LEN {
+            let mut hasher = Sha256::new();
+            for p in parts {
+                let p = p.as_ref();
+                hasher.update((p.len() as u64).to_be_bytes());
+                hasher.update(p);
+            }
+            out.push('!');
+            push_digest(&mut out, &hasher.finalize());
+        } else {
+            for (i, p) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push('|');
                 }
+                push_material(&mut out, p.as_ref());
             }
         }
         Self(out)
@@ -129,11 +184,7 @@ impl AsRef<str> for Key {
 /// A short, stable digest of a key for logs and spans: never the key material itself.
 pub fn digest(key: &Key) -> String {
     let d = Sha256::digest(key.as_str().as_bytes());
-    let mut out = CompactString::default();
-    for b in &d[..8] {
-        push_hex(&mut out, *b);
-    }
-    out.into()
+    String::from_utf8_lossy(&hex_128(&d)[..16]).into_owned()
 }
 
 fn is_source_byte(b: u8) -> bool {
@@ -152,10 +203,69 @@ fn is_material_byte(b: u8) -> bool {
         )
 }
 
-fn push_hex(out: &mut CompactString, b: u8) {
+fn push_source(out: &mut CompactString, source: &str) {
+    if is_plain_source(source) {
+        out.push_str(source);
+    } else if source
+        .bytes()
+        .map(|b| if is_source_byte(b) { 1 } else { 3 })
+        .sum::<usize>()
+        > 96
+    {
+        out.push('#');
+        push_digest(out, &Sha256::digest(source.as_bytes()));
+    } else {
+        for &b in source.as_bytes() {
+            if is_source_byte(b) {
+                out.push(b as char);
+            } else {
+                push_escaped(out, b);
+            }
+        }
+    }
+    out.push(':');
+}
+
+fn escaped_len(material: &[u8]) -> usize {
+    material
+        .iter()
+        .map(|&b| if is_material_byte(b) { 1 } else { 3 })
+        .sum()
+}
+
+fn push_material(out: &mut CompactString, material: &[u8]) {
+    let mut rest = material;
+    while !rest.is_empty() {
+        let run = rest
+            .iter()
+            .position(|&b| !is_material_byte(b))
+            .unwrap_or(rest.len());
+        // Material bytes are ASCII, so the run is always valid UTF-8.
+        out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
+        let Some((&escaped, tail)) = rest[run..].split_first() else {
+            break;
+        };
+        push_escaped(out, escaped);
+        rest = tail;
+    }
+}
+
+/// Appends the first 128 bits of `digest` in lowercase hex.
+fn push_digest(out: &mut CompactString, digest: &[u8]) {
+    for b in hex_128(digest) {
+        out.push(char::from(b));
+    }
+}
+
+/// The first 128 bits of `digest` (at least 16 bytes) in lowercase hex.
+pub(crate) fn hex_128(digest: &[u8]) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(HEX[usize::from(b >> 4)] as char);
-    out.push(HEX[usize::from(b & 15)] as char);
+    let mut out = [0u8; 32];
+    for (i, b) in digest.iter().take(16).enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+    out
 }
 
 fn push_escaped(out: &mut CompactString, b: u8) {
@@ -178,6 +288,10 @@ mod tests {
         assert_eq!(Key::new("user", "").as_str(), "user:");
         assert_eq!(Key::new("", "x").as_str(), ":x");
         assert_eq!(Key::new("user", "7").source(), "user");
+        let long = "S".repeat(40);
+        assert_eq!(Key::new(&long, "x").source().len(), 33);
+        assert!(Key::new(&long, "x").source().starts_with('#'));
+        assert_ne!(Key::new(&long, "x"), Key::new(&"S".repeat(41), "x"));
     }
 
     #[test]
@@ -185,19 +299,59 @@ mod tests {
         assert_eq!(Key::new("ip", "2001:db8::/64").as_str(), "ip:2001:db8::/64");
     }
 
+    fn is_safe(k: &Key) -> bool {
+        k.as_str()
+            .bytes()
+            .all(|c| c.is_ascii_graphic() && c != b'{' && c != b'}')
+    }
+
+    #[test]
+    fn part_forms_never_meet_plain_forms() {
+        let long = "y".repeat(200);
+        assert_eq!(Key::from_parts::<&str>("t", &[]).as_str(), "t:!");
+        assert_eq!(Key::from_parts("t", &["", ""]).as_str(), "t:|");
+        assert_ne!(Key::from_parts("t", &[""]), Key::from_parts("t", &["", ""]));
+        assert_ne!(Key::from_parts("t", &["a", "b"]), Key::new("t", "a|b"));
+        assert!(Key::from_parts("t", &["x", &long])
+            .as_str()
+            .starts_with("t:!"));
+        assert!(Key::new("t", &long).as_str().starts_with("t:#"));
+        assert_ne!(
+            Key::from_parts("t", &["x", &long]),
+            Key::from_parts("t", &[&long, "x"])
+        );
+    }
+
     proptest! {
         #[test]
         fn encoding_is_injective_and_safe(
-            s1 in "[a-z:{}% ]{0,6}", m1 in proptest::collection::vec(any::<u8>(), 0..140),
-            s2 in "[a-z:{}% ]{0,6}", m2 in proptest::collection::vec(any::<u8>(), 0..140),
+            s1 in "[a-z:{}% ]{0,6}|[a-zA-Z]{30,40}", m1 in proptest::collection::vec(any::<u8>(), 0..140),
+            s2 in "[a-z:{}% ]{0,6}|[a-zA-Z]{30,40}", m2 in proptest::collection::vec(any::<u8>(), 0..140),
         ) {
             let a = Key::new(&s1, &m1);
             let b = Key::new(&s2, &m2);
             prop_assert_eq!(a == b, s1 == s2 && m1 == m2);
             for k in [&a, &b] {
-                let safe = k.as_str().bytes().all(|c| c.is_ascii_graphic() && c != b'{' && c != b'}');
-                prop_assert!(safe, "unsafe byte in {:?}", k);
-                prop_assert!(k.as_str().len() <= 32 * 3 + 1 + MAX_MATERIAL_LEN);
+                prop_assert!(is_safe(k), "unsafe key {:?}", k);
+                prop_assert!(k.as_str().len() <= 32 * 3 + 2 + MAX_MATERIAL_LEN);
+            }
+        }
+
+        #[test]
+        fn part_encoding_is_injective_and_safe(
+            p1 in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
+            p2 in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
+            plain in proptest::collection::vec(any::<u8>(), 0..140),
+        ) {
+            let a = Key::from_parts("s", &p1);
+            let b = Key::from_parts("s", &p2);
+            prop_assert_eq!(a == b, p1 == p2);
+            // Only a one-part tuple can equal a plain key (and then only its own).
+            let c = Key::new("s", &plain);
+            prop_assert_eq!(a == c, p1.len() == 1 && p1[0] == plain);
+            for k in [&a, &b] {
+                prop_assert!(is_safe(k), "unsafe key {:?}", k);
+                prop_assert!(k.as_str().len() <= 2 + MAX_MATERIAL_LEN);
             }
         }
     }
