@@ -762,17 +762,15 @@ impl<S> LoginGuardBuilder<S> {
     }
 
     /// Where the client IP comes from (default [`PeerIp`]). Behind a proxy, use an
-    /// extractor that trusts only your proxies' forwarding headers.
+    /// extractor that trusts only your proxies' forwarding headers, such as
+    /// [`ClientIp`](crate::key::ClientIp).
     ///
     /// ```
-    /// use tollgate::{key::{from_fn, Key}, login::LoginGuard};
+    /// use tollgate::key::{ClientIp, TrustedProxies};
+    /// use tollgate::login::LoginGuard;
     ///
-    /// // For illustration only: never trust a client-supplied header unconditionally.
     /// let guard = LoginGuard::builder()
-    ///     .ip_source(from_fn(|req| {
-    ///         let ip = req.headers().get("x-test-client")?;
-    ///         Some(Key::new("ip", ip.as_bytes()))
-    ///     }))
+    ///     .ip_source(ClientIp::new(TrustedProxies::parse(["10.0.0.0/8"])?))
     ///     .build()?;
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```

@@ -255,3 +255,51 @@ async fn a_sensitive_route_policy_hides_counts() {
         .unwrap();
     assert_generic_429(res).await;
 }
+
+/// Behind a trusted proxy the guard keys by the forwarded client address: the trusted-proxy
+/// extractor plugs in as the IP source.
+#[tokio::test]
+async fn the_ip_source_can_read_the_client_behind_a_trusted_proxy() {
+    use tollgate::key::{ClientIp, TrustedProxies};
+
+    let guard = LoginGuard::builder()
+        .ip_rate(Rate::new(3, WINDOW))
+        .ip_source(ClientIp::new(TrustedProxies::parse(["127.0.0.2"]).unwrap()))
+        .build()
+        .unwrap();
+    let addr = serve(example::app(guard)).await;
+    let via_proxy = |client: &'static str, user: String| {
+        client_from(2)
+            .post(format!("http://{addr}/login"))
+            .header("x-forwarded-for", client)
+            .json(&serde_json::json!({ "username": user, "password": "guess" }))
+            .send()
+    };
+    for i in 0..3 {
+        let res = via_proxy("203.0.113.5", format!("user{i}")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    // The spraying client is refused; another client behind the same proxy is not.
+    assert_generic_429(via_proxy("203.0.113.5", "user9".into()).await.unwrap()).await;
+    let res = via_proxy("198.51.100.7", "user9".into()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    // An untrusted peer cannot choose its address with the header.
+    for i in 0..3 {
+        let res = client_from(3)
+            .post(format!("http://{addr}/login"))
+            .header("x-forwarded-for", format!("192.0.2.{i}"))
+            .json(&serde_json::json!({ "username": format!("u{i}"), "password": "guess" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = client_from(3)
+        .post(format!("http://{addr}/login"))
+        .header("x-forwarded-for", "192.0.2.200")
+        .json(&serde_json::json!({ "username": "u9", "password": "guess" }))
+        .send()
+        .await
+        .unwrap();
+    assert_generic_429(res).await;
+}
