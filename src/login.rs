@@ -44,7 +44,9 @@
 //! Choose the username rate with this in mind: higher or shorter means less lockout and more
 //! guesses for a botnet. Every refusal is the same generic 429 — no remaining counts, no hint
 //! of which tuple tripped (the policies are [sensitive](crate::PolicyBuilder::sensitive)) —
-//! with a `Retry-After` that is the earliest moment every exhausted tuple allows again.
+//! with a `Retry-After` that is the earliest moment every exhausted tuple allows again. (With
+//! different windows per tuple, that value can still hint at which one tripped; give the
+//! three rates one window if even that must not show.)
 //!
 //! # Usernames never reach the store
 //!
