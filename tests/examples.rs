@@ -1,0 +1,167 @@
+//! Drives each server example once: starts the compiled example on a free port, sends real
+//! requests, and stops it.
+//!
+//! `cargo test` builds the examples before running tests; with a `--test examples` filter it
+//! does not, so build them first (`cargo build --all-features --examples`).
+
+mod support;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The examples directory next to this test binary (`target/<profile>/examples`).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} was not built: run `cargo build --all-features --examples`",
+        path.display()
+    );
+    path
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(name: &str, envs: &[(&str, String)]) -> (Running, String) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(example(name))
+        .env("ADDR", &addr)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let running = Running(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "{name} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (running, format!("http://{addr}"))
+}
+
+async fn statuses(client: &reqwest::Client, method: &str, url: &str, n: usize) -> Vec<u16> {
+    let mut out = vec![];
+    for _ in 0..n {
+        let req = client.request(method.parse().unwrap(), url);
+        out.push(req.send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+#[tokio::test]
+async fn quickstart_limits_five_per_ten_seconds() {
+    let (_server, base) = start("quickstart", &[]);
+    let client = reqwest::Client::new();
+    assert_eq!(
+        statuses(&client, "GET", &format!("{base}/"), 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn from_config_serves_its_plan() {
+    let (_server, base) = start("from_config", &[]);
+    let client = reqwest::Client::new();
+    assert_eq!(
+        statuses(&client, "POST", &format!("{base}/login"), 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert!(statuses(&client, "GET", &format!("{base}/health"), 30)
+        .await
+        .iter()
+        .all(|s| *s == 200));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn axum_redis_shares_limits_through_redis() {
+    let redis = support::RedisServer::start();
+    let (_server, base) = start("axum_redis", &[("REDIS_URL", redis.url())]);
+    let client = reqwest::Client::new();
+    assert_eq!(
+        statuses(&client, "POST", &format!("{base}/login"), 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    // A second instance of the app on the same Redis sees the same login limit.
+    let (_second, base2) = start("axum_redis", &[("REDIS_URL", redis.url())]);
+    assert_eq!(
+        statuses(&client, "POST", &format!("{base2}/login"), 1).await,
+        [429]
+    );
+    // Behind the trusted (loopback) proxy, each forwarded client has its own limit.
+    let res = client
+        .get(format!("{base}/api/items"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(!redis.scan("axum-example:{ip:203.0.113.9}*").is_empty());
+}
+
+#[tokio::test]
+async fn login_refuses_the_sixth_wrong_password() {
+    let (_server, base) = start("login", &[]);
+    let client = reqwest::Client::new();
+    let attempt = |path: &str, password: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .json(&serde_json::json!({ "username": "alice", "password": password }))
+            .send()
+    };
+    let mut seen = vec![];
+    for _ in 0..6 {
+        seen.push(attempt("/login", "guess").await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [401, 401, 401, 401, 401, 429]);
+    // The layer-guarded route shares the guard, and the right password is not even checked.
+    let res = attempt("/api/login", "correct horse battery staple")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert!(res.headers().get("ratelimit-remaining").is_none());
+}
+
+#[test]
+fn tonic_grpc_shows_resource_exhausted_and_exits() {
+    let mut child = Command::new(example("tonic_grpc"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tonic_grpc did not exit by itself");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(stdout.contains("Check #3: OK"), "{stdout}");
+    assert!(stdout.contains("Check #4: ResourceExhausted"), "{stdout}");
+    assert!(stdout.contains("RetryInfo.retry_delay Some("), "{stdout}");
+    assert!(stdout.contains("server stopped"), "{stdout}");
+}
