@@ -56,9 +56,10 @@ impl LoginOutcome {
 type PartsFn = dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync;
 type BodyFn = dyn Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync;
 
+#[derive(Clone)]
 enum Username {
-    Parts(Box<PartsFn>),
-    Body(Box<BodyFn>),
+    Parts(Arc<PartsFn>),
+    Body(Arc<BodyFn>),
 }
 
 /// Guards a login route with a [`LoginGuard`]: checks before the handler runs, then records
@@ -127,7 +128,18 @@ struct Shared<St> {
     guard: LoginGuard<St>,
     username: Username,
     max_body: usize,
-    classify: Box<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
+    classify: Arc<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
+}
+
+impl<St> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Self {
+            guard: self.guard.clone(),
+            username: self.username.clone(),
+            max_body: self.max_body,
+            classify: Arc::clone(&self.classify),
+        }
+    }
 }
 
 impl<St> Clone for LoginLayer<St> {
@@ -161,22 +173,16 @@ impl<St> LoginLayer<St> {
                 guard,
                 username,
                 max_body: DEFAULT_MAX_BODY,
-                classify: Box::new(LoginOutcome::from_status),
+                classify: Arc::new(LoginOutcome::from_status),
             }),
         }
     }
 
     fn edit(self, f: impl FnOnce(&mut Shared<St>)) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                f(&mut shared);
-                Self {
-                    shared: Arc::new(shared),
-                }
-            }
-            // Setters run on a freshly built layer, never on a shared one; keep it unchanged
-            // rather than panic.
-            Err(shared) => Self { shared },
+        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|arc| (*arc).clone());
+        f(&mut shared);
+        Self {
+            shared: Arc::new(shared),
         }
     }
 
@@ -186,7 +192,7 @@ impl<St> LoginLayer<St> {
     pub fn header(guard: LoginGuard<St>, name: HeaderName) -> Self {
         Self::with(
             guard,
-            Username::Parts(Box::new(move |req: &RequestView<'_>| {
+            Username::Parts(Arc::new(move |req: &RequestView<'_>| {
                 let value = req.headers().get(&name)?;
                 Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
             })),
@@ -201,7 +207,7 @@ impl<St> LoginLayer<St> {
         let field = field.into();
         Self::with(
             guard,
-            Username::Body(Box::new(move |_req: &RequestView<'_>, body: &[u8]| {
+            Username::Body(Arc::new(move |_req: &RequestView<'_>, body: &[u8]| {
                 let value: serde_json::Value = serde_json::from_slice(body).ok()?;
                 value.get(&field)?.as_str().map(str::to_owned)
             })),
@@ -222,7 +228,7 @@ impl<St> LoginLayer<St> {
     where
         F: Fn(&RequestView<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Self::with(guard, Username::Parts(Box::new(f)))
+        Self::with(guard, Username::Parts(Arc::new(f)))
     }
 
     /// Reads the username with a closure over the request head and the buffered body (e.g. a
@@ -244,7 +250,7 @@ impl<St> LoginLayer<St> {
     where
         F: Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync + 'static,
     {
-        Self::with(guard, Username::Body(Box::new(f)))
+        Self::with(guard, Username::Body(Arc::new(f)))
     }
 
     /// The largest body buffered to read the username (default 16 KiB).
@@ -261,7 +267,7 @@ impl<St> LoginLayer<St> {
     where
         F: Fn(StatusCode) -> LoginOutcome + Send + Sync + 'static,
     {
-        self.edit(|s| s.classify = Box::new(f))
+        self.edit(|s| s.classify = Arc::new(f))
     }
 
     /// The guard.
