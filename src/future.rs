@@ -52,6 +52,7 @@ pin_project! {
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             shared: Arc<Shared<St>>,
+            grpc: Option<HeaderValue>,
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
@@ -104,6 +105,7 @@ where
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
+        grpc: Option<HeaderValue>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -113,6 +115,7 @@ where
                 inner: Some(inner),
                 request: Some(request),
                 shared,
+                grpc,
             },
         }
     }
@@ -137,12 +140,22 @@ fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'
     );
 }
 
-fn store_failure(error: &StoreError) -> Response<Bytes> {
+/// The fail-closed answer: 503 with `Retry-After: 1`, or gRPC `UNAVAILABLE` for a gRPC call.
+pub(crate) fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
     tracing::debug!(%error, "tollgate: refusing the request (fail closed)");
+    const MESSAGE: &str = "The rate limiter is unavailable. Please retry shortly.";
+    if let Some(ct) = grpc {
+        return crate::grpc::error_response(
+            crate::grpc::UNAVAILABLE,
+            MESSAGE,
+            Some(std::time::Duration::from_secs(1)),
+            ct,
+        );
+    }
     let mut res = json_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "rate_limiter_unavailable",
-        "The rate limiter is unavailable. Please retry shortly.",
+        MESSAGE,
     );
     res.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -179,6 +192,7 @@ where
                     inner,
                     request,
                     shared,
+                    grpc,
                 } => {
                     let set = *set;
                     let outcome = ready!(check.poll(cx));
@@ -186,7 +200,7 @@ where
                     let decision = match outcome {
                         Ok(decision) => decision,
                         Err(error) => {
-                            let res = store_failure(&error);
+                            let res = store_failure(&error, grpc.as_ref());
                             this.state.set(State::Early {
                                 response: Some(res),
                             });
@@ -201,7 +215,7 @@ where
                     }
                     if decision.outcome() == Outcome::FailClosed {
                         let error = StoreError::CircuitOpen;
-                        let mut res = store_failure(&error);
+                        let mut res = store_failure(&error, grpc.as_ref());
                         let retry = decision.retry_after_millis().div_ceil(1000).max(1);
                         res.headers_mut()
                             .insert(RETRY_AFTER, HeaderValue::from(retry));
@@ -212,9 +226,14 @@ where
                     }
                     if !decision.is_allowed() {
                         let now = shared.limiter.store().now_millis();
-                        let res = shared
-                            .response
-                            .reject(&decision, shared.limiter.policies(), now);
+                        // The policies of the route's set, not the default route's: the
+                        // message, headers and sensitivity must match the decision.
+                        let res = shared.response.reject(
+                            &decision,
+                            &shared.limiter.set(set).enforced,
+                            now,
+                            grpc.as_ref(),
+                        );
                         this.state.set(State::Early {
                             response: Some(res),
                         });

@@ -88,7 +88,9 @@ impl<St> RateLimitLayer<St> {
     }
 
     /// Replaces the 429 response. The function gets the [`Rejection`] (decision, policies,
-    /// retry time) and can start from [`Rejection::default_response`].
+    /// retry time) and can start from [`Rejection::default_response`]. It is called for gRPC
+    /// calls too ([`Rejection::is_grpc`]); answer those with [`Rejection::grpc_response`], as
+    /// gRPC clients cannot read an HTTP 429.
     ///
     /// ```
     /// use bytes::Bytes;

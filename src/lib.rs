@@ -8,6 +8,10 @@
 //! * [`RateLimitLayer`]: keys requests with a [`KeyExtractor`](key::KeyExtractor), decides,
 //!   and answers denials with a complete 429 (`Retry-After`, `RateLimit-*`, JSON body).
 //! * [`Limiter`]: the same decisions without HTTP (`check`, `peek`, `reset`).
+//! * [`login::LoginGuard`]: (client IP, username), client IP and username limits at once
+//!   against brute force and password spraying, as a direct API or a layer.
+//! * gRPC: a denied gRPC call is a `RESOURCE_EXHAUSTED` status with retry information, not an
+//!   HTTP 429 (see [`grpc`]).
 //!
 //! A denied request consumes nothing, in every algorithm and in every policy of a request.
 //!
@@ -80,9 +84,11 @@ pub mod config;
 mod decision;
 mod error;
 mod future;
+pub mod grpc;
 pub mod key;
 mod layer;
 mod limiter;
+pub mod login;
 pub mod policy;
 pub mod response;
 pub mod route;

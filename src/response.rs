@@ -26,6 +26,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
@@ -66,6 +67,7 @@ pub struct Rejection<'a> {
     pub(crate) policies: &'a [Policy],
     pub(crate) now_millis: u64,
     pub(crate) config: &'a ResponseConfig,
+    pub(crate) grpc: Option<&'a HeaderValue>,
 }
 
 impl<'a> Rejection<'a> {
@@ -94,11 +96,22 @@ impl<'a> Rejection<'a> {
         self.decision.retry_after_millis().div_ceil(1000).max(1)
     }
 
-    /// The response tollgate sends by default.
-    pub fn default_response(&self) -> Response<Bytes> {
+    /// Whether the request was a gRPC call (its `Content-Type` starts with
+    /// `application/grpc`); the default response is then [`grpc_response`](Self::grpc_response).
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc.is_some()
+    }
+
+    /// The human-readable message: generic when any policy is sensitive, else naming the
+    /// rate and policy.
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
+    pub fn message(&self) -> String {
         let retry = self.retry_after_secs();
-        let message = if self.is_sensitive() {
-            "Too many requests. Please try again later.".to_owned()
+        if self.is_sensitive() {
+            SENSITIVE_MESSAGE.to_owned()
         } else {
             match self.policy() {
                 Some(p) => format!(
@@ -108,10 +121,27 @@ impl<'a> Rejection<'a> {
                 ),
                 None => format!("Rate limit exceeded. Retry in {retry} s."),
             }
-        };
+        }
+    }
+
+    /// The response tollgate sends by default: [`http_response`](Self::http_response), or
+    /// [`grpc_response`](Self::grpc_response) for a gRPC call.
+    pub fn default_response(&self) -> Response<Bytes> {
+        if self.is_grpc() {
+            self.grpc_response()
+        } else {
+            self.http_response()
+        }
+    }
+
+    /// The 429 with `Retry-After`, quota headers (unless sensitive) and a JSON body.
+    ///
+    /// See [`grpc_response`](Self::grpc_response) for an example.
+    pub fn http_response(&self) -> Response<Bytes> {
+        let retry = self.retry_after_secs();
         let body = serde_json::json!({
             "error": "rate_limit_exceeded",
-            "message": message,
+            "message": self.message(),
             "retry_after": retry,
         });
         let mut res = Response::new(Bytes::from(body.to_string()));
@@ -122,6 +152,51 @@ impl<'a> Rejection<'a> {
         if self.config.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry));
         }
+        self.write_quota_headers(headers);
+        res
+    }
+
+    /// The gRPC `RESOURCE_EXHAUSTED` trailers-only response (HTTP 200, `grpc-status: 8`,
+    /// `grpc-message`, `retry-after` and a `google.rpc.RetryInfo` in
+    /// `grpc-status-details-bin`, quota headers unless sensitive); see [`crate::grpc`].
+    ///
+    /// A custom rejection that changes the HTTP body but leaves gRPC calls alone:
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::builder().policy(Policy::new("api", Rate::per_second(5))?).build()?,
+    /// )
+    /// .on_rejection(|rejection| {
+    ///     if rejection.is_grpc() {
+    ///         return rejection.grpc_response();
+    ///     }
+    ///     let mut res = rejection.http_response();
+    ///     *res.body_mut() = Bytes::from(format!("{{\"error\":{:?}}}", rejection.message()));
+    ///     res
+    /// });
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+        let retry = self
+            .decision
+            .retry_after()
+            .filter(|_| self.config.retry_after)
+            .map(|d| d.max(Duration::from_millis(1)));
+        let mut res = crate::grpc::error_response(
+            crate::grpc::RESOURCE_EXHAUSTED,
+            &self.message(),
+            retry,
+            self.grpc.unwrap_or(&GRPC),
+        );
+        self.write_quota_headers(res.headers_mut());
+        res
+    }
+
+    fn write_quota_headers(&self, headers: &mut HeaderMap) {
         if !self.is_sensitive() {
             write_quota_headers(
                 headers,
@@ -131,9 +206,11 @@ impl<'a> Rejection<'a> {
                 self.config.style,
             );
         }
-        res
     }
 }
+
+/// The message of a sensitive policy's rejection: no counts, no hint of which limit.
+pub(crate) const SENSITIVE_MESSAGE: &str = "Too many requests. Please try again later.";
 
 /// Builds a custom rejection response; see
 /// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
@@ -176,12 +253,14 @@ impl ResponseConfig {
         decision: &Decision,
         policies: &[Policy],
         now_millis: u64,
+        grpc: Option<&HeaderValue>,
     ) -> Response<Bytes> {
         let rejection = Rejection {
             decision,
             policies,
             now_millis,
             config: self,
+            grpc,
         };
         match &self.on_rejection {
             Some(f) => f(&rejection),

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use crate::body::RateLimitBody;
@@ -88,35 +88,64 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let prepared = self.shared.limiter.prepare(&RequestView::new(&req));
+        // A gRPC call must be refused in gRPC terms; remember it for the future.
+        let grpc = crate::grpc::content_type(req.headers()).cloned();
         // Take the service that was driven to readiness and leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         match prepared {
             Prepared::Pass => ResponseFuture::pass(inner.call(req)),
-            Prepared::Check { set, future, key } => {
-                ResponseFuture::checking(future, set, key, inner, req, Arc::clone(&self.shared))
-            }
-            Prepared::MissingKey => ResponseFuture::early(json_error(
+            Prepared::Check { set, future, key } => ResponseFuture::checking(
+                future,
+                set,
+                key,
+                inner,
+                req,
+                Arc::clone(&self.shared),
+                grpc,
+            ),
+            Prepared::MissingKey => refuse(
+                grpc.as_ref(),
                 StatusCode::BAD_REQUEST,
+                crate::grpc::INVALID_ARGUMENT,
                 "missing_rate_limit_key",
                 "The request carries nothing to rate-limit it by.",
-            )),
-            Prepared::Forbidden => ResponseFuture::early(json_error(
+            ),
+            Prepared::Forbidden => refuse(
+                grpc.as_ref(),
                 StatusCode::FORBIDDEN,
+                crate::grpc::PERMISSION_DENIED,
                 "forbidden",
                 "This client is not allowed.",
-            )),
-            Prepared::TooCostly(error) => {
-                let mut res = json_error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "cost_exceeds_capacity",
-                    &error.to_string(),
-                );
-                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                ResponseFuture::early(res)
-            }
+            ),
+            Prepared::TooCostly(error) => refuse(
+                grpc.as_ref(),
+                StatusCode::TOO_MANY_REQUESTS,
+                crate::grpc::RESOURCE_EXHAUSTED,
+                "cost_exceeds_capacity",
+                &error.to_string(),
+            ),
         }
     }
+}
+
+/// A refusal decided before any store is asked: JSON with `status`, or, for a gRPC call, the
+/// gRPC status `code`.
+fn refuse<Inner, ReqBody, St>(
+    grpc: Option<&HeaderValue>,
+    status: StatusCode,
+    code: i32,
+    error: &str,
+    message: &str,
+) -> ResponseFuture<Inner, ReqBody, St>
+where
+    Inner: Service<Request<ReqBody>>,
+    St: Store,
+{
+    ResponseFuture::early(match grpc {
+        Some(ct) => crate::grpc::error_response(code, message, None, ct),
+        None => json_error(status, error, message),
+    })
 }
 
 impl<St> crate::RateLimitLayer<St> {

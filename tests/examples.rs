@@ -115,3 +115,53 @@ async fn axum_redis_shares_limits_through_redis() {
     assert_eq!(res.status(), 200);
     assert!(!redis.scan("axum-example:{ip:203.0.113.9}*").is_empty());
 }
+
+#[tokio::test]
+async fn login_refuses_the_sixth_wrong_password() {
+    let (_server, base) = start("login", &[]);
+    let client = reqwest::Client::new();
+    let attempt = |path: &str, password: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .json(&serde_json::json!({ "username": "alice", "password": password }))
+            .send()
+    };
+    let mut seen = vec![];
+    for _ in 0..6 {
+        seen.push(attempt("/login", "guess").await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [401, 401, 401, 401, 401, 429]);
+    // The layer-guarded route shares the guard, and the right password is not even checked.
+    let res = attempt("/api/login", "correct horse battery staple")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert!(res.headers().get("ratelimit-remaining").is_none());
+}
+
+#[test]
+fn tonic_grpc_shows_resource_exhausted_and_exits() {
+    let mut child = Command::new(example("tonic_grpc"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tonic_grpc did not exit by itself");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(stdout.contains("Check #3: OK"), "{stdout}");
+    assert!(stdout.contains("Check #4: ResourceExhausted"), "{stdout}");
+    assert!(stdout.contains("RetryInfo.retry_delay Some("), "{stdout}");
+    assert!(stdout.contains("server stopped"), "{stdout}");
+}

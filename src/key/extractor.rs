@@ -77,9 +77,17 @@ impl<'a> RequestView<'a> {
         self.extensions
     }
 
-    /// The TCP peer address, from axum's `ConnectInfo<SocketAddr>` (feature `axum`) or a plain
-    /// `SocketAddr` extension.
+    /// The TCP peer address, from axum's `ConnectInfo<SocketAddr>` (feature `axum`), tonic's
+    /// `TcpConnectInfo` (feature `tonic`) or a plain `SocketAddr` extension.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = self
+            .extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+        {
+            return Some(addr);
+        }
         #[cfg(feature = "axum")]
         if let Some(axum::extract::ConnectInfo(addr)) = self
             .extensions

@@ -1,0 +1,448 @@
+//! [`LoginLayer`]: the login guard as a tower layer on the login route.
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body::Body;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::LoginGuard;
+use crate::body::RateLimitBody;
+use crate::error::{CheckError, StoreError};
+use crate::key::RequestView;
+use crate::response::json_error;
+use crate::store::{MemoryStore, Store};
+
+/// What a login route's response says about the attempt; see [`LoginLayer::classify`].
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::login::LoginOutcome;
+///
+/// assert_eq!(LoginOutcome::from_status(StatusCode::OK), LoginOutcome::Success);
+/// assert_eq!(LoginOutcome::from_status(StatusCode::UNAUTHORIZED), LoginOutcome::Failure);
+/// assert_eq!(LoginOutcome::from_status(StatusCode::BAD_REQUEST), LoginOutcome::Unknown);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginOutcome {
+    /// The password was right: [`LoginGuard::record_success`].
+    Success,
+    /// The password was wrong: [`LoginGuard::record_failure`].
+    Failure,
+    /// Neither (a malformed request, a server error): nothing is recorded.
+    Unknown,
+}
+
+impl LoginOutcome {
+    /// The default classification: 2xx is a success, 401 and 403 are failures, anything else
+    /// is unknown.
+    pub fn from_status(status: StatusCode) -> Self {
+        if status.is_success() {
+            LoginOutcome::Success
+        } else if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            LoginOutcome::Failure
+        } else {
+            LoginOutcome::Unknown
+        }
+    }
+}
+
+type PartsFn = dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync;
+type BodyFn = dyn Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync;
+
+#[derive(Clone)]
+enum Username {
+    Parts(Arc<PartsFn>),
+    Body(Arc<BodyFn>),
+}
+
+/// Guards a login route with a [`LoginGuard`]: checks before the handler runs, then records
+/// the outcome from the response status ([`LoginOutcome::from_status`] by default: 2xx
+/// success, 401/403 failure).
+///
+/// The username comes from a header, a JSON body field, or a closure. Reading the body means
+/// buffering it: the layer reads at most [`max_body_bytes`](Self::max_body_bytes) (default
+/// 16 KiB; larger bodies get `413 Payload Too Large` without reaching the handler), then
+/// hands the handler the same bytes (trailers, which login forms do not have, are dropped).
+/// The username must be read the way the handler reads it; a request whose username cannot
+/// be read counts against the empty username (and its IP), so such requests share one small
+/// budget instead of escaping the limit.
+///
+/// A refused attempt gets the generic 429 of [`LoginDecision`](super::LoginDecision) (for a
+/// gRPC call: `RESOURCE_EXHAUSTED`, see [`crate::grpc`]); a request without a client address
+/// `400`, and a failing store `503` (fail closed). The
+/// outcome is recorded before the response is returned, so the next attempt sees it.
+///
+/// # Examples
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::net::SocketAddr;
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tollgate::{login::{LoginGuard, LoginLayer}, Rate};
+///
+/// let guard = LoginGuard::builder().ip_user_rate(Rate::per_minute(1)).build()?;
+/// let app = Router::new()
+///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED })) // every password is wrong
+///     .layer(LoginLayer::json_field(guard, "username"));
+/// let attempt = || {
+///     let mut req = Request::post("/login")
+///         .header("content-type", "application/json")
+///         .body(Body::from(r#"{"username":"alice","password":"guess"}"#))
+///         .unwrap();
+///     req.extensions_mut().insert("192.0.2.1:4000".parse::<SocketAddr>().unwrap());
+///     req
+/// };
+/// assert_eq!(app.clone().oneshot(attempt()).await?.status(), StatusCode::UNAUTHORIZED);
+/// assert_eq!(app.oneshot(attempt()).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+///
+/// With the username in a header and a custom classification:
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::login::{LoginGuard, LoginLayer, LoginOutcome};
+///
+/// let layer = LoginLayer::header(LoginGuard::builder().build()?, http::HeaderName::from_static("x-username"))
+///     .classify(|status| match status {
+///         StatusCode::SEE_OTHER => LoginOutcome::Success, // redirect after login
+///         s => LoginOutcome::from_status(s),
+///     });
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct LoginLayer<St = MemoryStore> {
+    shared: Arc<Shared<St>>,
+}
+
+struct Shared<St> {
+    guard: LoginGuard<St>,
+    username: Username,
+    max_body: usize,
+    classify: Arc<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
+}
+
+impl<St> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Self {
+            guard: self.guard.clone(),
+            username: self.username.clone(),
+            max_body: self.max_body,
+            classify: Arc::clone(&self.classify),
+        }
+    }
+}
+
+impl<St> Clone for LoginLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for LoginLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoginLayer")
+            .field("guard", &self.shared.guard)
+            .field(
+                "reads_body",
+                &matches!(self.shared.username, Username::Body(_)),
+            )
+            .field("max_body", &self.shared.max_body)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default cap on a buffered login body: 16 KiB.
+const DEFAULT_MAX_BODY: usize = 16 * 1024;
+
+impl<St> LoginLayer<St> {
+    fn with(guard: LoginGuard<St>, username: Username) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                guard,
+                username,
+                max_body: DEFAULT_MAX_BODY,
+                classify: Arc::new(LoginOutcome::from_status),
+            }),
+        }
+    }
+
+    fn edit(self, f: impl FnOnce(&mut Shared<St>)) -> Self {
+        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|arc| (*arc).clone());
+        f(&mut shared);
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Reads the username from the header `name` (no body buffering).
+    ///
+    /// See the type docs for an example.
+    pub fn header(guard: LoginGuard<St>, name: HeaderName) -> Self {
+        Self::with(
+            guard,
+            Username::Parts(Arc::new(move |req: &RequestView<'_>| {
+                let value = req.headers().get(&name)?;
+                Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+            })),
+        )
+    }
+
+    /// Reads the username from the string field `field` of a JSON object body (buffered, see
+    /// the type docs).
+    ///
+    /// See the type docs for an example.
+    pub fn json_field(guard: LoginGuard<St>, field: impl Into<String>) -> Self {
+        let field = field.into();
+        Self::with(
+            guard,
+            Username::Body(Arc::new(move |_req: &RequestView<'_>, body: &[u8]| {
+                let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+                value.get(&field)?.as_str().map(str::to_owned)
+            })),
+        )
+    }
+
+    /// Reads the username with a closure over the request head (no body buffering).
+    ///
+    /// ```
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    ///
+    /// let layer = LoginLayer::from_fn(LoginGuard::builder().build()?, |req| {
+    ///     req.uri().query()?.strip_prefix("user=").map(str::to_owned)
+    /// });
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn from_fn<F>(guard: LoginGuard<St>, f: F) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        Self::with(guard, Username::Parts(Arc::new(f)))
+    }
+
+    /// Reads the username with a closure over the request head and the buffered body (e.g. a
+    /// form-encoded body).
+    ///
+    /// ```
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    ///
+    /// let layer = LoginLayer::from_body_fn(LoginGuard::builder().build()?, |_req, body| {
+    ///     std::str::from_utf8(body).ok()?
+    ///         .split('&')
+    ///         .find_map(|kv| kv.strip_prefix("username="))
+    ///         .map(str::to_owned)
+    /// })
+    /// .max_body_bytes(4096);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn from_body_fn<F>(guard: LoginGuard<St>, f: F) -> Self
+    where
+        F: Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync + 'static,
+    {
+        Self::with(guard, Username::Body(Arc::new(f)))
+    }
+
+    /// The largest body buffered to read the username (default 16 KiB).
+    ///
+    /// See [`from_body_fn`](Self::from_body_fn) for an example.
+    pub fn max_body_bytes(self, max: usize) -> Self {
+        self.edit(|s| s.max_body = max)
+    }
+
+    /// How a response status maps to an outcome (default [`LoginOutcome::from_status`]).
+    ///
+    /// See the type docs for an example.
+    pub fn classify<F>(self, f: F) -> Self
+    where
+        F: Fn(StatusCode) -> LoginOutcome + Send + Sync + 'static,
+    {
+        self.edit(|s| s.classify = Arc::new(f))
+    }
+
+    /// The guard.
+    ///
+    /// ```
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    ///
+    /// let layer = LoginLayer::json_field(LoginGuard::builder().build()?, "username");
+    /// assert_eq!(layer.guard().policies().len(), 3);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn guard(&self) -> &LoginGuard<St> {
+        &self.shared.guard
+    }
+}
+
+impl<Inner, St> Layer<Inner> for LoginLayer<St> {
+    type Service = LoginService<Inner, St>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        LoginService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The middleware made by [`LoginLayer`]; see there for an example.
+pub struct LoginService<Inner, St = MemoryStore> {
+    inner: Inner,
+    shared: Arc<Shared<St>>,
+}
+
+impl<Inner: Clone, St> Clone for LoginService<Inner, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Inner: fmt::Debug, St: fmt::Debug> fmt::Debug for LoginService<Inner, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoginService")
+            .field("inner", &self.inner)
+            .field("guard", &self.shared.guard)
+            .finish()
+    }
+}
+
+impl<Inner, St> LoginService<Inner, St> {
+    /// The inner service.
+    ///
+    /// See [`LoginLayer`] for an example of the middleware.
+    pub fn get_ref(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// Consumes the middleware, returning the inner service.
+    ///
+    /// See [`LoginLayer`] for an example of the middleware.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<Inner, St, ReqBody, ResBody> Service<Request<ReqBody>> for LoginService<Inner, St>
+where
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Inner::Future: Send + 'static,
+    Inner::Error: Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = Inner::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let grpc = crate::grpc::content_type(req.headers()).cloned();
+        Box::pin(async move {
+            let early = |res: Response<Bytes>| Ok(res.map(RateLimitBody::full));
+            let (req, username) = match &shared.username {
+                Username::Parts(f) => {
+                    let username = f(&RequestView::new(&req));
+                    (req, username)
+                }
+                Username::Body(f) => {
+                    let (parts, body) = req.into_parts();
+                    let bytes = match read_capped(body, shared.max_body).await {
+                        Ok(bytes) => bytes,
+                        Err(res) => return early(res),
+                    };
+                    let username = f(&RequestView::from_parts(&parts), &bytes);
+                    (Request::from_parts(parts, ReqBody::from(bytes)), username)
+                }
+            };
+            let guard = &shared.guard;
+            let Some(attempt) =
+                guard.attempt(&RequestView::new(&req), &username.unwrap_or_default())
+            else {
+                return early(json_error(
+                    StatusCode::BAD_REQUEST,
+                    "missing_rate_limit_key",
+                    "The request carries nothing to rate-limit it by.",
+                ));
+            };
+            match guard.check(&attempt).await {
+                Ok(decision) if decision.is_allowed() => {}
+                Ok(decision) => return early(decision.render(grpc.as_ref())),
+                Err(error) => {
+                    let error = match error {
+                        CheckError::Store(e) => e,
+                        other => StoreError::Backend(other.to_string()),
+                    };
+                    return early(crate::future::store_failure(&error, grpc.as_ref()));
+                }
+            }
+            let res = inner.call(req).await?;
+            let recorded = match (shared.classify)(res.status()) {
+                LoginOutcome::Success => guard.record_success(&attempt).await,
+                LoginOutcome::Failure => guard.record_failure(&attempt).await,
+                LoginOutcome::Unknown => Ok(()),
+            };
+            if let Err(error) = recorded {
+                tracing::warn!(%error, "tollgate: could not record a login outcome");
+            }
+            Ok(res.map(RateLimitBody::inner))
+        })
+    }
+}
+
+/// Reads a body of at most `max` bytes; a larger one is answered with 413, an unreadable one
+/// with 400.
+async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, Response<Bytes>>
+where
+    B: Body<Data = Bytes>,
+{
+    let too_large = || {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "The login request body is too large.",
+        )
+    };
+    if body.size_hint().lower() > max as u64 {
+        return Err(too_large());
+    }
+    let mut body = std::pin::pin!(body);
+    let mut buf = BytesMut::new();
+    while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let Ok(frame) = frame else {
+            return Err(json_error(
+                StatusCode::BAD_REQUEST,
+                "unreadable_body",
+                "The login request body could not be read.",
+            ));
+        };
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}

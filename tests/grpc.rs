@@ -1,0 +1,270 @@
+//! gRPC end to end: `RateLimitLayer` on a real tonic server (the standard health service),
+//! called by a real tonic client.
+//!
+//! One limiter wraps the whole server; per-method limits come from its route table (gRPC
+//! methods are paths, `/package.Service/Method`) or from keying by the path.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tollgate::clock::ManualClock;
+use tollgate::key::Global;
+use tollgate::key::{from_fn, Key};
+use tollgate::route::Route;
+use tollgate::store::{MemoryStore, Store};
+use tollgate::{Algorithm, Limiter, Policy, Rate, RateLimitLayer};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic::Code;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_types::StatusExt;
+
+// 3.25 s into a 10 s window.
+const T0: u64 = 1_796_205_603_250;
+
+async fn serve<St: Store>(layer: RateLimitLayer<St>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn client(addr: SocketAddr, from: Option<u8>) -> HealthClient<tonic::transport::Channel> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .local_address(from.map(|n| IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))))
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+}
+
+fn check() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+/// Keyed by the gRPC method: a per-method limit shared by all callers.
+fn per_method(
+) -> tollgate::key::FnExtractor<impl Fn(&tollgate::key::RequestView<'_>) -> Option<Key>> {
+    from_fn(|req| Some(Key::new("grpc-method", req.uri().path())))
+}
+
+fn limiter(clock: &ManualClock, policy: Policy) -> Limiter {
+    Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .policy(policy)
+        .extractor(per_method())
+        .build()
+        .unwrap()
+}
+
+fn fixed(name: &str, limit: u64) -> tollgate::PolicyBuilder {
+    Policy::builder(name, Rate::new(limit, Duration::from_secs(10)))
+        .algorithm(Algorithm::FixedWindow)
+}
+
+#[tokio::test]
+async fn a_denied_call_is_resource_exhausted_with_retry_info() {
+    let clock = ManualClock::new(T0);
+    let addr = serve(RateLimitLayer::new(limiter(
+        &clock,
+        fixed("health", 2).build().unwrap(),
+    )))
+    .await;
+    let mut c = client(addr, None).await;
+    for remaining in ["1", "0"] {
+        let res = c.check(check()).await.expect("allowed");
+        assert_eq!(res.get_ref().status, 1); // SERVING
+        assert_eq!(
+            res.metadata().get("ratelimit-remaining").unwrap(),
+            remaining
+        );
+    }
+    let status = c
+        .check(check())
+        .await
+        .expect_err("third call is over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "Rate limit exceeded: 2 per 10 seconds (health). Retry in 7 s."
+    );
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "7");
+    assert_eq!(status.metadata().get("ratelimit-remaining").unwrap(), "0");
+    let details = status.get_error_details();
+    let retry = details.retry_info().expect("RetryInfo detail");
+    // The window ends at :10.000, 6.75 s after T0.
+    assert_eq!(retry.retry_delay, Some(Duration::from_millis(6_750)));
+
+    // When the window flips, the method is callable again.
+    clock.advance(Duration::from_millis(6_750));
+    assert!(c.check(check()).await.is_ok());
+}
+
+#[tokio::test]
+async fn limits_are_per_method() {
+    let clock = ManualClock::new(T0);
+    let addr = serve(RateLimitLayer::new(limiter(
+        &clock,
+        fixed("per-method", 1).build().unwrap(),
+    )))
+    .await;
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = HealthClient::new(channel.clone());
+    assert!(c.check(check()).await.is_ok());
+    assert_eq!(
+        c.check(check()).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    // Another method of the same service has its own quota: `Watch` is allowed, and its
+    // first message arrives.
+    let mut stream = c.watch(check()).await.expect("watch allowed").into_inner();
+    assert_eq!(stream.message().await.unwrap().unwrap().status, 1);
+}
+
+#[tokio::test]
+async fn a_sensitive_policy_says_nothing_about_counts() {
+    let clock = ManualClock::new(T0);
+    let policy = fixed("auth", 1).sensitive(true).build().unwrap();
+    let addr = serve(RateLimitLayer::new(limiter(&clock, policy))).await;
+    let mut c = client(addr, None).await;
+    let res = c.check(check()).await.unwrap();
+    assert!(res.metadata().get("ratelimit-remaining").is_none());
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "Too many requests. Please try again later."
+    );
+    assert!(status.metadata().get("ratelimit-limit").is_none());
+    assert!(status.metadata().get("ratelimit-remaining").is_none());
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "7");
+    assert!(status.get_error_details().retry_info().is_some());
+}
+
+#[tokio::test]
+async fn a_call_without_a_key_is_invalid_argument() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("p", Rate::per_second(10)).unwrap())
+        .extractor(from_fn(|req| {
+            let tenant = req.headers().get("x-tenant")?;
+            Some(Key::new("tenant", tenant.as_bytes()))
+        }))
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let mut req = tonic::Request::new(check());
+    req.metadata_mut()
+        .insert("x-tenant", "acme".parse().unwrap());
+    assert!(c.check(req).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_failing_store_is_unavailable() {
+    // A store that holds one key: the second key cannot be decided (fail closed).
+    let store = MemoryStore::builder().shards(1).max_keys(1).build();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(Policy::new("p", Rate::per_minute(100)).unwrap())
+        .extractor(per_method())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    assert!(c.check(check()).await.is_ok());
+    let status = c.watch(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+}
+
+/// With the `tonic` feature the default key, the peer IP, is read from tonic's connection
+/// info, so callers on different addresses have separate quotas.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn peer_ip_keys_tonic_calls() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("per-ip", Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut a = client(addr, Some(2)).await;
+    let mut b = client(addr, Some(3)).await;
+    assert!(a.check(check()).await.is_ok());
+    assert_eq!(
+        a.check(check()).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    assert!(b.check(check()).await.is_ok());
+    assert_eq!(
+        b.check(check()).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+}
+
+#[tokio::test]
+async fn per_method_policies_from_the_route_table() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .policy(fixed("default", 100).build().unwrap())
+        .route(
+            "/grpc.health.v1.Health/Check",
+            Route::new().policy(fixed("health-check", 2).build().unwrap()),
+        )
+        .route(
+            "/grpc.health.v1.Health/Watch",
+            Route::new().policy(fixed("health-watch", 1).sensitive(true).build().unwrap()),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    for remaining in ["1", "0"] {
+        let res = c.check(check()).await.unwrap();
+        assert_eq!(res.metadata().get("ratelimit-limit").unwrap(), "2");
+        assert_eq!(
+            res.metadata().get("ratelimit-remaining").unwrap(),
+            remaining
+        );
+    }
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    // The refusal names the method's policy, not the default route's.
+    assert_eq!(
+        status.message(),
+        "Rate limit exceeded: 2 per 10 seconds (health-check). Retry in 7 s."
+    );
+    assert_eq!(status.metadata().get("ratelimit-limit").unwrap(), "2");
+
+    // Watch has its own, sensitive policy: refusals say nothing about counts.
+    let first = c.watch(check()).await.unwrap();
+    assert!(first.metadata().get("ratelimit-remaining").is_none());
+    drop(first);
+    let status = c.watch(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "Too many requests. Please try again later."
+    );
+    assert!(status.metadata().get("ratelimit-limit").is_none());
+    assert!(status.get_error_details().retry_info().is_some());
+}

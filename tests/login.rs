@@ -1,0 +1,305 @@
+//! The login guard end to end: the `login` example's axum app on loopback, real HTTP clients
+//! bound to different loopback addresses (127.0.0.0/8) so the server sees different peers.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use common::serve;
+use reqwest::StatusCode;
+use tollgate::clock::ManualClock;
+use tollgate::login::LoginGuard;
+use tollgate::store::MemoryStore;
+use tollgate::Rate;
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../examples/login.rs"]
+mod example;
+
+const T0: u64 = 1_796_205_603_250;
+const WINDOW: Duration = Duration::from_secs(600);
+const PASSWORD: &str = "correct horse battery staple";
+
+/// A client whose connections come from 127.0.0.`n`.
+fn client_from(n: u8) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)))
+        .build()
+        .unwrap()
+}
+
+/// 3 failures per (IP, user), 10 per IP, 6 per user, every window 10 minutes.
+fn guard(clock: &ManualClock) -> LoginGuard {
+    LoginGuard::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .ip_user_rate(Rate::new(3, WINDOW))
+        .ip_rate(Rate::new(10, WINDOW))
+        .user_rate(Rate::new(6, WINDOW))
+        .build()
+        .unwrap()
+}
+
+struct Server {
+    addr: SocketAddr,
+    clock: ManualClock,
+}
+
+async fn server() -> Server {
+    let clock = ManualClock::new(T0);
+    let addr = serve(example::app(guard(&clock))).await;
+    Server { addr, clock }
+}
+
+impl Server {
+    async fn login(&self, from: u8, path: &str, user: &str, password: &str) -> reqwest::Response {
+        client_from(from)
+            .post(format!("http://{}{path}", self.addr))
+            .json(&serde_json::json!({ "username": user, "password": password }))
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// The refusal says nothing about counts or which limit tripped.
+async fn assert_generic_429(res: reqwest::Response) {
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+    for h in res.headers().keys() {
+        assert!(!h.as_str().contains("ratelimit"), "leaks {h}");
+    }
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "error": "rate_limit_exceeded",
+            "message": "Too many requests. Please try again later.",
+            "retry_after": body["retry_after"],
+        })
+    );
+}
+
+#[tokio::test]
+async fn rotating_ips_on_one_user_are_stopped_by_the_username_limit() {
+    let s = server().await;
+    // Two guesses from each of three addresses: under the (IP, user) limit of 3 each, and
+    // far under the IP limit, but six failures for the user.
+    for ip in 2..5u8 {
+        for _ in 0..2 {
+            let res = s.login(ip, "/login", "alice", "guess").await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        }
+    }
+    // A fresh address, and another spelling of the name: refused.
+    assert_generic_429(s.login(9, "/login", " Alice", "guess").await).await;
+    // Even the right password is not checked now (and so cannot be confirmed by guessing).
+    assert_generic_429(s.login(10, "/login", "alice", PASSWORD).await).await;
+    // Other users are unaffected.
+    assert_eq!(
+        s.login(9, "/login", "bob", "guess").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn one_ip_spraying_many_users_is_stopped_by_the_ip_limit() {
+    let s = server().await;
+    for i in 0..10 {
+        let res = s
+            .login(20, "/login", &format!("user{i}"), "Password1")
+            .await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "attempt {i}");
+    }
+    // A user never tried before, from the same address: refused.
+    assert_generic_429(s.login(20, "/login", "user99", "Password1").await).await;
+    // The same user from another address: fine.
+    assert_eq!(
+        s.login(21, "/login", "user99", "Password1").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn a_success_resets_the_users_ip_user_tuple() {
+    let s = server().await;
+    for _ in 0..2 {
+        assert_eq!(
+            s.login(30, "/login", "alice", "typo").await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        s.login(30, "/login", "ALICE", PASSWORD).await.status(),
+        StatusCode::OK
+    );
+    // Without the reset the third typo would exhaust the (IP, user) limit of 3 and the fourth
+    // attempt would be refused; after it, three more typos are allowed.
+    for _ in 0..3 {
+        assert_eq!(
+            s.login(30, "/login", "alice", "typo").await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_generic_429(s.login(30, "/login", "alice", PASSWORD).await).await;
+}
+
+#[tokio::test]
+async fn an_attacker_cannot_lock_a_victim_out_beyond_the_username_window() {
+    let s = server().await;
+    // The attacker spends the username budget from rotating addresses...
+    for ip in 40..46u8 {
+        assert_eq!(
+            s.login(ip, "/login", "alice", "guess").await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    s.clock.advance(Duration::from_secs(1));
+    // ...and keeps hammering for the whole window; refused attempts are not counted.
+    for step in 0..10u8 {
+        assert_generic_429(s.login(46 + step, "/login", "alice", "guess").await).await;
+        s.clock.advance(WINDOW / 10 - Duration::from_millis(200));
+    }
+    // The victim, from their own address, is locked out until one window after the last
+    // counted failure, and not a moment longer.
+    s.clock.set_millis(T0 + WINDOW.as_millis() as u64 - 1);
+    assert_generic_429(s.login(100, "/login", "alice", PASSWORD).await).await;
+    s.clock.set_millis(T0 + WINDOW.as_millis() as u64);
+    assert_eq!(
+        s.login(100, "/login", "alice", PASSWORD).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_layer_form_records_outcomes_from_the_status() {
+    let s = server().await;
+    // Same scenario as the handler form, through `/api/login` and its `LoginLayer`.
+    for ip in 2..5u8 {
+        for _ in 0..2 {
+            let res = s.login(ip, "/api/login", "carol", "guess").await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        }
+    }
+    assert_generic_429(s.login(9, "/api/login", "CAROL ", "guess").await).await;
+    // Successes clear the (IP, user) tuple through the layer too.
+    for _ in 0..2 {
+        let res = s.login(60, "/api/login", "alice", "typo").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = s.login(60, "/api/login", "alice", PASSWORD).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    for _ in 0..3 {
+        let res = s.login(60, "/api/login", "alice", "typo").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_generic_429(s.login(60, "/api/login", "alice", "typo").await).await;
+    // The two routes share the guard: the handler route refuses as well.
+    assert_generic_429(s.login(60, "/login", "alice", "typo").await).await;
+}
+
+#[tokio::test]
+async fn the_layer_caps_the_buffered_body() {
+    let s = server().await;
+    let big = "x".repeat(20 * 1024);
+    let res = client_from(70)
+        .post(format!("http://{}/api/login", s.addr))
+        .json(&serde_json::json!({ "username": "alice", "password": big }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // Nothing was recorded: the same client can still try.
+    assert_eq!(
+        s.login(70, "/api/login", "alice", PASSWORD).await.status(),
+        StatusCode::OK
+    );
+}
+
+/// A plain `RateLimitLayer` with a sensitive policy on the login route only: its 429 must be
+/// as quiet as the guard's, even though the default route's policy is not sensitive.
+#[tokio::test]
+async fn a_sensitive_route_policy_hides_counts() {
+    use tollgate::route::Route;
+    use tollgate::{Limiter, Policy, RateLimitLayer};
+
+    let limiter = Limiter::builder()
+        .policy(Policy::new("pages", Rate::per_minute(100)).unwrap())
+        .route(
+            "POST /login",
+            Route::new().policy(
+                Policy::builder("login", Rate::per_minute(1))
+                    .sensitive(true)
+                    .build()
+                    .unwrap(),
+            ),
+        )
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/login", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = serve(app).await;
+    let client = client_from(80);
+    let res = client
+        .post(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("ratelimit-remaining").is_none());
+    let res = client
+        .post(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_generic_429(res).await;
+}
+
+/// Behind a trusted proxy the guard keys by the forwarded client address: the trusted-proxy
+/// extractor plugs in as the IP source.
+#[tokio::test]
+async fn the_ip_source_can_read_the_client_behind_a_trusted_proxy() {
+    use tollgate::key::{ClientIp, TrustedProxies};
+
+    let guard = LoginGuard::builder()
+        .ip_rate(Rate::new(3, WINDOW))
+        .ip_source(ClientIp::new(TrustedProxies::parse(["127.0.0.2"]).unwrap()))
+        .build()
+        .unwrap();
+    let addr = serve(example::app(guard)).await;
+    let via_proxy = |client: &'static str, user: String| {
+        client_from(2)
+            .post(format!("http://{addr}/login"))
+            .header("x-forwarded-for", client)
+            .json(&serde_json::json!({ "username": user, "password": "guess" }))
+            .send()
+    };
+    for i in 0..3 {
+        let res = via_proxy("203.0.113.5", format!("user{i}")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    // The spraying client is refused; another client behind the same proxy is not.
+    assert_generic_429(via_proxy("203.0.113.5", "user9".into()).await.unwrap()).await;
+    let res = via_proxy("198.51.100.7", "user9".into()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    // An untrusted peer cannot choose its address with the header.
+    for i in 0..3 {
+        let res = client_from(3)
+            .post(format!("http://{addr}/login"))
+            .header("x-forwarded-for", format!("192.0.2.{i}"))
+            .json(&serde_json::json!({ "username": format!("u{i}"), "password": "guess" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = client_from(3)
+        .post(format!("http://{addr}/login"))
+        .header("x-forwarded-for", "192.0.2.200")
+        .json(&serde_json::json!({ "username": "u9", "password": "guess" }))
+        .send()
+        .await
+        .unwrap();
+    assert_generic_429(res).await;
+}
