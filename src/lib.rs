@@ -15,6 +15,20 @@
 //!
 //! A denied request consumes nothing, in every algorithm and in every policy of a request.
 //!
+//! # Features
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
+//! | `redis` | [`store::RedisStore`]: one Lua script per decision |
+//! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
+//! | `metrics` | counters and a store-latency histogram through the `metrics` facade |
+//! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status` |
+//!
+//! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
+//! ([`key`]), TOML plans ([`config`]) with a deterministic [`audit()`], and failure handling
+//! for shared stores ([`store::ResilientStore`]).
+//!
 //! # Examples
 //!
 //! Five requests per ten seconds per client IP on an axum app:
