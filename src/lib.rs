@@ -20,7 +20,7 @@
 //! | feature | adds |
 //! |---|---|
 //! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
-//! | `redis` | [`store::RedisStore`]: one Lua script per decision |
+//! | `redis` | `store::RedisStore`: one Lua script per decision |
 //! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
 //! | `metrics` | counters and a store-latency histogram through the `metrics` facade |
 //! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status` |
