@@ -209,9 +209,9 @@ async fn structured_fields_list_every_policy() {
 async fn shaping_delays_then_forwards() {
     let limiter = Limiter::builder()
         .policy(
-            Policy::builder("smooth", Rate::per_second(10).with_burst(1))
+            Policy::builder("smooth", Rate::per_second(2).with_burst(1))
                 .algorithm(Algorithm::Gcra)
-                .shape(Duration::from_millis(250))
+                .shape(Duration::from_millis(1_200))
                 .build()
                 .unwrap(),
         )
@@ -233,7 +233,8 @@ async fn shaping_delays_then_forwards() {
     for t in tasks {
         results.push(t.await.unwrap());
     }
-    // Slots at 0, 100 and 200 ms; a fourth would wait 300 ms > 250 ms and is rejected.
+    // Slots at 0, 500 and 1000 ms; a fourth would wait 1500 ms > 1200 ms and is rejected
+    // (unless the requests were spread over more than 300 ms, which loopback never is).
     let ok: Vec<Duration> = results
         .iter()
         .filter(|(s, _)| *s == StatusCode::OK)
@@ -249,7 +250,7 @@ async fn shaping_delays_then_forwards() {
     );
     // The last admitted one waited for its slot.
     let slowest = ok.into_iter().max().unwrap();
-    assert!(slowest >= Duration::from_millis(190), "{slowest:?}");
+    assert!(slowest >= Duration::from_millis(990), "{slowest:?}");
 }
 
 #[tokio::test]
