@@ -199,6 +199,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
                     failures: AtomicU32::new(0),
                     open_until: AtomicU64::new(0),
                     probing: AtomicBool::new(false),
+                    probe_started: AtomicU64::new(0),
                 },
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 fallback: MemoryStore::builder()
@@ -233,6 +234,9 @@ struct Breaker {
     /// 0 while closed; otherwise when the cool-down ends.
     open_until: AtomicU64,
     probing: AtomicBool,
+    /// When the current probe started: a probe whose caller went away (its future dropped)
+    /// must not hold the breaker open forever.
+    probe_started: AtomicU64,
 }
 
 enum Gate {
@@ -250,11 +254,18 @@ impl Breaker {
         if now < until {
             return Gate::Skip;
         }
+        let stale = now
+            >= self
+                .probe_started
+                .load(Ordering::Acquire)
+                .saturating_add(self.cooldown_ms.max(1_000));
         if self
             .probing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+            || (stale && self.probing.load(Ordering::Acquire))
         {
+            self.probe_started.store(now, Ordering::Release);
             tracing::info!(target: "tollgate::breaker", state = "half_open", "rate-limit store circuit half-open: probing");
             telemetry::breaker("half_open");
             Gate::Probe
@@ -288,7 +299,8 @@ impl Breaker {
 struct DenyCache {
     capacity: usize,
     hasher: foldhash::fast::RandomState,
-    entries: Mutex<HashMap<u64, (Key, u64, Decision)>>,
+    /// slot → (key, cached at, denied until, the store's decision).
+    entries: Mutex<HashMap<u64, (Key, u64, u64, Decision)>>,
 }
 
 impl DenyCache {
@@ -312,7 +324,7 @@ impl DenyCache {
 
     fn get(&self, slot: u64, key: &Key, now: u64) -> Option<Decision> {
         let mut entries = self.entries.lock();
-        let (k, until, decision) = entries.get(&slot)?;
+        let (k, at, until, decision) = entries.get(&slot)?;
         if k != key {
             return None;
         }
@@ -320,43 +332,43 @@ impl DenyCache {
             entries.remove(&slot);
             return None;
         }
-        Some(shift(decision, until - now))
+        Some(shift(decision, now.saturating_sub(*at), until - now))
     }
 
     fn insert(&self, slot: u64, key: &Key, until: u64, decision: Decision, now: u64) {
         let mut entries = self.entries.lock();
         if entries.len() >= self.capacity {
-            entries.retain(|_, (_, u, _)| *u > now);
+            entries.retain(|_, (_, _, u, _)| *u > now);
             if entries.len() >= self.capacity {
                 return;
             }
         }
-        entries.insert(slot, (key.clone(), until, decision));
+        entries.insert(slot, (key.clone(), now, until, decision));
     }
 
     fn forget(&self, key: &Key) {
-        self.entries.lock().retain(|_, (k, _, _)| k != key);
+        self.entries.lock().retain(|_, (k, _, _, _)| k != key);
     }
 }
 
-/// A cached denial as seen `left` ms before it ends.
-fn shift(decision: &Decision, left: u64) -> Decision {
+/// A cached denial as seen `elapsed` ms after it was cached, `left` ms before it ends.
+fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
     let policies: SmallVec<[PolicyDecision; 2]> = decision
         .policies()
         .iter()
         .map(|d| {
-            if d.is_allowed() {
-                *d
-            } else {
-                PolicyDecision::from_parts(
-                    false,
-                    d.limit(),
-                    d.remaining(),
-                    d.reset_after_millis().min(left.max(d.reset_after_millis())),
-                    d.retry_after_millis().min(left),
-                    0,
-                )
-            }
+            PolicyDecision::from_parts(
+                d.is_allowed(),
+                d.limit(),
+                d.remaining(),
+                d.reset_after_millis().saturating_sub(elapsed),
+                if d.is_allowed() {
+                    0
+                } else {
+                    d.retry_after_millis().saturating_sub(elapsed).min(left)
+                },
+                0,
+            )
         })
         .collect();
     Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
@@ -585,5 +597,63 @@ impl<S: Store> Store for ResilientStore<S> {
 
     fn name(&self) -> &'static str {
         self.inner.primary.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker {
+            threshold: 3,
+            cooldown_ms: 500,
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            probe_started: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn opens_after_n_failures_then_probes_once_and_closes() {
+        let b = breaker();
+        for _ in 0..2 {
+            assert!(matches!(b.gate(1_000), Gate::Call));
+            b.failure(1_000, false);
+        }
+        assert!(matches!(b.gate(1_000), Gate::Call));
+        b.failure(1_000, false);
+        assert!(matches!(b.gate(1_001), Gate::Skip));
+        assert!(matches!(b.gate(1_499), Gate::Skip));
+        assert!(matches!(b.gate(1_500), Gate::Probe));
+        assert!(matches!(b.gate(1_500), Gate::Skip), "one probe at a time");
+        b.success();
+        assert!(matches!(b.gate(1_501), Gate::Call));
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_a_lost_probe_is_replaced() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.failure(0, false);
+        }
+        assert!(matches!(b.gate(500), Gate::Probe));
+        b.failure(500, true);
+        assert!(matches!(b.gate(999), Gate::Skip));
+        assert!(matches!(b.gate(1_000), Gate::Probe));
+        // That probe's caller went away without an answer: after a while another probe goes.
+        assert!(matches!(b.gate(1_500), Gate::Skip));
+        assert!(matches!(b.gate(2_000), Gate::Probe));
+    }
+
+    #[test]
+    fn cached_denials_count_down() {
+        let d = Decision::single(PolicyDecision::from_parts(false, 5, 0, 900, 700, 0));
+        let later = shift(&d, 200, 500);
+        assert_eq!(later.outcome(), Outcome::CachedDeny);
+        assert!(!later.is_allowed());
+        assert_eq!(later.retry_after_millis(), 500);
+        assert_eq!(later.reset_after().as_millis(), 700);
     }
 }
