@@ -325,6 +325,12 @@ pub struct Plan {
     pub tier: TierConfig,
     /// Login limits.
     pub login: Option<LoginConfig>,
+    /// Client networks that skip limiting (IP keys), e.g. `["10.0.0.0/8"]`.
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+    /// Client networks refused with 403 (IP keys).
+    #[serde(default)]
+    pub deny_cidrs: Vec<String>,
 }
 
 pub(crate) fn parse_duration(field: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -569,6 +575,12 @@ impl Plan {
                 route
             };
             b = b.route(r.pattern.clone(), route);
+        }
+        for cidr in &self.allow_cidrs {
+            b = b.allow_cidr(cidr.clone());
+        }
+        for cidr in &self.deny_cidrs {
+            b = b.deny_cidr(cidr.clone());
         }
         if let Some(header) = &self.tier.header {
             let name = http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {

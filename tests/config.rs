@@ -85,12 +85,41 @@ fn build_errors_name_the_field() {
             "[key]\nkind = \"api_key\"\nsecret_env = \"TOLLGATE_TEST_UNSET_VARIABLE\"",
             "key.secret_env",
         ),
-        (
-            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"",
-            "failure_mode",
-        ),
-        ("[store]\nkind = \"redis\"", "store.url"),
     ];
+    #[cfg(feature = "redis")]
+    let cases = &[
+        cases,
+        &[
+            (
+                "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"",
+                "failure_mode",
+            ),
+            ("[store]\nkind = \"redis\"", "store.url"),
+        ][..],
+    ]
+    .concat();
+    #[cfg(not(feature = "redis"))]
+    let cases = &[
+        cases,
+        &[(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"",
+            "store.kind",
+        )][..],
+    ]
+    .concat();
+    let top_level: &[(&str, &str)] = &[
+        (
+            "deny_cidrs = [\"10.0.0.0/8\", \"10.0.0.0/99\"]",
+            "deny_cidrs[1]",
+        ),
+        ("allow_cidrs = [\"banana\"]", "allow_cidrs[0]"),
+    ];
+    for (extra, field) in top_level {
+        let text = format!("{extra}\n{BASE}");
+        let plan = Plan::from_toml(&text).expect(&text);
+        let err = Limiter::from_config(&plan).expect_err(&text);
+        assert_eq!(err.field(), *field, "{text}\n→ {err}");
+    }
     for (extra, field) in cases {
         let text = format!("{BASE}\n{extra}");
         let plan = Plan::from_toml(&text).expect(&text);

@@ -4,6 +4,7 @@
 //! `cargo test` builds the examples before running tests; with a `--test examples` filter it
 //! does not, so build them first (`cargo build --all-features --examples`).
 
+#[cfg(feature = "redis")]
 mod support;
 
 use std::net::TcpListener;
