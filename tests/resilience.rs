@@ -306,6 +306,7 @@ async fn the_deny_cache_saves_round_trips_and_never_denies_what_redis_allows() {
             .is_allowed());
     }
     let (without, with) = (calls[0], calls[1]);
+    eprintln!("store calls for 300 checks of a hot denied key: {without} without the deny cache, {with} with it");
     assert_eq!(without, 300);
     assert!(
         with * 10 <= without,
