@@ -142,6 +142,9 @@ pub struct KeyConfig {
     /// For `api_key`: the environment variable holding the HMAC secret (without it keys are
     /// plain SHA-256).
     pub secret_env: Option<String>,
+    /// The extractor to try when this one yields no key (a chain: `api_key`, else
+    /// `client_ip`). Keys from different sources never collide.
+    pub fallback: Option<Box<KeyConfig>>,
 }
 
 /// Extractor kinds.
@@ -169,6 +172,99 @@ impl KeyKind {
     /// Whether the key is an address only (for the audit).
     pub fn is_ip_only(&self) -> bool {
         matches!(self, KeyKind::PeerIp | KeyKind::ClientIp)
+    }
+}
+
+impl KeyConfig {
+    /// The extractor this section describes; `path` names the section in errors (`key`,
+    /// `key.fallback`).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `<path>.*` when the kind needs settings that are missing, or is not
+    /// available in this build.
+    pub fn build(&self, path: &str) -> Result<Box<dyn KeyExtractor>, ConfigError> {
+        let k = self;
+        let prefix = k.ipv6_prefix.unwrap_or(64);
+        if !(1..=128).contains(&prefix) {
+            return Err(ConfigError::new(
+                "key.ipv6_prefix",
+                prefix,
+                "must be between 1 and 128",
+            ));
+        }
+        let first: Box<dyn KeyExtractor> = match k.kind {
+            KeyKind::PeerIp => Box::new(PeerIp::new().ipv6_prefix(prefix)),
+            KeyKind::Global => Box::new(Global::named(k.name.as_deref().unwrap_or("all"))),
+            KeyKind::Header => {
+                let header = k.header.clone().ok_or_else(|| {
+                    ConfigError::new(
+                        format!("{path}.header"),
+                        "(missing)",
+                        "the header kind needs a header name",
+                    )
+                })?;
+                let name = http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+                    ConfigError::new(
+                        format!("{path}.header"),
+                        format_args!("{header:?}"),
+                        "not a header name",
+                    )
+                })?;
+                Box::new(crate::key::from_fn(move |req| {
+                    req.headers()
+                        .get(&name)
+                        .map(|v| Key::new("header", v.as_bytes()))
+                }))
+            }
+            KeyKind::ClientIp => Box::new(self.client_ip(path, prefix)?),
+            KeyKind::IpUserAgent => Box::new(crate::key::IpUserAgent::new(self.client_ip(path, prefix)?)),
+            KeyKind::ApiKey => {
+                let mut extractor = crate::key::ApiKey::new();
+                if let Some(h) = &k.header {
+                    let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                        ConfigError::new(format!("{path}.header"), format_args!("{h:?}"), "not a header name")
+                    })?;
+                    extractor = extractor.header(name);
+                }
+                if let Some(var) = &k.secret_env {
+                    let secret = std::env::var(var).map_err(|_| {
+                        ConfigError::new(
+                            format!("{path}.secret_env"),
+                            format_args!("{var:?}"),
+                            "the environment variable is not set",
+                        )
+                    })?;
+                    extractor = extractor.secret(secret);
+                }
+                Box::new(extractor)
+            }
+            KeyKind::User => {
+                return Err(ConfigError::new(
+                    format!("{path}.kind"),
+                    "\"user\"",
+                    "the user extractor reads a typed value from the request extensions: build it in code (tollgate::key::User), or use kind = \"header\" with the header your auth proxy sets",
+                ))
+            }
+        };
+        match &k.fallback {
+            Some(next) => Ok(Box::new(
+                crate::key::Chain::new(first).or(next.build(&format!("{path}.fallback"))?),
+            )),
+            None => Ok(first),
+        }
+    }
+
+    fn client_ip(&self, path: &str, ipv6_prefix: u8) -> Result<crate::key::ClientIp, ConfigError> {
+        let k = self;
+        let trusted =
+            crate::key::TrustedProxies::parse(k.trusted_proxies.iter().map(String::as_str))
+                .map_err(|e| e.within(path))?;
+        let mut ip = crate::key::ClientIp::new(trusted).ipv6_prefix(ipv6_prefix);
+        if let Some(h) = &k.header {
+            ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within(path))?);
+        }
+        Ok(ip)
     }
 }
 
@@ -441,88 +537,14 @@ impl Plan {
             .collect()
     }
 
-    /// The key extractor the plan names.
+    /// The key extractor the plan names (`[key]`, with its `[key.fallback]` chain).
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] on `key.*` when the kind needs settings that are missing, or is not
     /// available in this build.
     pub fn extractor(&self) -> Result<Box<dyn KeyExtractor>, ConfigError> {
-        let k = &self.key;
-        let prefix = k.ipv6_prefix.unwrap_or(64);
-        if !(1..=128).contains(&prefix) {
-            return Err(ConfigError::new(
-                "key.ipv6_prefix",
-                prefix,
-                "must be between 1 and 128",
-            ));
-        }
-        Ok(match k.kind {
-            KeyKind::PeerIp => Box::new(PeerIp::new().ipv6_prefix(prefix)),
-            KeyKind::Global => Box::new(Global::named(k.name.as_deref().unwrap_or("all"))),
-            KeyKind::Header => {
-                let header = k.header.clone().ok_or_else(|| {
-                    ConfigError::new(
-                        "key.header",
-                        "(missing)",
-                        "the header kind needs a header name",
-                    )
-                })?;
-                let name = http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
-                    ConfigError::new(
-                        "key.header",
-                        format_args!("{header:?}"),
-                        "not a header name",
-                    )
-                })?;
-                Box::new(crate::key::from_fn(move |req| {
-                    req.headers()
-                        .get(&name)
-                        .map(|v| Key::new("header", v.as_bytes()))
-                }))
-            }
-            KeyKind::ClientIp => Box::new(self.client_ip(prefix)?),
-            KeyKind::IpUserAgent => Box::new(crate::key::IpUserAgent::new(self.client_ip(prefix)?)),
-            KeyKind::ApiKey => {
-                let mut extractor = crate::key::ApiKey::new();
-                if let Some(h) = &k.header {
-                    let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                        ConfigError::new("key.header", format_args!("{h:?}"), "not a header name")
-                    })?;
-                    extractor = extractor.header(name);
-                }
-                if let Some(var) = &k.secret_env {
-                    let secret = std::env::var(var).map_err(|_| {
-                        ConfigError::new(
-                            "key.secret_env",
-                            format_args!("{var:?}"),
-                            "the environment variable is not set",
-                        )
-                    })?;
-                    extractor = extractor.secret(secret);
-                }
-                Box::new(extractor)
-            }
-            KeyKind::User => {
-                return Err(ConfigError::new(
-                    "key.kind",
-                    "\"user\"",
-                    "the user extractor reads a typed value from the request extensions: build it in code (tollgate::key::User), or use kind = \"header\" with the header your auth proxy sets",
-                ))
-            }
-        })
-    }
-
-    fn client_ip(&self, ipv6_prefix: u8) -> Result<crate::key::ClientIp, ConfigError> {
-        let k = &self.key;
-        let trusted =
-            crate::key::TrustedProxies::parse(k.trusted_proxies.iter().map(String::as_str))
-                .map_err(|e| e.within("key"))?;
-        let mut ip = crate::key::ClientIp::new(trusted).ipv6_prefix(ipv6_prefix);
-        if let Some(h) = &k.header {
-            ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within("key"))?);
-        }
-        Ok(ip)
+        self.key.build("key")
     }
 
     fn route(

@@ -82,6 +82,10 @@ fn build_errors_name_the_field() {
         ),
         ("[key]\nkind = \"user\"", "key.kind"),
         (
+            "[key]\nkind = \"api_key\"\n[key.fallback]\nkind = \"client_ip\"\ntrusted_proxies = [\"x\"]",
+            "key.fallback.trusted_proxies[0]",
+        ),
+        (
             "[key]\nkind = \"api_key\"\nsecret_env = \"TOLLGATE_TEST_UNSET_VARIABLE\"",
             "key.secret_env",
         ),
@@ -319,4 +323,55 @@ policies = ["reads"]
     }
     let res = client.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(res.headers()["ratelimit-policy"], "\"reads\";q=3;w=60");
+}
+
+#[tokio::test]
+async fn a_key_chain_from_toml() {
+    let plan = Plan::from_toml(
+        r#"
+[key]
+kind = "api_key"
+[key.fallback]
+kind = "client_ip"
+trusted_proxies = ["127.0.0.1/32"]
+
+[[policies]]
+name = "api"
+limit = 2
+window = "1m"
+[default]
+policies = ["api"]
+"#,
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::from_config(&plan).unwrap());
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |key: Option<&'static str>, xff: &'static str| {
+        let mut req = client
+            .get(format!("http://{addr}/"))
+            .header("x-forwarded-for", xff);
+        if let Some(k) = key {
+            req = req.header("x-api-key", k);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    // Each API key has its own budget; without one, the forwarded client address is the key.
+    assert_eq!(
+        [
+            send(Some("k1"), "1.1.1.1").await,
+            send(Some("k1"), "2.2.2.2").await
+        ],
+        [200, 200]
+    );
+    assert_eq!(send(Some("k1"), "3.3.3.3").await, 429);
+    assert_eq!(send(Some("k2"), "1.1.1.1").await, 200);
+    assert_eq!(
+        [send(None, "1.1.1.1").await, send(None, "1.1.1.1").await],
+        [200, 200]
+    );
+    assert_eq!(send(None, "1.1.1.1").await, 429);
+    assert_eq!(send(None, "2.2.2.2").await, 200);
 }
