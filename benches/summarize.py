@@ -33,7 +33,7 @@ def main():
             continue
         with open(os.path.join(dirpath, "benchmark.json")) as f:
             full_id = json.load(f)["full_id"]
-        m = re.fullmatch(re.escape(group) + r"/(.+)/(.+)/r\d+", full_id)
+        m = re.fullmatch(re.escape(group) + r"/([^/]+)/(.+)/r\d+", full_id)
         if not m:
             continue
         with open(os.path.join(dirpath, "estimates.json")) as f:
@@ -47,13 +47,13 @@ def main():
         ref = next((r for r in refs if (scenario, r) in times), None)
         ref_median = statistics.median(times[(scenario, ref)]) if ref else None
         print(f"\n{scenario}")
-        print(f"  {'side':<32} {'median ns':>10} {'min-max':>17} {'rounds':>6}  ratio")
+        print(f"  {'side':<34} {'median ns':>10} {'min-max':>17} {'rounds':>6}  ratio")
         for side in sides:
             v = times[(scenario, side)]
             med = statistics.median(v)
             ratio = f"{med / ref_median:.3f}x {ref}" if ref_median else ""
             span = f"{min(v):.1f}-{max(v):.1f}"
-            print(f"  {side:<32} {med:>10.1f} {span:>17} {len(v):>6}  {ratio}")
+            print(f"  {side:<34} {med:>10.1f} {span:>17} {len(v):>6}  {ratio}")
 
 
 if __name__ == "__main__":
