@@ -263,7 +263,7 @@ mod number {
     /// Numbers below this are slices of one static string.
     const SMALL: u64 = 10_000;
     const LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
-    const DIGITS: [u8; LEN] = digits();
+    static DIGITS: [u8; LEN] = digits();
     /// `0123456789101112…9999`.
     static NUMBERS: &str = match std::str::from_utf8(&DIGITS) {
         Ok(s) => s,
