@@ -218,12 +218,24 @@ fn is_plain_source(s: &str) -> bool {
     (1..=32).contains(&s.len()) && s.bytes().all(is_source_byte)
 }
 
+#[inline]
 fn is_material_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'-' | b'.' | b'_' | b'~' | b':' | b'/' | b'@' | b'+' | b'=' | b','
-        )
+    // A table: this runs for every byte of every key, on every request.
+    static MATERIAL: [bool; 256] = {
+        let mut table = [false; 256];
+        let mut b = 0;
+        while b < 256 {
+            let c = b as u8;
+            table[b] = c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    b'-' | b'.' | b'_' | b'~' | b':' | b'/' | b'@' | b'+' | b'=' | b','
+                );
+            b += 1;
+        }
+        table
+    };
+    MATERIAL[usize::from(b)]
 }
 
 fn push_source(out: &mut CompactString, source: &str) {
