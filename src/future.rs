@@ -51,7 +51,8 @@ pin_project! {
             key: Option<Key>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
-            shared: Arc<Shared<St>>,
+            // Moved (not cloned) into the next state: one reference count per request.
+            shared: Option<Arc<Shared<St>>>,
             grpc: Option<HeaderValue>,
         },
         Waiting {
@@ -60,7 +61,8 @@ pin_project! {
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             decision: Option<Decision>,
-            shared: Arc<Shared<St>>,
+            // Moved (not cloned) into the next state: one reference count per request.
+            shared: Option<Arc<Shared<St>>>,
         },
         Calling {
             #[pin]
@@ -114,7 +116,7 @@ where
                 key,
                 inner: Some(inner),
                 request: Some(request),
-                shared,
+                shared: Some(shared),
                 grpc,
             },
         }
@@ -196,7 +198,7 @@ where
                 } => {
                     let set = *set;
                     let outcome = ready!(check.poll(cx));
-                    let shared = Arc::clone(shared);
+                    let shared = shared.take().expect("polled after completion");
                     let decision = match outcome {
                         Ok(decision) => decision,
                         Err(error) => {
@@ -257,7 +259,7 @@ where
                             inner: Some(inner),
                             request: Some(request),
                             decision: Some(decision),
-                            shared,
+                            shared: Some(shared),
                         });
                     }
                 }
@@ -274,7 +276,7 @@ where
                     let request = request.take().expect("polled after completion");
                     let future = inner.call(request);
                     let decision = decision.take();
-                    let shared = Arc::clone(shared);
+                    let shared = shared.take().expect("polled after completion");
                     let set = *set;
                     this.state.set(State::Calling {
                         future,

@@ -305,17 +305,19 @@ pub fn write_quota_headers(
     style: HeaderStyle,
 ) {
     if matches!(style, HeaderStyle::Classic | HeaderStyle::All) {
+        // One allocation for the six entries instead of growing the map on the way.
+        headers.reserve(6);
         let reset = reset_secs(decision);
-        let limit = HeaderValue::from(decision.limit());
-        let remaining = HeaderValue::from(decision.remaining());
+        let limit = number::cached(number::LIMIT, decision.limit());
         headers.insert(RATELIMIT_LIMIT.clone(), limit.clone());
-        headers.insert(RATELIMIT_REMAINING.clone(), remaining.clone());
-        headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
         headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-        headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+        let remaining = decision.remaining();
+        headers.insert(RATELIMIT_REMAINING.clone(), number::value(remaining));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number::value(remaining));
+        headers.insert(RATELIMIT_RESET.clone(), number::value(reset));
         headers.insert(
             X_RATELIMIT_RESET.clone(),
-            HeaderValue::from(now_millis / 1000 + reset),
+            number::cached(number::RESET_AT, now_millis / 1000 + reset),
         );
     }
     if matches!(style, HeaderStyle::Structured | HeaderStyle::All) {
@@ -325,6 +327,114 @@ pub fn write_quota_headers(
             }
             if let Ok(v) = HeaderValue::from_str(&ratelimit_field) {
                 headers.insert(RATELIMIT.clone(), v);
+            }
+        }
+    }
+}
+
+/// Header values for numbers, without an allocation where it can be helped: this runs on every
+/// allowed response.
+mod number {
+    use std::cell::RefCell;
+
+    use http::HeaderValue;
+
+    /// Numbers below this are slices of one static string.
+    const SMALL: u64 = 10_000;
+    const LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+    static DIGITS: [u8; LEN] = digits();
+    /// `0123456789101112…9999`.
+    static NUMBERS: &str = match std::str::from_utf8(&DIGITS) {
+        Ok(s) => s,
+        Err(_) => panic!("digits are ASCII"),
+    };
+
+    const fn width(n: usize) -> usize {
+        if n < 10 {
+            1
+        } else if n < 100 {
+            2
+        } else if n < 1_000 {
+            3
+        } else {
+            4
+        }
+    }
+
+    const fn digits() -> [u8; LEN] {
+        let mut out = [0; LEN];
+        let (mut n, mut at) = (0, 0);
+        while n < SMALL as usize {
+            let width = width(n);
+            let (mut i, mut v) = (width, n);
+            while i > 0 {
+                i -= 1;
+                out[at + i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+            at += width;
+            n += 1;
+        }
+        out
+    }
+
+    /// `n` as a header value; below 10 000 without an allocation.
+    pub(super) fn value(n: u64) -> HeaderValue {
+        if n < SMALL {
+            let n = n as usize;
+            let at = match width(n) {
+                1 => n,
+                2 => 10 + (n - 10) * 2,
+                3 => 190 + (n - 100) * 3,
+                _ => 2_890 + (n - 1_000) * 4,
+            };
+            HeaderValue::from_static(&NUMBERS[at..at + width(n)])
+        } else {
+            HeaderValue::from(n)
+        }
+    }
+
+    /// The slot of a policy's limit (the same on every response).
+    pub(super) const LIMIT: usize = 0;
+    /// The slot of the reset moment in Unix seconds (the same for a second at a time).
+    pub(super) const RESET_AT: usize = 1;
+
+    thread_local! {
+        static RECENT: RefCell<[(u64, Option<HeaderValue>); 2]> =
+            const { RefCell::new([(0, None), (0, None)]) };
+    }
+
+    /// Like [`value`], but a large number that repeats (a limit, the reset moment) is rendered
+    /// once per thread and shared afterwards.
+    pub(super) fn cached(slot: usize, n: u64) -> HeaderValue {
+        if n < SMALL {
+            return value(n);
+        }
+        RECENT.with(|recent| {
+            let mut recent = recent.borrow_mut();
+            let (last, cached) = &mut recent[slot];
+            match cached {
+                Some(v) if *last == n => v.clone(),
+                _ => {
+                    let v = HeaderValue::from(n);
+                    *last = n;
+                    *cached = Some(v.clone());
+                    v
+                }
+            }
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn numbers_render_like_the_allocating_conversion() {
+            for n in (0..20_000).chain([u64::MAX, 1_700_000_000]) {
+                assert_eq!(value(n), HeaderValue::from(n), "{n}");
+                assert_eq!(cached(LIMIT, n), HeaderValue::from(n), "{n}");
+                assert_eq!(cached(LIMIT, n), HeaderValue::from(n), "{n} again");
             }
         }
     }

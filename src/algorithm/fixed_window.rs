@@ -33,6 +33,7 @@ fn current(state: &FixedWindowState, idx: u64) -> u64 {
 }
 
 /// What a request of `cost` at `now` would get, changing nothing.
+#[inline]
 pub fn evaluate(state: &FixedWindowState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
     let n = policy.limit();
     let w = policy.window_millis();
@@ -52,6 +53,7 @@ pub fn evaluate(state: &FixedWindowState, now: u64, policy: &Policy, cost: u64) 
 }
 
 /// Charges an allowed request.
+#[inline]
 pub fn commit(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64) {
     let idx = now / policy.window_millis();
     let count = current(state, idx);
@@ -76,6 +78,7 @@ pub fn decide(
 }
 
 /// When the state stops mattering (ms since the epoch): the end of its window.
+#[inline]
 pub fn expires_at(state: &FixedWindowState, policy: &Policy) -> u64 {
     (state.window + 1) * policy.window_millis()
 }

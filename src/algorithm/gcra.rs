@@ -41,6 +41,7 @@ fn backlog(state: &GcraState, now: u64, n: u64) -> u64 {
 }
 
 /// What a request of `cost` at `now` would get, changing nothing.
+#[inline]
 pub fn evaluate(state: &GcraState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
     let n = policy.limit();
     let w = policy.window_millis();
@@ -75,6 +76,7 @@ pub fn evaluate(state: &GcraState, now: u64, policy: &Policy, cost: u64) -> Poli
 }
 
 /// Moves the TAT for an allowed request.
+#[inline]
 pub fn commit(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
     let n = policy.limit();
     let (base, backlog) = if state.tat >= now {
@@ -104,6 +106,7 @@ pub fn decide(
 }
 
 /// When the state stops mattering (ms since the epoch): when the TAT is reached.
+#[inline]
 pub fn expires_at(state: &GcraState, _policy: &Policy) -> u64 {
     state.tat + u64::from(state.frac > 0)
 }

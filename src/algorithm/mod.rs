@@ -217,6 +217,39 @@ impl AnyState {
         }
     }
 
+    /// Evaluates and, when `charge` and allowed, commits — one dispatch, with the
+    /// algorithm's evaluate and commit inlined side by side so the work they share (the window
+    /// index, the backlog) is computed once. Returns the decision and, when committed, the
+    /// state's new expiry.
+    #[inline]
+    pub(crate) fn decide_in_place(
+        &mut self,
+        now: u64,
+        policy: &crate::Policy,
+        cost: u64,
+        charge: bool,
+    ) -> (PolicyDecision, Option<u64>) {
+        macro_rules! run {
+            ($module:ident, $state:expr) => {{
+                let d = $module::evaluate($state, now, policy, cost);
+                if charge && d.is_allowed() {
+                    $module::commit($state, now, policy, cost);
+                    let expires = $module::expires_at($state, policy);
+                    (d, Some(expires))
+                } else {
+                    (d, None)
+                }
+            }};
+        }
+        match self {
+            AnyState::Counter(s) => run!(sliding_window_counter, s),
+            AnyState::Log(s) => run!(sliding_window_log, s),
+            AnyState::Bucket(s) => run!(token_bucket, s),
+            AnyState::Fixed(s) => run!(fixed_window, s),
+            AnyState::Gcra(s) => run!(gcra, s),
+        }
+    }
+
     pub(crate) fn expires_at(&self, policy: &crate::Policy) -> u64 {
         match self {
             AnyState::Counter(s) => sliding_window_counter::expires_at(s, policy),

@@ -77,6 +77,7 @@ fn earliest(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64, cost: u64) 
 }
 
 /// What a request of `cost` at `now` would get, changing nothing.
+#[inline]
 pub fn evaluate(
     state: &SlidingWindowCounterState,
     now: u64,
@@ -112,6 +113,7 @@ pub fn evaluate(
 }
 
 /// Charges an allowed request.
+#[inline]
 pub fn commit(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, cost: u64) {
     let idx = now / policy.window_millis();
     let (previous, current) = counts(state, idx);
@@ -137,6 +139,7 @@ pub fn decide(
 }
 
 /// When the state stops mattering (ms since the epoch): the end of the window after its own.
+#[inline]
 pub fn expires_at(state: &SlidingWindowCounterState, policy: &Policy) -> u64 {
     (state.window + 2) * policy.window_millis()
 }

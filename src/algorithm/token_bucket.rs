@@ -36,6 +36,7 @@ fn deficit_at(state: &TokenBucketState, now: u64, refill_per_ms: u64) -> u64 {
 }
 
 /// What a request of `cost` at `now` would get, changing nothing.
+#[inline]
 pub fn evaluate(state: &TokenBucketState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
     let n = policy.limit();
     let w = policy.window_millis();
@@ -59,6 +60,7 @@ pub fn evaluate(state: &TokenBucketState, now: u64, policy: &Policy, cost: u64) 
 }
 
 /// Takes `cost` tokens for an allowed request.
+#[inline]
 pub fn commit(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64) {
     let deficit = deficit_at(state, now, policy.limit());
     *state = TokenBucketState {
@@ -82,6 +84,7 @@ pub fn decide(
 }
 
 /// When the state stops mattering (ms since the epoch): when the bucket is full again.
+#[inline]
 pub fn expires_at(state: &TokenBucketState, policy: &Policy) -> u64 {
     state.updated_at + ceil_div(state.deficit, policy.limit())
 }

@@ -84,6 +84,9 @@ impl Key {
     /// ```
     pub fn new(source: &str, material: impl AsRef<[u8]>) -> Self {
         let material = material.as_ref();
+        if let Some(key) = Self::plain(source, material) {
+            return key;
+        }
         let escaped = escaped_len(material);
         let mut out = CompactString::with_capacity(source.len() + 1 + escaped.min(33));
         push_source(&mut out, source);
@@ -147,6 +150,26 @@ impl Key {
         Self(out)
     }
 
+    /// The common case, built in one go: a plain source and material that needs no escaping
+    /// (an address, a numeric id) — the same text the general path would produce.
+    #[inline]
+    fn plain(source: &str, material: &[u8]) -> Option<Self> {
+        const CAP: usize = 32 + 1 + MAX_MATERIAL_LEN;
+        if !is_plain_source(source)
+            || material.len() > MAX_MATERIAL_LEN
+            || !material.iter().all(|&b| is_material_byte(b))
+        {
+            return None;
+        }
+        let mut buf = [0u8; CAP];
+        let (s, m) = (source.len(), material.len());
+        buf[..s].copy_from_slice(source.as_bytes());
+        buf[s] = b':';
+        buf[s + 1..s + 1 + m].copy_from_slice(material);
+        let text = std::str::from_utf8(&buf[..s + 1 + m]).ok()?;
+        Some(Self(CompactString::new(text)))
+    }
+
     /// The global key `global:<name>`, shared by every request.
     pub fn global(name: &str) -> Self {
         Self::new("global", name)
@@ -195,12 +218,24 @@ fn is_plain_source(s: &str) -> bool {
     (1..=32).contains(&s.len()) && s.bytes().all(is_source_byte)
 }
 
+#[inline]
 fn is_material_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'-' | b'.' | b'_' | b'~' | b':' | b'/' | b'@' | b'+' | b'=' | b','
-        )
+    // A table: this runs for every byte of every key, on every request.
+    static MATERIAL: [bool; 256] = {
+        let mut table = [false; 256];
+        let mut b = 0;
+        while b < 256 {
+            let c = b as u8;
+            table[b] = c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    b'-' | b'.' | b'_' | b'~' | b':' | b'/' | b'@' | b'+' | b'=' | b','
+                );
+            b += 1;
+        }
+        table
+    };
+    MATERIAL[usize::from(b)]
 }
 
 fn push_source(out: &mut CompactString, source: &str) {

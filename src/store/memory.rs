@@ -301,10 +301,9 @@ impl Inner {
                 .iter_mut()
                 .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
             {
-                let d = slot.state.evaluate(now, policy, *cost);
-                if charge && d.is_allowed() {
-                    slot.state.commit(now, policy, *cost);
-                    entry.expires_at = entry.expires_at.max(slot.state.expires_at(policy));
+                let (d, expires) = slot.state.decide_in_place(now, policy, *cost, charge);
+                if let Some(expires) = expires {
+                    entry.expires_at = entry.expires_at.max(expires);
                 }
                 return Ok(Decision::single(d));
             }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Instructions per check (or per request, for the layer_* sides) under callgrind, from
+# benches/decision_cost.rs: (refs at 2N − refs at N) / N, repeated REPEAT times; prints the
+# median and min-max. Counts still move a little between runs (the clock is read for real).
+#
+#   bash benches/callgrind.sh                                  # memory store vs governor
+#   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/callgrind.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIDES=${SIDES:-"governor tollgate_gcra tollgate_counter"}
+KEYS=${KEYS:-"1 10000"}
+N=${N:-100000}
+REPEAT=${REPEAT:-3}
+target=${CARGO_TARGET_DIR:-target}
+CARGO_PROFILE_BENCH_DEBUG=true cargo bench --bench decision_cost --no-run 2>/dev/null
+bin=$(ls -t "$target"/release/deps/decision_cost-* | grep -v '\.d$' | head -1)
+refs() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$@" 2>&1 | awk '/refs/ {gsub(",", "", $4); print $4}'; }
+for keys in $KEYS; do
+  for side in $SIDES; do
+    vals=()
+    for _ in $(seq 1 "$REPEAT"); do
+      a=$(refs "$side" "$keys" "$N"); b=$(refs "$side" "$keys" $((2 * N)))
+      vals+=($(( (b - a) / N )))
+    done
+    sorted=$(printf '%s\n' "${vals[@]}" | sort -n)
+    med=$(echo "$sorted" | sed -n "$(( (REPEAT + 1) / 2 ))p")
+    printf '%-30s keys=%-6s %6s instr  (%s-%s)\n' "$side" "$keys" "$med" "$(echo "$sorted" | head -1)" "$(echo "$sorted" | tail -1)"
+  done
+done

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# End-to-end throughput: the axum hello-world of benches/http_server.rs on core 0 (one tokio
+# worker), wrk on core 1 (1 thread, 32 connections), over loopback. Sides run interleaved
+# (A B C … A B C …) for ROUNDS rounds of SECS seconds; prints requests/s per run, then the
+# median (min-max) per side and the ratio to bare.
+#
+#   bash benches/e2e.sh                      # bare, tollgate, tollgate_no_headers, tower_governor
+#   SIDES="bare tollgate_redis" FEATURES=redis bash benches/e2e.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-5}
+SECS=${SECS:-5}
+CONNS=${CONNS:-32}
+PORT=${PORT:-38127}
+SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
+FEATURES=${FEATURES:-}
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
+target=${CARGO_TARGET_DIR:-target}
+cargo bench --bench http_server --no-run ${FEATURES:+--features "$FEATURES"} 2>/dev/null
+bin=$(ls -t "$target"/release/deps/http_server-* | grep -v '\.d$' | head -1)
+declare -A results
+for round in $(seq 1 "$ROUNDS"); do
+  for side in $SIDES; do
+    taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
+    server=$!
+    for _ in $(seq 1 50); do
+      curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
+      sleep 0.1
+    done
+    rps=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/" | awk '/Requests\/sec/ {print $2}')
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    echo "round $round $side $rps"
+    results[$side]="${results[$side]:-} $rps"
+  done
+done
+echo
+printf '%-22s %12s %24s %8s\n' side "median req/s" "min-max" ratio
+bare_median=
+for side in $SIDES; do
+  read -r med lo hi < <(echo "${results[$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g |
+    awk '{v[NR]=$1} END {print v[int((NR+1)/2)], v[1], v[NR]}')
+  [ "$side" = bare ] && bare_median=$med
+  ratio=$( [ -n "$bare_median" ] && awk -v a="$med" -v b="$bare_median" 'BEGIN {printf "%.3f", a/b}' || echo -)
+  printf '%-22s %12s %24s %8s\n' "$side" "$med" "$lo-$hi" "$ratio"
+done

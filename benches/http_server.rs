@@ -1,0 +1,86 @@
+//! An axum hello-world for end-to-end load tests, with or without a rate limiter, that stops by
+//! itself. `benches/e2e.sh` runs it pinned to one core and `wrk` pinned to the other.
+//!
+//! ```text
+//! http_server <bare|tollgate|tollgate_no_headers|tower_governor|tollgate_redis> <port> <seconds>
+//! ```
+//!
+//! Every side keys by the peer IP (all loopback, so one hot key) with a quota no load here can
+//! exhaust; `tollgate_redis` uses a `RedisStore` at `$REDIS_URL` (default
+//! `redis://127.0.0.1:6379`) with a key prefix unique to the process. Run with no arguments
+//! (as `cargo bench` does) it does nothing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 4 || args.iter().any(|a| a == "--bench") {
+        eprintln!("usage: http_server <side> <port> <seconds>");
+        return;
+    }
+    let side = args[1].clone();
+    let port: u16 = args[2].parse().expect("port");
+    let seconds: u64 = args[3].parse().expect("seconds");
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(serve(side, port, seconds));
+}
+
+async fn serve(side: String, port: u16, seconds: u64) {
+    let app = Router::new().route("/", get(|| async { "hello" }));
+    let policy = || Policy::new("bench", Rate::per_second(1_000_000_000)).unwrap();
+    let app = match side.as_str() {
+        "bare" => app,
+        "tollgate" | "tollgate_no_headers" => {
+            let limiter = Limiter::builder().policy(policy()).build().unwrap();
+            app.layer(RateLimitLayer::new(limiter).quota_headers_on_success(side == "tollgate"))
+        }
+        "tower_governor" => {
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .finish()
+                .unwrap();
+            app.layer(GovernorLayer::new(config))
+        }
+        #[cfg(feature = "redis")]
+        "tollgate_redis" => {
+            let url =
+                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+            let store = tollgate::store::RedisStore::builder()
+                .prefix(format!("tg-e2e-{}", std::process::id()))
+                .build_with_url(&url)
+                .unwrap();
+            store.ping().await.expect("Redis reachable");
+            let limiter = Limiter::builder()
+                .store(store)
+                .policy(policy())
+                .build()
+                .unwrap();
+            app.layer(RateLimitLayer::new(limiter))
+        }
+        other => panic!("unknown side {other}"),
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(seconds), server).await;
+}
