@@ -344,24 +344,27 @@ impl<S: Store> Limiter<S> {
             return Prepared::Pass;
         }
         let set = &inner.sets[set_id];
+        // A computed cost is asked of the request once, for shadow and enforced policies alike.
+        let cost = match &set.cost {
+            Cost::PolicyDefault => None,
+            Cost::Fixed(c) => Some(*c),
+            Cost::Computed(f) => Some(f(request)),
+        };
         if !set.shadow.is_empty() {
-            self.spawn_shadow_check(&key, set, request);
+            self.spawn_shadow_check(&key, set, cost);
         }
         if set.enforced.is_empty() {
             return Prepared::Pass;
         }
-        let costs: SmallVec<[u64; 2]> = match &set.cost {
-            Cost::PolicyDefault => set.default_costs.clone(),
-            Cost::Fixed(c) => set.enforced.iter().map(|_| *c).collect(),
-            Cost::Computed(f) => {
-                let c = f(request);
-                let costs: SmallVec<[u64; 2]> = set.enforced.iter().map(|_| c).collect();
-                if let Err(e) = validate_costs(&set.enforced, &costs) {
-                    return Prepared::TooCostly(e);
-                }
-                costs
-            }
+        let costs: SmallVec<[u64; 2]> = match cost {
+            None => set.default_costs.clone(),
+            Some(c) => set.enforced.iter().map(|_| c).collect(),
         };
+        if let Cost::Computed(_) = set.cost {
+            if let Err(e) = validate_costs(&set.enforced, &costs) {
+                return Prepared::TooCostly(e);
+            }
+        }
         let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
         let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
@@ -405,41 +408,31 @@ impl<S: Store> Limiter<S> {
         }
         let decision = store.check(&key, &set.enforced, &costs).await?;
         if !decision.is_allowed() {
-            let start: Vec<Policy> = set
+            // The penalised policies that denied: start their blocks.
+            let (denied_at, start): (Vec<usize>, Vec<Policy>) = set
                 .penalty_of
                 .iter()
                 .zip(set.penalties.iter())
                 .filter(|(&i, _)| !decision.policies()[i].is_allowed())
-                .map(|(_, p)| p.clone())
-                .collect();
-            if !start.is_empty() {
+                .map(|(&i, p)| (i, p.clone()))
+                .unzip();
+            if let (Some(&index), Some(first)) = (denied_at.first(), start.first()) {
                 let ones = vec![1; start.len()];
-                let block = store.check(&key, &start, &ones).await?;
-                let index = set
-                    .penalty_of
-                    .iter()
-                    .zip(set.penalties.iter())
-                    .find(|(_, p)| p.name() == start[0].name())
-                    .map_or(0, |(&i, _)| i);
-                let penalty_ms = start[0].window_millis();
-                let _ = block;
+                store.check(&key, &start, &ones).await?;
+                let penalty_ms = first.window_millis();
                 return Ok(decision.blocked(index, penalty_ms));
             }
         }
         Ok(decision)
     }
 
-    fn spawn_shadow_check(&self, key: &Key, set: &PolicySet, request: &RequestView<'_>) {
+    fn spawn_shadow_check(&self, key: &Key, set: &PolicySet, cost: Option<u64>) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let costs: SmallVec<[u64; 2]> = match &set.cost {
-            Cost::PolicyDefault => set.shadow_costs.clone(),
-            Cost::Fixed(c) => set.shadow.iter().map(|_| *c).collect(),
-            Cost::Computed(f) => {
-                let c = f(request);
-                set.shadow.iter().map(|p| c.min(p.capacity())).collect()
-            }
+        let costs: SmallVec<[u64; 2]> = match cost {
+            None => set.shadow_costs.clone(),
+            Some(c) => set.shadow.iter().map(|p| c.min(p.capacity())).collect(),
         };
         let future = self.inner.store.check(key, &set.shadow, &costs);
         let this = self.clone();

@@ -1,5 +1,7 @@
 //! Key extractors against hostile input, and end to end behind a real axum server.
 
+mod common;
+
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
@@ -310,17 +312,7 @@ async fn serve(extractor: impl KeyExtractor, missing: MissingKey) -> SocketAddr 
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter))
         .layer(axum::middleware::from_fn(fake_auth));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
+    common::serve(app).await
 }
 
 /// An HTTP client whose connections come from `local` (any 127.0.0.0/8 address works).
