@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per check (or per request, for the layer_* sides) under callgrind, from
 # benches/decision_cost.rs: (refs at 2N − refs at N) / N, repeated REPEAT times; prints the
-# median and min-max. Counts still move a little between runs (the clock is read for real).
+# median and min-max. Only the checks are counted (--toggle-collect, see decision_cost.rs);
+# counts still move a little between runs (the clock is read for real, so windows roll over).
 #
 #   bash benches/callgrind.sh                                  # memory store vs governor
 #   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/callgrind.sh
@@ -14,7 +15,7 @@ REPEAT=${REPEAT:-3}
 target=${CARGO_TARGET_DIR:-target}
 CARGO_PROFILE_BENCH_DEBUG=true cargo bench --bench decision_cost --no-run 2>/dev/null
 bin=$(ls -t "$target"/release/deps/decision_cost-* | grep -v '\.d$' | head -1)
-refs() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$@" 2>&1 | awk '/refs/ {gsub(",", "", $4); print $4}'; }
+refs() { valgrind --tool=callgrind --toggle-collect='*measured*' --callgrind-out-file=/dev/null "$bin" "$@" 2>&1 | awk '/refs/ {gsub(",", "", $4); print $4}'; }
 for keys in $KEYS; do
   for side in $SIDES; do
     vals=()
