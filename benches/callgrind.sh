@@ -6,6 +6,7 @@
 #
 #   bash benches/callgrind.sh                                  # memory store vs governor
 #   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/callgrind.sh
+#   BIN=path/to/a/saved/decision_cost bash benches/callgrind.sh  # count a saved build (before/after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIDES=${SIDES:-"governor tollgate_gcra tollgate_counter"}
@@ -13,8 +14,12 @@ KEYS=${KEYS:-"1 10000"}
 N=${N:-100000}
 REPEAT=${REPEAT:-3}
 target=${CARGO_TARGET_DIR:-target}
-CARGO_PROFILE_BENCH_DEBUG=true cargo bench --bench decision_cost --no-run 2>/dev/null
-bin=$(ls -t "$target"/release/deps/decision_cost-* | grep -v '\.d$' | head -1)
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  CARGO_PROFILE_BENCH_DEBUG=true cargo bench --bench decision_cost --no-run 2>/dev/null
+  bin=$(ls -t "$target"/release/deps/decision_cost-* | grep -v '\.d$' | head -1)
+fi
 refs() { valgrind --tool=callgrind --toggle-collect='*measured*' --callgrind-out-file=/dev/null "$bin" "$@" 2>&1 | awk '/refs/ {gsub(",", "", $4); print $4}'; }
 for keys in $KEYS; do
   for side in $SIDES; do

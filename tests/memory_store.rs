@@ -74,6 +74,56 @@ fn expired_keys_are_reclaimed() {
     assert_eq!(store.len(), 0);
 }
 
+/// A sweep that reclaims a few keys and one that reclaims most of them take different paths;
+/// either way the survivors keep their state and stay findable, and so do they after a reset
+/// removes a key from the middle.
+#[tokio::test]
+async fn survivors_of_a_sweep_or_reset_keep_their_state() {
+    for (long_lived, short_lived) in [(1_000u32, 100u32), (100, 1_000)] {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .background_sweep(false)
+            .build();
+        let long = [Policy::new("long", Rate::per_minute(2)).unwrap()];
+        let short = [Policy::new("short", Rate::per_second(2)).unwrap()];
+        let key = |i: u32| Key::new("ip", i.to_string());
+        // Interleaved, so the expiring keys sit between the survivors.
+        for i in 0..long_lived.max(short_lived) {
+            if i < long_lived {
+                for _ in 0..2 {
+                    assert!(store
+                        .decide(&key(i), &long, &[1], true)
+                        .unwrap()
+                        .is_allowed());
+                }
+            }
+            if i < short_lived {
+                let k = key(1_000_000 + i);
+                assert!(store.decide(&k, &short, &[1], true).unwrap().is_allowed());
+            }
+        }
+        clock.advance(Duration::from_secs(3));
+        store.sweep();
+        assert_eq!(store.len(), long_lived as usize);
+        for i in 0..long_lived {
+            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            assert!(!d.is_allowed(), "key {i} lost its state");
+        }
+        store.reset(&key(0), &long).await.unwrap();
+        assert_eq!(store.len(), long_lived as usize - 1);
+        assert!(store
+            .decide(&key(0), &long, &[1], false)
+            .unwrap()
+            .is_allowed());
+        for i in 1..long_lived {
+            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            assert!(!d.is_allowed(), "key {i} lost its state after a reset");
+        }
+    }
+}
+
 #[test]
 fn the_background_sweeper_reclaims_idle_stores() {
     let store = MemoryStore::builder()

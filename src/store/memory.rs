@@ -1,11 +1,15 @@
 //! The in-process store: sharded, bounded, swept.
 //!
 //! State is kept per key in `S` shards (a power of two, four per core by default, at least 16),
-//! each a `parking_lot::Mutex` over a `hashbrown::HashTable`. The key is hashed once with a
-//! randomly seeded `foldhash` hasher — key material is attacker-chosen, and a fixed hash would
-//! let an attacker aim every key at one shard — and the hash picks both the shard and the
-//! bucket. All policies of one key live in one entry, so a multi-policy decision takes one
-//! lock and is all or nothing.
+//! each a `parking_lot::Mutex` over a dense `Vec` of entries and a `hashbrown::HashTable` of
+//! 4-byte positions into it. The key is hashed once with a randomly seeded `foldhash` hasher —
+//! key material is attacker-chosen, and a fixed hash would let an attacker aim every key at one
+//! shard — and the hash picks both the shard and the bucket. All policies of one key live in
+//! one entry, so a multi-policy decision takes one lock and is all or nothing.
+//!
+//! The table holds positions rather than entries because a hash table that doubles runs at
+//! 44–88 % load: with entries inline, every empty bucket would cost a whole entry, while an
+//! empty bucket of positions costs 5 bytes and the entries themselves stay packed.
 //!
 //! # Expiry
 //!
@@ -85,7 +89,9 @@ struct Inner {
 struct CachePadded<T>(T);
 
 struct Shard {
-    table: HashTable<Entry>,
+    /// Positions in `entries`, hashed by key.
+    index: HashTable<u32>,
+    entries: Vec<Entry>,
     next_sweep: u64,
 }
 
@@ -159,7 +165,8 @@ impl MemoryStoreBuilder {
             shards: (0..shards)
                 .map(|_| {
                     CachePadded(Mutex::new(Shard {
-                        table: HashTable::new(),
+                        index: HashTable::new(),
+                        entries: Vec::new(),
                         next_sweep: 0,
                     }))
                 })
@@ -218,7 +225,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|s| s.0.lock().table.len())
+            .map(|s| s.0.lock().entries.len())
             .sum()
     }
 
@@ -249,18 +256,31 @@ impl MemoryStore {
 
     fn remove(&self, key: &Key, policies: &[Policy]) {
         let inner = &self.inner;
-        let hash = inner.hasher.hash_one(key.as_str());
+        let hash = hash_key(&inner.hasher, key);
         let mut shard = inner.shard(hash).lock();
-        if let Ok(mut occupied) = shard.table.find_entry(hash, |e| e.key == *key) {
-            let entry = occupied.get_mut();
+        if let Some(i) = shard.find(hash, key) {
+            let entry = &mut shard.entries[i];
             entry
                 .slots
                 .retain(|s| !policies.iter().any(|p| p.id() == s.policy));
             if entry.slots.is_empty() {
-                occupied.remove();
+                shard.remove_at(i, &inner.hasher);
             }
         }
     }
+}
+
+#[inline]
+fn hash_key(hasher: &foldhash::fast::RandomState, key: &Key) -> u64 {
+    hasher.hash_one(key.as_str())
+}
+
+/// The hash of the entry a position points to, for the table to rehash with.
+fn rehash<'a>(
+    entries: &'a [Entry],
+    hasher: &'a foldhash::fast::RandomState,
+) -> impl Fn(&u32) -> u64 + 'a {
+    move |&j| hash_key(hasher, &entries[j as usize].key)
 }
 
 impl Inner {
@@ -286,16 +306,17 @@ impl Inner {
     ) -> Result<Decision, StoreError> {
         debug_assert_eq!(policies.len(), costs.len());
         let now = self.clock.now_millis();
-        let hash = self.hasher.hash_one(key.as_str());
+        let hash = hash_key(&self.hasher, key);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
         if now >= shard.next_sweep {
             shard.sweep(now, self.sweep_interval_ms, &self.hasher);
         }
-        let found = shard.table.find_mut(hash, |e| e.key == *key);
-        if let (Some(entry), [policy], [cost]) = (found, policies, costs) {
+        let found = shard.find(hash, key);
+        if let (Some(i), [policy], [cost]) = (found, policies, costs) {
             // The common case — one policy, a known key — without the general path's
             // collections.
+            let entry = &mut shard.entries[i];
             if let Some(slot) = entry
                 .slots
                 .iter_mut()
@@ -308,8 +329,9 @@ impl Inner {
                 return Ok(Decision::single(d));
             }
         }
-        match shard.table.find_mut(hash, |e| e.key == *key) {
-            Some(entry) => {
+        match found {
+            Some(i) => {
+                let entry = &mut shard.entries[i];
                 let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
                     Some(s) => s.state.evaluate(now, p, c),
                     None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
@@ -324,9 +346,9 @@ impl Inner {
                     AnyState::fresh(p.algorithm()).evaluate(now, p, c)
                 });
                 if charge && decision.is_allowed() {
-                    if shard.table.len() >= self.max_keys_per_shard {
+                    if shard.entries.len() >= self.max_keys_per_shard {
                         shard.sweep(now, self.sweep_interval_ms, &self.hasher);
-                        if shard.table.len() >= self.max_keys_per_shard {
+                        if shard.entries.len() >= self.max_keys_per_shard {
                             return Err(StoreError::Capacity);
                         }
                     }
@@ -336,10 +358,7 @@ impl Inner {
                         slots: SmallVec::new(),
                     };
                     entry.charge(now, policies, costs);
-                    let hasher = &self.hasher;
-                    shard
-                        .table
-                        .insert_unique(hash, entry, |e| hasher.hash_one(e.key.as_str()));
+                    shard.insert(hash, entry, &self.hasher)?;
                 }
                 Ok(decision)
             }
@@ -373,14 +392,79 @@ pub(crate) fn all_or_nothing(
 }
 
 impl Shard {
-    fn sweep(&mut self, now: u64, interval_ms: u64, hasher: &foldhash::fast::RandomState) {
-        self.table.retain(|e| e.expires_at > now);
-        if self.table.capacity() > 64 && self.table.len() < self.table.capacity() / 4 {
-            // Give memory back after a flood of keys has expired.
-            self.table
-                .shrink_to(self.table.len() * 2, |e| hasher.hash_one(e.key.as_str()));
+    #[inline]
+    fn find(&self, hash: u64, key: &Key) -> Option<usize> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&i| entries[i as usize].key == *key)
+            .map(|&i| i as usize)
+    }
+
+    fn insert(
+        &mut self,
+        hash: u64,
+        entry: Entry,
+        hasher: &foldhash::fast::RandomState,
+    ) -> Result<(), StoreError> {
+        let i = u32::try_from(self.entries.len()).map_err(|_| StoreError::Capacity)?;
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index.insert_unique(hash, i, rehash(entries, hasher));
+        Ok(())
+    }
+
+    /// Removes the entry at `i`, moving the last entry into its place.
+    fn remove_at(&mut self, i: usize, hasher: &foldhash::fast::RandomState) {
+        let hash = hash_key(hasher, &self.entries[i].key);
+        if let Ok(slot) = self.index.find_entry(hash, |&j| j as usize == i) {
+            slot.remove();
         }
+        let last = self.entries.len() - 1;
+        if i != last {
+            let moved = hash_key(hasher, &self.entries[last].key);
+            if let Some(slot) = self.index.find_mut(moved, |&j| j as usize == last) {
+                *slot = i as u32;
+            }
+        }
+        self.entries.swap_remove(i);
+    }
+
+    fn sweep(&mut self, now: u64, interval_ms: u64, hasher: &foldhash::fast::RandomState) {
         self.next_sweep = now.saturating_add(interval_ms);
+        let expired = self.entries.iter().filter(|e| e.expires_at <= now).count();
+        if expired == 0 {
+            return;
+        }
+        if expired < self.entries.len() / 4 {
+            // A few: move the last entries into their places, two table probes each.
+            let mut i = 0;
+            while i < self.entries.len() {
+                if self.entries[i].expires_at <= now {
+                    self.remove_at(i, hasher);
+                } else {
+                    i += 1;
+                }
+            }
+        } else {
+            // Many (a flood of keys that has passed): rehashing the survivors into a table
+            // sized for them is cheaper than fixing positions one by one, and gives the
+            // memory back.
+            self.entries.retain(|e| e.expires_at > now);
+            let entries = &self.entries;
+            let mut index = HashTable::with_capacity(entries.len());
+            for (i, e) in entries.iter().enumerate() {
+                index.insert_unique(hash_key(hasher, &e.key), i as u32, rehash(entries, hasher));
+            }
+            self.index = index;
+        }
+        if self.entries.capacity() > 64 && self.entries.len() < self.entries.capacity() / 4 {
+            self.entries.shrink_to(self.entries.len() * 2);
+        }
+        if self.index.capacity() > 64 && self.index.len() < self.index.capacity() / 4 {
+            let entries = &self.entries;
+            self.index
+                .shrink_to(self.index.len() * 2, rehash(entries, hasher));
+        }
     }
 }
 
