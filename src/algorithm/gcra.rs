@@ -19,7 +19,7 @@
 //! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
 //! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
 
-use super::{ceil_div, PolicyDecision};
+use super::{ceil_div, InPlace, PolicyDecision};
 use crate::policy::Policy;
 
 /// The theoretical arrival time: `tat + frac/N` ms since the epoch.
@@ -89,6 +89,39 @@ pub fn commit(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
         tat: base + after / n,
         frac: after % n,
     };
+}
+
+/// [`evaluate`] and, when `charge`, [`commit`] for a request that fits without waiting (the
+/// common case), sharing one division between the decision's `reset_after` and the new TAT;
+/// returns the decision and the state's new expiry (when charged). `None` for every other
+/// request (denied, or delayed by shaping): those take `evaluate` and `commit`.
+#[inline(always)]
+pub(crate) fn decide_fitting(
+    state: &mut GcraState,
+    now: u64,
+    policy: &Policy,
+    cost: u64,
+    charge: bool,
+) -> Option<InPlace> {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    let capacity = policy.capacity();
+    let tolerance = capacity * w;
+    let after = backlog(state, now, n) + cost * w;
+    if after > tolerance {
+        return None;
+    }
+    let (whole, frac) = (after / n, after % n);
+    let reset_after = whole + u64::from(frac > 0);
+    let d = PolicyDecision::from_parts(true, capacity, (tolerance - after) / w, reset_after, 0, 0);
+    if !charge {
+        return Some((d, None));
+    }
+    *state = GcraState {
+        tat: now + whole,
+        frac,
+    };
+    Some((d, Some(now + reset_after)))
 }
 
 /// [`evaluate`] then, if allowed, [`commit`].

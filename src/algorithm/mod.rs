@@ -164,6 +164,9 @@ pub(crate) mod test_support {
     }
 }
 
+/// A decision made in place, and the state's new expiry when it was charged.
+pub(crate) type InPlace = (PolicyDecision, Option<u64>);
+
 /// The state of any algorithm, for stores that keep states side by side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AnyState {
@@ -228,7 +231,7 @@ impl AnyState {
         policy: &crate::Policy,
         cost: u64,
         charge: bool,
-    ) -> (PolicyDecision, Option<u64>) {
+    ) -> InPlace {
         macro_rules! run {
             ($module:ident, $state:expr) => {{
                 let d = $module::evaluate($state, now, policy, cost);
@@ -242,11 +245,19 @@ impl AnyState {
             }};
         }
         match self {
-            AnyState::Counter(s) => run!(sliding_window_counter, s),
+            AnyState::Counter(s) => {
+                match sliding_window_counter::decide_allowed(s, now, policy, cost, charge) {
+                    Some(done) => done,
+                    None => run!(sliding_window_counter, s),
+                }
+            }
             AnyState::Log(s) => run!(sliding_window_log, s),
             AnyState::Bucket(s) => run!(token_bucket, s),
             AnyState::Fixed(s) => run!(fixed_window, s),
-            AnyState::Gcra(s) => run!(gcra, s),
+            AnyState::Gcra(s) => match gcra::decide_fitting(s, now, policy, cost, charge) {
+                Some(done) => done,
+                None => run!(gcra, s),
+            },
         }
     }
 

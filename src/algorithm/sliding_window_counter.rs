@@ -22,7 +22,7 @@
 //! full window, reached only when the previous window's traffic was packed at its very end, is
 //! just under `2N`.
 
-use super::PolicyDecision;
+use super::{InPlace, PolicyDecision};
 use crate::policy::Policy;
 
 /// The current window's index and the counts of it and the window before.
@@ -122,6 +122,60 @@ pub fn commit(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, 
         current: current + cost,
         previous,
     };
+}
+
+/// [`evaluate`] and, when `charge`, [`commit`] for an allowed request (the common case): the
+/// window index comes from the state's own window when that or the next one is current, not
+/// from a division, and `remaining` needs none when the previous window is empty. Returns the
+/// decision and the state's new expiry (when charged); `None` for a denied request, which
+/// takes `evaluate` (its `retry_after` search) instead.
+#[inline(always)]
+pub(crate) fn decide_allowed(
+    state: &mut SlidingWindowCounterState,
+    now: u64,
+    policy: &Policy,
+    cost: u64,
+    charge: bool,
+) -> Option<InPlace> {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    // `window·W ≤ now < (window + 1)·W` means `⌊now / W⌋ = window`, and so on for the next.
+    let (idx, e) = match state.window.checked_mul(w).and_then(|s| now.checked_sub(s)) {
+        Some(e) if e < w => (state.window, e),
+        Some(e) if e - w < w => (state.window + 1, e - w),
+        _ => {
+            let idx = now / w;
+            (idx, now - idx * w)
+        }
+    };
+    let (prev, cur) = counts(state, idx);
+    let weighted_after = prev * (w - e) + (cur + cost) * w;
+    if weighted_after > n * w {
+        return None;
+    }
+    let cur_after = cur + cost;
+    let remaining = if prev == 0 {
+        n - cur_after
+    } else {
+        (n * w - weighted_after) / w
+    };
+    let reset_after = if cur_after > 0 {
+        (idx + 2) * w - now
+    } else if prev > 0 {
+        (idx + 1) * w - now
+    } else {
+        0
+    };
+    let d = PolicyDecision::from_parts(true, n, remaining, reset_after, 0, 0);
+    if !charge {
+        return Some((d, None));
+    }
+    *state = SlidingWindowCounterState {
+        window: idx,
+        current: cur_after,
+        previous: prev,
+    };
+    Some((d, Some((idx + 2) * w)))
 }
 
 /// [`evaluate`] then, if allowed, [`commit`].
