@@ -275,6 +275,27 @@ fn hash_key(hasher: &foldhash::fast::RandomState, key: &Key) -> u64 {
     hasher.hash_one(key.as_str())
 }
 
+/// `a == b`, without the call to `memcmp` that comparing slices makes: keys are mostly short
+/// (a source and an address), and two or three overlapping word loads decide those.
+#[inline]
+fn same_key(a: &Key, b: &Key) -> bool {
+    let (a, b) = (a.as_str().as_bytes(), b.as_str().as_bytes());
+    let len = a.len();
+    if len != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
+    match len {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, len - 8) == word(b, len - 8),
+        17..=24 => {
+            word(a, 0) == word(b, 0)
+                && word(a, 8) == word(b, 8)
+                && word(a, len - 8) == word(b, len - 8)
+        }
+        _ => a == b,
+    }
+}
+
 /// The hash of the entry a position points to, for the table to rehash with.
 fn rehash<'a>(
     entries: &'a [Entry],
@@ -396,7 +417,7 @@ impl Shard {
     fn find(&self, hash: u64, key: &Key) -> Option<usize> {
         let entries = &self.entries;
         self.index
-            .find(hash, |&i| entries[i as usize].key == *key)
+            .find(hash, |&i| same_key(&entries[i as usize].key, key))
             .map(|&i| i as usize)
     }
 
