@@ -80,13 +80,38 @@ struct Inner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     shard_mask: u64,
     hasher: foldhash::fast::RandomState,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
     max_keys_per_shard: usize,
     sweep_interval_ms: u64,
 }
 
 #[repr(align(128))]
 struct CachePadded<T>(T);
+
+/// The production clock held by value, so reading it (once per decision) is inlined rather
+/// than a call through `dyn Clock`; any other clock behind the trait.
+#[derive(Debug)]
+enum StoreClock {
+    System(SystemClock),
+    Other(Arc<dyn Clock>),
+}
+
+impl StoreClock {
+    fn new<C: Clock>(clock: C) -> Self {
+        match (&clock as &dyn std::any::Any).downcast_ref::<SystemClock>() {
+            Some(system) => StoreClock::System(system.clone()),
+            None => StoreClock::Other(Arc::new(clock)),
+        }
+    }
+
+    #[inline]
+    fn now_millis(&self) -> u64 {
+        match self {
+            StoreClock::System(c) => c.now_millis(),
+            StoreClock::Other(c) => c.now_millis(),
+        }
+    }
+}
 
 struct Shard {
     /// Positions in `entries`, hashed by key.
@@ -114,7 +139,7 @@ pub struct MemoryStoreBuilder {
     max_keys: usize,
     sweep_interval: Duration,
     background_sweep: bool,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
 }
 
 impl MemoryStoreBuilder {
@@ -147,7 +172,7 @@ impl MemoryStoreBuilder {
     /// The clock (default [`SystemClock`]); tests use a
     /// [`ManualClock`](crate::clock::ManualClock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = StoreClock::new(clock);
         self
     }
 
@@ -216,7 +241,7 @@ impl MemoryStore {
             max_keys: 1_000_000,
             sweep_interval: Duration::from_secs(1),
             background_sweep: true,
-            clock: Arc::new(SystemClock::new()),
+            clock: StoreClock::System(SystemClock::new()),
         }
     }
 
