@@ -1,79 +1,192 @@
--- tollgate: decides one request against every policy given, all or nothing.
+-- tollgate: decides a batch of requests, in order, each against every policy it names, all
+-- or nothing per request. A batch of one is a plain decision.
 --
--- KEYS[i]: the state key of policy i, all under one hash tag.
--- ARGV[1]: now in ms, or "" to read the server clock (TIME).
--- ARGV[2]: "1" to charge an allowed request, "0" to only evaluate (peek).
--- ARGV[3 + 6(i-1) ...]: policy i's algorithm id, limit, window ms, capacity, max delay ms, cost.
+-- KEYS[i]: state i (one per distinct (key, policy)); in a cluster all share one slot.
+-- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch.
+-- ARGV[2]: the number of policies np; then per policy its algorithm id, limit, window ms,
+-- capacity and max delay ms; then per state the index of its policy.
+-- Then per request: "1" to charge an allowed request or "0" to only evaluate (peek), the
+-- number of policies m, and m pairs (state index, cost).
 --
--- Every policy is evaluated first; only if every one allows is any of them charged.
--- When one denies, the others report an evaluation at cost 0 (nothing was charged).
--- Returns { allowed, then per policy: allowed, remaining, reset_after, retry_after, delay }.
+-- Each state is read once and written once, however many requests of the batch touch it.
+-- Within a request every policy is evaluated first; only if every one allows is any of them
+-- charged. When one denies, the others report an evaluation at cost 0 (nothing was charged).
+-- Returns one flat array: per request, allowed (1 or 0) then per policy allowed, remaining,
+-- reset_after, retry_after and delay; or -1 and a message when a state the request names
+-- cannot be read (the key holds a value of another type), while the other requests of the
+-- batch are decided as usual.
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local charge = ARGV[2] == '1'
 
-local out, ps, states = { 1 }, {}, {}
-local all = true
-for i = 1, #KEYS do
-  local b = 3 + (i - 1) * 6
-  local p = {
-    alg = tonumber(ARGV[b]),
-    limit = tonumber(ARGV[b + 1]),
-    window = tonumber(ARGV[b + 2]),
-    capacity = tonumber(ARGV[b + 3]),
-    max_delay = tonumber(ARGV[b + 4]),
-    cost = tonumber(ARGV[b + 5]),
-  }
-  local a = ALG[p.alg]
+local np = tonumber(ARGV[2])
+local policies, built = {}, {}
+for k = 1, np do
+  local b = 2 + (k - 1) * 5
+  local id = tonumber(ARGV[b + 1])
+  local a = built[id]
   if not a then
-    return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[b]))
+    if not ALG[id] then
+      return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[b + 1]))
+    end
+    a = ALG[id]()
+    built[id] = a
   end
-  local s = a.load(KEYS[i], now, p)
-  local ok, remaining, reset_after, retry_after, delay = a.evaluate(s, now, p, p.cost)
-  if not ok then
-    all = false
-  end
-  local o = 1 + (i - 1) * 5
-  out[o + 1] = ok and 1 or 0
-  out[o + 2] = remaining
-  out[o + 3] = reset_after
-  out[o + 4] = retry_after
-  out[o + 5] = delay
-  ps[i], states[i] = p, s
+  policies[k] = {
+    a = a,
+    limit = tonumber(ARGV[b + 2]),
+    window = tonumber(ARGV[b + 3]),
+    capacity = tonumber(ARGV[b + 4]),
+    max_delay = tonumber(ARGV[b + 5]),
+  }
 end
 
-if not all and #KEYS > 1 then
-  -- Nothing is charged: the policies that would have allowed report their state as it
-  -- stands (an evaluation at cost 0), so their headers do not count this request.
-  for i = 1, #KEYS do
-    local o = 1 + (i - 1) * 5
-    if out[o + 1] == 1 then
-      local p = ps[i]
-      local _, remaining, reset_after, retry_after, delay = ALG[p.alg].evaluate(states[i], now, p, 0)
-      out[o + 2] = remaining
-      out[o + 3] = reset_after
-      out[o + 4] = retry_after
-      out[o + 5] = delay
+local nk = #KEYS
+-- P: each state's policy; S: the state; E: why it cannot be read; X: when the state as read
+-- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
+local P, S, E, X = {}, {}, {}, {}
+local strings, string_index = {}, {}
+local first_state = 3 + np * 5
+for i = 1, nk do
+  local p = policies[tonumber(ARGV[first_state + i - 1])]
+  P[i] = p
+  if p.a.zset then
+    S[i], E[i] = p.a.load(KEYS[i], now, p)
+  else
+    strings[#strings + 1] = KEYS[i]
+    string_index[#string_index + 1] = i
+  end
+end
+
+if #strings > 0 then
+  -- MGET answers nil both for a missing key and for a key of another type; the second must
+  -- be an error, not a fresh state (writing would destroy somebody else's value).
+  local values = redis.call('MGET', unpack(strings))
+  local missing = {}
+  for j = 1, #string_index do
+    local i, v = string_index[j], values[j]
+    local a = P[i].a
+    if v then
+      S[i] = a.decode(v)
+      if S[i] then
+        X[i] = a.expires_at(S[i], P[i])
+      else
+        E[i] = 'tollgate: unreadable state at ' .. KEYS[i]
+      end
+    else
+      S[i] = a.fresh()
+      missing[#missing + 1] = i
+    end
+  end
+  if #missing > 0 then
+    local names = {}
+    for j = 1, #missing do
+      names[j] = KEYS[missing[j]]
+    end
+    if redis.call('EXISTS', unpack(names)) > 0 then
+      for j = 1, #missing do
+        if redis.call('EXISTS', names[j]) == 1 then
+          E[missing[j]] = 'tollgate: ' .. names[j] .. ' holds a value of another type'
+        end
+      end
     end
   end
 end
 
-if all and charge then
-  local committed = {}
-  for i = 1, #KEYS do
-    local p, key = ps[i], KEYS[i]
-    local a = ALG[p.alg]
-    local s = states[i]
-    if committed[key] then
-      -- The same state named twice: charge on top of the first charge.
-      s = a.load(key, now, p)
+local out, n, dirty = {}, 0, {}
+local idx, costs = {}, {}
+local b = first_state + nk
+local nargs = #ARGV
+while b <= nargs do
+  local charge = ARGV[b] == '1'
+  local m = tonumber(ARGV[b + 1])
+  if m == 1 then
+    -- The common request: one policy.
+    local i, cost = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    b = b + 4
+    if E[i] then
+      out[n + 1], out[n + 2] = -1, E[i]
+      n = n + 2
+    else
+      local p, s = P[i], S[i]
+      local ok, remaining, reset_after, retry_after, delay = p.a.evaluate(s, now, p, cost)
+      if ok then
+        out[n + 1], out[n + 2] = 1, 1
+        if charge then
+          p.a.commit(s, now, p, cost)
+          dirty[i] = true
+        end
+      else
+        out[n + 1], out[n + 2] = 0, 0
+      end
+      out[n + 3], out[n + 4], out[n + 5], out[n + 6] = remaining, reset_after, retry_after, delay
+      n = n + 6
     end
-    a.commit(key, s, now, p, p.cost)
-    committed[key] = true
+  else
+    local err
+    for j = 1, m do
+      local i = tonumber(ARGV[b + 2 * j])
+      idx[j], costs[j] = i, tonumber(ARGV[b + 2 * j + 1])
+      err = err or E[i]
+    end
+    b = b + 2 + 2 * m
+    if err then
+      out[n + 1], out[n + 2] = -1, err
+      n = n + 2
+    else
+      local all, base = true, n + 1
+      for j = 1, m do
+        local i = idx[j]
+        local p = P[i]
+        local ok, remaining, reset_after, retry_after, delay = p.a.evaluate(S[i], now, p, costs[j])
+        if not ok then
+          all = false
+        end
+        local o = base + (j - 1) * 5
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+          ok and 1 or 0, remaining, reset_after, retry_after, delay
+      end
+      if not all then
+        -- Nothing is charged: the policies that would have allowed report their state as
+        -- it stands (an evaluation at cost 0), so their headers do not count this request.
+        for j = 1, m do
+          local o = base + (j - 1) * 5
+          if out[o + 1] == 1 then
+            local i = idx[j]
+            local p = P[i]
+            local _, remaining, reset_after, retry_after, delay = p.a.evaluate(S[i], now, p, 0)
+            out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, reset_after, retry_after, delay
+          end
+        end
+      elseif charge then
+        -- A state named twice is charged twice, the second on top of the first.
+        for j = 1, m do
+          local i = idx[j]
+          P[i].a.commit(S[i], now, P[i], costs[j])
+          dirty[i] = true
+        end
+      end
+      out[base] = all and 1 or 0
+      n = base + 5 * m
+    end
   end
 end
-out[1] = all and 1 or 0
+
+for i = 1, nk do
+  if dirty[i] then
+    local p = P[i]
+    if p.a.zset then
+      p.a.store(KEYS[i], S[i], now, p)
+    else
+      local expires_at = p.a.expires_at(S[i], p)
+      if expires_at == X[i] then
+        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', ttl(expires_at, now))
+      end
+    end
+  end
+end
 return out

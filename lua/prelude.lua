@@ -1,13 +1,18 @@
 -- tollgate: shared helpers. Every value is an integer below 2^53, so doubles are exact;
 -- divisions are floored with a correction step instead of trusting a / b near 2^53.
+-- ALG[id] builds algorithm id's functions; a batch builds only the ones it uses, because
+-- defining a function costs time at every call of the script.
 local ALG = {}
+-- Globals are looked up by name at every use; the script runs often enough to keep them local.
+local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
+local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 
 -- Kept past expires_at, in ms, so a key never vanishes while its state still matters.
 local TTL_MARGIN_MS = 1000
 
 -- floor(a / b) for integers a >= 0, b >= 1.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -27,10 +32,29 @@ end
 
 -- An integer as a decimal string, never in exponent form.
 local function int(x)
-  return string.format('%.0f', x)
+  return format('%.0f', x)
 end
 
--- Keeps a key until `expires_at` (ms, on the decision's clock) has passed, plus a margin.
-local function expire_at(key, expires_at, now)
-  redis.call('PEXPIRE', key, int(math.max(expires_at - now, 0) + TTL_MARGIN_MS))
+-- The TTL that keeps a key until `expires_at` (ms, on the decision's clock) has passed,
+-- plus a margin. A number, not a string: redis.call renders it exactly (it is far below
+-- 2^53), and string.format costs more than the rest of a decision.
+local function ttl(expires_at, now)
+  return max(expires_at - now, 0) + TTL_MARGIN_MS
+end
+
+-- The states of the counter, bucket, fixed window and GCRA are small records of integers,
+-- kept as one string value of little-endian doubles: one GET (an MGET for the whole batch)
+-- reads it and one SET ... PX writes it with its TTL.
+local function packed(layout, size)
+  return {
+    decode = function(v)
+      if #v ~= size then
+        return nil
+      end
+      return { unpack_struct(layout, v) }
+    end,
+    encode = function(s)
+      return pack(layout, unpack(s))
+    end,
+  }
 end
