@@ -197,6 +197,11 @@ pub(crate) enum Cluster {
 
 impl Connector for Cluster {
     type Conn = PooledOrShared<deadpool_redis::cluster::Connection, ClusterConnection>;
+    type Lane = redis::cluster_routing::Slot;
+
+    fn lane(&self, state_key: &str) -> Self::Lane {
+        redis::cluster_routing::Slot::for_key(state_key)
+    }
 
     async fn connection(&self) -> Result<Self::Conn, StoreError> {
         match self {

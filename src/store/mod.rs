@@ -11,6 +11,8 @@
 //!   per decision.
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 
+#[cfg(feature = "redis")]
+mod batch;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod memory;

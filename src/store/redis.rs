@@ -79,7 +79,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
 
-pub use super::script::{DEFAULT_PREFIX, TTL_MARGIN_MS};
+pub use super::script::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PREFIX, TTL_MARGIN_MS};
 
 /// The Lua text of the decision script both Redis stores run, for inspection, auditing or
 /// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
@@ -146,6 +146,22 @@ impl RedisStoreBuilder {
     /// (default: 1 s to connect, 500 ms per reply). A pool passed in keeps its own settings.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.options.timeout = Some(timeout);
+        self
+    }
+
+    /// The most concurrent decisions one script call may carry (default
+    /// [`DEFAULT_MAX_BATCH`], at most 1 024). `1` sends every decision in a call of its own,
+    /// as soon as it is made. See [Coalescing](crate::store::redis#coalescing).
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.options.max_batch = max_batch;
+        self
+    }
+
+    /// How many script calls may be in flight at once (per hash slot on a cluster) before
+    /// new decisions queue for the next call (default [`DEFAULT_MAX_IN_FLIGHT`]). See
+    /// [Coalescing](crate::store::redis#coalescing).
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.options.max_in_flight = max_in_flight;
         self
     }
 
@@ -270,6 +286,9 @@ pub(crate) struct Lazy {
 
 impl Connector for Single {
     type Conn = PooledOrShared<deadpool_redis::Connection, ConnectionManager>;
+    type Lane = ();
+
+    fn lane(&self, _state_key: &str) {}
 
     async fn connection(&self) -> Result<Self::Conn, StoreError> {
         match self {

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
-use smallvec::SmallVec;
 
+use super::batch::{
+    assemble, parse_batch_reply, queued_answer, Admission, Assembled, Lanes, Request, Runner,
+};
 use super::BoxFuture;
-use crate::algorithm::PolicyDecision;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -153,6 +154,13 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// A connection (or a cheap handle to a shared one).
     type Conn: ConnectionLike + Send;
 
+    /// What decisions must share to go in one script call: nothing on one server, the hash
+    /// slot in a cluster.
+    type Lane: Copy + std::hash::Hash + Eq + Send + Sync + 'static;
+
+    /// The lane of a state key.
+    fn lane(&self, state_key: &str) -> Self::Lane;
+
     /// A connection for one command.
     fn connection(&self) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send;
 
@@ -200,7 +208,18 @@ pub(crate) struct Options {
     pub(crate) prefix: Box<str>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) max_batch: usize,
+    pub(crate) max_in_flight: usize,
 }
+
+/// The default cap on decisions per script call.
+pub const DEFAULT_MAX_BATCH: usize = 128;
+
+/// The default number of script calls in flight per lane before decisions queue.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 2;
+
+/// The largest `max_batch` accepted: a script call blocks Redis while it runs.
+pub(crate) const MAX_BATCH_LIMIT: usize = 1024;
 
 impl Default for Options {
     fn default() -> Self {
@@ -208,16 +227,19 @@ impl Default for Options {
             prefix: DEFAULT_PREFIX.into(),
             clock: None,
             timeout: None,
+            max_batch: DEFAULT_MAX_BATCH,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
 
 /// The store logic shared by [`RedisStore`](super::RedisStore) and the cluster store: it knows
 /// the keys, the script and the reply, and nothing about how connections are made.
-pub(crate) struct Core<C> {
+pub(crate) struct Core<C: Connector> {
     connector: C,
     prefix: Box<str>,
     clock: Arc<dyn Clock>,
+    lanes: Lanes<C::Lane>,
 }
 
 impl<C: Connector> fmt::Debug for Core<C> {
@@ -226,6 +248,8 @@ impl<C: Connector> fmt::Debug for Core<C> {
             .field("connection", &self.connector.describe())
             .field("prefix", &self.prefix)
             .field("clock", &self.clock)
+            .field("max_batch", &self.lanes.max_batch)
+            .field("max_in_flight", &self.lanes.max_in_flight)
             .finish()
     }
 }
@@ -234,6 +258,20 @@ impl<C: Connector> Core<C> {
     /// Checks the options and builds the core.
     pub(crate) fn new(connector: C, options: Options) -> Result<Self, ConfigError> {
         validate_prefix(&options.prefix)?;
+        if !(1..=MAX_BATCH_LIMIT).contains(&options.max_batch) {
+            return Err(ConfigError::new(
+                "max_batch",
+                options.max_batch,
+                format!("must be 1 to {MAX_BATCH_LIMIT} (1 sends every decision alone)"),
+            ));
+        }
+        if options.max_in_flight == 0 {
+            return Err(ConfigError::new(
+                "max_in_flight",
+                options.max_in_flight,
+                "must be at least 1",
+            ));
+        }
         Ok(Self::unchecked(connector, options))
     }
 
@@ -245,6 +283,7 @@ impl<C: Connector> Core<C> {
             clock: options
                 .clock
                 .unwrap_or_else(|| Arc::new(SystemClock::new())),
+            lanes: Lanes::new(options.max_batch, options.max_in_flight),
         }
     }
 
@@ -266,36 +305,53 @@ impl<C: Connector> Core<C> {
         self.clock.now_millis()
     }
 
-    /// The script call for one decision: one key and six arguments per policy.
-    pub(crate) fn invocation(
+    /// The request for one decision: its state keys and each policy's parameters.
+    pub(crate) fn request(
         &self,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
         charge: bool,
-    ) -> ScriptInvocation<'static> {
+    ) -> Request {
+        Request {
+            keys: policies
+                .iter()
+                .map(|p| state_key(&self.prefix, key, p.name(), p.algorithm()))
+                .collect(),
+            params: policies
+                .iter()
+                .map(|p| {
+                    [
+                        u64::from(algorithm_id(p.algorithm())),
+                        p.limit(),
+                        p.window_millis(),
+                        p.capacity(),
+                        p.max_delay_millis(),
+                    ]
+                })
+                .collect(),
+            costs: costs.iter().copied().collect(),
+            charge,
+            reply: None,
+        }
+    }
+
+    /// The script call for one assembled batch.
+    pub(crate) fn invocation(&self, batch: &Assembled) -> ScriptInvocation<'static> {
         let mut inv = script().prepare_invoke();
-        for p in policies {
-            inv.key(state_key(&self.prefix, key, p.name(), p.algorithm()));
+        for k in &batch.keys {
+            inv.key(k.as_str());
         }
         if self.clock.is_injected() {
             inv.arg(self.clock.now_millis());
         } else {
             inv.arg(""); // the script reads TIME
         }
-        inv.arg(u8::from(charge));
-        for (p, &cost) in policies.iter().zip(costs) {
-            inv.arg(algorithm_id(p.algorithm()))
-                .arg(p.limit())
-                .arg(p.window_millis())
-                .arg(p.capacity())
-                .arg(p.max_delay_millis())
-                .arg(cost);
-        }
+        inv.arg(&batch.args[..]);
         inv
     }
 
-    /// One `EVALSHA` (reloading the script once on `NOSCRIPT`).
+    /// Decides now when the lane has room, else queues for the next call of the lane.
     pub(crate) fn decide(
         self: &Arc<Self>,
         key: &Key,
@@ -304,14 +360,42 @@ impl<C: Connector> Core<C> {
         charge: bool,
     ) -> BoxFuture<Result<Decision, StoreError>> {
         debug_assert_eq!(policies.len(), costs.len());
-        let inv = self.invocation(key, policies, costs, charge);
-        let limits: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
-        let core = Arc::clone(self);
-        Box::pin(async move {
-            let mut conn = core.connector.connection().await?;
-            let reply: Vec<i64> = inv.invoke_async(&mut conn).await.map_err(store_error)?;
-            parse_reply(&reply, &limits)
-        })
+        let request = self.request(key, policies, costs, charge);
+        let lane = self.connector.lane(&request.keys[0]);
+        match Lanes::admit(self, lane, request) {
+            Admission::Run(place, request) => {
+                let core = Arc::clone(self);
+                Box::pin(async move {
+                    let result = core.call_ref(std::slice::from_ref(&request)).await.pop();
+                    drop(place);
+                    result.unwrap_or_else(|| {
+                        Err(StoreError::Protocol(
+                            "the decision script answered nothing".into(),
+                        ))
+                    })
+                })
+            }
+            Admission::Queued(rx) => Box::pin(queued_answer(rx)),
+        }
+    }
+
+    /// One `EVALSHA` per assembled part of `batch` (reloading the script once on
+    /// `NOSCRIPT`): the results of its requests, in order.
+    async fn call_ref(&self, batch: &[Request]) -> Vec<Result<Decision, StoreError>> {
+        let mut results = Vec::with_capacity(batch.len());
+        for (assembled, requests) in assemble(batch) {
+            let inv = self.invocation(&assembled);
+            let reply: Result<Vec<Value>, StoreError> = async {
+                let mut conn = self.connector.connection().await?;
+                inv.invoke_async(&mut conn).await.map_err(store_error)
+            }
+            .await;
+            match reply.and_then(|r| parse_batch_reply(&r, requests)) {
+                Ok(r) => results.extend(r),
+                Err(e) => results.extend(requests.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        results
     }
 
     /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
@@ -335,44 +419,30 @@ impl<C: Connector> Core<C> {
     }
 }
 
-/// `{ allowed, then per policy: allowed, remaining, reset_after, retry_after, delay }`.
-pub(crate) fn parse_reply(reply: &[i64], limits: &[u64]) -> Result<Decision, StoreError> {
-    if reply.len() != 1 + 5 * limits.len() {
-        return Err(StoreError::Protocol(format!(
-            "the decision script returned {} integers for {} policies",
-            reply.len(),
-            limits.len()
-        )));
-    }
-    let field = |i: usize| -> Result<u64, StoreError> {
-        u64::try_from(reply[i]).map_err(|_| {
-            StoreError::Protocol(format!("negative value {} in the script reply", reply[i]))
+impl<C: Connector> Runner<C::Lane> for Core<C> {
+    fn run(self: Arc<Self>, batch: Vec<Request>) -> BoxFuture<()> {
+        Box::pin(async move {
+            // Requests whose callers gave up are skipped before the call is sent.
+            let batch: Vec<Request> = batch.into_iter().filter(|r| !r.abandoned()).collect();
+            if batch.is_empty() {
+                return;
+            }
+            let results = self.call_ref(&batch).await;
+            for (request, result) in batch.into_iter().zip(results) {
+                request.answer(result);
+            }
         })
-    };
-    let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
-    for (i, &limit) in limits.iter().enumerate() {
-        let o = 1 + 5 * i;
-        decisions.push(PolicyDecision::from_parts(
-            field(o)? == 1,
-            limit,
-            field(o + 1)?,
-            field(o + 2)?,
-            field(o + 3)?,
-            field(o + 4)?,
-        ));
     }
-    let decision = Decision::from_policies(decisions);
-    if decision.is_allowed() != (reply[0] == 1) {
-        return Err(StoreError::Protocol(
-            "the script's overall answer disagrees with its per-policy answers".into(),
-        ));
+
+    fn lanes(&self) -> &Lanes<C::Lane> {
+        &self.lanes
     }
-    Ok(decision)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::batch::parse_reply;
     use crate::Rate;
 
     #[test]
@@ -412,10 +482,12 @@ mod tests {
     }
 
     #[test]
-    fn the_invocation_carries_keys_and_six_arguments_per_policy() {
+    fn a_batch_names_each_state_once_and_each_policy_once() {
         struct Never;
         impl Connector for Never {
             type Conn = redis::aio::MultiplexedConnection;
+            type Lane = ();
+            fn lane(&self, _: &str) {}
             async fn connection(&self) -> Result<Self::Conn, StoreError> {
                 Err(StoreError::Connection("never".into()))
             }
@@ -429,7 +501,7 @@ mod tests {
             Options {
                 prefix: "t".into(),
                 clock: Some(Arc::new(clock)),
-                timeout: None,
+                ..Options::default()
             },
         )
         .unwrap();
@@ -439,11 +511,52 @@ mod tests {
             .shape(Duration::from_millis(300))
             .build()
             .unwrap();
-        let inv = core.invocation(&Key::new("ip", "1.2.3.4"), &[a, b], &[1, 2], true);
-        // redis-rs shows only the counts: two keys, 2 + 6 × 2 arguments.
-        let dbg = format!("{inv:?}");
-        assert!(dbg.contains("args: 14"), "{dbg}");
-        assert!(dbg.contains("keys: 2"), "{dbg}");
+        let hot = Key::new("ip", "1.2.3.4");
+        let other = Key::new("ip", "5.6.7.8");
+        let batch = [
+            core.request(&hot, &[a.clone(), b.clone()], &[1, 2], true),
+            core.request(&hot, std::slice::from_ref(&a), &[3], false),
+            core.request(&other, std::slice::from_ref(&a), &[1], true),
+        ];
+        let parts = assemble(&batch);
+        assert_eq!(parts.len(), 1);
+        let (assembled, requests) = &parts[0];
+        assert_eq!(requests.len(), 3);
+        assert_eq!(
+            assembled.keys,
+            [
+                "t:{ip:1.2.3.4}:a:swc",
+                "t:{ip:1.2.3.4}:b:gcra",
+                "t:{ip:5.6.7.8}:a:swc"
+            ]
+        );
+        let pa = [1, 10, 1_000, 10, 0];
+        let pb = [5, 5, 60_000, 7, 300];
+        let mut expected = vec![2];
+        expected.extend(pa);
+        expected.extend(pb);
+        expected.extend([1, 2, 1]); // the policy of each state
+        expected.extend([1, 2, 1, 1, 2, 2]); // charge, two policies: (state 1, 1), (state 2, 2)
+        expected.extend([0, 1, 1, 3]);
+        expected.extend([1, 1, 3, 1]);
+        assert_eq!(assembled.args, expected);
+        // redis-rs shows only the counts: three keys, the clock and the rest.
+        let dbg = format!("{:?}", core.invocation(assembled));
+        assert!(dbg.contains("keys: 3"), "{dbg}");
+        assert!(
+            dbg.contains(&format!("args: {}", 1 + expected.len())),
+            "{dbg}"
+        );
+
+        // The same state key with other parameters starts a second call.
+        let a_bigger = Policy::new("a", Rate::per_second(20)).unwrap();
+        let split = [
+            core.request(&hot, std::slice::from_ref(&a), &[1], true),
+            core.request(&hot, std::slice::from_ref(&a_bigger), &[1], true),
+        ];
+        let parts = assemble(&split);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[1].1.len(), 1);
     }
 
     #[test]

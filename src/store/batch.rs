@@ -1,0 +1,363 @@
+//! Coalescing concurrent decisions into one script call.
+//!
+//! A decision is sent at once when fewer than `max_in_flight` script calls are in flight on
+//! its lane (the whole server, or one cluster slot): at low load nothing waits and nothing is
+//! added. Otherwise it queues, and when a call comes back the queue leaves as the next call,
+//! up to `max_batch` decisions in arrival order. One script call then reads each state once,
+//! decides every request in order against the states as the earlier ones left them, and
+//! writes each state once, so a hot key costs one read and one write per batch instead of
+//! per request, and every caller still gets its own exact decision.
+//!
+//! Queued batches run in tasks of their own, so a caller that gives up (a timeout) takes no
+//! one else's decision with it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use redis::Value;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use crate::algorithm::PolicyDecision;
+use crate::decision::Decision;
+use crate::error::StoreError;
+
+/// A policy's parameters as the script takes them: algorithm id, limit, window ms,
+/// capacity, max delay ms.
+pub(crate) type Params = [u64; 5];
+
+/// One decision waiting for, or in, a script call.
+pub(crate) struct Request {
+    /// The state key of each policy.
+    pub(crate) keys: SmallVec<[String; 2]>,
+    pub(crate) params: SmallVec<[Params; 2]>,
+    pub(crate) costs: SmallVec<[u64; 2]>,
+    pub(crate) charge: bool,
+    /// Where a queued request's answer goes; `None` for the caller that runs its own call.
+    pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,
+}
+
+impl Request {
+    pub(crate) fn abandoned(&self) -> bool {
+        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+    }
+
+    pub(crate) fn answer(self, result: Result<Decision, StoreError>) {
+        if let Some(tx) = self.reply {
+            // The caller may have given up; its answer is then dropped.
+            let _ = tx.send(result);
+        }
+    }
+}
+
+/// How many calls a lane has in flight and who waits for the next one.
+#[derive(Default)]
+struct Lane {
+    in_flight: usize,
+    waiting: Vec<Request>,
+}
+
+/// The lanes of one store.
+pub(crate) struct Lanes<L> {
+    lanes: Mutex<HashMap<L, Lane>>,
+    pub(crate) max_batch: usize,
+    pub(crate) max_in_flight: usize,
+}
+
+/// What a caller does with its request.
+pub(crate) enum Admission<L: Copy + Hash + Eq + Send + 'static> {
+    /// Run it now, holding an in-flight place of the lane until the call ends.
+    Run(InFlight<L>, Request),
+    /// Queued: the answer comes through this receiver.
+    Queued(oneshot::Receiver<Result<Decision, StoreError>>),
+}
+
+/// Something that runs batches: the store core.
+pub(crate) trait Runner<L>: Send + Sync + 'static {
+    /// Sends one script call deciding `batch` in order, answering every request in it.
+    fn run(self: Arc<Self>, batch: Vec<Request>) -> crate::store::BoxFuture<()>;
+
+    /// The lanes of this runner.
+    fn lanes(&self) -> &Lanes<L>;
+}
+
+impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
+    pub(crate) fn new(max_batch: usize, max_in_flight: usize) -> Self {
+        Self {
+            lanes: Mutex::new(HashMap::new()),
+            max_batch: max_batch.max(1),
+            max_in_flight: max_in_flight.max(1),
+        }
+    }
+
+    /// Admits `request` on `lane`: to be run by the caller, or queued.
+    pub(crate) fn admit<R: Runner<L>>(
+        runner: &Arc<R>,
+        lane: L,
+        mut request: Request,
+    ) -> Admission<L> {
+        let lanes = runner.lanes();
+        let mut map = lanes.lanes.lock();
+        let state = map.entry(lane).or_default();
+        if state.in_flight < lanes.max_in_flight || lanes.max_batch == 1 {
+            state.in_flight += 1;
+            drop(map);
+            let guard = InFlight {
+                runner: Arc::clone(runner) as Arc<dyn Runner<L>>,
+                lane,
+            };
+            Admission::Run(guard, request)
+        } else {
+            let (tx, rx) = oneshot::channel();
+            request.reply = Some(tx);
+            state.waiting.push(request);
+            Admission::Queued(rx)
+        }
+    }
+}
+
+/// An in-flight place on a lane. When it is given back (the call ended, or its caller gave
+/// up), the requests that queued meanwhile leave as the next call, in a task of their own.
+pub(crate) struct InFlight<L: Copy + Hash + Eq + Send + 'static> {
+    runner: Arc<dyn Runner<L>>,
+    lane: L,
+}
+
+impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
+    fn drop(&mut self) {
+        loop {
+            let batch = {
+                let mut map = self.runner.lanes().lanes.lock();
+                let max_batch = self.runner.lanes().max_batch;
+                let Some(state) = map.get_mut(&self.lane) else {
+                    return;
+                };
+                state.waiting.retain(|r| !r.abandoned());
+                if state.waiting.is_empty() {
+                    state.in_flight -= 1;
+                    if state.in_flight == 0 {
+                        map.remove(&self.lane);
+                    }
+                    return;
+                }
+                let n = state.waiting.len().min(max_batch);
+                state.waiting.drain(..n).collect::<Vec<_>>()
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    // The place passes to the next call.
+                    let next = InFlight {
+                        runner: Arc::clone(&self.runner),
+                        lane: self.lane,
+                    };
+                    let run = Arc::clone(&next.runner).run(batch);
+                    handle.spawn(async move {
+                        run.await;
+                        drop(next);
+                    });
+                    return;
+                }
+                Err(_) => {
+                    for r in batch {
+                        r.answer(Err(StoreError::Connection(
+                            "no tokio runtime to send the decision from".into(),
+                        )));
+                    }
+                    // This place stays taken: the loop hands it to the next batch.
+                }
+            }
+        }
+    }
+}
+
+/// The script's arguments for one batch: keys and arguments, in the layout of
+/// `lua/decide.lua`.
+pub(crate) struct Assembled {
+    pub(crate) keys: Vec<String>,
+    pub(crate) args: Vec<u64>,
+}
+
+/// The answer of a queued request; an error when its call was dropped unanswered (the
+/// runtime shut down under it).
+pub(crate) async fn queued_answer(
+    rx: oneshot::Receiver<Result<Decision, StoreError>>,
+) -> Result<Decision, StoreError> {
+    rx.await.unwrap_or_else(|_| {
+        Err(StoreError::Connection(
+            "the batched script call was dropped before it answered".into(),
+        ))
+    })
+}
+
+/// Splits `batch` into script calls: a state key named with two different parameter sets
+/// (two policies of the same name and algorithm but different limits, only possible through
+/// direct `Store` use) cannot share one call, so the call ends before the second.
+pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled, &[Request])> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut current = Builder::new(batch.len());
+    for (i, request) in batch.iter().enumerate() {
+        if !current.fits(request) {
+            out.push((current.finish(), &batch[start..i]));
+            current = Builder::new(batch.len() - i);
+            start = i;
+        }
+        current.push(request);
+    }
+    if start < batch.len() {
+        out.push((current.finish(), &batch[start..]));
+    }
+    out
+}
+
+struct Builder {
+    policies: SmallVec<[Params; 4]>,
+    /// Each state: its key, and the index of its policy (from 1).
+    states: Vec<(String, u64)>,
+    index: HashMap<String, (u64, Params)>,
+    tail: Vec<u64>,
+}
+
+impl Builder {
+    fn new(requests: usize) -> Self {
+        Self {
+            policies: SmallVec::new(),
+            states: Vec::with_capacity(requests),
+            index: HashMap::with_capacity(requests),
+            tail: Vec::with_capacity(requests * 4),
+        }
+    }
+
+    fn fits(&self, request: &Request) -> bool {
+        request
+            .keys
+            .iter()
+            .zip(&request.params)
+            .all(|(k, p)| self.index.get(k).is_none_or(|(_, known)| known == p))
+    }
+
+    fn push(&mut self, request: &Request) {
+        self.tail.push(u64::from(request.charge));
+        self.tail.push(request.keys.len() as u64);
+        for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
+            let state = match self.index.get(key) {
+                Some(&(i, _)) => i,
+                None => {
+                    let policy = match self.policies.iter().position(|p| p == params) {
+                        Some(i) => i as u64 + 1,
+                        None => {
+                            self.policies.push(*params);
+                            self.policies.len() as u64
+                        }
+                    };
+                    self.states.push((key.clone(), policy));
+                    let i = self.states.len() as u64;
+                    self.index.insert(key.clone(), (i, *params));
+                    i
+                }
+            };
+            self.tail.push(state);
+            self.tail.push(cost);
+        }
+    }
+
+    fn finish(self) -> Assembled {
+        let mut args = Vec::with_capacity(1 + self.policies.len() * 5 + self.states.len());
+        args.push(self.policies.len() as u64);
+        for p in &self.policies {
+            args.extend_from_slice(p);
+        }
+        let mut keys = Vec::with_capacity(self.states.len());
+        for (key, policy) in self.states {
+            keys.push(key);
+            args.push(policy);
+        }
+        args.extend(self.tail);
+        Assembled { keys, args }
+    }
+}
+
+/// Reads the flat reply of one call into one result per request: per request `allowed`
+/// then five integers per policy, or `-1` and a message.
+pub(crate) fn parse_batch_reply(
+    reply: &[Value],
+    requests: &[Request],
+) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
+    let mut results = Vec::with_capacity(requests.len());
+    let mut at = 0usize;
+    let int = |v: Option<&Value>| -> Result<i64, StoreError> {
+        match v {
+            Some(Value::Int(i)) => Ok(*i),
+            other => Err(StoreError::Protocol(format!(
+                "the decision script returned {other:?} where an integer belongs"
+            ))),
+        }
+    };
+    for request in requests {
+        let status = int(reply.get(at))?;
+        if status == -1 {
+            let message = match reply.get(at + 1) {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                other => format!("the decision script failed ({other:?})"),
+            };
+            results.push(Err(StoreError::Backend(message)));
+            at += 2;
+            continue;
+        }
+        let m = request.keys.len();
+        let mut fields: SmallVec<[i64; 10]> = SmallVec::with_capacity(1 + 5 * m);
+        fields.push(status);
+        for i in 0..5 * m {
+            fields.push(int(reply.get(at + 1 + i))?);
+        }
+        at += 1 + 5 * m;
+        let limits: SmallVec<[u64; 2]> = request.params.iter().map(|p| p[3]).collect();
+        results.push(parse_reply(&fields, &limits));
+    }
+    if at != reply.len() {
+        return Err(StoreError::Protocol(format!(
+            "the decision script returned {} values for {} requests",
+            reply.len(),
+            requests.len()
+        )));
+    }
+    Ok(results)
+}
+
+/// `{ allowed, then per policy: allowed, remaining, reset_after, retry_after, delay }`.
+pub(crate) fn parse_reply(reply: &[i64], limits: &[u64]) -> Result<Decision, StoreError> {
+    if reply.len() != 1 + 5 * limits.len() {
+        return Err(StoreError::Protocol(format!(
+            "the decision script returned {} integers for {} policies",
+            reply.len(),
+            limits.len()
+        )));
+    }
+    let field = |i: usize| -> Result<u64, StoreError> {
+        u64::try_from(reply[i]).map_err(|_| {
+            StoreError::Protocol(format!("negative value {} in the script reply", reply[i]))
+        })
+    };
+    let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
+    for (i, &limit) in limits.iter().enumerate() {
+        let o = 1 + 5 * i;
+        decisions.push(PolicyDecision::from_parts(
+            field(o)? == 1,
+            limit,
+            field(o + 1)?,
+            field(o + 2)?,
+            field(o + 3)?,
+            field(o + 4)?,
+        ));
+    }
+    let decision = Decision::from_policies(decisions);
+    if decision.is_allowed() != (reply[0] == 1) {
+        return Err(StoreError::Protocol(
+            "the script's overall answer disagrees with its per-policy answers".into(),
+        ));
+    }
+    Ok(decision)
+}
