@@ -500,3 +500,191 @@ fn builder_refuses_bad_prefixes_and_urls() {
         "tollgate"
     );
 }
+
+/// A tiny deterministic generator, so a failing round can be replayed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Decisions queued behind a call in flight leave together as one script call, and each
+/// caller gets what the memory store answers for the same requests made one after another:
+/// batching changes the number of calls, never an answer.
+#[test]
+fn batched_decisions_equal_the_same_decisions_one_by_one() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = RedisStore::builder()
+            .prefix(scenarios::unique_prefix("batch"))
+            .clock(clock.clone())
+            .max_in_flight(1)
+            .build_with_url(&server.url())
+            .unwrap();
+        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let all = scenarios::mixed_policies();
+        let keys: Vec<Key> = (0..3).map(|i| Key::new("user", i.to_string())).collect();
+        let mut rng = Lcg(7);
+        let mut decisions = 0u64;
+        let calls_before = server.command_calls("evalsha");
+        for round in 0..40 {
+            clock.advance(Duration::from_millis(rng.below(700)));
+            let n = 1 + rng.below(40) as usize;
+            let mut requests = Vec::new();
+            for _ in 0..n {
+                let key = keys[rng.below(3) as usize].clone();
+                // One policy, or two or three decided together.
+                let count = 1 + rng.below(3) as usize;
+                let first = rng.below(all.len() as u64) as usize;
+                let policies: Vec<Policy> = (0..count)
+                    .map(|j| all[(first + j * 2) % all.len()].clone())
+                    .collect();
+                let costs: Vec<u64> = policies.iter().map(|_| 1 + rng.below(3)).collect();
+                let peek = rng.below(10) == 0;
+                requests.push((key, policies, costs, peek));
+            }
+            // Made in order before any runs: the first is sent, the rest queue behind it.
+            let pending: Vec<_> = requests
+                .iter()
+                .map(|(key, policies, costs, peek)| {
+                    if *peek {
+                        store.peek(key, policies, costs)
+                    } else {
+                        store.check(key, policies, costs)
+                    }
+                })
+                .collect();
+            let handles: Vec<_> = pending.into_iter().map(tokio::spawn).collect();
+            for (i, ((key, policies, costs, peek), handle)) in
+                requests.iter().zip(handles).enumerate()
+            {
+                let got = handle.await.unwrap().unwrap();
+                let want = if *peek {
+                    memory.peek(key, policies, costs).await.unwrap()
+                } else {
+                    memory.check(key, policies, costs).await.unwrap()
+                };
+                assert_eq!(got, want, "round {round}, request {i} of {n}");
+                decisions += 1;
+            }
+        }
+        let calls = server.command_calls("evalsha") - calls_before;
+        // Two calls a round at most (the first request, then the rest), never one each.
+        assert!(calls <= 80, "{calls} calls for {decisions} decisions");
+    });
+}
+
+/// Many callers on one hot key: exactly the limit passes, every allowed caller sees its own
+/// remaining count (each value once), and the decisions took far fewer script calls.
+#[test]
+fn a_hot_key_is_decided_in_batches_with_each_caller_its_own_answer() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        for algorithm in ALGORITHMS {
+            let store = RedisStore::builder()
+                .prefix(scenarios::unique_prefix("hot"))
+                .build_with_url(&server.url())
+                .unwrap();
+            let policies = vec![scenarios::policy("hot", Rate::per_hour(300), algorithm)];
+            let key = Key::new("user", "hot");
+            store.check(&key, &policies, &[0]).await.unwrap(); // connect
+            let calls_before = server.command_calls("evalsha");
+            let tasks: Vec<_> = (0..600)
+                .map(|_| {
+                    let (store, policies, key) = (store.clone(), policies.clone(), key.clone());
+                    tokio::spawn(async move { store.check(&key, &policies, &[1]).await })
+                })
+                .collect();
+            let mut remaining = Vec::new();
+            let mut denied = 0;
+            for t in tasks {
+                let d = t.await.unwrap().unwrap();
+                if d.is_allowed() {
+                    remaining.push(d.remaining());
+                } else {
+                    assert!(d.retry_after_millis() > 0);
+                    denied += 1;
+                }
+            }
+            remaining.sort_unstable();
+            assert_eq!(remaining, (0..300).collect::<Vec<u64>>(), "{algorithm}");
+            assert_eq!(denied, 300, "{algorithm}");
+            let calls = server.command_calls("evalsha") - calls_before;
+            assert!(
+                calls < 600,
+                "{algorithm}: {calls} script calls for 600 decisions"
+            );
+        }
+    });
+}
+
+/// A key holding somebody else's value fails its own requests only: the rest of the batch
+/// is decided and charged as usual.
+#[test]
+fn a_bad_key_fails_only_its_own_requests_in_a_batch() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        for algorithm in ALGORITHMS {
+            let store = RedisStore::builder()
+                .prefix(scenarios::unique_prefix("badkey"))
+                .max_in_flight(1)
+                .build_with_url(&server.url())
+                .unwrap();
+            let policies = vec![scenarios::policy("p", Rate::per_hour(10), algorithm)];
+            let good = Key::new("user", "good");
+            let bad = Key::new("user", "bad");
+            store.check(&good, &policies, &[1]).await.unwrap();
+            store.check(&bad, &policies, &[1]).await.unwrap();
+            for k in server.scan(&format!("{}:{{user:bad}}:*", store.prefix())) {
+                let _: () = server.query(&["DEL", &k]).unwrap();
+                let _: () = server.query(&["SADD", &k, "not-a-limiter"]).unwrap();
+            }
+            let pending: Vec<_> = (0..6)
+                .map(|i| {
+                    let key = if i % 2 == 0 { &good } else { &bad };
+                    tokio::spawn(store.check(key, &policies, &[1]))
+                })
+                .collect();
+            for (i, p) in pending.into_iter().enumerate() {
+                let r = p.await.unwrap();
+                if i % 2 == 0 {
+                    let d = r.unwrap();
+                    assert!(d.is_allowed(), "{algorithm}");
+                    assert_eq!(d.remaining(), 8 - i as u64 / 2, "{algorithm}");
+                } else {
+                    assert!(
+                        matches!(r, Err(StoreError::Backend(_))),
+                        "{algorithm}: {r:?}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn batch_settings_are_checked_when_the_store_is_built() {
+    for (batch, in_flight, field) in [
+        (0, 2, "max_batch"),
+        (5_000, 2, "max_batch"),
+        (8, 0, "max_in_flight"),
+    ] {
+        let err = RedisStore::builder()
+            .max_batch(batch)
+            .max_in_flight(in_flight)
+            .build_with_url("redis://127.0.0.1:1")
+            .unwrap_err();
+        assert_eq!(err.field(), field);
+    }
+}
