@@ -47,6 +47,8 @@ const ALGORITHMS: [Algorithm; 5] = [
 /// One run of one side: operations per second and latency percentiles in microseconds.
 struct Sample {
     ops: f64,
+    /// Operations completed.
+    count: usize,
     p50: f64,
     p99: f64,
 }
@@ -88,6 +90,7 @@ where
     };
     Sample {
         ops: all.len() as f64 / elapsed,
+        count: all.len(),
         p50: pct(0.50),
         p99: pct(0.99),
     }
@@ -157,12 +160,13 @@ fn tollgate_op<S: Store + Clone>(
     store: S,
     policies: Arc<[Policy; 1]>,
     keys: Arc<Vec<Key>>,
+    hot: bool,
 ) -> impl Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
        + Clone
        + Send
        + 'static {
     move |t: usize| {
-        let fut = store.check(&keys[t], &policies[..], &[1]);
+        let fut = store.check(&keys[if hot { 0 } else { t }], &policies[..], &[1]);
         Box::pin(async move {
             let d = fut.await.expect("store error");
             assert!(d.is_allowed());
@@ -247,16 +251,11 @@ async fn main() {
             let keys = Arc::clone(&raw_keys);
             let mut conn = conn.clone();
             Box::pin(async move {
+                // One policy (the sliding window counter), one state, one request charging 1.
                 let reply: Vec<i64> = script
                     .key(&keys[t])
                     .arg("")
-                    .arg(1)
-                    .arg(1) // sliding window counter
-                    .arg(limit)
-                    .arg(window)
-                    .arg(limit)
-                    .arg(0)
-                    .arg(1)
+                    .arg(&[1, 1, limit, window, limit, 0, 1, 1, 1, 1, 1][..])
                     .invoke_async(&mut conn)
                     .await
                     .expect("EVALSHA failed");
@@ -282,11 +281,32 @@ async fn main() {
             store.clone(),
             Arc::new([policy(algorithm)]),
             Arc::clone(&user_keys),
+            false,
         );
         sides.push((
             format!("tollgate {algorithm}"),
             Arc::new(Box::new(op) as Op),
         ));
+    }
+    // The same without coalescing: one script call per decision.
+    let single = RedisStore::builder()
+        .prefix(format!("{run}-single"))
+        .max_batch(1)
+        .build_with_url(&url)
+        .expect("valid URL");
+    let counter = Arc::new([policy(Algorithm::SlidingWindowCounter)]);
+    for (name, store, hot) in [
+        ("tollgate swc, max_batch 1", &single, false),
+        ("tollgate swc, one hot key", &store, true),
+        ("tollgate swc, hot key, max_batch 1", &single, true),
+    ] {
+        let op = tollgate_op(
+            store.clone(),
+            Arc::clone(&counter),
+            Arc::clone(&user_keys),
+            hot,
+        );
+        sides.push((name.into(), Arc::new(Box::new(op) as Op)));
     }
     let call = |op: &Arc<Op>| {
         let op = Arc::clone(op);
@@ -302,11 +322,12 @@ async fn main() {
         SPAN.as_millis()
     );
     println!(
-        "{:>4} | {:<34} | {:>26} | {:>7} | {:>7} | {:>6}",
-        "conc", "side", "ops/s median (min-max)", "p50", "p99", "ratio"
+        "{:>4} | {:<34} | {:>26} | {:>7} | {:>7} | {:>6} | {:>10}",
+        "conc", "side", "ops/s median (min-max)", "p50", "p99", "ratio", "calls/dec."
     );
     for &c in &CONCURRENCY {
         let mut samples: Vec<Vec<Sample>> = sides.iter().map(|_| Vec::new()).collect();
+        let mut calls: Vec<Vec<f64>> = sides.iter().map(|_| Vec::new()).collect();
         for round in 0..ROUNDS {
             let order: Vec<usize> = if round % 2 == 0 {
                 (0..sides.len()).collect()
@@ -314,20 +335,30 @@ async fn main() {
                 (0..sides.len()).rev().collect()
             };
             for i in order {
-                samples[i].push(measure(c, call(&sides[i].1)).await);
+                let before = commandstats(&mut conn).await;
+                let sample = measure(c, call(&sides[i].1)).await;
+                let after = commandstats(&mut conn).await;
+                let sent: u64 = commands_between(&before, &after)
+                    .iter()
+                    .filter(|(c, _)| CLIENT_COMMANDS.contains(&c.as_str()))
+                    .map(|(_, n)| n)
+                    .sum();
+                calls[i].push(sent as f64 / sample.count.max(1) as f64);
+                samples[i].push(sample);
             }
         }
         let ceiling = median(&samples[0].iter().map(|s| s.ops).collect::<Vec<_>>());
-        for ((name, _), s) in sides.iter().zip(&samples) {
+        for (((name, _), s), calls) in sides.iter().zip(&samples).zip(&calls) {
             let ops: Vec<f64> = s.iter().map(|s| s.ops).collect();
             let m = median(&ops);
             let (lo, hi) = span(&ops);
             let p50 = median(&s.iter().map(|s| s.p50).collect::<Vec<_>>());
             let p99 = median(&s.iter().map(|s| s.p99).collect::<Vec<_>>());
             println!(
-                "{c:>4} | {name:<34} | {:>26} | {p50:>7.0} | {p99:>7.0} | {:>5.3}x",
+                "{c:>4} | {name:<34} | {:>26} | {p50:>7.0} | {p99:>7.0} | {:>5.3}x | {:>10.3}",
                 format!("{m:.0} ({lo:.0}-{hi:.0})"),
-                m / ceiling
+                m / ceiling,
+                median(calls)
             );
         }
     }
@@ -411,7 +442,7 @@ async fn hot_denied_key(url: &str, run: &str, conn: &mut ConnectionManager) {
                 .filter(|(c, _)| CLIENT_COMMANDS.contains(&c.as_str()))
                 .map(|(_, n)| n)
                 .sum();
-            per.push(total as f64 / (s.ops * SPAN.as_secs_f64()));
+            per.push(total as f64 / s.count.max(1) as f64);
             ops.push(s.ops);
             p50.push(s.p50);
             p99.push(s.p99);

@@ -1,12 +1,26 @@
 //! The Redis store: limits shared by every instance of a service.
 //!
-//! **One round trip per decision.** [`check`](Store::check) and [`peek`](Store::peek) send a
-//! single `EVALSHA` of one Lua script that decides the request against *all* its policies. If
-//! Redis has forgotten the script (`NOSCRIPT`, after a restart or `SCRIPT FLUSH`), it is loaded
-//! and the call retried once, so that one decision costs three round trips. The first
-//! decision of a store built from a URL also opens its connection.
-//! [`reset`](Store::reset) is one `UNLINK`.
+//! **One round trip per decision, or fewer.** [`check`](Store::check) and
+//! [`peek`](Store::peek) send a single `EVALSHA` of one Lua script that decides the request
+//! against *all* its policies. If Redis has forgotten the script (`NOSCRIPT`, after a restart
+//! or `SCRIPT FLUSH`), it is loaded and the call retried once, so that one decision costs
+//! three round trips. The first decision of a store built from a URL also opens its
+//! connection. [`reset`](Store::reset) is one `UNLINK`.
 //!
+//! # Coalescing
+//!
+//! Under load, concurrent decisions share script calls. A decision is sent at once while
+//! fewer than [`max_in_flight`](RedisStoreBuilder::max_in_flight) calls are in flight (so at
+//! low load nothing waits); otherwise it queues, and when a call comes back everything that
+//! queued meanwhile leaves as the next call, up to [`max_batch`](RedisStoreBuilder::max_batch)
+//! decisions in arrival order. That call reads each state once, decides the requests one
+//! after another against the state as the earlier ones left it, and writes each state once:
+//! exactly the answers the same requests would get one call at a time, but a hot key costs
+//! one read and one write per batch instead of per request, and the per-call cost of Redis
+//! (parsing, dispatch, the script's set-up) is paid once per batch. A key holding a value of
+//! another type fails its own requests only. A caller that gives up (a timeout) before its
+//! batch is sent is left out of it. `max_batch(1)` turns coalescing off.
+
 //! # What the script guarantees
 //!
 //! * **Atomic, all or nothing**: every read-modify-write happens inside the script. All
@@ -21,6 +35,10 @@
 //!   absolute reset times in headers, reads the local clock.)
 //! * **Nothing left behind**: every key it writes gets a TTL that ends
 //!   [`TTL_MARGIN_MS`] after its state stops mattering.
+//! * **Compact state**: a counter, bucket, fixed window or GCRA state is one string of
+//!   little-endian doubles (16 or 24 bytes), read for a whole batch with one `MGET` and written
+//!   with one `SET … PX` (or `SET … KEEPTTL` when its expiry did not move; Redis 6.0 or
+//!   later); the sliding window log is a sorted set.
 //! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
 //!   share a hash tag, so the same script runs unchanged on
 //!   [`RedisClusterStore`](super::RedisClusterStore).
