@@ -268,21 +268,12 @@ impl ResponseConfig {
         }
     }
 
-    /// Adds quota headers to an allowed response, unless turned off or sensitive.
-    pub(crate) fn decorate(
-        &self,
-        headers: &mut HeaderMap,
-        decision: &Decision,
-        policies: &[Policy],
-        now_millis: u64,
-    ) {
+    /// Whether an allowed response gets quota headers: not when turned off or sensitive.
+    pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.
-        if self.quota_on_success
+        self.quota_on_success
             && decision.outcome() != crate::decision::Outcome::FailOpen
             && !policies.iter().any(Policy::is_sensitive)
-        {
-            write_quota_headers(headers, decision, policies, now_millis, self.style);
-        }
     }
 }
 
