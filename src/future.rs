@@ -196,14 +196,16 @@ where
                     let set = *set;
                     let outcome = ready!(check.poll(cx));
                     let shared = shared.take().expect("polled after completion");
-                    // Read only for a refusal, which must be in gRPC terms for a gRPC call.
-                    let grpc = request
-                        .as_ref()
-                        .and_then(|r| crate::grpc::content_type(r.headers()));
+                    // Looked up only for a refusal, which must be in gRPC terms for a gRPC call.
+                    let grpc = || {
+                        request
+                            .as_ref()
+                            .and_then(|r| crate::grpc::content_type(r.headers()))
+                    };
                     let decision = match outcome {
                         Ok(decision) => decision,
                         Err(error) => {
-                            let res = store_failure(&error, grpc);
+                            let res = store_failure(&error, grpc());
                             this.state.set(State::Early {
                                 response: Some(res),
                             });
@@ -218,7 +220,7 @@ where
                     }
                     if decision.outcome() == Outcome::FailClosed {
                         let error = StoreError::CircuitOpen;
-                        let mut res = store_failure(&error, grpc);
+                        let mut res = store_failure(&error, grpc());
                         let retry = decision.retry_after_millis().div_ceil(1000).max(1);
                         res.headers_mut()
                             .insert(RETRY_AFTER, HeaderValue::from(retry));
@@ -235,7 +237,7 @@ where
                             &decision,
                             &shared.limiter.set(set).enforced,
                             now,
-                            grpc,
+                            grpc(),
                         );
                         this.state.set(State::Early {
                             response: Some(res),
