@@ -1,5 +1,7 @@
 //! An axum hello-world for end-to-end load tests, with or without a rate limiter, that stops by
-//! itself. `benches/e2e.sh` runs it pinned to one core and `wrk` pinned to the other.
+//! itself (after `<seconds>`, or on SIGTERM). `benches/e2e.sh` runs it pinned to one core and
+//! `wrk` pinned to the other; `benches/e2e_instructions.sh` counts its instructions per request
+//! under callgrind.
 //!
 //! ```text
 //! http_server <bare|tollgate|tollgate_no_headers|tower_governor|tollgate_redis> <port> <seconds>
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
+use tokio::signal::unix::{signal, SignalKind};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
@@ -78,9 +81,17 @@ async fn serve(side: String, port: u16, seconds: u64) {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind");
+    // SIGTERM stops it cleanly too, so a run under valgrind ends with its counts written.
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
-    );
+    )
+    .with_graceful_shutdown(async {
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    });
     let _ = tokio::time::timeout(Duration::from_secs(seconds), server).await;
 }

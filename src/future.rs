@@ -19,7 +19,7 @@ use crate::key::Key;
 use crate::layer::Shared;
 use crate::limiter::CheckFuture;
 use crate::policy::Policy;
-use crate::response::json_error;
+use crate::response::{json_error, write_quota_headers};
 use crate::store::Store;
 use crate::telemetry;
 
@@ -53,7 +53,6 @@ pin_project! {
             request: Option<Request<ReqBody>>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
-            grpc: Option<HeaderValue>,
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
@@ -68,6 +67,7 @@ pin_project! {
             #[pin]
             future: Inner::Future,
             set: usize,
+            // Kept only when the response gets quota headers.
             decision: Option<Decision>,
             shared: Arc<Shared<St>>,
         },
@@ -107,7 +107,6 @@ where
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
-        grpc: Option<HeaderValue>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -117,7 +116,6 @@ where
                 inner: Some(inner),
                 request: Some(request),
                 shared: Some(shared),
-                grpc,
             },
         }
     }
@@ -194,15 +192,20 @@ where
                     inner,
                     request,
                     shared,
-                    grpc,
                 } => {
                     let set = *set;
                     let outcome = ready!(check.poll(cx));
                     let shared = shared.take().expect("polled after completion");
+                    // Looked up only for a refusal, which must be in gRPC terms for a gRPC call.
+                    let grpc = || {
+                        request
+                            .as_ref()
+                            .and_then(|r| crate::grpc::content_type(r.headers()))
+                    };
                     let decision = match outcome {
                         Ok(decision) => decision,
                         Err(error) => {
-                            let res = store_failure(&error, grpc.as_ref());
+                            let res = store_failure(&error, grpc());
                             this.state.set(State::Early {
                                 response: Some(res),
                             });
@@ -217,7 +220,7 @@ where
                     }
                     if decision.outcome() == Outcome::FailClosed {
                         let error = StoreError::CircuitOpen;
-                        let mut res = store_failure(&error, grpc.as_ref());
+                        let mut res = store_failure(&error, grpc());
                         let retry = decision.retry_after_millis().div_ceil(1000).max(1);
                         res.headers_mut()
                             .insert(RETRY_AFTER, HeaderValue::from(retry));
@@ -234,7 +237,7 @@ where
                             &decision,
                             &shared.limiter.set(set).enforced,
                             now,
-                            grpc.as_ref(),
+                            grpc(),
                         );
                         this.state.set(State::Early {
                             response: Some(res),
@@ -246,10 +249,14 @@ where
                     let delay = decision.delay();
                     if delay.is_zero() {
                         let future = inner.call(request);
+                        let decision = shared
+                            .response
+                            .decorates(&decision, &shared.limiter.set(set).enforced)
+                            .then_some(decision);
                         this.state.set(State::Calling {
                             future,
                             set,
-                            decision: Some(decision),
+                            decision,
                             shared,
                         });
                     } else {
@@ -275,8 +282,12 @@ where
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let future = inner.call(request);
-                    let decision = decision.take();
                     let shared = shared.take().expect("polled after completion");
+                    let decision = decision.take().filter(|d| {
+                        shared
+                            .response
+                            .decorates(d, &shared.limiter.set(*set).enforced)
+                    });
                     let set = *set;
                     this.state.set(State::Calling {
                         future,
@@ -294,11 +305,12 @@ where
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(decision) = decision.take() {
                         let now = shared.limiter.store().now_millis();
-                        shared.response.decorate(
+                        write_quota_headers(
                             res.headers_mut(),
                             &decision,
                             &shared.limiter.set(*set).enforced,
                             now,
+                            shared.response.style,
                         );
                     }
                     return Poll::Ready(Ok(res.map(RateLimitBody::inner)));

@@ -268,21 +268,12 @@ impl ResponseConfig {
         }
     }
 
-    /// Adds quota headers to an allowed response, unless turned off or sensitive.
-    pub(crate) fn decorate(
-        &self,
-        headers: &mut HeaderMap,
-        decision: &Decision,
-        policies: &[Policy],
-        now_millis: u64,
-    ) {
+    /// Whether an allowed response gets quota headers: not when turned off or sensitive.
+    pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.
-        if self.quota_on_success
+        self.quota_on_success
             && decision.outcome() != crate::decision::Outcome::FailOpen
             && !policies.iter().any(Policy::is_sensitive)
-        {
-            write_quota_headers(headers, decision, policies, now_millis, self.style);
-        }
     }
 }
 
@@ -308,17 +299,19 @@ pub fn write_quota_headers(
         // One allocation for the six entries instead of growing the map on the way.
         headers.reserve(6);
         let reset = reset_secs(decision);
-        let limit = number::cached(number::LIMIT, decision.limit());
+        let [limit, remaining, reset, reset_at] = number::values([
+            decision.limit(),
+            decision.remaining(),
+            reset,
+            now_millis / 1000 + reset,
+        ]);
+        // Each `X-` twin shares its value's bytes: cloning a header value copies no digits.
         headers.insert(RATELIMIT_LIMIT.clone(), limit.clone());
         headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-        let remaining = decision.remaining();
-        headers.insert(RATELIMIT_REMAINING.clone(), number::value(remaining));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), number::value(remaining));
-        headers.insert(RATELIMIT_RESET.clone(), number::value(reset));
-        headers.insert(
-            X_RATELIMIT_RESET.clone(),
-            number::cached(number::RESET_AT, now_millis / 1000 + reset),
-        );
+        headers.insert(RATELIMIT_REMAINING.clone(), remaining.clone());
+        headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+        headers.insert(RATELIMIT_RESET.clone(), reset);
+        headers.insert(X_RATELIMIT_RESET.clone(), reset_at);
     }
     if matches!(style, HeaderStyle::Structured | HeaderStyle::All) {
         if let Some((policy_field, ratelimit_field)) = structured_fields(decision, policies) {
@@ -332,11 +325,12 @@ pub fn write_quota_headers(
     }
 }
 
-/// Header values for numbers, without an allocation where it can be helped: this runs on every
-/// allowed response.
+/// Header values for numbers, without a heap allocation per value where it can be helped:
+/// this runs on every allowed response.
 mod number {
     use std::cell::RefCell;
 
+    use bytes::BytesMut;
     use http::HeaderValue;
 
     /// Numbers below this are slices of one static string.
@@ -394,35 +388,116 @@ mod number {
         }
     }
 
-    /// The slot of a policy's limit (the same on every response).
-    pub(super) const LIMIT: usize = 0;
-    /// The slot of the reset moment in Unix seconds (the same for a second at a time).
-    pub(super) const RESET_AT: usize = 1;
+    /// The digits of the longest `u64`.
+    const MAX_DIGITS: usize = 20;
+    /// Larger numbers are cut from a per-thread chunk of this many bytes: a value then costs
+    /// a reference count instead of an allocation, and a chunk (about a hundred values) is
+    /// freed when its last value is.
+    const CHUNK: usize = 1024;
 
-    thread_local! {
-        static RECENT: RefCell<[(u64, Option<HeaderValue>); 2]> =
-            const { RefCell::new([(0, None), (0, None)]) };
+    struct Recent {
+        /// The last limit and reset moment rendered: they repeat from one response to the
+        /// next, so they are rendered once and shared.
+        limit: Option<(u64, HeaderValue)>,
+        reset_at: Option<(u64, HeaderValue)>,
+        chunk: Option<BytesMut>,
     }
 
-    /// Like [`value`], but a large number that repeats (a limit, the reset moment) is rendered
-    /// once per thread and shared afterwards.
-    pub(super) fn cached(slot: usize, n: u64) -> HeaderValue {
+    thread_local! {
+        static RECENT: RefCell<Recent> = const {
+            RefCell::new(Recent { limit: None, reset_at: None, chunk: None })
+        };
+    }
+
+    /// The limit, remaining units, seconds to reset and reset moment (Unix seconds) as header
+    /// values, with one visit to the per-thread state for all four.
+    pub(super) fn values([limit, remaining, reset, reset_at]: [u64; 4]) -> [HeaderValue; 4] {
+        if limit < SMALL && remaining < SMALL && reset < SMALL && reset_at < SMALL {
+            return [
+                value(limit),
+                value(remaining),
+                value(reset),
+                value(reset_at),
+            ];
+        }
+        RECENT.with(|recent| {
+            let Recent {
+                limit: last_limit,
+                reset_at: last_reset,
+                chunk,
+            } = &mut *recent.borrow_mut();
+            [
+                repeated(last_limit, chunk, limit),
+                fresh(chunk, remaining),
+                fresh(chunk, reset),
+                repeated(last_reset, chunk, reset_at),
+            ]
+        })
+    }
+
+    fn repeated(
+        last: &mut Option<(u64, HeaderValue)>,
+        chunk: &mut Option<BytesMut>,
+        n: u64,
+    ) -> HeaderValue {
         if n < SMALL {
             return value(n);
         }
-        RECENT.with(|recent| {
-            let mut recent = recent.borrow_mut();
-            let (last, cached) = &mut recent[slot];
-            match cached {
-                Some(v) if *last == n => v.clone(),
-                _ => {
-                    let v = HeaderValue::from(n);
-                    *last = n;
-                    *cached = Some(v.clone());
-                    v
-                }
+        match last {
+            Some((m, v)) if *m == n => v.clone(),
+            _ => {
+                let v = render(chunk, n);
+                *last = Some((n, v.clone()));
+                v
             }
-        })
+        }
+    }
+
+    fn fresh(chunk: &mut Option<BytesMut>, n: u64) -> HeaderValue {
+        if n < SMALL {
+            value(n)
+        } else {
+            render(chunk, n)
+        }
+    }
+
+    /// `00010203…99`: two digits per division.
+    static PAIRS: [u8; 200] = {
+        let mut out = [0; 200];
+        let mut i = 0;
+        while i < 100 {
+            out[2 * i] = b'0' + (i / 10) as u8;
+            out[2 * i + 1] = b'0' + (i % 10) as u8;
+            i += 1;
+        }
+        out
+    };
+
+    fn render(chunk: &mut Option<BytesMut>, n: u64) -> HeaderValue {
+        let mut buf = [0u8; MAX_DIGITS];
+        let (mut rest, mut at) = (n, MAX_DIGITS);
+        while rest >= 100 {
+            let pair = (rest % 100) as usize * 2;
+            rest /= 100;
+            at -= 2;
+            buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if rest >= 10 {
+            let pair = rest as usize * 2;
+            at -= 2;
+            buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            at -= 1;
+            buf[at] = b'0' + rest as u8;
+        }
+        let chunk = match chunk {
+            Some(c) if c.capacity() >= MAX_DIGITS => c,
+            _ => chunk.insert(BytesMut::with_capacity(CHUNK)),
+        };
+        chunk.extend_from_slice(&buf[at..]);
+        // Digits are always a valid header value; the fallback only keeps this panic-free.
+        HeaderValue::from_maybe_shared(chunk.split().freeze())
+            .unwrap_or_else(|_| HeaderValue::from(n))
     }
 
     #[cfg(test)]
@@ -431,10 +506,29 @@ mod number {
 
         #[test]
         fn numbers_render_like_the_allocating_conversion() {
-            for n in (0..20_000).chain([u64::MAX, 1_700_000_000]) {
-                assert_eq!(value(n), HeaderValue::from(n), "{n}");
-                assert_eq!(cached(LIMIT, n), HeaderValue::from(n), "{n}");
-                assert_eq!(cached(LIMIT, n), HeaderValue::from(n), "{n} again");
+            let big = [u64::MAX, 1_700_000_000, 10_000, 99_999, 1 << 40];
+            for n in (0..20_000).chain(big) {
+                let expected = HeaderValue::from(n);
+                assert_eq!(value(n), expected, "{n}");
+                for _ in 0..2 {
+                    for v in values([n, n, n, n]) {
+                        assert_eq!(v, expected, "{n}");
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn values_outlive_their_chunk() {
+            // Many more values than one chunk holds, kept while later chunks are cut.
+            let kept: Vec<_> = (0..1_000u64)
+                .map(|i| values([7, u64::MAX - i, 86_400, 1_700_000_000 + i / 10]))
+                .collect();
+            for (i, [limit, remaining, reset, reset_at]) in (0..1_000u64).zip(kept) {
+                assert_eq!(limit, "7");
+                assert_eq!(reset, "86400");
+                assert_eq!(remaining, (u64::MAX - i).to_string().as_str());
+                assert_eq!(reset_at, (1_700_000_000 + i / 10).to_string().as_str());
             }
         }
     }

@@ -88,38 +88,41 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let prepared = self.shared.limiter.prepare(&RequestView::new(&req));
-        // A gRPC call must be refused in gRPC terms; remember it for the future.
-        let grpc = crate::grpc::content_type(req.headers()).cloned();
-        // Take the service that was driven to readiness and leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        // A gRPC call must be refused in gRPC terms; only a refusal needs to know.
+        let grpc = || crate::grpc::content_type(req.headers());
         match prepared {
-            Prepared::Pass => ResponseFuture::pass(inner.call(req)),
-            Prepared::Check { set, future, key } => ResponseFuture::checking(
-                future,
-                set,
-                key,
-                inner,
-                req,
-                Arc::clone(&self.shared),
-                grpc,
-            ),
+            Prepared::Pass | Prepared::Check { .. } => {
+                // Take the service that was driven to readiness and leave a fresh clone behind.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                match prepared {
+                    Prepared::Check { set, future, key } => ResponseFuture::checking(
+                        future,
+                        set,
+                        key,
+                        inner,
+                        req,
+                        Arc::clone(&self.shared),
+                    ),
+                    _ => ResponseFuture::pass(inner.call(req)),
+                }
+            }
             Prepared::MissingKey => refuse(
-                grpc.as_ref(),
+                grpc(),
                 StatusCode::BAD_REQUEST,
                 crate::grpc::INVALID_ARGUMENT,
                 "missing_rate_limit_key",
                 "The request carries nothing to rate-limit it by.",
             ),
             Prepared::Forbidden => refuse(
-                grpc.as_ref(),
+                grpc(),
                 StatusCode::FORBIDDEN,
                 crate::grpc::PERMISSION_DENIED,
                 "forbidden",
                 "This client is not allowed.",
             ),
             Prepared::TooCostly(error) => refuse(
-                grpc.as_ref(),
+                grpc(),
                 StatusCode::TOO_MANY_REQUESTS,
                 crate::grpc::RESOURCE_EXHAUSTED,
                 "cost_exceeds_capacity",

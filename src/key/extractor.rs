@@ -1,7 +1,7 @@
 //! The [`KeyExtractor`] trait and the core extractors.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, Method, Request, Uri};
@@ -200,7 +200,20 @@ pub(crate) const fn clamp_prefix(bits: u8) -> u8 {
 
 /// The key for a client address, grouping IPv6 by `ipv6_prefix` bits.
 pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
-    Key::new("ip", ip_material(ip, ipv6_prefix).as_bytes())
+    match ip.to_canonical() {
+        // The common case, on every request: `ip:` and the dotted quad written in one go,
+        // with no escaping to check (digits and dots are plain material).
+        IpAddr::V4(v4) => {
+            let mut text = IpText {
+                buf: [0; IpText::CAP],
+                len: 0,
+            };
+            text.push_str("ip:");
+            text.push_v4(v4);
+            Key::from_plain_text(text.as_str())
+        }
+        v6 => Key::new("ip", ip_material(v6, ipv6_prefix).as_bytes()),
+    }
 }
 
 /// The text of a client address: IPv4 as is, IPv6 as its `ipv6_prefix` network. Written on
@@ -212,20 +225,7 @@ pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> IpText {
         len: 0,
     };
     match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text.push(b'.');
-                }
-                if octet >= 100 {
-                    text.push(b'0' + octet / 100);
-                }
-                if octet >= 10 {
-                    text.push(b'0' + octet / 10 % 10);
-                }
-                text.push(b'0' + octet % 10);
-            }
-        }
+        IpAddr::V4(v4) => text.push_v4(v4),
         IpAddr::V6(v6) if ipv6_prefix >= 128 => {
             let _ = write!(text, "{v6}");
         }
@@ -252,13 +252,57 @@ impl IpText {
         &self.buf[..self.len]
     }
 
+    /// The text (always ASCII: digits, hex digits, `.`, `:`, `/` and `ip`).
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
     fn push(&mut self, b: u8) {
         if let Some(slot) = self.buf.get_mut(self.len) {
             *slot = b;
             self.len += 1;
         }
     }
+
+    fn push_str(&mut self, s: &str) {
+        for &b in s.as_bytes() {
+            self.push(b);
+        }
+    }
+
+    fn push_v4(&mut self, v4: Ipv4Addr) {
+        // Each octet's digits from a table, four bytes copied at once (the padding lands past
+        // the end, and `CAP` leaves room for it after `ip:` and a dotted quad).
+        for (i, octet) in v4.octets().into_iter().enumerate() {
+            if i > 0 {
+                self.push(b'.');
+            }
+            let (digits, width) = OCTETS[usize::from(octet)];
+            if let Some(dst) = self.buf.get_mut(self.len..self.len + 4) {
+                dst.copy_from_slice(&digits);
+                self.len += usize::from(width);
+            }
+        }
+    }
 }
+
+/// The decimal digits of every octet (left-aligned, padded) and how many there are.
+static OCTETS: [([u8; 4], u8); 256] = {
+    let mut out = [([0; 4], 0); 256];
+    let mut n = 0;
+    while n < 256 {
+        let (h, t, o) = ((n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8);
+        out[n] = if n >= 100 {
+            ([b'0' + h, b'0' + t, b'0' + o, 0], 3)
+        } else if n >= 10 {
+            ([b'0' + t, b'0' + o, 0, 0], 2)
+        } else {
+            ([b'0' + o, 0, 0, 0], 1)
+        };
+        n += 1;
+    }
+    out
+};
 
 impl fmt::Write for IpText {
     fn write_str(&mut self, s: &str) -> fmt::Result {
@@ -425,6 +469,14 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn ip_key_matches_the_general_encoding(v4: Ipv4Addr, v6: Ipv6Addr, prefix in 1u8..=128) {
+            for ip in [IpAddr::V4(v4), IpAddr::V6(v4.to_ipv6_mapped()), IpAddr::V6(v6)] {
+                let general = Key::new("ip", ip_material(ip, prefix).as_bytes());
+                proptest::prop_assert_eq!(ip_key(ip, prefix), general);
+            }
+        }
+
         #[test]
         fn ip_text_matches_display_for_any_address(v4: std::net::Ipv4Addr, v6: Ipv6Addr) {
             let (text, shown) = (ip_material(IpAddr::V4(v4), 64), v4.to_string());

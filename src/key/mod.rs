@@ -170,6 +170,18 @@ impl Key {
         Some(Self(CompactString::new(text)))
     }
 
+    /// An already encoded key, for the extractors that write `source:material` in one go
+    /// from material that needs no escaping (a dotted quad).
+    #[inline]
+    pub(crate) fn from_plain_text(text: &str) -> Self {
+        debug_assert!(Self::plain(
+            text.split_once(':').map_or("", |(s, _)| s),
+            text.split_once(':').map_or(&[][..], |(_, m)| m.as_bytes())
+        )
+        .is_some_and(|k| k.as_str() == text));
+        Self(CompactString::new(text))
+    }
+
     /// The global key `global:<name>`, shared by every request.
     pub fn global(name: &str) -> Self {
         Self::new("global", name)
