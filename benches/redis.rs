@@ -20,6 +20,9 @@
 //!   script runs inside Redis are listed too but cost no round trip. The counters are server-wide: on a Redis that others use at the same time the
 //!   counts include their commands (run against a private `redis-server` for exact counts).
 //!
+//! `ONLY=64` runs one concurrency; `MAX_IN_FLIGHT` and `MAX_BATCH` set the store's
+//! coalescing (defaults 2 and 128).
+//!
 //! Keys use a prefix unique to the run and expire by themselves within seconds; nothing is
 //! flushed.
 
@@ -186,10 +189,27 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    // MAX_IN_FLIGHT and MAX_BATCH override the store's coalescing settings, to compare them.
+    let setting = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     let store = RedisStore::builder()
         .prefix(format!("{run}-tollgate"))
+        .max_in_flight(setting(
+            "MAX_IN_FLIGHT",
+            tollgate::store::redis::DEFAULT_MAX_IN_FLIGHT,
+        ))
+        .max_batch(setting(
+            "MAX_BATCH",
+            tollgate::store::redis::DEFAULT_MAX_BATCH,
+        ))
         .build_with_url(&url)
         .expect("valid URL");
+    // ONLY=64 runs one concurrency (and skips the rest), for quick comparisons.
+    let only: Option<usize> = std::env::var("ONLY").ok().and_then(|v| v.parse().ok());
     store.ping().await.expect("Redis reachable");
     let max_c = *CONCURRENCY.iter().max().unwrap();
     let user_keys: Arc<Vec<Key>> = Arc::new(
@@ -325,7 +345,7 @@ async fn main() {
         "{:>4} | {:<34} | {:>26} | {:>7} | {:>7} | {:>6} | {:>10}",
         "conc", "side", "ops/s median (min-max)", "p50", "p99", "ratio", "calls/dec."
     );
-    for &c in &CONCURRENCY {
+    for &c in CONCURRENCY.iter().filter(|&&c| only.is_none_or(|o| o == c)) {
         let mut samples: Vec<Vec<Sample>> = sides.iter().map(|_| Vec::new()).collect();
         let mut calls: Vec<Vec<f64>> = sides.iter().map(|_| Vec::new()).collect();
         for round in 0..ROUNDS {
@@ -363,8 +383,10 @@ async fn main() {
         }
     }
 
-    redis_benchmark(&url, &mut conn).await;
-    hot_denied_key(&url, &run, &mut conn).await;
+    if only.is_none() {
+        redis_benchmark(&url, &mut conn).await;
+        hot_denied_key(&url, &run, &mut conn).await;
+    }
 }
 
 /// `redis-benchmark`'s EVALSHA of the trivial script, where it is installed.
