@@ -4,7 +4,7 @@
 //! under callgrind.
 //!
 //! ```text
-//! http_server <bare|tollgate|tollgate_no_headers|tower_governor|tollgate_redis> <port> <seconds>
+//! http_server <bare|tollgate|tollgate_no_headers|tollgate_compact|tower_governor|tollgate_redis> <port> <seconds>
 //! ```
 //!
 //! Every side keys by the peer IP (all loopback, so one hot key) with a quota no load here can
@@ -51,6 +51,10 @@ async fn serve(side: String, port: u16, seconds: u64) {
         "tollgate" | "tollgate_no_headers" => {
             let limiter = Limiter::builder().policy(policy()).build().unwrap();
             app.layer(RateLimitLayer::new(limiter).quota_headers_on_success(side == "tollgate"))
+        }
+        "tollgate_compact" => {
+            let limiter = Limiter::builder().policy(policy()).build().unwrap();
+            app.layer(RateLimitLayer::new(limiter).header_style(tollgate::HeaderStyle::Compact))
         }
         "tower_governor" => {
             let config = GovernorConfigBuilder::default()

@@ -15,6 +15,7 @@
 //!
 //! and the body `{"error":"rate_limit_exceeded","message":"…","retry_after":N}`.
 //!
+//! [`HeaderStyle::Compact`] sends only the three `RateLimit-*` headers (no `X-` twins).
 //! With [`HeaderStyle::Structured`] (or [`HeaderStyle::All`]) the IETF structured fields of
 //! draft-ietf-httpapi-ratelimit-headers are sent instead (or as well): `RateLimit-Policy`
 //! lists every policy (`"burst";q=10;w=1, "daily";q=1000;w=86400`) and `RateLimit` gives each
@@ -52,6 +53,19 @@ pub enum HeaderStyle {
     /// twins (the default: what most clients understand today).
     #[default]
     Classic,
+    /// Only `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`: the classic
+    /// numbers without their `X-` twins. Half the bytes and header-map work of
+    /// [`Classic`](Self::Classic), for clients that read the `RateLimit-*` names.
+    ///
+    /// ```
+    /// use tollgate::{HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::builder().policy(Policy::new("api", Rate::per_second(10))?).build()?;
+    /// let layer = RateLimitLayer::new(limiter).header_style(HeaderStyle::Compact);
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    Compact,
     /// The IETF structured fields `RateLimit-Policy` and `RateLimit`.
     Structured,
     /// Both sets.
@@ -312,6 +326,15 @@ pub fn write_quota_headers(
         headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
         headers.insert(RATELIMIT_RESET.clone(), reset);
         headers.insert(X_RATELIMIT_RESET.clone(), reset_at);
+    }
+    if style == HeaderStyle::Compact {
+        let reset = reset_secs(decision);
+        // The fourth number (the absolute reset) is not sent: 0 renders for free.
+        let [limit, remaining, reset, _] =
+            number::values([decision.limit(), decision.remaining(), reset, 0]);
+        headers.insert(RATELIMIT_LIMIT.clone(), limit);
+        headers.insert(RATELIMIT_REMAINING.clone(), remaining);
+        headers.insert(RATELIMIT_RESET.clone(), reset);
     }
     if matches!(style, HeaderStyle::Structured | HeaderStyle::All) {
         if let Some((policy_field, ratelimit_field)) = structured_fields(decision, policies) {

@@ -367,3 +367,45 @@ async fn custom_rejection_and_quiet_success() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(res.text().await.unwrap().starts_with("slow down for "));
 }
+
+#[tokio::test]
+async fn compact_headers_are_the_ratelimit_trio_without_twins() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock).build())
+        .policy(
+            Policy::builder("per-ip", Rate::new(2, Duration::from_secs(10)))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let addr = common::serve(
+        hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Compact)),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for remaining in ["1", "0"] {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit-limit"), "2");
+        assert_eq!(header(&res, "ratelimit-remaining"), remaining);
+        assert_eq!(header(&res, "ratelimit-reset"), "7");
+        for absent in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            "ratelimit",
+            "ratelimit-policy",
+        ] {
+            assert!(res.headers().get(absent).is_none(), "{absent}");
+        }
+    }
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), "7");
+    assert_eq!(header(&res, "ratelimit-remaining"), "0");
+    assert_eq!(header(&res, "ratelimit-reset"), "7");
+    assert!(res.headers().get("x-ratelimit-reset").is_none());
+}
