@@ -35,6 +35,17 @@ impl Drop for Running {
 }
 
 fn start(name: &str, envs: &[(&str, String)]) -> (Running, String) {
+    // The port is free when chosen but not held: something else can take it before the
+    // example binds (then the example exits), so a lost race is retried on a new port.
+    for _ in 0..3 {
+        if let Some(started) = try_start(name, envs) {
+            return started;
+        }
+    }
+    panic!("{name} exited before listening, three times");
+}
+
+fn try_start(name: &str, envs: &[(&str, String)]) -> Option<(Running, String)> {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -48,13 +59,22 @@ fn start(name: &str, envs: &[(&str, String)]) -> (Running, String) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let running = Running(child);
+    let mut running = Running(child);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(&addr).is_err() {
+    loop {
+        // A probe from an ephemeral port equal to the target port connects to itself (TCP
+        // simultaneous open) before the example listens: that is not readiness.
+        let listening = std::net::TcpStream::connect(&addr)
+            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok());
+        if listening && running.0.try_wait().unwrap().is_none() {
+            return Some((running, format!("http://{addr}")));
+        }
+        if running.0.try_wait().unwrap().is_some() {
+            return None;
+        }
         assert!(Instant::now() < deadline, "{name} did not listen on {addr}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    (running, format!("http://{addr}"))
 }
 
 async fn statuses(client: &reqwest::Client, method: &str, url: &str, n: usize) -> Vec<u16> {
