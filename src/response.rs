@@ -309,32 +309,31 @@ pub fn write_quota_headers(
     now_millis: u64,
     style: HeaderStyle,
 ) {
-    if matches!(style, HeaderStyle::Classic | HeaderStyle::All) {
-        // One allocation for the six entries instead of growing the map on the way.
-        headers.reserve(6);
+    if matches!(
+        style,
+        HeaderStyle::Classic | HeaderStyle::All | HeaderStyle::Compact
+    ) {
+        let twins = style != HeaderStyle::Compact;
+        // One allocation for the entries instead of growing the map on the way.
+        headers.reserve(if twins { 6 } else { 3 });
         let reset = reset_secs(decision);
-        let [limit, remaining, reset, reset_at] = number::values([
-            decision.limit(),
-            decision.remaining(),
-            reset,
-            now_millis / 1000 + reset,
-        ]);
+        // The reset moment is only sent by `X-RateLimit-Reset`; 0 renders for free.
+        let reset_at = if twins { now_millis / 1000 + reset } else { 0 };
+        let [limit, remaining, reset, reset_at] =
+            number::values([decision.limit(), decision.remaining(), reset, reset_at]);
         // Each `X-` twin shares its value's bytes: cloning a header value copies no digits.
         headers.insert(RATELIMIT_LIMIT.clone(), limit.clone());
-        headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+        if twins {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+        }
         headers.insert(RATELIMIT_REMAINING.clone(), remaining.clone());
-        headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+        if twins {
+            headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+        }
         headers.insert(RATELIMIT_RESET.clone(), reset);
-        headers.insert(X_RATELIMIT_RESET.clone(), reset_at);
-    }
-    if style == HeaderStyle::Compact {
-        let reset = reset_secs(decision);
-        // The fourth number (the absolute reset) is not sent: 0 renders for free.
-        let [limit, remaining, reset, _] =
-            number::values([decision.limit(), decision.remaining(), reset, 0]);
-        headers.insert(RATELIMIT_LIMIT.clone(), limit);
-        headers.insert(RATELIMIT_REMAINING.clone(), remaining);
-        headers.insert(RATELIMIT_RESET.clone(), reset);
+        if twins {
+            headers.insert(X_RATELIMIT_RESET.clone(), reset_at);
+        }
     }
     if matches!(style, HeaderStyle::Structured | HeaderStyle::All) {
         if let Some((policy_field, ratelimit_field)) = structured_fields(decision, policies) {

@@ -174,8 +174,8 @@ impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
 
 /// The script's arguments for one batch: keys and arguments, in the layout of
 /// `lua/decide.lua`.
-pub(crate) struct Assembled {
-    pub(crate) keys: Vec<String>,
+pub(crate) struct Assembled<'a> {
+    pub(crate) keys: Vec<&'a str>,
     pub(crate) args: Vec<u64>,
 }
 
@@ -194,7 +194,7 @@ pub(crate) async fn queued_answer(
 /// Splits `batch` into script calls: a state key named with two different parameter sets
 /// (two policies of the same name and algorithm but different limits, only possible through
 /// direct `Store` use) cannot share one call, so the call ends before the second.
-pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled, &[Request])> {
+pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled<'_>, &[Request])> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut current = Builder::new(batch.len());
@@ -212,15 +212,15 @@ pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled, &[Request])> {
     out
 }
 
-struct Builder {
+struct Builder<'a> {
     policies: SmallVec<[Params; 4]>,
     /// Each state: its key, and the index of its policy (from 1).
-    states: Vec<(String, u64)>,
-    index: HashMap<String, (u64, Params)>,
+    states: Vec<(&'a str, u64)>,
+    index: HashMap<&'a str, (u64, Params)>,
     tail: Vec<u64>,
 }
 
-impl Builder {
+impl<'a> Builder<'a> {
     fn new(requests: usize) -> Self {
         Self {
             policies: SmallVec::new(),
@@ -231,18 +231,18 @@ impl Builder {
     }
 
     fn fits(&self, request: &Request) -> bool {
-        request
-            .keys
-            .iter()
-            .zip(&request.params)
-            .all(|(k, p)| self.index.get(k).is_none_or(|(_, known)| known == p))
+        request.keys.iter().zip(&request.params).all(|(k, p)| {
+            self.index
+                .get(k.as_str())
+                .is_none_or(|(_, known)| known == p)
+        })
     }
 
-    fn push(&mut self, request: &Request) {
+    fn push(&mut self, request: &'a Request) {
         self.tail.push(u64::from(request.charge));
         self.tail.push(request.keys.len() as u64);
         for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
-            let state = match self.index.get(key) {
+            let state = match self.index.get(key.as_str()) {
                 Some(&(i, _)) => i,
                 None => {
                     let policy = match self.policies.iter().position(|p| p == params) {
@@ -252,9 +252,9 @@ impl Builder {
                             self.policies.len() as u64
                         }
                     };
-                    self.states.push((key.clone(), policy));
+                    self.states.push((key, policy));
                     let i = self.states.len() as u64;
-                    self.index.insert(key.clone(), (i, *params));
+                    self.index.insert(key, (i, *params));
                     i
                 }
             };
@@ -263,7 +263,7 @@ impl Builder {
         }
     }
 
-    fn finish(self) -> Assembled {
+    fn finish(self) -> Assembled<'a> {
         let mut args = Vec::with_capacity(1 + self.policies.len() * 5 + self.states.len());
         args.push(self.policies.len() as u64);
         for p in &self.policies {

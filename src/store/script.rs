@@ -337,10 +337,10 @@ impl<C: Connector> Core<C> {
     }
 
     /// The script call for one assembled batch.
-    pub(crate) fn invocation(&self, batch: &Assembled) -> ScriptInvocation<'static> {
+    pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptInvocation<'static> {
         let mut inv = script().prepare_invoke();
-        for k in &batch.keys {
-            inv.key(k.as_str());
+        for &k in &batch.keys {
+            inv.key(k);
         }
         if self.clock.is_injected() {
             inv.arg(self.clock.now_millis());
