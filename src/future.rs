@@ -59,6 +59,7 @@ pin_project! {
             set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
+            // Kept only when the response gets quota headers.
             decision: Option<Decision>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
@@ -100,6 +101,44 @@ where
         }
     }
 
+    /// The inner service was called from `call`: only the headers are left to add.
+    pub(crate) fn calling(
+        future: Inner::Future,
+        set: usize,
+        decision: Option<Decision>,
+        shared: Arc<Shared<St>>,
+    ) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                set,
+                decision,
+                shared,
+            },
+        }
+    }
+
+    /// A shaping policy delays the request: sleep, then call `inner`.
+    pub(crate) fn waiting(
+        delay: std::time::Duration,
+        set: usize,
+        inner: Inner,
+        request: Request<ReqBody>,
+        decision: Option<Decision>,
+        shared: Arc<Shared<St>>,
+    ) -> Self {
+        Self {
+            state: State::Waiting {
+                sleep: Box::pin(tokio::time::sleep(delay)),
+                set,
+                inner: Some(inner),
+                request: Some(request),
+                decision,
+                shared: Some(shared),
+            },
+        }
+    }
+
     pub(crate) fn checking(
         check: CheckFuture<St::CheckFuture>,
         set: usize,
@@ -118,6 +157,60 @@ where
                 shared: Some(shared),
             },
         }
+    }
+}
+
+/// What the layer does once the store has answered.
+pub(crate) enum Verdict {
+    /// Answer with this; the inner service is not called.
+    Respond(Response<Bytes>),
+    /// Call the inner service after `delay` (zero unless a shaping policy asks to wait);
+    /// `decision` is kept only when the response gets quota headers.
+    Proceed {
+        delay: std::time::Duration,
+        decision: Option<Decision>,
+    },
+}
+
+/// Records the store's answer (metrics, and a trace event when `key` is kept) and turns it
+/// into a [`Verdict`]: a 503 when the store failed closed, a 429 when denied, else proceed.
+/// `grpc` is asked only for a refusal, which must be in gRPC terms for a gRPC call.
+pub(crate) fn verdict<'a, St: Store>(
+    shared: &Shared<St>,
+    set: usize,
+    key: Option<Key>,
+    outcome: Result<Decision, StoreError>,
+    grpc: impl Fn() -> Option<&'a HeaderValue>,
+) -> Verdict {
+    let decision = match outcome {
+        Ok(decision) => decision,
+        Err(error) => return Verdict::Respond(store_failure(&error, grpc())),
+    };
+    // The policies of the route's set, not the default route's: the message, headers and
+    // sensitivity must match the decision.
+    let policies = &shared.limiter.set(set).enforced;
+    let store = shared.limiter.store().name();
+    telemetry::decision(decision.outcome(), decision.is_allowed(), store);
+    if let Some(key) = key {
+        trace_decision(&key, &decision, policies, store);
+    }
+    if decision.outcome() == Outcome::FailClosed {
+        let mut res = store_failure(&StoreError::CircuitOpen, grpc());
+        let retry = decision.retry_after_millis().div_ceil(1000).max(1);
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry));
+        return Verdict::Respond(res);
+    }
+    if !decision.is_allowed() {
+        let now = shared.limiter.store().now_millis();
+        return Verdict::Respond(shared.response.reject(&decision, policies, now, grpc()));
+    }
+    Verdict::Proceed {
+        delay: decision.delay(),
+        decision: shared
+            .response
+            .decorates(&decision, policies)
+            .then_some(decision),
     }
 }
 
@@ -202,72 +295,26 @@ where
                             .as_ref()
                             .and_then(|r| crate::grpc::content_type(r.headers()))
                     };
-                    let decision = match outcome {
-                        Ok(decision) => decision,
-                        Err(error) => {
-                            let res = store_failure(&error, grpc());
-                            this.state.set(State::Early {
-                                response: Some(res),
-                            });
-                            continue;
+                    match verdict(&shared, set, key.take(), outcome, grpc) {
+                        Verdict::Respond(res) => this.state.set(State::Early {
+                            response: Some(res),
+                        }),
+                        Verdict::Proceed { delay, decision } => {
+                            let mut inner = inner.take().expect("polled after completion");
+                            let request = request.take().expect("polled after completion");
+                            if delay.is_zero() {
+                                this.state.set(State::Calling {
+                                    future: inner.call(request),
+                                    set,
+                                    decision,
+                                    shared,
+                                });
+                            } else {
+                                let waiting =
+                                    Self::waiting(delay, set, inner, request, decision, shared);
+                                this.state.set(waiting.state);
+                            }
                         }
-                    };
-                    let policies = &shared.limiter.set(set).enforced;
-                    let store = shared.limiter.store().name();
-                    telemetry::decision(decision.outcome(), decision.is_allowed(), store);
-                    if let Some(key) = key.take() {
-                        trace_decision(&key, &decision, policies, store);
-                    }
-                    if decision.outcome() == Outcome::FailClosed {
-                        let error = StoreError::CircuitOpen;
-                        let mut res = store_failure(&error, grpc());
-                        let retry = decision.retry_after_millis().div_ceil(1000).max(1);
-                        res.headers_mut()
-                            .insert(RETRY_AFTER, HeaderValue::from(retry));
-                        this.state.set(State::Early {
-                            response: Some(res),
-                        });
-                        continue;
-                    }
-                    if !decision.is_allowed() {
-                        let now = shared.limiter.store().now_millis();
-                        // The policies of the route's set, not the default route's: the
-                        // message, headers and sensitivity must match the decision.
-                        let res = shared.response.reject(
-                            &decision,
-                            &shared.limiter.set(set).enforced,
-                            now,
-                            grpc(),
-                        );
-                        this.state.set(State::Early {
-                            response: Some(res),
-                        });
-                        continue;
-                    }
-                    let mut inner = inner.take().expect("polled after completion");
-                    let request = request.take().expect("polled after completion");
-                    let delay = decision.delay();
-                    if delay.is_zero() {
-                        let future = inner.call(request);
-                        let decision = shared
-                            .response
-                            .decorates(&decision, &shared.limiter.set(set).enforced)
-                            .then_some(decision);
-                        this.state.set(State::Calling {
-                            future,
-                            set,
-                            decision,
-                            shared,
-                        });
-                    } else {
-                        this.state.set(State::Waiting {
-                            sleep: Box::pin(tokio::time::sleep(delay)),
-                            set,
-                            inner: Some(inner),
-                            request: Some(request),
-                            decision: Some(decision),
-                            shared: Some(shared),
-                        });
                     }
                 }
                 StateProj::Waiting {
@@ -283,11 +330,7 @@ where
                     let request = request.take().expect("polled after completion");
                     let future = inner.call(request);
                     let shared = shared.take().expect("polled after completion");
-                    let decision = decision.take().filter(|d| {
-                        shared
-                            .response
-                            .decorates(d, &shared.limiter.set(*set).enforced)
-                    });
+                    let decision = decision.take();
                     let set = *set;
                     this.state.set(State::Calling {
                         future,

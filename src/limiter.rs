@@ -154,6 +154,13 @@ pub(crate) enum Prepared<F> {
     MissingKey,
     /// A computed cost above a policy's capacity.
     TooCostly(CheckError),
+    /// The store answered at once ([`Store::check_now`]); render with policy set `set`.
+    /// `key` is kept only when decisions are traced.
+    Decided {
+        set: usize,
+        outcome: Result<Decision, StoreError>,
+        key: Option<Key>,
+    },
     /// Ask the store; render with policy set `set`. `key` is kept only when decisions are
     /// traced.
     Check {
@@ -368,6 +375,13 @@ impl<S: Store> Limiter<S> {
         let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
         let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
+            if let Some(outcome) = inner.store.check_now(&key, &set.enforced, &costs) {
+                return Prepared::Decided {
+                    set: set_id,
+                    outcome,
+                    key: traced_key,
+                };
+            }
             CheckFuture::Direct {
                 future: inner.store.check(&key, &set.enforced, &costs),
             }

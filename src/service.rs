@@ -8,7 +8,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use crate::body::RateLimitBody;
-use crate::future::ResponseFuture;
+use crate::future::{verdict, ResponseFuture, Verdict};
 use crate::key::RequestView;
 use crate::layer::Shared;
 use crate::limiter::{Limiter, Prepared};
@@ -55,6 +55,15 @@ impl<Inner, St> RateLimitService<Inner, St> {
     }
 }
 
+impl<Inner: Clone, St> RateLimitService<Inner, St> {
+    /// The service that was driven to readiness, for a future that calls it later; a fresh
+    /// clone is left behind for the next `poll_ready`.
+    fn take_ready_inner(&mut self) -> Inner {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
 impl<Inner: Clone, St> Clone for RateLimitService<Inner, St> {
     fn clone(&self) -> Self {
         Self {
@@ -91,22 +100,39 @@ where
         // A gRPC call must be refused in gRPC terms; only a refusal needs to know.
         let grpc = || crate::grpc::content_type(req.headers());
         match prepared {
-            Prepared::Pass | Prepared::Check { .. } => {
-                // Take the service that was driven to readiness and leave a fresh clone behind.
-                let clone = self.inner.clone();
-                let mut inner = std::mem::replace(&mut self.inner, clone);
-                match prepared {
-                    Prepared::Check { set, future, key } => ResponseFuture::checking(
-                        future,
+            Prepared::Decided { set, outcome, key } => {
+                match verdict(&self.shared, set, key, outcome, grpc) {
+                    Verdict::Respond(res) => ResponseFuture::early(res),
+                    // The common path: decided without waiting, so the inner service (driven
+                    // to readiness by `poll_ready`) is called right here, and the future only
+                    // adds the headers.
+                    Verdict::Proceed { delay, decision } if delay.is_zero() => {
+                        ResponseFuture::calling(
+                            self.inner.call(req),
+                            set,
+                            decision,
+                            Arc::clone(&self.shared),
+                        )
+                    }
+                    Verdict::Proceed { delay, decision } => ResponseFuture::waiting(
+                        delay,
                         set,
-                        key,
-                        inner,
+                        self.take_ready_inner(),
                         req,
+                        decision,
                         Arc::clone(&self.shared),
                     ),
-                    _ => ResponseFuture::pass(inner.call(req)),
                 }
             }
+            Prepared::Check { set, future, key } => ResponseFuture::checking(
+                future,
+                set,
+                key,
+                self.take_ready_inner(),
+                req,
+                Arc::clone(&self.shared),
+            ),
+            Prepared::Pass => ResponseFuture::pass(self.inner.call(req)),
             Prepared::MissingKey => refuse(
                 grpc(),
                 StatusCode::BAD_REQUEST,

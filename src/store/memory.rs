@@ -554,6 +554,15 @@ impl Store for MemoryStore {
         ready(self.inner.decide(key, policies, costs, true))
     }
 
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.inner.decide(key, policies, costs, true))
+    }
+
     fn peek(
         &self,
         key: &Key,

@@ -53,6 +53,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// have equal length), charging all of them only if every one allows.
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture;
 
+    /// The answer of [`check`](Store::check), when this store can give it without waiting;
+    /// `None`, the default, when it must be awaited.
+    ///
+    /// The layer asks this first: given an answer, it calls the inner service from `call`
+    /// itself instead of from a future, which saves a state change and moving the request per
+    /// request. `Some` must charge exactly as `check` would; `None` must charge nothing (the
+    /// caller goes on to `check`). [`MemoryStore`] always answers; network stores do not.
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{MemoryStore, Store};
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new("api", Rate::per_second(1))?;
+    /// let key = Key::new("user", "client-1");
+    /// let first = store.check_now(&key, std::slice::from_ref(&policy), &[1]);
+    /// assert!(first.expect("the memory store never waits").expect("no error").is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, policies, costs);
+        None
+    }
+
     /// What [`check`](Store::check) would answer now, charging nothing.
     fn peek(
         &self,
@@ -100,6 +130,12 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>>;
+    fn check_now_erased(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>>;
     fn peek_boxed(
         &self,
         key: &Key,
@@ -119,6 +155,14 @@ impl<S: Store> ErasedStore for S {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
         Box::pin(self.check(key, policies, costs))
+    }
+    fn check_now_erased(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        self.check_now(key, policies, costs)
     }
     fn peek_boxed(
         &self,
@@ -153,6 +197,15 @@ impl Store for DynStore {
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
         self.inner.check_boxed(key, policies, costs)
+    }
+
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        self.inner.check_now_erased(key, policies, costs)
     }
 
     fn peek(
