@@ -8,6 +8,7 @@
 #
 #   bash benches/e2e_instructions.sh
 #   SIDES="bare tollgate" N=2000 REPEAT=1 bash benches/e2e_instructions.sh
+#   BIN=path/to/a/saved/http_server bash benches/e2e_instructions.sh  # a saved build (before/after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
@@ -17,8 +18,12 @@ PORT=${PORT:-38129}
 FEATURES=${FEATURES:-}
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
-cargo bench --bench http_server --no-run ${FEATURES:+--features "$FEATURES"} 2>/dev/null
-bin=$(ls -t "$target"/release/deps/http_server-* | grep -v '\.d$' | head -1)
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  cargo bench --bench http_server --no-run ${FEATURES:+--features "$FEATURES"} 2>/dev/null
+  bin=$(ls -t "$target"/release/deps/http_server-* | grep -v '\.d$' | head -1)
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 refs() { # side requests
