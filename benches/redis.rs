@@ -177,6 +177,9 @@ fn tollgate_op<S: Store + Clone>(
     }
 }
 
+/// Charge (1), one policy, state 1, cost 1.0: little-endian u8, u32, u32, f64.
+const REQUEST: [u8; 17] = [1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f];
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
@@ -271,11 +274,14 @@ async fn main() {
             let keys = Arc::clone(&raw_keys);
             let mut conn = conn.clone();
             Box::pin(async move {
-                // One policy (the sliding window counter), one state, one request charging 1.
+                // One policy (the sliding window counter), one state of policy 1, one request
+                // charging 1 unit to state 1 (the binary layout of lua/decide.lua).
                 let reply: Vec<i64> = script
                     .key(&keys[t])
                     .arg("")
-                    .arg(&[1, 1, limit, window, limit, 0, 1, 1, 1, 1, 1][..])
+                    .arg(&[1, 1, limit, window, limit, 0][..])
+                    .arg(&1u32.to_le_bytes()[..])
+                    .arg(&REQUEST[..])
                     .invoke_async(&mut conn)
                     .await
                     .expect("EVALSHA failed");

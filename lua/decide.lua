@@ -4,9 +4,11 @@
 -- KEYS[i]: state i (one per distinct (key, policy)); in a cluster all share one slot.
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch.
 -- ARGV[2]: the number of policies np; then per policy its algorithm id, limit, window ms,
--- capacity and max delay ms; then per state the index of its policy.
--- Then per request: "1" to charge an allowed request or "0" to only evaluate (peek), the
--- number of policies m, and m pairs (state index, cost).
+-- capacity and max delay ms.
+-- Then two binary strings (little-endian; struct.unpack reads them much faster than
+-- tonumber parses decimal text): per state the index of its policy (u32); per request 1 to
+-- charge an allowed request or 0 to only evaluate (peek) (u8), the number of policies m
+-- (u32), and m pairs of state index (u32) and cost (f64).
 --
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
@@ -48,9 +50,12 @@ local nk = #KEYS
 -- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
 local P, S, E, X = {}, {}, {}, {}
 local strings, string_index = {}, {}
-local first_state = 3 + np * 5
+local state_policies, requests = ARGV[3 + np * 5], ARGV[4 + np * 5]
+if #state_policies ~= 4 * nk then
+  return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
+end
 for i = 1, nk do
-  local p = policies[tonumber(ARGV[first_state + i - 1])]
+  local p = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
   P[i] = p
   if p.a.zset then
     S[i], E[i] = p.a.load(KEYS[i], now, p)
@@ -97,15 +102,15 @@ end
 
 local out, n, dirty = {}, 0, {}
 local idx, costs = {}, {}
-local b = first_state + nk
-local nargs = #ARGV
-while b <= nargs do
-  local charge = ARGV[b] == '1'
-  local m = tonumber(ARGV[b + 1])
+local pos, last = 1, #requests
+while pos <= last do
+  local charge, m
+  charge, m, pos = unpack_struct('<BI4', requests, pos)
+  charge = charge == 1
   if m == 1 then
     -- The common request: one policy.
-    local i, cost = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-    b = b + 4
+    local i, cost
+    i, cost, pos = unpack_struct('<I4d', requests, pos)
     if E[i] then
       out[n + 1], out[n + 2] = -1, E[i]
       n = n + 2
@@ -127,11 +132,11 @@ while b <= nargs do
   else
     local err
     for j = 1, m do
-      local i = tonumber(ARGV[b + 2 * j])
-      idx[j], costs[j] = i, tonumber(ARGV[b + 2 * j + 1])
+      local i, cost
+      i, cost, pos = unpack_struct('<I4d', requests, pos)
+      idx[j], costs[j] = i, cost
       err = err or E[i]
     end
-    b = b + 2 + 2 * m
     if err then
       out[n + 1], out[n + 2] = -1, err
       n = n + 2

@@ -176,7 +176,13 @@ impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
 /// `lua/decide.lua`.
 pub(crate) struct Assembled<'a> {
     pub(crate) keys: Vec<&'a str>,
+    /// The number of policies, then five parameters per policy.
     pub(crate) args: Vec<u64>,
+    /// Per state, the index of its policy (from 1): little-endian u32.
+    pub(crate) states: Vec<u8>,
+    /// Per request: charge (u8), the number of policies m (u32), m pairs of state index (u32,
+    /// from 1) and cost (f64), little-endian.
+    pub(crate) requests: Vec<u8>,
 }
 
 /// The answer of a queued request; an error when its call was dropped unanswered (the
@@ -215,9 +221,9 @@ pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled<'_>, &[Request])> {
 struct Builder<'a> {
     policies: SmallVec<[Params; 4]>,
     /// Each state: its key, and the index of its policy (from 1).
-    states: Vec<(&'a str, u64)>,
-    index: HashMap<&'a str, (u64, Params)>,
-    tail: Vec<u64>,
+    states: Vec<(&'a str, u32)>,
+    index: HashMap<&'a str, (u32, Params)>,
+    requests: Vec<u8>,
 }
 
 impl<'a> Builder<'a> {
@@ -226,7 +232,8 @@ impl<'a> Builder<'a> {
             policies: SmallVec::new(),
             states: Vec::with_capacity(requests),
             index: HashMap::with_capacity(requests),
-            tail: Vec::with_capacity(requests * 4),
+            // One policy per request is the common case: 5 + 12 bytes.
+            requests: Vec::with_capacity(requests * 17),
         }
     }
 
@@ -239,44 +246,58 @@ impl<'a> Builder<'a> {
     }
 
     fn push(&mut self, request: &'a Request) {
-        self.tail.push(u64::from(request.charge));
-        self.tail.push(request.keys.len() as u64);
+        self.requests.push(u8::from(request.charge));
+        self.requests
+            .extend_from_slice(&index(request.keys.len()).to_le_bytes());
         for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
             let state = match self.index.get(key.as_str()) {
                 Some(&(i, _)) => i,
                 None => {
                     let policy = match self.policies.iter().position(|p| p == params) {
-                        Some(i) => i as u64 + 1,
+                        Some(i) => index(i + 1),
                         None => {
                             self.policies.push(*params);
-                            self.policies.len() as u64
+                            index(self.policies.len())
                         }
                     };
                     self.states.push((key, policy));
-                    let i = self.states.len() as u64;
+                    let i = index(self.states.len());
                     self.index.insert(key, (i, *params));
                     i
                 }
             };
-            self.tail.push(state);
-            self.tail.push(cost);
+            self.requests.extend_from_slice(&state.to_le_bytes());
+            // Lua numbers are doubles: a cost above 2^53 was never exact in the script.
+            self.requests
+                .extend_from_slice(&(cost as f64).to_le_bytes());
         }
     }
 
     fn finish(self) -> Assembled<'a> {
-        let mut args = Vec::with_capacity(1 + self.policies.len() * 5 + self.states.len());
+        let mut args = Vec::with_capacity(1 + self.policies.len() * 5);
         args.push(self.policies.len() as u64);
         for p in &self.policies {
             args.extend_from_slice(p);
         }
         let mut keys = Vec::with_capacity(self.states.len());
+        let mut states = Vec::with_capacity(self.states.len() * 4);
         for (key, policy) in self.states {
             keys.push(key);
-            args.push(policy);
+            states.extend_from_slice(&policy.to_le_bytes());
         }
-        args.extend(self.tail);
-        Assembled { keys, args }
+        Assembled {
+            keys,
+            args,
+            states,
+            requests: self.requests,
+        }
     }
+}
+
+/// A count or index of the script's binary arguments. A batch holds at most `max_batch`
+/// (≤ 1024) requests of a handful of policies each, far below `u32::MAX`.
+fn index(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Reads the flat reply of one call into one result per request: per request `allowed`

@@ -348,6 +348,8 @@ impl<C: Connector> Core<C> {
             inv.arg(""); // the script reads TIME
         }
         inv.arg(&batch.args[..]);
+        inv.arg(&batch.states[..]);
+        inv.arg(&batch.requests[..]);
         inv
     }
 
@@ -535,18 +537,29 @@ mod tests {
         let mut expected = vec![2];
         expected.extend(pa);
         expected.extend(pb);
-        expected.extend([1, 2, 1]); // the policy of each state
-        expected.extend([1, 2, 1, 1, 2, 2]); // charge, two policies: (state 1, 1), (state 2, 2)
-        expected.extend([0, 1, 1, 3]);
-        expected.extend([1, 1, 3, 1]);
         assert_eq!(assembled.args, expected);
-        // redis-rs shows only the counts: three keys, the clock and the rest.
+        let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // The policy of each state.
+        assert_eq!(assembled.states, u32s(&[1, 2, 1]));
+        // Per request: charge, the number of policies, then (state, cost) pairs.
+        let request = |charge: u8, pairs: &[(u32, f64)]| {
+            let mut out = vec![charge];
+            out.extend((pairs.len() as u32).to_le_bytes());
+            for &(state, cost) in pairs {
+                out.extend(state.to_le_bytes());
+                out.extend(cost.to_le_bytes());
+            }
+            out
+        };
+        let mut requests = request(1, &[(1, 1.0), (2, 2.0)]);
+        requests.extend(request(0, &[(1, 3.0)]));
+        requests.extend(request(1, &[(3, 1.0)]));
+        assert_eq!(assembled.requests, requests);
+        // redis-rs shows only the counts: three keys; the clock, np, ten parameters and the
+        // two binary strings.
         let dbg = format!("{:?}", core.invocation(assembled));
         assert!(dbg.contains("keys: 3"), "{dbg}");
-        assert!(
-            dbg.contains(&format!("args: {}", 1 + expected.len())),
-            "{dbg}"
-        );
+        assert!(dbg.contains("args: 14"), "{dbg}");
 
         // The same state key with other parameters starts a second call.
         let a_bigger = Policy::new("a", Rate::per_second(20)).unwrap();
