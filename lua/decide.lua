@@ -116,11 +116,11 @@ while pos <= last do
       n = n + 2
     else
       local p, s = P[i], S[i]
-      local ok, remaining, reset_after, retry_after, delay = p.a.evaluate(s, now, p, cost)
+      -- Evaluated and, when allowed and charged, committed in one pass.
+      local ok, remaining, reset_after, retry_after, delay = p.a.evaluate(s, now, p, cost, charge)
       if ok then
         out[n + 1], out[n + 2] = 1, 1
         if charge then
-          p.a.commit(s, now, p, cost)
           dirty[i] = true
         end
       else

@@ -14,7 +14,8 @@ ALG[4] = function()
     return 0
   end
 
-  function fixed.evaluate(s, now, p, cost)
+  -- With `charge`, an allowed request is also committed (what `commit` does).
+  function fixed.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local idx = idiv(now, w)
     local count = fixed_count(s, idx)
@@ -23,6 +24,9 @@ ALG[4] = function()
     local after = count
     if allowed then
       after = count + cost
+      if charge then
+        s[1], s[2] = idx, after
+      end
     end
     local reset_after = 0
     if after > 0 then

@@ -15,7 +15,8 @@ ALG[5] = function()
     return 0
   end
 
-  function gcra.evaluate(s, now, p, cost)
+  -- With `charge`, an allowed request is also committed (what `commit` does).
+  function gcra.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local tolerance = p.capacity * w
     local slack = p.max_delay * n
@@ -23,6 +24,10 @@ ALG[5] = function()
     local after = backlog + cost * w
     local allowed = after <= tolerance + slack
     if allowed then
+      if charge then
+        local whole = idiv(after, n)
+        s[1], s[2] = now + whole, after - whole * n
+      end
       local delay = ceil_div(max(after - tolerance, 0), n)
       return true, idiv(max(tolerance - after, 0), w), ceil_div(after, n), 0, delay
     end

@@ -39,7 +39,9 @@ ALG[1] = function()
     return next_start + w
   end
 
-  function counter.evaluate(s, now, p, cost)
+  -- With `charge`, an allowed request is also committed (what `commit` does, from the
+  -- values already at hand).
+  function counter.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local idx = idiv(now, w)
     local e = now - idx * w
@@ -49,6 +51,9 @@ ALG[1] = function()
     local weighted_after, cur_after = weighted, cur
     if allowed then
       weighted_after, cur_after = weighted + cost * w, cur + cost
+      if charge then
+        s[1], s[2], s[3] = idx, cur + cost, prev
+      end
     end
     local remaining = idiv(max(n * w - weighted_after, 0), w)
     local reset_after = 0

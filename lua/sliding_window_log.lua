@@ -36,7 +36,8 @@ ALG[2] = function()
     return { ts = ts, cs = cs, stored = stored }
   end
 
-  function log.evaluate(s, now, p, cost)
+  -- With `charge`, an allowed request is also committed (see `commit`).
+  function log.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local ts, cs = s.ts, s.cs
     local used = 0
@@ -61,6 +62,9 @@ ALG[2] = function()
         end
       end
       retry_after = at - now
+    end
+    if allowed and charge then
+      log.commit(s, now, p, cost)
     end
     return allowed, max(n - after, 0), reset_after, retry_after, 0
   end

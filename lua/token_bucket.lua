@@ -12,7 +12,8 @@ ALG[3] = function()
     return max(s[1] - elapsed * n, 0)
   end
 
-  function bucket.evaluate(s, now, p, cost)
+  -- With `charge`, an allowed request is also committed (what `commit` does).
+  function bucket.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local full = p.capacity * w
     local deficit = bucket_deficit(s, now, n)
@@ -21,6 +22,9 @@ ALG[3] = function()
     local retry_after = 0
     if allowed then
       after = deficit + cost * w
+      if charge then
+        s[1], s[2] = after, max(now, s[2])
+      end
     else
       retry_after = ceil_div(deficit + cost * w - full, n)
     end
