@@ -8,7 +8,7 @@
 -- Then two binary strings (little-endian; struct.unpack reads them much faster than
 -- tonumber parses decimal text): per state the index of its policy (u32); per request 1 to
 -- charge an allowed request or 0 to only evaluate (peek) (u8), the number of policies m
--- (u32), and m pairs of state index (u32) and cost (f64).
+-- (u32, at least 1), and m pairs of state index (u32) and cost (f64).
 --
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
@@ -104,13 +104,13 @@ local out, n, dirty = {}, 0, {}
 local idx, costs = {}, {}
 local pos, last = 1, #requests
 while pos <= last do
-  local charge, m
-  charge, m, pos = unpack_struct('<BI4', requests, pos)
+  -- Every request names at least one policy, so its header and first pair can be read in
+  -- one go; a request of several policies then reads its pairs from the first.
+  local charge, m, i, cost, after = unpack_struct('<BI4I4d', requests, pos)
   charge = charge == 1
   if m == 1 then
     -- The common request: one policy.
-    local i, cost
-    i, cost, pos = unpack_struct('<I4d', requests, pos)
+    pos = after
     if E[i] then
       out[n + 1], out[n + 2] = -1, E[i]
       n = n + 2
@@ -131,8 +131,8 @@ while pos <= last do
     end
   else
     local err
+    pos = pos + 5
     for j = 1, m do
-      local i, cost
       i, cost, pos = unpack_struct('<I4d', requests, pos)
       idx[j], costs[j] = i, cost
       err = err or E[i]

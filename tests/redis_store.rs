@@ -688,3 +688,26 @@ fn batch_settings_are_checked_when_the_store_is_built() {
         assert_eq!(err.field(), field);
     }
 }
+
+#[test]
+fn no_policies_allow_without_a_call_like_the_memory_store() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let redis = manual_store(&server, &clock, "empty");
+        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let key = Key::new("user", "nobody");
+        let from_memory = memory.check(&key, &[], &[]).await.unwrap();
+        let checked = redis.check(&key, &[], &[]).await.unwrap();
+        let peeked = redis.peek(&key, &[], &[]).await.unwrap();
+        assert!(checked.is_allowed() && peeked.is_allowed());
+        assert!(checked.policies().is_empty());
+        assert_eq!(checked, from_memory);
+        // A real request still works after them (one policy, read in the one-unpack path).
+        let policy = Policy::new("api", Rate::per_second(1)).unwrap();
+        let one = std::slice::from_ref(&policy);
+        assert!(redis.check(&key, one, &[1]).await.unwrap().is_allowed());
+        assert!(!redis.check(&key, one, &[1]).await.unwrap().is_allowed());
+    });
+}

@@ -362,6 +362,11 @@ impl<C: Connector> Core<C> {
         charge: bool,
     ) -> BoxFuture<Result<Decision, StoreError>> {
         debug_assert_eq!(policies.len(), costs.len());
+        if policies.is_empty() {
+            // Nothing to decide (every policy allows vacuously): no call, and no state key
+            // to pick the lane by.
+            return Box::pin(std::future::ready(Ok(Decision::from_policies([]))));
+        }
         let request = self.request(key, policies, costs, charge);
         let lane = self.connector.lane(&request.keys[0]);
         match Lanes::admit(self, lane, request) {
