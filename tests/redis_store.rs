@@ -704,6 +704,7 @@ fn no_policies_allow_without_a_call_like_the_memory_store() {
         assert!(checked.is_allowed() && peeked.is_allowed());
         assert!(checked.policies().is_empty());
         assert_eq!(checked, from_memory);
+        redis.reset(&key, &[]).await.unwrap();
         // A real request still works after them (one policy, read in the one-unpack path).
         let policy = Policy::new("api", Rate::per_second(1)).unwrap();
         let one = std::slice::from_ref(&policy);

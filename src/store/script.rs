@@ -411,6 +411,10 @@ impl<C: Connector> Core<C> {
         key: &Key,
         policies: &[Policy],
     ) -> BoxFuture<Result<(), StoreError>> {
+        if policies.is_empty() {
+            // `UNLINK` with no keys is a syntax error; there is nothing to forget.
+            return Box::pin(std::future::ready(Ok(())));
+        }
         let mut cmd = redis::cmd("UNLINK");
         for p in policies {
             for a in ALL_ALGORITHMS {
