@@ -13,10 +13,12 @@
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
 -- charged. When one denies, the others report an evaluation at cost 0 (nothing was charged).
--- Returns one flat array: per request, allowed (1 or 0) then per policy allowed, remaining,
--- reset_after, retry_after and delay; or -1 and a message when a state the request names
--- cannot be read (the key holds a value of another type), while the other requests of the
--- batch are decided as usual.
+-- Returns one binary string (little-endian), per request: allowed (i8, 1 or 0) then per
+-- policy allowed (i8), remaining, reset_after, retry_after and delay (f64 each); or -1 (i8),
+-- a length (u32) and a message when a state the request names cannot be read (the key holds
+-- a value of another type), while the other requests of the batch are decided as usual.
+-- One string costs Redis less to send, and the client far less to parse, than an array of
+-- six integers per request.
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -100,7 +102,9 @@ if #strings > 0 then
   end
 end
 
-local out, n, dirty = {}, 0, {}
+-- replies: the packed answer of each request, in order (r of them); out: one request's
+-- per-policy answers while several policies are decided.
+local replies, r, out, dirty = {}, 0, {}, {}
 local idx, costs = {}, {}
 local pos, last = 1, #requests
 while pos <= last do
@@ -112,22 +116,21 @@ while pos <= last do
     -- The common request: one policy.
     pos = after
     if E[i] then
-      out[n + 1], out[n + 2] = -1, E[i]
-      n = n + 2
+      replies[r + 1], replies[r + 2] = pack('<bI4', -1, #E[i]), E[i]
+      r = r + 2
     else
       local p, s = P[i], S[i]
       -- Evaluated and, when allowed and charged, committed in one pass.
       local ok, remaining, reset_after, retry_after, delay = p.a.evaluate(s, now, p, cost, charge)
+      local allowed = 0
       if ok then
-        out[n + 1], out[n + 2] = 1, 1
+        allowed = 1
         if charge then
           dirty[i] = true
         end
-      else
-        out[n + 1], out[n + 2] = 0, 0
       end
-      out[n + 3], out[n + 4], out[n + 5], out[n + 6] = remaining, reset_after, retry_after, delay
-      n = n + 6
+      r = r + 1
+      replies[r] = pack('<bbdddd', allowed, allowed, remaining, reset_after, retry_after, delay)
     end
   else
     local err
@@ -138,10 +141,10 @@ while pos <= last do
       err = err or E[i]
     end
     if err then
-      out[n + 1], out[n + 2] = -1, err
-      n = n + 2
+      replies[r + 1], replies[r + 2] = pack('<bI4', -1, #err), err
+      r = r + 2
     else
-      local all, base = true, n + 1
+      local all, base = true, 0
       for j = 1, m do
         local i = idx[j]
         local p = P[i]
@@ -173,8 +176,13 @@ while pos <= last do
           dirty[i] = true
         end
       end
-      out[base] = all and 1 or 0
-      n = base + 5 * m
+      r = r + 1
+      replies[r] = pack('<b', all and 1 or 0)
+      for j = 1, m do
+        local o = (j - 1) * 5
+        r = r + 1
+        replies[r] = pack('<bdddd', out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5])
+      end
     end
   end
 end
@@ -194,4 +202,4 @@ for i = 1, nk do
     end
   end
 end
-return out
+return table.concat(replies)

@@ -16,7 +16,6 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use redis::Value;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
@@ -300,52 +299,85 @@ fn index(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Reads the flat reply of one call into one result per request: per request `allowed`
-/// then five integers per policy, or `-1` and a message.
+/// Reads the packed reply of one call into one result per request (layout in
+/// `lua/decide.lua`): per request `allowed` then five numbers per policy, or `-1` and a
+/// message.
 pub(crate) fn parse_batch_reply(
-    reply: &[Value],
+    reply: &[u8],
     requests: &[Request],
 ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
     let mut results = Vec::with_capacity(requests.len());
-    let mut at = 0usize;
-    let int = |v: Option<&Value>| -> Result<i64, StoreError> {
-        match v {
-            Some(Value::Int(i)) => Ok(*i),
-            other => Err(StoreError::Protocol(format!(
-                "the decision script returned {other:?} where an integer belongs"
-            ))),
-        }
-    };
+    let mut reader = Reader { rest: reply };
     for request in requests {
-        let status = int(reply.get(at))?;
+        let status = i64::from(reader.byte()? as i8);
         if status == -1 {
-            let message = match reply.get(at + 1) {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                Some(Value::SimpleString(s)) => s.clone(),
-                other => format!("the decision script failed ({other:?})"),
-            };
+            let len = reader.u32()? as usize;
+            let message = String::from_utf8_lossy(reader.take(len)?).into_owned();
             results.push(Err(StoreError::Backend(message)));
-            at += 2;
             continue;
         }
         let m = request.keys.len();
-        let mut fields: SmallVec<[i64; 10]> = SmallVec::with_capacity(1 + 5 * m);
+        let mut fields: SmallVec<[i64; 11]> = SmallVec::with_capacity(1 + 5 * m);
         fields.push(status);
-        for i in 0..5 * m {
-            fields.push(int(reply.get(at + 1 + i))?);
+        for _ in 0..m {
+            fields.push(i64::from(reader.byte()? as i8));
+            for _ in 0..4 {
+                fields.push(reader.number()?);
+            }
         }
-        at += 1 + 5 * m;
         let limits: SmallVec<[u64; 2]> = request.params.iter().map(|p| p[3]).collect();
         results.push(parse_reply(&fields, &limits));
     }
-    if at != reply.len() {
+    if !reader.rest.is_empty() {
         return Err(StoreError::Protocol(format!(
-            "the decision script returned {} values for {} requests",
-            reply.len(),
+            "the decision script's reply has {} bytes left over after {} requests",
+            reader.rest.len(),
             requests.len()
         )));
     }
     Ok(results)
+}
+
+/// Reads the little-endian fields of a packed reply, failing on a reply cut short.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.rest.len() < n {
+            return Err(StoreError::Protocol(
+                "the decision script's reply is cut short".into(),
+            ));
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
+    }
+
+    fn byte(&mut self) -> Result<u8, StoreError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        let mut b = [0; 4];
+        b.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// A whole number sent as a double (every value is an integer below 2^53).
+    fn number(&mut self) -> Result<i64, StoreError> {
+        let mut b = [0; 8];
+        b.copy_from_slice(self.take(8)?);
+        let v = f64::from_le_bytes(b);
+        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+        if v.fract() != 0.0 || !(-EXACT..=EXACT).contains(&v) {
+            return Err(StoreError::Protocol(format!(
+                "the decision script's reply holds {v} where a whole number belongs"
+            )));
+        }
+        Ok(v as i64)
+    }
 }
 
 /// `{ allowed, then per policy: allowed, remaining, reset_after, retry_after, delay }`.

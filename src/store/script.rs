@@ -392,7 +392,7 @@ impl<C: Connector> Core<C> {
         let mut results = Vec::with_capacity(batch.len());
         for (assembled, requests) in assemble(batch) {
             let inv = self.invocation(&assembled);
-            let reply: Result<Vec<Value>, StoreError> = async {
+            let reply: Result<Vec<u8>, StoreError> = async {
                 let mut conn = self.connector.connection().await?;
                 inv.invoke_async(&mut conn).await.map_err(store_error)
             }
@@ -489,25 +489,26 @@ mod tests {
             );
         }
         assert!(s.contains(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}")));
-        assert!(s.trim_end().ends_with("return out"));
+        assert!(s.trim_end().ends_with("return table.concat(replies)"));
     }
 
-    #[test]
-    fn a_batch_names_each_state_once_and_each_policy_once() {
-        struct Never;
-        impl Connector for Never {
-            type Conn = redis::aio::MultiplexedConnection;
-            type Lane = ();
-            fn lane(&self, _: &str) {}
-            async fn connection(&self) -> Result<Self::Conn, StoreError> {
-                Err(StoreError::Connection("never".into()))
-            }
-            fn describe(&self) -> &'static str {
-                "never"
-            }
+    /// A connector that never connects: for tests of what would be sent and parsed.
+    struct Never;
+    impl Connector for Never {
+        type Conn = redis::aio::MultiplexedConnection;
+        type Lane = ();
+        fn lane(&self, _: &str) {}
+        async fn connection(&self) -> Result<Self::Conn, StoreError> {
+            Err(StoreError::Connection("never".into()))
         }
+        fn describe(&self) -> &'static str {
+            "never"
+        }
+    }
+
+    fn test_core() -> Core<Never> {
         let clock = crate::clock::ManualClock::new(1_234);
-        let core = Core::new(
+        Core::new(
             Never,
             Options {
                 prefix: "t".into(),
@@ -515,7 +516,12 @@ mod tests {
                 ..Options::default()
             },
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_batch_names_each_state_once_and_each_policy_once() {
+        let core = test_core();
         let a = Policy::new("a", Rate::per_second(10)).unwrap();
         let b = Policy::builder("b", Rate::per_minute(5).with_burst(7))
             .algorithm(Algorithm::Gcra)
@@ -600,5 +606,70 @@ mod tests {
         assert_eq!(d.governing_index(), 1);
         assert_eq!(d.retry_after_millis(), 300);
         assert_eq!(d.limit(), 10);
+    }
+
+    /// One request's packed answer: status, then per policy allowed and four numbers.
+    fn packed(status: i8, policies: &[(i8, [f64; 4])]) -> Vec<u8> {
+        let mut out = vec![status as u8];
+        for (allowed, numbers) in policies {
+            out.push(*allowed as u8);
+            for n in numbers {
+                out.extend(n.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn packed_batch_replies_are_read_per_request_and_checked() {
+        let core = test_core();
+        let a = Policy::new("a", Rate::per_second(10)).unwrap();
+        let one = std::slice::from_ref(&a);
+        let batch = [
+            core.request(&Key::new("ip", "1"), one, &[1], true),
+            core.request(&Key::new("ip", "2"), one, &[1], true),
+            core.request(&Key::new("ip", "3"), one, &[1], true),
+        ];
+        let mut reply = packed(1, &[(1, [9.0, 1_000.0, 0.0, 0.0])]);
+        let message = b"tollgate: t:{ip:2}:a:swc holds a value of another type";
+        reply.push(-1i8 as u8);
+        reply.extend((message.len() as u32).to_le_bytes());
+        reply.extend(message);
+        reply.extend(packed(0, &[(0, [0.0, 1_000.0, 250.0, 0.0])]));
+        let results = parse_batch_reply(&reply, &batch).unwrap();
+        assert_eq!(results.len(), 3);
+        let first = results[0].as_ref().unwrap();
+        assert!(first.is_allowed());
+        assert_eq!(first.remaining(), 9);
+        assert!(
+            matches!(&results[1], Err(StoreError::Backend(m)) if m.as_bytes() == message),
+            "{:?}",
+            results[1]
+        );
+        let third = results[2].as_ref().unwrap();
+        assert!(!third.is_allowed());
+        assert_eq!(third.retry_after_millis(), 250);
+
+        // Cut short, left over, or a number that is not whole: the call fails as a protocol
+        // error rather than inventing an answer.
+        let protocol = |reply: &[u8]| {
+            matches!(
+                parse_batch_reply(reply, &batch),
+                Err(StoreError::Protocol(_))
+            )
+        };
+        assert!(protocol(&reply[..reply.len() - 1]));
+        assert!(protocol(&reply[..3]));
+        assert!(protocol(&[reply.as_slice(), &[0]].concat()));
+        for bad in [0.5, -0.5, f64::NAN, f64::INFINITY, 1e300] {
+            let bad_reply = packed(1, &[(1, [bad, 1_000.0, 0.0, 0.0])]);
+            assert!(
+                matches!(
+                    parse_batch_reply(&bad_reply, &batch[..1]),
+                    Err(StoreError::Protocol(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 }
