@@ -276,7 +276,7 @@ async fn main() {
             Box::pin(async move {
                 // One policy (the sliding window counter), one state of policy 1, one request
                 // charging 1 unit to state 1 (the binary layout of lua/decide.lua).
-                let reply: Vec<i64> = script
+                let reply: Vec<u8> = script
                     .key(&keys[t])
                     .arg("")
                     .arg(&[1, 1, limit, window, limit, 0][..])
@@ -285,7 +285,8 @@ async fn main() {
                     .invoke_async(&mut conn)
                     .await
                     .expect("EVALSHA failed");
-                assert_eq!(reply[0], 1);
+                // Packed: allowed (i8), then the policy's allowed (i8) and four f64.
+                assert_eq!((reply.len(), reply[0]), (34, 1));
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }
     };
