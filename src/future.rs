@@ -302,18 +302,12 @@ where
                         Verdict::Proceed { delay, decision } => {
                             let mut inner = inner.take().expect("polled after completion");
                             let request = request.take().expect("polled after completion");
-                            if delay.is_zero() {
-                                this.state.set(State::Calling {
-                                    future: inner.call(request),
-                                    set,
-                                    decision,
-                                    shared,
-                                });
+                            let next = if delay.is_zero() {
+                                Self::calling(inner.call(request), set, decision, shared)
                             } else {
-                                let waiting =
-                                    Self::waiting(delay, set, inner, request, decision, shared);
-                                this.state.set(waiting.state);
-                            }
+                                Self::waiting(delay, set, inner, request, decision, shared)
+                            };
+                            this.state.set(next.state);
                         }
                     }
                 }
@@ -328,16 +322,9 @@ where
                     ready!(sleep.as_mut().poll(cx));
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
-                    let future = inner.call(request);
                     let shared = shared.take().expect("polled after completion");
-                    let decision = decision.take();
-                    let set = *set;
-                    this.state.set(State::Calling {
-                        future,
-                        set,
-                        decision,
-                        shared,
-                    });
+                    let next = Self::calling(inner.call(request), *set, decision.take(), shared);
+                    this.state.set(next.state);
                 }
                 StateProj::Calling {
                     future,

@@ -359,17 +359,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
 
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        let mut b = [0; N];
+        b.copy_from_slice(self.take(N)?);
+        Ok(b)
+    }
+
     fn u32(&mut self) -> Result<u32, StoreError> {
-        let mut b = [0; 4];
-        b.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(b))
+        Ok(u32::from_le_bytes(self.array()?))
     }
 
     /// A whole number sent as a double (every value is an integer below 2^53).
     fn number(&mut self) -> Result<i64, StoreError> {
-        let mut b = [0; 8];
-        b.copy_from_slice(self.take(8)?);
-        let v = f64::from_le_bytes(b);
+        let v = f64::from_le_bytes(self.array()?);
         const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
         if v.fract() != 0.0 || !(-EXACT..=EXACT).contains(&v) {
             return Err(StoreError::Protocol(format!(
