@@ -7,6 +7,7 @@ of the same scenario (the first side named in REFERENCE that is present).
 
     python3 benches/summarize.py memory_decision
     python3 benches/summarize.py layer
+    python3 benches/summarize.py fixed_costs
 
 Criterion's output folder is `$CARGO_TARGET_DIR/criterion` (default `target/criterion`).
 """
@@ -21,6 +22,7 @@ from collections import defaultdict
 REFERENCE = {
     "memory_decision": ["governor_gcra"],
     "layer": ["bare"],
+    "fixed_costs": ["governor_check"],
 }
 
 
