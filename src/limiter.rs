@@ -363,19 +363,24 @@ impl<S: Store> Limiter<S> {
         if set.enforced.is_empty() {
             return Prepared::Pass;
         }
-        let costs: SmallVec<[u64; 2]> = match cost {
-            None => set.default_costs.clone(),
-            Some(c) => set.enforced.iter().map(|_| c).collect(),
+        // The policies' own costs are borrowed, not copied: the common case, on every request.
+        let given: SmallVec<[u64; 2]>;
+        let costs: &[u64] = match cost {
+            None => &set.default_costs,
+            Some(c) => {
+                given = set.enforced.iter().map(|_| c).collect();
+                &given
+            }
         };
         if let Cost::Computed(_) = set.cost {
-            if let Err(e) = validate_costs(&set.enforced, &costs) {
+            if let Err(e) = validate_costs(&set.enforced, costs) {
                 return Prepared::TooCostly(e);
             }
         }
         let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
         let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
-            if let Some(outcome) = inner.store.check_now(&key, &set.enforced, &costs) {
+            if let Some(outcome) = inner.store.check_now(&key, &set.enforced, costs) {
                 return Prepared::Decided {
                     set: set_id,
                     outcome,
@@ -383,11 +388,15 @@ impl<S: Store> Limiter<S> {
                 };
             }
             CheckFuture::Direct {
-                future: inner.store.check(&key, &set.enforced, &costs),
+                future: inner.store.check(&key, &set.enforced, costs),
             }
         } else {
             CheckFuture::Boxed {
-                future: Box::pin(self.clone().check_with_penalties(key, set_id, costs)),
+                future: Box::pin(self.clone().check_with_penalties(
+                    key,
+                    set_id,
+                    SmallVec::from_slice(costs),
+                )),
             }
         };
         Prepared::Check {
