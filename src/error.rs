@@ -122,9 +122,11 @@ pub enum CheckError {
         /// The largest cost the policy can ever allow.
         capacity: u64,
     },
-    /// The limiter has policies only on routes, so a check without a route has nothing to
-    /// check against.
-    NoPolicies,
+    /// The key is on the limiter's deny list
+    /// ([`LimiterBuilder::deny_key`](crate::LimiterBuilder::deny_key),
+    /// [`deny_cidr`](crate::LimiterBuilder::deny_cidr)); the layer answers such requests
+    /// with `403 Forbidden`.
+    Forbidden,
     /// The store failed; see [`StoreError`].
     Store(StoreError),
 }
@@ -140,9 +142,7 @@ impl fmt::Display for CheckError {
                 f,
                 "cost {cost} exceeds the capacity {capacity} of policy \"{policy}\""
             ),
-            CheckError::NoPolicies => {
-                f.write_str("the limiter has no default policies (only per-route ones)")
-            }
+            CheckError::Forbidden => f.write_str("the key is on the deny list"),
             CheckError::Store(e) => e.fmt(f),
         }
     }
@@ -152,7 +152,7 @@ impl std::error::Error for CheckError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CheckError::Store(e) => Some(e),
-            CheckError::CostExceedsCapacity { .. } | CheckError::NoPolicies => None,
+            CheckError::CostExceedsCapacity { .. } | CheckError::Forbidden => None,
         }
     }
 }

@@ -92,31 +92,27 @@
 
 pub mod algorithm;
 pub mod audit;
-mod body;
 pub mod clock;
 pub mod config;
 mod decision;
 mod error;
-mod future;
 pub mod grpc;
 pub mod key;
-mod layer;
 mod limiter;
 pub mod login;
+pub mod middleware;
 pub mod policy;
+pub mod refusal;
 pub mod response;
 pub mod route;
-mod service;
 pub mod store;
 mod telemetry;
 
 pub use audit::{audit, AuditReport};
-pub use body::RateLimitBody;
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
-pub use future::ResponseFuture;
-pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, LimiterBuilder, MissingKey};
+pub use middleware::{RateLimitBody, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
+pub use refusal::{Refusal, RefusalKind};
 pub use response::HeaderStyle;
-pub use service::RateLimitService;

@@ -1,4 +1,4 @@
-//! Quota headers and the rejection response.
+//! Quota headers, and how the layer renders refusals.
 //!
 //! On a denial the layer answers `429 Too Many Requests` with:
 //!
@@ -27,14 +27,14 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Response};
 
 use crate::decision::Decision;
 use crate::policy::Policy;
+use crate::refusal::{Refusal, RefusalFn, Rendering};
 
 static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
@@ -72,171 +72,13 @@ pub enum HeaderStyle {
     All,
 }
 
-/// Everything a custom rejection response may want to know.
-///
-/// See [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
-#[derive(Debug)]
-pub struct Rejection<'a> {
-    pub(crate) decision: &'a Decision,
-    pub(crate) policies: &'a [Policy],
-    pub(crate) now_millis: u64,
-    pub(crate) config: &'a ResponseConfig,
-    pub(crate) grpc: Option<&'a HeaderValue>,
-}
-
-impl<'a> Rejection<'a> {
-    /// The decision.
-    pub fn decision(&self) -> &'a Decision {
-        self.decision
-    }
-
-    /// The policy that denied (the one that frees up last).
-    pub fn policy(&self) -> Option<&'a Policy> {
-        self.policies.get(self.decision.governing_index())
-    }
-
-    /// Every policy checked, in the order of [`Decision::policies`].
-    pub fn policies(&self) -> &'a [Policy] {
-        self.policies
-    }
-
-    /// Whether any policy checked is sensitive (then say nothing about counts).
-    pub fn is_sensitive(&self) -> bool {
-        self.policies.iter().any(Policy::is_sensitive)
-    }
-
-    /// The `Retry-After` value: whole seconds, rounded up, at least 1.
-    pub fn retry_after_secs(&self) -> u64 {
-        self.decision.retry_after_millis().div_ceil(1000).max(1)
-    }
-
-    /// Whether the request was a gRPC call (its `Content-Type` starts with
-    /// `application/grpc`); the default response is then [`grpc_response`](Self::grpc_response).
-    ///
-    /// See [`grpc_response`](Self::grpc_response) for an example.
-    pub fn is_grpc(&self) -> bool {
-        self.grpc.is_some()
-    }
-
-    /// The human-readable message: generic when any policy is sensitive, else naming the
-    /// rate and policy.
-    ///
-    /// See [`grpc_response`](Self::grpc_response) for an example.
-    pub fn message(&self) -> String {
-        let retry = self.retry_after_secs();
-        if self.is_sensitive() {
-            SENSITIVE_MESSAGE.to_owned()
-        } else {
-            match self.policy() {
-                Some(p) => format!(
-                    "Rate limit exceeded: {} ({}). Retry in {retry} s.",
-                    p.rate(),
-                    p.name()
-                ),
-                None => format!("Rate limit exceeded. Retry in {retry} s."),
-            }
-        }
-    }
-
-    /// The response tollgate sends by default: [`http_response`](Self::http_response), or
-    /// [`grpc_response`](Self::grpc_response) for a gRPC call.
-    pub fn default_response(&self) -> Response<Bytes> {
-        if self.is_grpc() {
-            self.grpc_response()
-        } else {
-            self.http_response()
-        }
-    }
-
-    /// The 429 with `Retry-After`, quota headers (unless sensitive) and a JSON body.
-    ///
-    /// See [`grpc_response`](Self::grpc_response) for an example.
-    pub fn http_response(&self) -> Response<Bytes> {
-        let retry = self.retry_after_secs();
-        let body = serde_json::json!({
-            "error": "rate_limit_exceeded",
-            "message": self.message(),
-            "retry_after": retry,
-        });
-        let mut res = Response::new(Bytes::from(body.to_string()));
-        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let headers = res.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if self.config.retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-        }
-        self.write_quota_headers(headers);
-        res
-    }
-
-    /// The gRPC `RESOURCE_EXHAUSTED` trailers-only response (HTTP 200, `grpc-status: 8`,
-    /// `grpc-message`, `retry-after` and a `google.rpc.RetryInfo` in
-    /// `grpc-status-details-bin`, quota headers unless sensitive); see [`crate::grpc`].
-    ///
-    /// A custom rejection that changes the HTTP body but leaves gRPC calls alone:
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new(
-    ///     Limiter::builder().policy(Policy::new("api", Rate::per_second(5))?).build()?,
-    /// )
-    /// .on_rejection(|rejection| {
-    ///     if rejection.is_grpc() {
-    ///         return rejection.grpc_response();
-    ///     }
-    ///     let mut res = rejection.http_response();
-    ///     *res.body_mut() = Bytes::from(format!("{{\"error\":{:?}}}", rejection.message()));
-    ///     res
-    /// });
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    pub fn grpc_response(&self) -> Response<Bytes> {
-        static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
-        let retry = self
-            .decision
-            .retry_after()
-            .filter(|_| self.config.retry_after)
-            .map(|d| d.max(Duration::from_millis(1)));
-        let mut res = crate::grpc::error_response(
-            crate::grpc::RESOURCE_EXHAUSTED,
-            &self.message(),
-            retry,
-            self.grpc.unwrap_or(&GRPC),
-        );
-        self.write_quota_headers(res.headers_mut());
-        res
-    }
-
-    fn write_quota_headers(&self, headers: &mut HeaderMap) {
-        if !self.is_sensitive() {
-            write_quota_headers(
-                headers,
-                self.decision,
-                self.policies,
-                self.now_millis,
-                self.config.style,
-            );
-        }
-    }
-}
-
-/// The message of a sensitive policy's rejection: no counts, no hint of which limit.
-pub(crate) const SENSITIVE_MESSAGE: &str = "Too many requests. Please try again later.";
-
-/// Builds a custom rejection response; see
-/// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
-pub type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
-
 /// How the layer renders responses.
 #[derive(Clone)]
 pub(crate) struct ResponseConfig {
     pub(crate) style: HeaderStyle,
     pub(crate) quota_on_success: bool,
     pub(crate) retry_after: bool,
-    pub(crate) on_rejection: Option<Arc<RejectionFn>>,
+    pub(crate) on_refusal: Option<Arc<RefusalFn>>,
 }
 
 impl Default for ResponseConfig {
@@ -245,7 +87,7 @@ impl Default for ResponseConfig {
             style: HeaderStyle::Classic,
             quota_on_success: true,
             retry_after: true,
-            on_rejection: None,
+            on_refusal: None,
         }
     }
 }
@@ -256,29 +98,23 @@ impl fmt::Debug for ResponseConfig {
             .field("style", &self.style)
             .field("quota_on_success", &self.quota_on_success)
             .field("retry_after", &self.retry_after)
-            .field("on_rejection", &self.on_rejection.is_some())
+            .field("on_refusal", &self.on_refusal.is_some())
             .finish()
     }
 }
 
 impl ResponseConfig {
-    pub(crate) fn reject(
-        &self,
-        decision: &Decision,
-        policies: &[Policy],
-        now_millis: u64,
-        grpc: Option<&HeaderValue>,
-    ) -> Response<Bytes> {
-        let rejection = Rejection {
-            decision,
-            policies,
-            now_millis,
-            config: self,
-            grpc,
-        };
-        match &self.on_rejection {
-            Some(f) => f(&rejection),
-            None => rejection.default_response(),
+    /// The response for `refusal` (to a gRPC call when `grpc` is its content type): the
+    /// user's hook, or the refusal's own rendering with this layer's header settings.
+    pub(crate) fn render(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
+        let refusal = refusal.with_rendering(Rendering {
+            style: self.style,
+            retry_after: self.retry_after,
+            grpc: grpc.cloned(),
+        });
+        match &self.on_refusal {
+            Some(f) => f(&refusal),
+            None => refusal.default_response(),
         }
     }
 
@@ -583,16 +419,4 @@ fn structured_fields(decision: &Decision, policies: &[Policy]) -> Option<(String
             .parameter(t, Integer::try_from(reset).ok()?);
     }
     Some((policy_list.finish()?, ratelimit_list.finish()?))
-}
-
-/// A plain JSON error response (400 for a missing key, 503 when the store fails closed).
-pub(crate) fn json_error(status: StatusCode, error: &str, message: &str) -> Response<Bytes> {
-    let body = serde_json::json!({ "error": error, "message": message });
-    let mut res = Response::new(Bytes::from(body.to_string()));
-    *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    res.headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    res
 }

@@ -35,13 +35,9 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use http::Method;
-
-use crate::error::ConfigError;
 use crate::key::RequestView;
 use crate::policy::Policy;
 
@@ -163,132 +159,5 @@ impl Route {
     {
         self.cost = Cost::Computed(Arc::new(f));
         self
-    }
-}
-
-/// A compiled pattern → route lookup.
-#[derive(Clone)]
-pub(crate) struct RouteTable {
-    router: matchit::Router<Vec<(Option<Method>, usize)>>,
-}
-
-impl fmt::Debug for RouteTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RouteTable").finish_non_exhaustive()
-    }
-}
-
-/// Splits `"POST /login"` into its method and path; a bare path applies to every method.
-pub(crate) fn parse_pattern(pattern: &str) -> Result<(Option<Method>, &str), String> {
-    let pattern = pattern.trim();
-    let (method, path) = match pattern.split_once(char::is_whitespace) {
-        Some((m, p)) => (Some(m), p.trim()),
-        None => (None, pattern),
-    };
-    let method = match method {
-        Some(m) => Some(
-            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                .map_err(|_| format!("`{m}` is not an HTTP method"))?,
-        ),
-        None => None,
-    };
-    if !path.starts_with('/') {
-        return Err("the path must start with '/'".to_owned());
-    }
-    Ok((method, path))
-}
-
-impl RouteTable {
-    /// Builds the table from `(pattern, route index)` pairs.
-    pub(crate) fn build(patterns: &[(String, usize)]) -> Result<Self, ConfigError> {
-        let mut by_path: BTreeMap<&str, Vec<(Option<Method>, usize)>> = BTreeMap::new();
-        let mut order: Vec<&str> = vec![];
-        for (i, (pattern, idx)) in patterns.iter().enumerate() {
-            let field = format!("routes[{i}].pattern");
-            let (method, path) = parse_pattern(pattern)
-                .map_err(|reason| ConfigError::new(&field, format_args!("{pattern:?}"), reason))?;
-            let entry = by_path.entry(path).or_insert_with(|| {
-                order.push(path);
-                vec![]
-            });
-            if entry.iter().any(|(m, _)| *m == method) {
-                return Err(ConfigError::new(
-                    field,
-                    format_args!("{pattern:?}"),
-                    "the same method and path appear twice",
-                ));
-            }
-            entry.push((method, *idx));
-        }
-        let mut router = matchit::Router::new();
-        for path in order {
-            let routes = by_path.remove(path).unwrap_or_default();
-            router.insert(path, routes).map_err(|e| {
-                let i = patterns
-                    .iter()
-                    .position(|(p, _)| parse_pattern(p).is_ok_and(|(_, q)| q == path))
-                    .unwrap_or(0);
-                ConfigError::new(
-                    format!("routes[{i}].pattern"),
-                    format_args!("{:?}", patterns[i].0),
-                    e.to_string(),
-                )
-            })?;
-        }
-        Ok(Self { router })
-    }
-
-    /// The route index for a request, if a pattern matches.
-    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<usize> {
-        let found = self.router.at(path).ok()?;
-        let routes = found.value;
-        routes
-            .iter()
-            .find(|(m, _)| m.as_ref() == Some(method))
-            .or_else(|| routes.iter().find(|(m, _)| m.is_none()))
-            .map(|(_, i)| *i)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn patterns_parse() {
-        assert_eq!(
-            parse_pattern("POST /login").unwrap(),
-            (Some(Method::POST), "/login")
-        );
-        assert_eq!(parse_pattern("/x").unwrap(), (None, "/x"));
-        assert_eq!(parse_pattern("get  /x").unwrap(), (Some(Method::GET), "/x"));
-        assert!(parse_pattern("login").is_err());
-        assert!(parse_pattern("P{ST /x").is_err());
-    }
-
-    #[test]
-    fn most_specific_wins_and_method_beats_any() {
-        let t = RouteTable::build(&[
-            ("/api/{*rest}".into(), 0),
-            ("/api/search".into(), 1),
-            ("POST /api/search".into(), 2),
-            ("/users/{id}".into(), 3),
-        ])
-        .unwrap();
-        assert_eq!(t.lookup(&Method::GET, "/api/x/y"), Some(0));
-        assert_eq!(t.lookup(&Method::GET, "/api/search"), Some(1));
-        assert_eq!(t.lookup(&Method::POST, "/api/search"), Some(2));
-        assert_eq!(t.lookup(&Method::GET, "/users/7"), Some(3));
-        assert_eq!(t.lookup(&Method::GET, "/other"), None);
-    }
-
-    #[test]
-    fn bad_patterns_name_the_route() {
-        let err = RouteTable::build(&[("/a".into(), 0), ("nope".into(), 1)]).unwrap_err();
-        assert_eq!(err.field(), "routes[1].pattern");
-        let err = RouteTable::build(&[("/a/{*x}/b".into(), 0)]).unwrap_err();
-        assert_eq!(err.field(), "routes[0].pattern");
-        let err = RouteTable::build(&[("GET /a".into(), 0), ("GET /a".into(), 1)]).unwrap_err();
-        assert_eq!(err.field(), "routes[1].pattern");
     }
 }

@@ -13,10 +13,10 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::LoginGuard;
-use crate::body::RateLimitBody;
 use crate::error::{CheckError, StoreError};
 use crate::key::RequestView;
-use crate::response::json_error;
+use crate::middleware::RateLimitBody;
+use crate::refusal::{Refusal, RefusalKind, Rendering};
 use crate::store::{MemoryStore, Store};
 
 /// What a login route's response says about the attempt; see [`LoginLayer::classify`].
@@ -360,7 +360,15 @@ where
         let shared = Arc::clone(&self.shared);
         let grpc = crate::grpc::content_type(req.headers()).cloned();
         Box::pin(async move {
-            let early = |res: Response<Bytes>| Ok(res.map(RateLimitBody::full));
+            let early = |refusal: Refusal, key: Option<&crate::key::Key>| {
+                refusal.log(key);
+                let rendering = Rendering {
+                    grpc: grpc.clone(),
+                    ..Rendering::default()
+                };
+                let res = refusal.with_rendering(rendering).default_response();
+                Ok(res.map(RateLimitBody::full))
+            };
             let (req, username) = match &shared.username {
                 Username::Parts(f) => {
                     let username = f(&RequestView::new(&req));
@@ -370,31 +378,33 @@ where
                     let (parts, body) = req.into_parts();
                     let bytes = match read_capped(body, shared.max_body).await {
                         Ok(bytes) => bytes,
-                        Err(res) => return early(res),
+                        Err(kind) => return early(Refusal::of_kind(kind), None),
                     };
                     let username = f(&RequestView::from_parts(&parts), &bytes);
                     (Request::from_parts(parts, ReqBody::from(bytes)), username)
                 }
             };
             let guard = &shared.guard;
-            let Some(attempt) =
-                guard.attempt(&RequestView::new(&req), &username.unwrap_or_default())
-            else {
-                return early(json_error(
-                    StatusCode::BAD_REQUEST,
-                    "missing_rate_limit_key",
-                    "The request carries nothing to rate-limit it by.",
-                ));
+            let view = RequestView::new(&req);
+            let Some(attempt) = guard.attempt(&view, &username.unwrap_or_default()) else {
+                Refusal::log_missing_key(view.peer_addr().is_some());
+                return early(Refusal::of_kind(RefusalKind::MissingKey), None);
             };
             match guard.check(&attempt).await {
-                Ok(decision) if decision.is_allowed() => {}
-                Ok(decision) => return early(decision.render(grpc.as_ref())),
+                Ok(decision) => {
+                    if let Some(refusal) = decision.refusal() {
+                        return early(refusal, Some(attempt.ip_key()));
+                    }
+                }
+                Err(CheckError::Forbidden) => {
+                    return early(Refusal::of_kind(RefusalKind::Forbidden), None);
+                }
                 Err(error) => {
                     let error = match error {
                         CheckError::Store(e) => e,
                         other => StoreError::Backend(other.to_string()),
                     };
-                    return early(crate::future::store_failure(&error, grpc.as_ref()));
+                    return early(Refusal::store_unavailable(Some(error), None), None);
                 }
             }
             let res = inner.call(req).await?;
@@ -411,35 +421,24 @@ where
     }
 }
 
-/// Reads a body of at most `max` bytes; a larger one is answered with 413, an unreadable one
+/// Reads a body of at most `max` bytes; a larger one is refused with 413, an unreadable one
 /// with 400.
-async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, Response<Bytes>>
+async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, RefusalKind>
 where
     B: Body<Data = Bytes>,
 {
-    let too_large = || {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "The login request body is too large.",
-        )
-    };
     if body.size_hint().lower() > max as u64 {
-        return Err(too_large());
+        return Err(RefusalKind::LoginBodyTooLarge);
     }
     let mut body = std::pin::pin!(body);
     let mut buf = BytesMut::new();
     while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
         let Ok(frame) = frame else {
-            return Err(json_error(
-                StatusCode::BAD_REQUEST,
-                "unreadable_body",
-                "The login request body could not be read.",
-            ));
+            return Err(RefusalKind::LoginBodyUnreadable);
         };
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > max {
-                return Err(too_large());
+                return Err(RefusalKind::LoginBodyTooLarge);
             }
             buf.extend_from_slice(&data);
         }

@@ -6,27 +6,22 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::body::RateLimitBody;
-use crate::decision::{Decision, Outcome};
-use crate::error::StoreError;
+use super::body::RateLimitBody;
+use super::layer::Shared;
+use crate::decision::Decision;
 use crate::key::Key;
-use crate::layer::Shared;
 use crate::limiter::CheckFuture;
-use crate::policy::Policy;
-use crate::response::{json_error, write_quota_headers};
 use crate::store::Store;
-use crate::telemetry;
 
 pin_project! {
-    /// The future of [`RateLimitService`](crate::RateLimitService): decides, waits when a
-    /// shaping policy asks it to, calls the inner service and adds quota headers — or
-    /// answers at once with a 429.
+    /// The future of [`RateLimitService`](crate::RateLimitService): waits for the store's
+    /// answer when it was not immediate, waits when a shaping policy asks it to, calls the
+    /// inner service and adds quota headers — or answers with the limiter's refusal.
     pub struct ResponseFuture<Inner, ReqBody, St>
     where
         Inner: Service<Request<ReqBody>>,
@@ -160,101 +155,6 @@ where
     }
 }
 
-/// What the layer does once the store has answered.
-pub(crate) enum Verdict {
-    /// Answer with this; the inner service is not called.
-    Respond(Response<Bytes>),
-    /// Call the inner service after `delay` (zero unless a shaping policy asks to wait);
-    /// `decision` is kept only when the response gets quota headers.
-    Proceed {
-        delay: std::time::Duration,
-        decision: Option<Decision>,
-    },
-}
-
-/// Records the store's answer (metrics, and a trace event when `key` is kept) and turns it
-/// into a [`Verdict`]: a 503 when the store failed closed, a 429 when denied, else proceed.
-/// `grpc` is asked only for a refusal, which must be in gRPC terms for a gRPC call.
-pub(crate) fn verdict<'a, St: Store>(
-    shared: &Shared<St>,
-    set: usize,
-    key: Option<Key>,
-    outcome: Result<Decision, StoreError>,
-    grpc: impl Fn() -> Option<&'a HeaderValue>,
-) -> Verdict {
-    let decision = match outcome {
-        Ok(decision) => decision,
-        Err(error) => return Verdict::Respond(store_failure(&error, grpc())),
-    };
-    // The policies of the route's set, not the default route's: the message, headers and
-    // sensitivity must match the decision.
-    let policies = &shared.limiter.set(set).enforced;
-    let store = shared.limiter.store().name();
-    telemetry::decision(decision.outcome(), decision.is_allowed(), store);
-    if let Some(key) = key {
-        trace_decision(&key, &decision, policies, store);
-    }
-    if decision.outcome() == Outcome::FailClosed {
-        let mut res = store_failure(&StoreError::CircuitOpen, grpc());
-        let retry = decision.retry_after_millis().div_ceil(1000).max(1);
-        res.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(retry));
-        return Verdict::Respond(res);
-    }
-    if !decision.is_allowed() {
-        let now = shared.limiter.store().now_millis();
-        return Verdict::Respond(shared.response.reject(&decision, policies, now, grpc()));
-    }
-    Verdict::Proceed {
-        delay: decision.delay(),
-        decision: shared
-            .response
-            .decorates(&decision, policies)
-            .then_some(decision),
-    }
-}
-
-/// One debug event per decision, with the fields OpenTelemetry users expect.
-fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
-    let digest = crate::key::digest(key);
-    let policy = policies
-        .get(decision.governing_index())
-        .map_or("", Policy::name);
-    tracing::event!(
-        target: "tollgate::decision",
-        tracing::Level::DEBUG,
-        ratelimit.key = digest.as_str(),
-        ratelimit.policy = policy,
-        ratelimit.allowed = decision.is_allowed(),
-        ratelimit.remaining = decision.remaining(),
-        ratelimit.store = store,
-        ratelimit.outcome = decision.outcome().as_str(),
-        "rate-limit decision"
-    );
-}
-
-/// The fail-closed answer: 503 with `Retry-After: 1`, or gRPC `UNAVAILABLE` for a gRPC call.
-pub(crate) fn store_failure(error: &StoreError, grpc: Option<&HeaderValue>) -> Response<Bytes> {
-    tracing::debug!(%error, "tollgate: refusing the request (fail closed)");
-    const MESSAGE: &str = "The rate limiter is unavailable. Please retry shortly.";
-    if let Some(ct) = grpc {
-        return crate::grpc::error_response(
-            crate::grpc::UNAVAILABLE,
-            MESSAGE,
-            Some(std::time::Duration::from_secs(1)),
-            ct,
-        );
-    }
-    let mut res = json_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "rate_limiter_unavailable",
-        MESSAGE,
-    );
-    res.headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    res
-}
-
 fn into_body<B>(res: Response<Bytes>) -> Response<RateLimitBody<B>> {
     res.map(RateLimitBody::full)
 }
@@ -289,17 +189,19 @@ where
                     let set = *set;
                     let outcome = ready!(check.poll(cx));
                     let shared = shared.take().expect("polled after completion");
-                    // Looked up only for a refusal, which must be in gRPC terms for a gRPC call.
-                    let grpc = || {
-                        request
-                            .as_ref()
-                            .and_then(|r| crate::grpc::content_type(r.headers()))
-                    };
-                    match verdict(&shared, set, key.take(), outcome, grpc) {
-                        Verdict::Respond(res) => this.state.set(State::Early {
-                            response: Some(res),
-                        }),
-                        Verdict::Proceed { delay, decision } => {
+                    match shared.limiter.conclude(set, key.as_ref(), outcome) {
+                        Err(refusal) => {
+                            // A refusal must be in gRPC terms for a gRPC call.
+                            let grpc = request
+                                .as_ref()
+                                .and_then(|r| crate::grpc::content_type(r.headers()));
+                            let res = shared.refuse(refusal, grpc);
+                            this.state.set(State::Early {
+                                response: Some(res),
+                            });
+                        }
+                        Ok(decision) => {
+                            let (delay, decision) = shared.proceed(set, decision);
                             let mut inner = inner.take().expect("polled after completion");
                             let request = request.take().expect("polled after completion");
                             let next = if delay.is_zero() {
@@ -334,14 +236,7 @@ where
                 } => {
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(decision) = decision.take() {
-                        let now = shared.limiter.store().now_millis();
-                        write_quota_headers(
-                            res.headers_mut(),
-                            &decision,
-                            &shared.limiter.set(*set).enforced,
-                            now,
-                            shared.response.style,
-                        );
+                        shared.decorate(*set, &decision, res.headers_mut());
                     }
                     return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
                 }

@@ -147,8 +147,10 @@ use sha2::{Digest, Sha256};
 use crate::decision::Decision;
 use crate::error::{CheckError, ConfigError};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
+use crate::limiter::Limiter;
 use crate::policy::{Algorithm, Policy, Rate};
-use crate::response::ResponseConfig;
+use crate::refusal::{Refusal, Rendering};
+use crate::route::Route;
 use crate::store::{MemoryStore, Store};
 
 /// Which attempts a [`LoginGuard`] counts; see the [module docs](crate::login).
@@ -191,11 +193,13 @@ pub struct LoginGuard<S = MemoryStore> {
 }
 
 struct GuardInner<S> {
-    store: S,
-    /// (IP, username), IP, username — in that order everywhere.
-    policies: [Policy; 3],
+    /// One limiter per tuple, (IP, username), IP, username — in that order everywhere —
+    /// sharing one store and the IP source: every attempt is decided by the limiter's one
+    /// decision path.
+    limiters: [Limiter<S>; 3],
+    /// The three limiters' policies, in the same order.
+    policies: Arc<[Policy]>,
     mode: LoginMode,
-    ip_source: Box<dyn KeyExtractor>,
     username_secret: Option<Box<[u8]>>,
 }
 
@@ -210,10 +214,9 @@ impl<S> Clone for LoginGuard<S> {
 impl<S: fmt::Debug> fmt::Debug for LoginGuard<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoginGuard")
-            .field("store", &self.inner.store)
+            .field("limiter", &self.inner.limiters[IP_USER])
             .field("policies", &self.inner.policies)
             .field("mode", &self.inner.mode)
-            .field("ip_source", &self.inner.ip_source)
             .field("username_secret", &self.inner.username_secret.is_some())
             .finish()
     }
@@ -310,7 +313,7 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// See [`LoginGuard`] and [`LoginMode`] for examples.
     pub fn store(&self) -> &S {
-        &self.inner.store
+        self.inner.limiters[IP_USER].store()
     }
 
     /// The attempt of `username` from the client of `request`, or `None` when the IP source
@@ -331,7 +334,7 @@ impl<S: Store> LoginGuard<S> {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn attempt(&self, request: &RequestView<'_>, username: &str) -> Option<LoginAttempt> {
-        let ip = self.inner.ip_source.extract(request)?;
+        let ip = self.inner.limiters[IP].key_for(request)?;
         Some(self.attempt_with_ip_key(ip, username))
     }
 
@@ -422,12 +425,9 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails.
     pub async fn record_success(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
-        let p = &self.inner.policies[IP_USER];
-        Ok(self
-            .inner
-            .store
-            .reset(&attempt.keys[IP_USER], std::slice::from_ref(p))
-            .await?)
+        self.inner.limiters[IP_USER]
+            .reset(&attempt.keys[IP_USER])
+            .await
     }
 
     /// Clears the username limit of `username` (an administrator unlocking an account).
@@ -452,24 +452,22 @@ impl<S: Store> LoginGuard<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn unlock_user(&self, username: &str) -> Result<(), CheckError> {
         let key = Key::new("login-user", self.username_digest(username));
-        let p = &self.inner.policies[USER];
-        Ok(self
-            .inner
-            .store
-            .reset(&key, std::slice::from_ref(p))
-            .await?)
+        self.inner.limiters[USER].reset(&key).await
     }
 
-    /// Asks the store about all three tuples: a peek (`charge == false`) or a check.
+    /// Asks each tuple's limiter: a peek (`charge == false`) or a check.
     async fn ask_all(&self, attempt: &LoginAttempt, charge: bool) -> Result<Decision, CheckError> {
         let mut decisions = Vec::with_capacity(3);
-        for (key, policy) in attempt.keys.iter().zip(&self.inner.policies) {
-            let policies = std::slice::from_ref(policy);
-            let costs = [policy.cost()];
+        for ((key, limiter), policy) in attempt
+            .keys
+            .iter()
+            .zip(&self.inner.limiters)
+            .zip(self.inner.policies.iter())
+        {
             let d = if charge {
-                self.inner.store.check(key, policies, &costs).await?
+                limiter.check(key, policy.cost()).await?
             } else {
-                self.inner.store.peek(key, policies, &costs).await?
+                limiter.peek(key).await?
             };
             decisions.extend(d.policies().first().cloned());
         }
@@ -479,8 +477,8 @@ impl<S: Store> LoginGuard<S> {
     fn decision(&self, decision: Decision) -> LoginDecision {
         LoginDecision {
             decision,
-            policies: self.inner.policies.clone(),
-            now_millis: self.inner.store.now_millis(),
+            policies: Arc::clone(&self.inner.policies),
+            now_millis: self.store().now_millis(),
         }
     }
 }
@@ -520,7 +518,7 @@ pub fn normalise_username(username: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct LoginDecision {
     decision: Decision,
-    policies: [Policy; 3],
+    policies: Arc<[Policy]>,
     now_millis: u64,
 }
 
@@ -577,12 +575,47 @@ impl LoginDecision {
     }
 
     pub(crate) fn render(&self, grpc: Option<&http::HeaderValue>) -> Response<Bytes> {
-        if self.decision.is_allowed() {
-            let mut res = Response::new(Bytes::new());
-            *res.status_mut() = http::StatusCode::NO_CONTENT;
-            return res;
+        match self.refusal() {
+            Some(refusal) => refusal
+                .with_rendering(Rendering {
+                    grpc: grpc.cloned(),
+                    ..Rendering::default()
+                })
+                .default_response(),
+            None => {
+                let mut res = Response::new(Bytes::new());
+                *res.status_mut() = http::StatusCode::NO_CONTENT;
+                res
+            }
         }
-        ResponseConfig::default().reject(&self.decision, &self.policies, self.now_millis, grpc)
+    }
+
+    /// The refusal ([`RefusalKind::LoginRefused`](crate::RefusalKind::LoginRefused)) when
+    /// the attempt is refused, `None` when it may go ahead.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, login::LoginGuard, Rate, RefusalKind};
+    ///
+    /// let guard = LoginGuard::builder().ip_rate(Rate::per_minute(1)).build()?;
+    /// let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "frank");
+    /// assert!(guard.check(&attempt).await?.refusal().is_none());
+    /// guard.record_failure(&attempt).await?;
+    /// let refusal = guard.check(&attempt).await?.refusal().unwrap();
+    /// assert_eq!(refusal.kind(), RefusalKind::LoginRefused);
+    /// assert_eq!(refusal.status(), 429);
+    /// assert!(refusal.is_sensitive());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn refusal(&self) -> Option<Refusal> {
+        (!self.decision.is_allowed()).then(|| {
+            Refusal::login_refused(
+                self.decision.clone(),
+                Arc::clone(&self.policies),
+                self.now_millis,
+            )
+        })
     }
 
     /// The refusal as a [`tonic::Status`] (`RESOURCE_EXHAUSTED`, the generic message and a
@@ -604,18 +637,7 @@ impl LoginDecision {
     /// ```
     #[cfg(feature = "tonic")]
     pub fn to_status(&self) -> Option<tonic::Status> {
-        let retry = self.decision.retry_after()?;
-        let message = crate::response::SENSITIVE_MESSAGE;
-        let details = crate::grpc::status_details(
-            crate::grpc::RESOURCE_EXHAUSTED,
-            message,
-            Some(retry.max(Duration::from_millis(1))),
-        );
-        Some(tonic::Status::with_details(
-            tonic::Code::ResourceExhausted,
-            message,
-            Bytes::from(details),
-        ))
+        self.refusal().map(|refusal| refusal.to_status())
     }
 }
 
@@ -865,12 +887,19 @@ impl<S: Store> LoginGuardBuilder<S> {
                 ));
             }
         };
+        let [ip_user, ip, user] = policies;
+        let base = Limiter::builder()
+            .store(store)
+            .extractor(self.ip_source.unwrap_or_else(|| Box::new(PeerIp::new())))
+            .policy(ip_user.clone())
+            .build()?;
+        let ip_limiter = base.for_route(Route::new().policy(ip.clone()))?;
+        let user_limiter = base.for_route(Route::new().policy(user.clone()))?;
         Ok(LoginGuard {
             inner: Arc::new(GuardInner {
-                store,
-                policies,
+                limiters: [base, ip_limiter, user_limiter],
+                policies: Arc::from([ip_user, ip, user]),
                 mode: self.mode,
-                ip_source: self.ip_source.unwrap_or_else(|| Box::new(PeerIp::new())),
                 username_secret: self.username_secret,
             }),
         })

@@ -1,0 +1,580 @@
+//! [`LimiterBuilder`]: turns routes and policies into the compiled tables the decision path
+//! reads, refusing anything that would not be enforced as written.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use super::{
+    AccessList, Common, CompiledRoute, Limiter, LimiterInner, MissingKey, PolicyNames, PolicySet,
+    RouteTable, ShadowCounts,
+};
+use crate::error::ConfigError;
+use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
+use crate::policy::Policy;
+use crate::route::{Cost, Route, TierFn};
+use crate::store::{MemoryStore, Store};
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+#[must_use]
+pub struct LimiterBuilder<S> {
+    store: Option<S>,
+    make_store: Option<fn() -> S>,
+    default_route: Route,
+    routes: Vec<(String, Route)>,
+    extractor: Option<Box<dyn KeyExtractor>>,
+    missing_key: MissingKey,
+    tier_fn: Option<Arc<TierFn>>,
+    allow_keys: Vec<Key>,
+    deny_keys: Vec<Key>,
+    allow_cidrs: Vec<String>,
+    deny_cidrs: Vec<String>,
+    shared_usage: Vec<String>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for LimiterBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("store", &self.store)
+            .field("default_route", &self.default_route)
+            .field("routes", &self.routes)
+            .field("extractor", &self.extractor)
+            .field("missing_key", &self.missing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LimiterBuilder<MemoryStore> {
+    pub(super) fn new() -> Self {
+        LimiterBuilder {
+            store: None,
+            make_store: Some(MemoryStore::new),
+            default_route: Route::new(),
+            routes: Vec::new(),
+            extractor: None,
+            missing_key: MissingKey::default(),
+            tier_fn: None,
+            allow_keys: Vec::new(),
+            deny_keys: Vec::new(),
+            allow_cidrs: Vec::new(),
+            deny_cidrs: Vec::new(),
+            shared_usage: Vec::new(),
+        }
+    }
+}
+
+impl<S> LimiterBuilder<S> {
+    /// The store (default: a new [`MemoryStore`]).
+    pub fn store<S2: Store>(self, store: S2) -> LimiterBuilder<S2> {
+        LimiterBuilder {
+            store: Some(store),
+            make_store: None,
+            default_route: self.default_route,
+            routes: self.routes,
+            extractor: self.extractor,
+            missing_key: self.missing_key,
+            tier_fn: self.tier_fn,
+            allow_keys: self.allow_keys,
+            deny_keys: self.deny_keys,
+            allow_cidrs: self.allow_cidrs,
+            deny_cidrs: self.deny_cidrs,
+            shared_usage: self.shared_usage,
+        }
+    }
+
+    /// Adds a policy to the default route (requests that match no route). A request passes
+    /// only if every policy allows it, and a denied request is charged to none of them.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.default_route = self.default_route.policy(policy);
+        self
+    }
+
+    /// Adds several policies to the default route.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.default_route = self.default_route.policies(policies);
+        self
+    }
+
+    /// Policies of the default route for requests of `tier`; see [`Route::tier`].
+    pub fn tier(
+        mut self,
+        tier: impl Into<String>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.default_route = self.default_route.tier(tier, policies);
+        self
+    }
+
+    /// Sets the cost of the default route's requests; see [`Route::cost`].
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.default_route = self.default_route.cost(cost);
+        self
+    }
+
+    /// Replaces the default route: the policies of requests that match no route. A limiter
+    /// whose routes cover only some paths must say what happens to the others, either with
+    /// default policies or explicitly with `default_route(Route::exempt())`:
+    ///
+    /// ```
+    /// use tollgate::{route::Route, Limiter, Policy, Rate};
+    ///
+    /// let search = Route::new().policy(Policy::new("search", Rate::per_minute(10))?);
+    /// let err = Limiter::builder().route("GET /search", search.clone()).build().unwrap_err();
+    /// assert_eq!(err.field(), "policies");
+    /// let limiter = Limiter::builder()
+    ///     .route("GET /search", search)
+    ///     .default_route(Route::exempt()) // every other path is not limited, on purpose
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn default_route(mut self, route: Route) -> Self {
+        self.default_route = route;
+        self
+    }
+
+    /// Attaches `route` to `pattern` (`"POST /login"`, `"/api/{*rest}"`); see
+    /// [`crate::route`]. Patterns use axum 0.8's syntax (`{id}`, `{*rest}`); a `GET` route
+    /// also covers `HEAD`, as axum serves `HEAD` with `GET` handlers.
+    pub fn route(mut self, pattern: impl Into<String>, route: Route) -> Self {
+        self.routes.push((pattern.into(), route));
+        self
+    }
+
+    /// Exempts `pattern` from limiting (`"/health"`).
+    pub fn exempt(self, pattern: impl Into<String>) -> Self {
+        self.route(pattern, Route::exempt())
+    }
+
+    /// How a request's tier is found (e.g. from a header or an auth extension); requests
+    /// without a tier, or with one a route does not name, get the route's untiered policies.
+    /// Routes with tiers need it: without one, building fails.
+    pub fn tier_fn<F>(mut self, f: F) -> Self
+    where
+        F: for<'a> Fn(&RequestView<'a>) -> Option<&'a str> + Send + Sync + 'static,
+    {
+        self.tier_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// How requests are keyed (default: [`PeerIp`]).
+    pub fn extractor(mut self, extractor: impl KeyExtractor) -> Self {
+        self.extractor = Some(Box::new(extractor));
+        self
+    }
+
+    /// What to do when the extractor yields no key (default: [`MissingKey::Reject`]).
+    pub fn missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// Keys that skip limiting entirely (no check, no headers), on every path.
+    pub fn allow_key(mut self, key: Key) -> Self {
+        self.allow_keys.push(key);
+        self
+    }
+
+    /// Keys refused at once with `403 Forbidden` (and [`CheckError::Forbidden`] from
+    /// [`Limiter::check`]).
+    ///
+    /// [`CheckError::Forbidden`]: crate::CheckError::Forbidden
+    pub fn deny_key(mut self, key: Key) -> Self {
+        self.deny_keys.push(key);
+        self
+    }
+
+    /// Client networks (for IP keys) that skip limiting, e.g. `"10.0.0.0/8"`.
+    pub fn allow_cidr(mut self, cidr: impl Into<String>) -> Self {
+        self.allow_cidrs.push(cidr.into());
+        self
+    }
+
+    /// Client networks (for IP keys) refused at once with `403 Forbidden`.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Rate};
+    ///
+    /// let err = Limiter::builder()
+    ///     .policy(Policy::new("api", Rate::per_minute(60))?)
+    ///     .deny_cidr("203.0.113.0/33")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "deny_cidrs[0]");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn deny_cidr(mut self, cidr: impl Into<String>) -> Self {
+        self.deny_cidrs.push(cidr.into());
+        self
+    }
+
+    /// Lets policies named `name` differ in their limit (and burst, cost, sensitivity)
+    /// across routes and tiers while sharing one counter per key: a client moving from the
+    /// `free` tier to `pro` keeps the usage it has. They must still agree on the algorithm
+    /// and window, without which one state cannot serve both. Without this, two different
+    /// definitions under one name are a build error.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::{Key, RequestView}, route::Route, Limiter, Policy, Rate};
+    ///
+    /// let free = Policy::new("api", Rate::per_minute(2))?;
+    /// let pro = Policy::new("api", Rate::per_minute(100))?;
+    /// let build = |share: bool| {
+    ///     let b = Limiter::builder()
+    ///         .default_route(Route::new().policy(free.clone()).tier("pro", [pro.clone()]))
+    ///         .tier_fn(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()));
+    ///     if share { b.share_usage("api") } else { b }.build()
+    /// };
+    /// assert!(build(false).is_err()); // two definitions of "api"
+    /// let limiter = build(true)?;
+    /// let req = http::Request::get("/").header("x-plan", "pro").body(())?;
+    /// # let _ = (limiter, req);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn share_usage(mut self, name: impl Into<String>) -> Self {
+        self.shared_usage.push(name.into());
+        self
+    }
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field, for anything that would not be enforced as
+    /// written: no policies and no explicitly exempt default route; a route without policies
+    /// (use [`Route::exempt`]); tiers without a [`tier_fn`](Self::tier_fn), or without
+    /// untiered policies for requests of no tier; two policies of one route sharing a name;
+    /// one name with two definitions (see [`share_usage`](Self::share_usage)); a bad route
+    /// pattern (including axum 0.7's `:id` and `*rest`); a fixed cost above a policy's
+    /// capacity; a bad CIDR.
+    pub fn build(self) -> Result<Limiter<S>, ConfigError> {
+        let mut names = PolicyNames {
+            declared: Default::default(),
+            shared_usage: self.shared_usage,
+        };
+        let has_tier_fn = self.tier_fn.is_some();
+        let mut sets = vec![];
+        let mut routes = vec![];
+        let mut patterns = vec![];
+        for (i, (pattern, route)) in self.routes.iter().enumerate() {
+            let field = format!("routes[{i}]");
+            let here = format!("route {pattern:?}");
+            let compiled = compile_route(&field, &here, route, has_tier_fn, &mut sets, &mut names)?;
+            routes.push(compiled);
+            patterns.push((pattern.clone(), i));
+        }
+        let default = &self.default_route;
+        if !default.exempt && default.policies.is_empty() && default.tiers.is_empty() {
+            return Err(ConfigError::new(
+                "policies",
+                "[]",
+                if self.routes.is_empty() {
+                    "a limiter needs at least one policy"
+                } else {
+                    "requests that match no route would not be limited: give the default route \
+                     a policy (LimiterBuilder::policy), or say so explicitly with \
+                     LimiterBuilder::default_route(Route::exempt())"
+                },
+            ));
+        }
+        // The default route goes last; its errors read as the builder's own fields.
+        routes.push(compile_route(
+            "",
+            "the default route",
+            default,
+            has_tier_fn,
+            &mut sets,
+            &mut names,
+        )?);
+        let table = if patterns.is_empty() {
+            None
+        } else {
+            Some(RouteTable::build(&patterns)?)
+        };
+        let allow = AccessList::new(self.allow_keys, "allow_cidrs", &self.allow_cidrs)?;
+        let deny = AccessList::new(self.deny_keys, "deny_cidrs", &self.deny_cidrs)?;
+        let store = match (self.store, self.make_store) {
+            (Some(store), _) => store,
+            (None, Some(make)) => make(),
+            (None, None) => {
+                return Err(ConfigError::new("store", "none", "a limiter needs a store"));
+            }
+        };
+        Ok(Limiter {
+            inner: Arc::new(LimiterInner {
+                common: Arc::new(Common {
+                    store,
+                    extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
+                    missing_key: self.missing_key,
+                    tier_fn: self.tier_fn,
+                    allow,
+                    deny,
+                    shadow: ShadowCounts::default(),
+                    names: Mutex::new(names),
+                }),
+                sets,
+                routes,
+                table,
+            }),
+        })
+    }
+}
+
+/// A limiter applying `route` to every request, sharing `common`; see
+/// [`Limiter::for_route`].
+pub(super) fn attach<S: Store>(
+    common: &Arc<Common<S>>,
+    route: Route,
+) -> Result<Limiter<S>, ConfigError> {
+    let mut sets = vec![];
+    let has_tier_fn = common.tier_fn.is_some();
+    // Checked against a copy: a route refused for its names leaves no trace of them.
+    let mut names = common.names.lock().unwrap_or_else(|e| e.into_inner());
+    let mut trial = PolicyNames {
+        declared: names.declared.clone(),
+        shared_usage: names.shared_usage.clone(),
+    };
+    let compiled = compile_route(
+        "route",
+        "the route",
+        &route,
+        has_tier_fn,
+        &mut sets,
+        &mut trial,
+    )?;
+    *names = trial;
+    Ok(Limiter {
+        inner: Arc::new(LimiterInner {
+            common: Arc::clone(common),
+            sets,
+            routes: vec![compiled],
+            table: None,
+        }),
+    })
+}
+
+/// `field.rest`, or `rest` alone for the default route (whose field is empty).
+fn join(field: &str, rest: &str) -> String {
+    if field.is_empty() {
+        rest.to_owned()
+    } else {
+        format!("{field}.{rest}")
+    }
+}
+
+fn compile_route(
+    field: &str,
+    here: &str,
+    route: &Route,
+    has_tier_fn: bool,
+    sets: &mut Vec<PolicySet>,
+    names: &mut PolicyNames,
+) -> Result<CompiledRoute, ConfigError> {
+    if route.exempt {
+        if !route.policies.is_empty() || !route.tiers.is_empty() {
+            return Err(ConfigError::new(
+                join(field, "exempt"),
+                "true",
+                format!("{here} is exempt and also has policies; it can be one or the other"),
+            ));
+        }
+        return Ok(CompiledRoute {
+            exempt: true,
+            default_set: None,
+            tiers: vec![],
+        });
+    }
+    if route.policies.is_empty() && route.tiers.is_empty() {
+        return Err(ConfigError::new(
+            join(field, "policies"),
+            "[]",
+            format!(
+                "{here} has no policies, so its requests would not be limited; give it a \
+                 policy, or make it exempt (Route::exempt())"
+            ),
+        ));
+    }
+    if !route.tiers.is_empty() {
+        let tiers: Vec<&str> = route.tiers.iter().map(|(t, _)| t.as_str()).collect();
+        if !has_tier_fn {
+            return Err(ConfigError::new(
+                join(field, "tiers"),
+                format_args!("{tiers:?}"),
+                format!(
+                    "{here} has tiers but nothing picks a request's tier; set \
+                     LimiterBuilder::tier_fn (in a plan: [tier] header = \"…\")"
+                ),
+            ));
+        }
+        if route.policies.is_empty() {
+            return Err(ConfigError::new(
+                join(field, "policies"),
+                "[]",
+                format!(
+                    "{here} has only tiered policies, so requests of no tier (or an unknown \
+                     one) would not be limited; give it untiered policies too"
+                ),
+            ));
+        }
+    }
+    let cost_field = join(field, "cost");
+    let default_set = compile_set(
+        &join(field, "policies"),
+        &cost_field,
+        &route.policies,
+        &route.cost,
+        sets,
+        names,
+    )?;
+    let mut tiers = vec![];
+    for (i, (tier, policies)) in route.tiers.iter().enumerate() {
+        if route.tiers[..i].iter().any(|(t, _)| t == tier) {
+            return Err(ConfigError::new(
+                join(field, &format!("tiers[{i}]")),
+                format_args!("{tier:?}"),
+                "the same tier appears twice",
+            ));
+        }
+        let tier_field = join(field, &format!("tiers.{tier}"));
+        if policies.is_empty() {
+            return Err(ConfigError::new(
+                tier_field,
+                "[]",
+                "a tier without policies would not limit its requests",
+            ));
+        }
+        let set = compile_set(&tier_field, &cost_field, policies, &route.cost, sets, names)?;
+        tiers.push((tier.clone(), set));
+    }
+    Ok(CompiledRoute {
+        exempt: false,
+        default_set: Some(default_set),
+        tiers,
+    })
+}
+
+fn compile_set(
+    field: &str,
+    cost_field: &str,
+    policies: &[Policy],
+    cost: &Cost,
+    sets: &mut Vec<PolicySet>,
+    names: &mut PolicyNames,
+) -> Result<usize, ConfigError> {
+    for (i, p) in policies.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if policies[..i].iter().any(|q| q.name() == p.name()) {
+            return Err(ConfigError::new(
+                format!("{at}.name"),
+                format_args!("{:?}", p.name()),
+                "two policies of one route share a name; their state would collide",
+            ));
+        }
+        names.register(&at, p)?;
+    }
+    let enforced: Arc<[Policy]> = policies
+        .iter()
+        .filter(|p| !p.is_shadow())
+        .cloned()
+        .collect();
+    let shadow: Box<[Policy]> = policies.iter().filter(|p| p.is_shadow()).cloned().collect();
+    if let Cost::Fixed(c) = cost {
+        for p in enforced.iter() {
+            if *c == 0 || *c > p.capacity() {
+                return Err(ConfigError::new(
+                    cost_field,
+                    c,
+                    format!(
+                        "must be between 1 and the capacity of policy \"{}\" ({})",
+                        p.name(),
+                        p.capacity()
+                    ),
+                ));
+            }
+        }
+    }
+    let (penalty_of, penalties): (Vec<usize>, Vec<Policy>) = enforced
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.penalty_policy().map(|pp| (i, pp)))
+        .unzip();
+    let id = sets.len();
+    sets.push(PolicySet {
+        id,
+        default_costs: enforced.iter().map(Policy::cost).collect(),
+        shadow_costs: shadow.iter().map(Policy::cost).collect(),
+        enforced,
+        shadow,
+        penalties: penalties.into_boxed_slice(),
+        penalty_of: penalty_of.into_boxed_slice(),
+        cost: cost.clone(),
+    });
+    Ok(id)
+}
+
+impl PolicyNames {
+    /// Records `policy`, declared at `at`; refuses a second, different definition under its
+    /// name unless the name shares usage on purpose.
+    fn register(&mut self, at: &str, policy: &Policy) -> Result<(), ConfigError> {
+        let name = policy.name();
+        let Some((first, first_at)) = self.declared.get(name) else {
+            self.declared
+                .insert(name.to_owned(), (policy.clone(), at.to_owned()));
+            return Ok(());
+        };
+        if first == policy {
+            return Ok(());
+        }
+        let shared = self.shared_usage.iter().any(|n| n == name);
+        if shared
+            && first.algorithm() == policy.algorithm()
+            && first.window_millis() == policy.window_millis()
+        {
+            return Ok(());
+        }
+        let first_at = if first_at.is_empty() {
+            "the default route"
+        } else {
+            first_at
+        };
+        let reason = if shared {
+            format!(
+                "policies named {name:?} share usage, so they must agree on the algorithm and \
+                 window: {first_at} has {:?} over {} ms, this one {:?} over {} ms",
+                first.algorithm(),
+                first.window_millis(),
+                policy.algorithm(),
+                policy.window_millis()
+            )
+        } else {
+            format!(
+                "another policy named {name:?} is declared at {first_at} with a different \
+                 definition ({} vs {}); a name is one policy with one counter per key: rename \
+                 one, or share one counter on purpose with LimiterBuilder::share_usage",
+                describe(first),
+                describe(policy)
+            )
+        };
+        Err(ConfigError::new(
+            format!("{at}.name"),
+            format_args!("{name:?}"),
+            reason,
+        ))
+    }
+}
+
+fn describe(p: &Policy) -> String {
+    let mut out = format!("{} {:?}", p.rate(), p.algorithm());
+    if p.is_sensitive() {
+        out.push_str(", sensitive");
+    }
+    if p.is_shadow() {
+        out.push_str(", shadow");
+    }
+    if p.cost() != 1 {
+        out.push_str(&format!(", cost {}", p.cost()));
+    }
+    out
+}

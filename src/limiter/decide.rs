@@ -1,0 +1,253 @@
+//! The decision path: everything between a request (or a key) and the store's answer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use smallvec::SmallVec;
+
+use super::Limiter;
+use crate::decision::{Decision, Outcome};
+use crate::error::StoreError;
+use crate::key::{Key, RequestView};
+use crate::policy::Policy;
+use crate::refusal::{Refusal, RefusalKind};
+use crate::route::Cost;
+use crate::store::{BoxFuture, Store};
+use crate::telemetry;
+
+/// A request's decision as far as it can be taken before the store answers.
+pub(crate) enum Prepared<F> {
+    /// Exempt route, allow-listed key, or only shadow policies: go ahead, no headers.
+    Pass,
+    /// Refused before asking the store (missing key, deny list, a cost that never fits).
+    Refuse(Refusal),
+    /// The store answered at once ([`Store::check_now`]) for policy set `set`. `key` is
+    /// kept only when decisions are traced.
+    Decided {
+        set: usize,
+        outcome: Result<Decision, StoreError>,
+        key: Option<Key>,
+    },
+    /// The store's answer to wait for, for policy set `set`. `key` is kept only when
+    /// decisions are traced.
+    Check {
+        set: usize,
+        future: CheckFuture<F>,
+        key: Option<Key>,
+    },
+}
+
+pin_project_lite::pin_project! {
+    /// The store call of one request: the store's own future, or a boxed one when penalties
+    /// need more than one call.
+    #[project = CheckFutureProj]
+    pub(crate) enum CheckFuture<F> {
+        Direct { #[pin] future: F },
+        Boxed { future: BoxFuture<Result<Decision, StoreError>> },
+    }
+}
+
+impl<F> Future for CheckFuture<F>
+where
+    F: Future<Output = Result<Decision, StoreError>>,
+{
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            CheckFutureProj::Direct { future } => future.poll(cx),
+            CheckFutureProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl Decision {
+    /// The decision for a request that goes ahead unchecked (exempt, allow-listed).
+    pub(crate) fn pass() -> Self {
+        Decision::from_policies([])
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Resolves a request to the policy set that applies, or `None` when it is exempt.
+    fn resolve(&self, request: &RequestView<'_>) -> Option<usize> {
+        let inner = &*self.inner;
+        let route_idx = inner
+            .table
+            .as_ref()
+            .and_then(|t| t.lookup(request.method(), request.uri().path()))
+            .unwrap_or(inner.routes.len() - 1);
+        let route = &inner.routes[route_idx];
+        if route.exempt {
+            return None;
+        }
+        if !route.tiers.is_empty() {
+            let tier_fn = inner.common.tier_fn.as_ref();
+            if let Some(tier) = tier_fn.and_then(|f| f(request)) {
+                if let Some((_, set)) = route.tiers.iter().find(|(t, _)| t == tier) {
+                    return Some(*set);
+                }
+            }
+        }
+        route.default_set
+    }
+
+    /// Everything before the store answers, for a request: route, tier, key, cost, then
+    /// [`prepare_key`](Self::prepare_key).
+    pub(crate) fn prepare(&self, request: &RequestView<'_>) -> Prepared<S::CheckFuture> {
+        let Some(set_id) = self.resolve(request) else {
+            return Prepared::Pass;
+        };
+        let Some(key) = self.key_for(request) else {
+            Refusal::log_missing_key(request.peer_addr().is_some());
+            return Prepared::Refuse(Refusal::of_kind(RefusalKind::MissingKey));
+        };
+        // A computed cost is asked of the request once, for shadow and enforced policies alike.
+        let cost = match &self.inner.sets[set_id].cost {
+            Cost::PolicyDefault => None,
+            Cost::Fixed(c) => Some(*c),
+            Cost::Computed(f) => Some(f(request)),
+        };
+        self.prepare_key(set_id, key, cost)
+    }
+
+    /// Everything before the store answers, for a key: deny and allow lists, shadow
+    /// policies, the cost (`None`: each policy's own), penalties, and the store call.
+    pub(crate) fn prepare_key(
+        &self,
+        set_id: usize,
+        key: Key,
+        cost: Option<u64>,
+    ) -> Prepared<S::CheckFuture> {
+        let inner = &*self.inner;
+        let common = &*inner.common;
+        if common.deny.contains(&key) {
+            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
+            refusal.log(Some(&key));
+            return Prepared::Refuse(refusal);
+        }
+        if common.allow.contains(&key) {
+            return Prepared::Pass;
+        }
+        let set = &inner.sets[set_id];
+        if !set.shadow.is_empty() {
+            self.spawn_shadow_check(&key, set, cost);
+        }
+        if set.enforced.is_empty() {
+            return Prepared::Pass;
+        }
+        // The policies' own costs are borrowed, not copied: the common case, on every request.
+        let given: SmallVec<[u64; 2]>;
+        let costs: &[u64] = match cost {
+            None => &set.default_costs,
+            Some(c) => {
+                given = set.enforced.iter().map(|_| c).collect();
+                &given
+            }
+        };
+        // Policies' own costs were checked when they were built; a given one is checked here.
+        if cost.is_some() {
+            if let Some((p, &c)) = too_costly(&set.enforced, costs) {
+                let refusal = Refusal::cost_exceeds_capacity(p, c);
+                refusal.log(Some(&key));
+                return Prepared::Refuse(refusal);
+            }
+        }
+        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
+        let traced_key = traced.then(|| key.clone());
+        let future = if set.penalties.is_empty() {
+            if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
+                return Prepared::Decided {
+                    set: set_id,
+                    outcome,
+                    key: traced_key,
+                };
+            }
+            CheckFuture::Direct {
+                future: common.store.check(&key, &set.enforced, costs),
+            }
+        } else {
+            CheckFuture::Boxed {
+                future: Box::pin(self.clone().check_with_penalties(
+                    key,
+                    set_id,
+                    SmallVec::from_slice(costs),
+                )),
+            }
+        };
+        Prepared::Check {
+            set: set_id,
+            future,
+            key: traced_key,
+        }
+    }
+
+    /// Records the store's answer (metrics, and a trace event when `key` is kept).
+    pub(crate) fn record(
+        &self,
+        set: usize,
+        key: Option<&Key>,
+        outcome: &Result<Decision, StoreError>,
+    ) {
+        // Store errors are counted by the store (or its resilience wrapper), not here.
+        if let Ok(decision) = outcome {
+            let store = self.inner.common.store.name();
+            telemetry::decision(decision.outcome(), decision.is_allowed(), store);
+            if let Some(key) = key {
+                trace_decision(key, decision, &self.inner.sets[set].enforced, store);
+            }
+        }
+    }
+
+    /// Turns the store's answer into going ahead (`Ok`, with the decision) or a refusal: a
+    /// denial, a store failure, or a failure mode refusing.
+    pub(crate) fn conclude(
+        &self,
+        set: usize,
+        key: Option<&Key>,
+        outcome: Result<Decision, StoreError>,
+    ) -> Result<Decision, Refusal> {
+        self.record(set, key, &outcome);
+        let refusal = match outcome {
+            Err(error) => Refusal::store_unavailable(Some(error), None),
+            Ok(decision) if decision.outcome() == Outcome::FailClosed => {
+                Refusal::store_unavailable(None, Some(decision))
+            }
+            Ok(decision) if decision.is_allowed() => return Ok(decision),
+            Ok(decision) => {
+                // The policies of the route's set, not the default route's: the message,
+                // headers and sensitivity must match the decision.
+                let policies = self.inner.sets[set].enforced.clone();
+                let now = self.inner.common.store.now_millis();
+                Refusal::rate_limited(decision, policies, now)
+            }
+        };
+        refusal.log(key);
+        Err(refusal)
+    }
+}
+
+/// The first policy whose capacity a cost exceeds.
+fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Policy, &'a u64)> {
+    policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
+}
+
+/// One debug event per decision, with the fields OpenTelemetry users expect.
+fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
+    let digest = crate::key::digest(key);
+    let policy = policies
+        .get(decision.governing_index())
+        .map_or("", Policy::name);
+    tracing::event!(
+        target: "tollgate::decision",
+        tracing::Level::DEBUG,
+        ratelimit.key = digest.as_str(),
+        ratelimit.policy = policy,
+        ratelimit.allowed = decision.is_allowed(),
+        ratelimit.remaining = decision.remaining(),
+        ratelimit.store = store,
+        ratelimit.outcome = decision.outcome().as_str(),
+        "rate-limit decision"
+    );
+}

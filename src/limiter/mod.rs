@@ -1,0 +1,385 @@
+//! [`Limiter`]: routes and policies + key extractor + store, the one decision path.
+//!
+//! Every way into tollgate decides here: the layer ([`RateLimitLayer`](crate::RateLimitLayer)),
+//! the direct API ([`Limiter::check`], [`Limiter::peek`], [`Limiter::decide`]), the login
+//! guard and gRPC calls. Route and tier resolution, the key, allow and deny lists, costs,
+//! penalties and shadow policies live in this module, so a feature cannot hold on one path
+//! and not on another.
+
+mod access;
+mod builder;
+mod decide;
+mod penalty;
+mod route_table;
+mod shadow;
+
+pub use builder::LimiterBuilder;
+pub(crate) use decide::{CheckFuture, Prepared};
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
+
+use crate::decision::Decision;
+use crate::error::{CheckError, ConfigError};
+use crate::key::{Key, KeyExtractor, RequestView};
+use crate::policy::Policy;
+use crate::refusal::{Refusal, RefusalKind};
+use crate::route::{Cost, Route, TierFn};
+use crate::store::{MemoryStore, Store};
+
+use access::AccessList;
+use route_table::RouteTable;
+use shadow::ShadowCounts;
+
+/// What to do with a request from which no key can be extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingKey {
+    /// Answer `400 Bad Request` (the default). With [`PeerIp`](crate::key::PeerIp) this
+    /// happens only when the server does not record peer addresses — a setup mistake that
+    /// should be loud (it is logged as a warning, once per process).
+    #[default]
+    Reject,
+    /// Put every such request in one shared bucket, the key `anonymous:`.
+    Shared,
+}
+
+/// Decides requests: a route table of policies, a key extractor and a store.
+///
+/// Cheap to clone (clones share everything). Use it directly — background jobs, websocket
+/// messages, the login helper — or wrap it in a [`RateLimitLayer`](crate::RateLimitLayer).
+/// Both go through the same decision path: allow and deny lists, costs, penalties and shadow
+/// policies hold for [`check`](Self::check) and [`decide`](Self::decide) exactly as for the
+/// layer. See [`crate::route`] for per-route policies, tiers and costs.
+///
+/// # A policy name is one policy
+///
+/// Stores keep state per key and policy *name*. Two different definitions under one name
+/// anywhere in a limiter (two routes, two tiers, a [`for_route`](Self::for_route) layer) are
+/// a build error naming both places. The same definition used in several places is one
+/// policy with one counter. To let a client keep its usage while moving between tiers whose
+/// policies differ only in their limit, ask for it with
+/// [`LimiterBuilder::share_usage`].
+///
+/// # Examples
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::{Limiter, Policy, Rate, key::Key};
+///
+/// let limiter = Limiter::builder()
+///     .policy(Policy::new("jobs", Rate::per_minute(2))?)
+///     .build()?;
+/// let tenant = Key::new("tenant", "acme");
+/// assert!(limiter.check(&tenant, 1).await?.is_allowed());
+/// assert!(limiter.check(&tenant, 1).await?.is_allowed());
+/// let denied = limiter.check(&tenant, 1).await?;
+/// assert!(!denied.is_allowed());
+/// assert!(denied.retry_after().is_some());
+///
+/// // peek answers without charging; reset forgets the key.
+/// assert!(!limiter.peek(&tenant).await?.is_allowed());
+/// limiter.reset(&tenant).await?;
+/// assert!(limiter.check(&tenant, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct Limiter<S = MemoryStore> {
+    inner: Arc<LimiterInner<S>>,
+}
+
+/// What every limiter made from one builder shares, [`Limiter::for_route`] ones included.
+pub(crate) struct Common<S> {
+    pub(crate) store: S,
+    extractor: Box<dyn KeyExtractor>,
+    missing_key: MissingKey,
+    tier_fn: Option<Arc<TierFn>>,
+    allow: AccessList,
+    deny: AccessList,
+    shadow: ShadowCounts,
+    /// Every policy by name, with the place it was first declared: one name, one policy.
+    names: Mutex<PolicyNames>,
+}
+
+/// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
+#[derive(Debug, Default)]
+pub(crate) struct PolicyNames {
+    declared: BTreeMap<String, (Policy, String)>,
+    shared_usage: Vec<String>,
+}
+
+struct LimiterInner<S> {
+    common: Arc<Common<S>>,
+    sets: Vec<PolicySet>,
+    /// The routes of the table, then the default route last.
+    routes: Vec<CompiledRoute>,
+    table: Option<RouteTable>,
+}
+
+/// The policies one request is checked against (a route, or a route's tier).
+pub(crate) struct PolicySet {
+    id: usize,
+    pub(crate) enforced: Arc<[Policy]>,
+    shadow: Box<[Policy]>,
+    /// Penalty policies, for the enforced policies that have a penalty (in that order).
+    penalties: Box<[Policy]>,
+    /// For each entry of `penalties`, the index of its policy in `enforced`.
+    penalty_of: Box<[usize]>,
+    cost: Cost,
+    default_costs: SmallVec<[u64; 2]>,
+    shadow_costs: SmallVec<[u64; 2]>,
+}
+
+struct CompiledRoute {
+    exempt: bool,
+    default_set: Option<usize>,
+    tiers: Vec<(String, usize)>,
+}
+
+impl<S> Clone for Limiter<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Limiter<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let common = &self.inner.common;
+        f.debug_struct("Limiter")
+            .field("store", &common.store)
+            .field("policy_sets", &self.inner.sets.len())
+            .field("routes", &self.inner.routes.len())
+            .field("extractor", &common.extractor)
+            .field("missing_key", &common.missing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter<MemoryStore> {
+    /// A builder using a fresh [`MemoryStore`] and the [`PeerIp`](crate::key::PeerIp)
+    /// extractor until told otherwise.
+    pub fn builder() -> LimiterBuilder<MemoryStore> {
+        LimiterBuilder::new()
+    }
+}
+
+impl<S> Limiter<S> {
+    pub(crate) fn set(&self, id: usize) -> &PolicySet {
+        &self.inner.sets[id]
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.common.store
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// The default route's policies (for requests of no tier), in order; empty when the
+    /// default route is exempt.
+    pub fn policies(&self) -> &[Policy] {
+        self.default_set()
+            .map_or(&[], |id| &self.inner.sets[id].enforced)
+    }
+
+    /// The default route's policy set, `None` when it is exempt.
+    fn default_set(&self) -> Option<usize> {
+        self.inner.routes.last().and_then(|r| r.default_set)
+    }
+
+    /// How many shadow-policy checks would have allowed and denied so far (shared by every
+    /// limiter made with [`for_route`](Self::for_route)).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("api", Rate::per_minute(100))?)
+    ///     .policy(Policy::builder("stricter", Rate::per_minute(1)).shadow(true).build()?)
+    ///     .build()?;
+    /// let key = Key::new("user", "1");
+    /// assert!(limiter.check(&key, 1).await?.is_allowed());
+    /// assert!(limiter.check(&key, 1).await?.is_allowed()); // the shadow policy would deny
+    /// assert_eq!(limiter.shadow_counts(), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn shadow_counts(&self) -> (u64, u64) {
+        self.inner.common.shadow.get()
+    }
+
+    /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
+    /// the request must be rejected for want of a key.
+    pub fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
+        let common = &self.inner.common;
+        match common.extractor.extract(request) {
+            Some(key) => Some(key),
+            None => match common.missing_key {
+                MissingKey::Reject => None,
+                MissingKey::Shared => Some(Key::new("anonymous", "")),
+            },
+        }
+    }
+
+    /// Checks `key` against the default route's policies, charging `cost` units to each —
+    /// all of them or none — through the same path as the layer: a deny-listed key is
+    /// refused, an allow-listed key passes uncharged (an allowed decision with no policies),
+    /// a running penalty refuses, shadow policies are checked and counted. With an exempt
+    /// default route every key passes uncharged.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity (such a
+    /// request could never pass, and charging it must not lock the key out),
+    /// [`CheckError::Forbidden`] for a deny-listed key, and [`CheckError::Store`] when the
+    /// store fails.
+    pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
+        let Some(set) = self.default_set() else {
+            return Ok(Decision::pass());
+        };
+        self.settle(self.prepare_key(set, key.clone(), Some(cost)))
+            .await
+    }
+
+    /// What [`check`](Self::check) with each policy's own cost would answer now, charging
+    /// nothing (a running penalty shows as a denial; lists apply as for `check`).
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Forbidden`] or [`CheckError::Store`], as for `check`.
+    pub async fn peek(&self, key: &Key) -> Result<Decision, CheckError> {
+        let Some(set_id) = self.default_set() else {
+            return Ok(Decision::pass());
+        };
+        let common = &self.inner.common;
+        if common.deny.contains(key) {
+            return Err(CheckError::Forbidden);
+        }
+        if common.allow.contains(key) {
+            return Ok(Decision::pass());
+        }
+        let set = &self.inner.sets[set_id];
+        if let Some(blocked) = self.running_block(key, set, &set.default_costs).await? {
+            return Ok(blocked);
+        }
+        Ok(common
+            .store
+            .peek(key, &set.enforced, &set.default_costs)
+            .await?)
+    }
+
+    /// Everything the layer decides for `request`, without HTTP: the route (as the route
+    /// table matches it) and tier, the key, lists, cost, penalties and shadow policies.
+    /// `Ok` with the decision when the request may go ahead (an exempt route or an
+    /// allow-listed key gives an allowed decision with no policies), or the [`Refusal`] the
+    /// layer would answer with.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::{Global, RequestView}, route::Route, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .route("GET /search", Route::new().policy(Policy::new("search", Rate::per_minute(1))?))
+    ///     .policy(Policy::new("other", Rate::per_minute(100))?)
+    ///     .extractor(Global::new())
+    ///     .build()?;
+    /// let search = http::Request::get("/search").body(())?;
+    /// assert!(limiter.decide(&RequestView::new(&search)).await.is_ok());
+    /// // HEAD is served by GET handlers, so it counts against the GET route.
+    /// let head = http::Request::head("/search").body(())?;
+    /// let refusal = limiter.decide(&RequestView::new(&head)).await.unwrap_err();
+    /// assert_eq!(refusal.policy().unwrap().name(), "search");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The [`Refusal`] for any answer other than going ahead.
+    pub async fn decide(&self, request: &RequestView<'_>) -> Result<Decision, Refusal> {
+        match self.prepare(request) {
+            Prepared::Pass => Ok(Decision::pass()),
+            Prepared::Refuse(refusal) => Err(refusal),
+            Prepared::Decided { set, outcome, key } => self.conclude(set, key.as_ref(), outcome),
+            Prepared::Check { set, future, key } => {
+                let outcome = future.await;
+                self.conclude(set, key.as_ref(), outcome)
+            }
+        }
+    }
+
+    /// Awaits a prepared direct check, in the direct API's terms.
+    async fn settle(&self, prepared: Prepared<S::CheckFuture>) -> Result<Decision, CheckError> {
+        let (set, outcome) = match prepared {
+            Prepared::Pass => return Ok(Decision::pass()),
+            Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+            Prepared::Decided { set, outcome, .. } => (set, outcome),
+            Prepared::Check { set, future, .. } => (set, future.await),
+        };
+        self.record(set, None, &outcome);
+        Ok(outcome?)
+    }
+
+    /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
+    /// penalties and shadow policies included).
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Store`] when the store fails.
+    pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
+        let mut all: Vec<Policy> = vec![];
+        for set in &self.inner.sets {
+            for p in set
+                .enforced
+                .iter()
+                .chain(set.shadow.iter())
+                .chain(set.penalties.iter())
+            {
+                if !all.iter().any(|q| q.name() == p.name()) {
+                    all.push(p.clone());
+                }
+            }
+        }
+        Ok(self.inner.common.store.reset(key, &all).await?)
+    }
+
+    /// A limiter for one route's policies, sharing this limiter's store, key extractor,
+    /// lists, tier function and policy names: for attaching limits through axum's own router
+    /// (`.route_layer(...)`), so that axum's routing — `HEAD` on `GET` routes, path
+    /// parameters, nesting — decides which policy applies. The new limiter applies `route`
+    /// to every request it sees (it has no route table of its own).
+    ///
+    /// See [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) for the layer and
+    /// an example.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] as for [`LimiterBuilder::build`]: a route without policies, tiers
+    /// without a tier function, a policy name already used for another definition.
+    pub fn for_route(&self, route: Route) -> Result<Limiter<S>, ConfigError> {
+        builder::attach(&self.inner.common, route)
+    }
+}
+
+impl CheckError {
+    fn from_refusal(refusal: &Refusal) -> Self {
+        match refusal.kind() {
+            RefusalKind::Forbidden => CheckError::Forbidden,
+            RefusalKind::CostExceedsCapacity => {
+                let policy = refusal.policies().first();
+                CheckError::CostExceedsCapacity {
+                    policy: policy.map_or_else(String::new, |p| p.name().to_owned()),
+                    cost: refusal.cost().unwrap_or(0),
+                    capacity: policy.map_or(0, Policy::capacity),
+                }
+            }
+            _ => CheckError::Store(crate::StoreError::Backend(refusal.to_string())),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Which route a request belongs to, matched the way axum's router matches it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use http::Method;
+
+use crate::error::ConfigError;
+
+/// A compiled pattern → route lookup over [`matchit`], the router axum uses.
+#[derive(Clone)]
+pub(crate) struct RouteTable {
+    router: matchit::Router<Vec<(Option<Method>, usize)>>,
+}
+
+impl fmt::Debug for RouteTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTable").finish_non_exhaustive()
+    }
+}
+
+/// Splits `"POST /login"` into its method and path; a bare path applies to every method.
+/// Refuses the path syntax of axum 0.7 (`:id`, `*rest`), which matchit would take literally
+/// (and axum 0.8 itself refuses), naming the `{id}` / `{*rest}` form instead.
+pub(crate) fn parse_pattern(pattern: &str) -> Result<(Option<Method>, &str), String> {
+    let pattern = pattern.trim();
+    let (method, path) = match pattern.split_once(char::is_whitespace) {
+        Some((m, p)) => (Some(m), p.trim()),
+        None => (None, pattern),
+    };
+    let method = match method {
+        Some(m) => Some(
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("`{m}` is not an HTTP method"))?,
+        ),
+        None => None,
+    };
+    if !path.starts_with('/') {
+        return Err("the path must start with '/'".to_owned());
+    }
+    for segment in path.split('/') {
+        if let Some(name) = segment.strip_prefix(':') {
+            return Err(format!(
+                "`{segment}` is axum 0.7 syntax, matched literally here (and refused by axum \
+                 0.8): write `{{{name}}}`"
+            ));
+        }
+        if let Some(name) = segment.strip_prefix('*') {
+            return Err(format!(
+                "`{segment}` is axum 0.7 syntax, matched literally here (and refused by axum \
+                 0.8): write `{{*{name}}}`"
+            ));
+        }
+    }
+    Ok((method, path))
+}
+
+impl RouteTable {
+    /// Builds the table from `(pattern, route index)` pairs; errors name `routes[i].pattern`.
+    pub(crate) fn build(patterns: &[(String, usize)]) -> Result<Self, ConfigError> {
+        let mut by_path: BTreeMap<&str, Vec<(Option<Method>, usize)>> = BTreeMap::new();
+        let mut order: Vec<(&str, usize)> = vec![];
+        for (i, (pattern, idx)) in patterns.iter().enumerate() {
+            let field = format!("routes[{i}].pattern");
+            let (method, path) = parse_pattern(pattern)
+                .map_err(|reason| ConfigError::new(&field, format_args!("{pattern:?}"), reason))?;
+            let entry = by_path.entry(path).or_insert_with(|| {
+                order.push((path, i));
+                vec![]
+            });
+            if entry.iter().any(|(m, _)| *m == method) {
+                return Err(ConfigError::new(
+                    field,
+                    format_args!("{pattern:?}"),
+                    "the same method and path appear twice",
+                ));
+            }
+            entry.push((method, *idx));
+        }
+        let mut router = matchit::Router::new();
+        for (path, i) in order {
+            let routes = by_path.remove(path).unwrap_or_default();
+            router.insert(path, routes).map_err(|e| {
+                ConfigError::new(
+                    format!("routes[{i}].pattern"),
+                    format_args!("{:?}", patterns[i].0),
+                    e.to_string(),
+                )
+            })?;
+        }
+        Ok(Self { router })
+    }
+
+    /// The route index for a request, if a pattern matches: the route for the request's
+    /// method, else (for `HEAD`, which axum serves with `GET` handlers) the `GET` route, else
+    /// the route for any method.
+    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<usize> {
+        let routes = self.router.at(path).ok()?.value;
+        let for_method = |wanted: &Method| {
+            routes
+                .iter()
+                .find(|(m, _)| m.as_ref() == Some(wanted))
+                .map(|(_, i)| *i)
+        };
+        for_method(method)
+            .or_else(|| (method == Method::HEAD).then(|| for_method(&Method::GET))?)
+            .or_else(|| routes.iter().find(|(m, _)| m.is_none()).map(|(_, i)| *i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_parse() {
+        assert_eq!(
+            parse_pattern("POST /login").unwrap(),
+            (Some(Method::POST), "/login")
+        );
+        assert_eq!(parse_pattern("/x").unwrap(), (None, "/x"));
+        assert_eq!(parse_pattern("get  /x").unwrap(), (Some(Method::GET), "/x"));
+        assert!(parse_pattern("login").is_err());
+        assert!(parse_pattern("P{ST /x").is_err());
+    }
+
+    #[test]
+    fn axum_07_syntax_is_refused_with_the_08_form() {
+        let err = parse_pattern("/api/:id").unwrap_err();
+        assert!(err.contains("`{id}`"), "{err}");
+        let err = parse_pattern("GET /files/*rest").unwrap_err();
+        assert!(err.contains("`{*rest}`"), "{err}");
+        let err = RouteTable::build(&[("/a".into(), 0), ("/api/:id".into(), 1)]).unwrap_err();
+        assert_eq!(err.field(), "routes[1].pattern");
+    }
+
+    #[test]
+    fn most_specific_wins_and_method_beats_any() {
+        let t = RouteTable::build(&[
+            ("/api/{*rest}".into(), 0),
+            ("/api/search".into(), 1),
+            ("POST /api/search".into(), 2),
+            ("/users/{id}".into(), 3),
+        ])
+        .unwrap();
+        assert_eq!(t.lookup(&Method::GET, "/api/x/y"), Some(0));
+        assert_eq!(t.lookup(&Method::GET, "/api/search"), Some(1));
+        assert_eq!(t.lookup(&Method::POST, "/api/search"), Some(2));
+        assert_eq!(t.lookup(&Method::GET, "/users/7"), Some(3));
+        assert_eq!(t.lookup(&Method::GET, "/other"), None);
+    }
+
+    #[test]
+    fn head_takes_the_get_route_unless_it_has_its_own() {
+        let t = RouteTable::build(&[("GET /search".into(), 0), ("/any".into(), 1)]).unwrap();
+        assert_eq!(t.lookup(&Method::HEAD, "/search"), Some(0));
+        assert_eq!(t.lookup(&Method::POST, "/search"), None);
+        assert_eq!(t.lookup(&Method::HEAD, "/any"), Some(1));
+        let t = RouteTable::build(&[("GET /s".into(), 0), ("HEAD /s".into(), 1)]).unwrap();
+        assert_eq!(t.lookup(&Method::HEAD, "/s"), Some(1));
+    }
+
+    #[test]
+    fn bad_patterns_name_the_route() {
+        let err = RouteTable::build(&[("/a".into(), 0), ("nope".into(), 1)]).unwrap_err();
+        assert_eq!(err.field(), "routes[1].pattern");
+        let err = RouteTable::build(&[("/a/{*x}/b".into(), 0)]).unwrap_err();
+        assert_eq!(err.field(), "routes[0].pattern");
+        let err = RouteTable::build(&[("/x/{".into(), 0)]).unwrap_err();
+        assert_eq!(err.field(), "routes[0].pattern");
+        let err = RouteTable::build(&[("GET /a".into(), 0), ("GET /a".into(), 1)]).unwrap_err();
+        assert_eq!(err.field(), "routes[1].pattern");
+    }
+}

@@ -1,0 +1,87 @@
+//! Shadow policies: checked and counted beside the enforced ones, never refusing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use smallvec::SmallVec;
+
+use super::{Limiter, PolicySet};
+use crate::key::Key;
+use crate::store::Store;
+
+/// How many shadow checks would have allowed and denied.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowCounts {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+}
+
+impl ShadowCounts {
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.allowed.load(Ordering::Relaxed),
+            self.denied.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Checks `key` against the set's shadow policies in the background (the request does
+    /// not wait for it), counting and logging what they would have done. Outside a tokio
+    /// runtime the check runs to completion on the spot only when the store answers at once.
+    pub(super) fn spawn_shadow_check(&self, key: &Key, set: &PolicySet, cost: Option<u64>) {
+        let costs: SmallVec<[u64; 2]> = match cost {
+            None => set.shadow_costs.clone(),
+            Some(c) => set.shadow.iter().map(|p| c.min(p.capacity())).collect(),
+        };
+        let common = &self.inner.common;
+        if let Some(outcome) = common.store.check_now(key, &set.shadow, &costs) {
+            self.record_shadow(key, set, outcome);
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "tollgate::shadow",
+                "shadow policies need a tokio runtime with this store; not checked"
+            );
+            return;
+        };
+        let future = common.store.check(key, &set.shadow, &costs);
+        let this = self.clone();
+        let key = key.clone();
+        let set_id = set.id;
+        handle.spawn(async move {
+            let outcome = future.await;
+            this.record_shadow(&key, &this.inner.sets[set_id], outcome);
+        });
+    }
+
+    fn record_shadow(
+        &self,
+        key: &Key,
+        set: &PolicySet,
+        outcome: Result<crate::Decision, crate::StoreError>,
+    ) {
+        let counts = &self.inner.common.shadow;
+        match outcome {
+            Ok(d) if d.is_allowed() => {
+                counts.allowed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(d) => {
+                counts.denied.fetch_add(1, Ordering::Relaxed);
+                let policy = set.shadow.get(d.governing_index()).map_or("", |p| p.name());
+                let digest = crate::key::digest(key);
+                tracing::event!(
+                    target: "tollgate::shadow",
+                    tracing::Level::INFO,
+                    ratelimit.policy = policy,
+                    ratelimit.key = digest.as_str(),
+                    ratelimit.retry_after_ms = d.retry_after_millis(),
+                    "shadow policy would have denied this request"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(target: "tollgate::shadow", %error, "shadow check failed");
+            }
+        }
+    }
+}

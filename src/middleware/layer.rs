@@ -1,0 +1,233 @@
+//! [`RateLimitLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response};
+use tower_layer::Layer;
+
+use super::service::RateLimitService;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::limiter::Limiter;
+use crate::refusal::Refusal;
+use crate::response::{write_quota_headers, HeaderStyle, ResponseConfig};
+use crate::route::Route;
+use crate::store::{MemoryStore, Store};
+
+/// Applies a [`Limiter`] to every request of the wrapped service.
+///
+/// Clones share one limiter — and so one state — which matters because axum and hyper clone
+/// the service for every connection. See the [crate docs](crate) for examples, and
+/// [`for_route`](Self::for_route) for attaching policies through axum's router.
+pub struct RateLimitLayer<St = MemoryStore> {
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+/// What every service made by one layer shares: the limiter and how responses look.
+pub(crate) struct Shared<St> {
+    pub(crate) limiter: Limiter<St>,
+    pub(crate) response: ResponseConfig,
+}
+
+impl<St> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            response: self.response.clone(),
+        }
+    }
+}
+
+impl<St: Store> Shared<St> {
+    /// The response for a refusal: the user's hook, or the refusal's own rendering.
+    pub(crate) fn refuse(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
+        self.response.render(refusal, grpc)
+    }
+
+    /// For a request that goes ahead: how long a shaping policy makes it wait, and the
+    /// decision when the response gets quota headers.
+    pub(crate) fn proceed(&self, set: usize, decision: Decision) -> (Duration, Option<Decision>) {
+        let delay = decision.delay();
+        let policies = &self.limiter.set(set).enforced;
+        let keep = self.response.decorates(&decision, policies);
+        (delay, keep.then_some(decision))
+    }
+
+    /// Adds the quota headers of `decision` (made with policy set `set`).
+    pub(crate) fn decorate(&self, set: usize, decision: &Decision, headers: &mut HeaderMap) {
+        let now = self.limiter.store().now_millis();
+        let policies = &self.limiter.set(set).enforced;
+        write_quota_headers(headers, decision, policies, now, self.response.style);
+    }
+}
+
+impl<St> Clone for RateLimitLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.shared.limiter)
+            .field("response", &self.shared.response)
+            .finish()
+    }
+}
+
+impl<St> RateLimitLayer<St> {
+    /// A layer deciding with `limiter`, with the default responses: classic quota headers on
+    /// every response, `Retry-After` and a JSON body on a 429.
+    pub fn new(limiter: Limiter<St>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                limiter,
+                response: ResponseConfig::default(),
+            }),
+        }
+    }
+
+    fn with_response(self, f: impl FnOnce(&mut ResponseConfig)) -> Self {
+        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|arc| (*arc).clone());
+        f(&mut shared.response);
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Which quota headers to send (default [`HeaderStyle::Classic`]).
+    pub fn header_style(self, style: HeaderStyle) -> Self {
+        self.with_response(|r| r.style = style)
+    }
+
+    /// Whether allowed responses carry quota headers too (default `true`).
+    pub fn quota_headers_on_success(self, enabled: bool) -> Self {
+        self.with_response(|r| r.quota_on_success = enabled)
+    }
+
+    /// Whether a 429 carries `Retry-After` (default `true`). Turning it off makes clients
+    /// retry blindly; only do so if something in front of this service adds it.
+    pub fn retry_after_header(self, enabled: bool) -> Self {
+        self.with_response(|r| r.retry_after = enabled)
+    }
+
+    /// Replaces the response of every [`Refusal`]: rate limited, cost too high, missing key,
+    /// forbidden, store unavailable. The function gets the refusal (kind, status, decision,
+    /// policies, retry time) and can start from [`Refusal::default_response`], which
+    /// already follows this layer's header settings. It is called for gRPC calls too
+    /// ([`Refusal::is_grpc`]); answer those with [`Refusal::grpc_response`], as gRPC clients
+    /// cannot read an HTTP status.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer, RefusalKind};
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::builder().policy(Policy::new("api", Rate::per_second(5))?).build()?,
+    /// )
+    /// .on_refusal(|refusal| {
+    ///     if refusal.is_grpc() || refusal.kind() != RefusalKind::RateLimited {
+    ///         return refusal.default_response();
+    ///     }
+    ///     let mut res = refusal.http_response();
+    ///     *res.body_mut() = Bytes::from_static(b"{\"error\":\"slow down\"}");
+    ///     res
+    /// });
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_refusal<F>(self, f: F) -> Self
+    where
+        F: Fn(&Refusal) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.with_response(|r| r.on_refusal = Some(Arc::new(f)))
+    }
+
+    /// The former name of [`on_refusal`](Self::on_refusal).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed to `on_refusal`, which sees every refusal"
+    )]
+    pub fn on_rejection<F>(self, f: F) -> Self
+    where
+        F: Fn(&Refusal) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.on_refusal(f)
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter<St> {
+        &self.shared.limiter
+    }
+}
+
+impl<St: Store> RateLimitLayer<St> {
+    /// A layer for one route's policies, to attach through axum's own router with
+    /// `route_layer`, sharing this layer's store, key extractor, lists, policy names and
+    /// response settings. axum's routing then decides which requests the policies see:
+    /// `HEAD` on a `GET` route, path parameters, nested routers. See [`Limiter::for_route`].
+    ///
+    /// The two ways of attaching policies to routes, side by side:
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tollgate::{key::Global, route::Route, Limiter, Policy, Rate, RateLimitLayer};
+    ///
+    /// let search = Route::new().policy(Policy::new("search", Rate::per_minute(2))?);
+    ///
+    /// // 1. The limiter's route table: patterns in axum's syntax, matched by tollgate.
+    /// let by_table = Router::new()
+    ///     .route("/search", get(|| async { "results" }))
+    ///     .layer(RateLimitLayer::new(
+    ///         Limiter::builder()
+    ///             .route("GET /search", search.clone())
+    ///             .default_route(Route::exempt())
+    ///             .extractor(Global::new())
+    ///             .build()?,
+    ///     ));
+    ///
+    /// // 2. axum's router: one shared layer, per-route layers made from it.
+    /// let limits = RateLimitLayer::new(
+    ///     Limiter::builder().default_route(Route::exempt()).extractor(Global::new()).build()?,
+    /// );
+    /// let by_router = Router::new()
+    ///     .route("/search", get(|| async { "results" }).route_layer(limits.for_route(search)?));
+    ///
+    /// for app in [by_table, by_router] {
+    ///     let req = |method: &str| Request::builder().method(method).uri("/search").body(Body::empty());
+    ///     assert_eq!(app.clone().oneshot(req("GET")?).await?.status(), StatusCode::OK);
+    ///     assert_eq!(app.clone().oneshot(req("HEAD")?).await?.status(), StatusCode::OK);
+    ///     assert_eq!(app.clone().oneshot(req("GET")?).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] as for [`Limiter::for_route`].
+    pub fn for_route(&self, route: Route) -> Result<Self, ConfigError> {
+        Ok(Self {
+            shared: Arc::new(Shared {
+                limiter: self.shared.limiter.for_route(route)?,
+                response: self.shared.response.clone(),
+            }),
+        })
+    }
+}
+
+impl<Inner, St> Layer<Inner> for RateLimitLayer<St> {
+    type Service = RateLimitService<Inner, St>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        RateLimitService::from_shared(inner, Arc::clone(&self.shared))
+    }
+}

@@ -1,0 +1,17 @@
+//! The tower middleware: [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] and
+//! [`RateLimitBody`].
+//!
+//! The middleware only adapts HTTP to the [`Limiter`](crate::Limiter): it asks the limiter's
+//! decision path about each request, calls the inner service when the request may go ahead
+//! (adding quota headers to its response), and otherwise answers with the
+//! [`Refusal`](crate::Refusal), rendered for HTTP or gRPC.
+
+mod body;
+mod future;
+mod layer;
+mod service;
+
+pub use body::RateLimitBody;
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
+pub use service::RateLimitService;

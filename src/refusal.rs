@@ -1,0 +1,622 @@
+//! [`Refusal`]: every answer tollgate gives instead of calling the service it guards.
+//!
+//! Like axum's rejections, a refusal knows its HTTP status, its gRPC code, a stable machine
+//! error code and a human message, and renders itself for HTTP (a JSON body) or gRPC (a
+//! trailers-only status). The layer, the direct [`Limiter`](crate::Limiter) API, the login
+//! guard and gRPC calls all produce this one type, and a custom response hook
+//! ([`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal)) sees every one of them.
+//!
+//! | kind | HTTP | gRPC | `error` code | logged at |
+//! |---|---|---|---|---|
+//! | [`RateLimited`](RefusalKind::RateLimited) | 429 + `Retry-After` | 8 `RESOURCE_EXHAUSTED` | `rate_limit_exceeded` | DEBUG |
+//! | [`CostExceedsCapacity`](RefusalKind::CostExceedsCapacity) | 429, no `Retry-After` | 8 `RESOURCE_EXHAUSTED` | `cost_exceeds_capacity` | DEBUG |
+//! | [`MissingKey`](RefusalKind::MissingKey) | 400 | 3 `INVALID_ARGUMENT` | `missing_rate_limit_key` | DEBUG (WARN once per process when the request has no peer address) |
+//! | [`Forbidden`](RefusalKind::Forbidden) | 403 | 7 `PERMISSION_DENIED` | `forbidden` | INFO |
+//! | [`StoreUnavailable`](RefusalKind::StoreUnavailable) | 503 + `Retry-After` | 14 `UNAVAILABLE` | `rate_limiter_unavailable` | WARN |
+//! | [`LoginRefused`](RefusalKind::LoginRefused) | 429 + `Retry-After` | 8 `RESOURCE_EXHAUSTED` | `rate_limit_exceeded` | INFO |
+//! | [`LoginBodyTooLarge`](RefusalKind::LoginBodyTooLarge) | 413 | 3 `INVALID_ARGUMENT` | `payload_too_large` | DEBUG |
+//! | [`LoginBodyUnreadable`](RefusalKind::LoginBodyUnreadable) | 400 | 3 `INVALID_ARGUMENT` | `unreadable_body` | DEBUG |
+//!
+//! Events go to the target `tollgate::refusal` with the fields `ratelimit.refusal` (the
+//! error code), `ratelimit.policy` and `ratelimit.key` (a digest, never the raw key) where
+//! known. The JSON body is `{"error":"…","message":"…"}`, with `"retry_after": N` (seconds)
+//! when waiting helps. A [sensitive](crate::PolicyBuilder::sensitive) policy's refusal has a
+//! generic message and no quota headers, and a login refusal never says which of its limits
+//! tripped.
+//!
+//! # Examples
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use http::StatusCode;
+//! use tollgate::{key::RequestView, Limiter, Policy, Rate, RefusalKind};
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("api", Rate::per_minute(1))?)
+//!     .extractor(tollgate::key::Global::new())
+//!     .build()?;
+//! let req = http::Request::new(());
+//! assert!(limiter.decide(&RequestView::new(&req)).await.is_ok());
+//! let refusal = limiter.decide(&RequestView::new(&req)).await.unwrap_err();
+//! assert_eq!(refusal.kind(), RefusalKind::RateLimited);
+//! assert_eq!(refusal.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(refusal.grpc_code(), 8);
+//! assert_eq!(refusal.error_code(), "rate_limit_exceeded");
+//! let res = refusal.http_response();
+//! assert_eq!(res.headers()["retry-after"], "60");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::response::{write_quota_headers, HeaderStyle};
+
+/// Why tollgate answered instead of the guarded service. See the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefusalKind {
+    /// A policy denied the request: 429 with `Retry-After`.
+    RateLimited,
+    /// The request's cost exceeds a policy's capacity, so it could never pass: 429 without
+    /// `Retry-After` (waiting would not help).
+    CostExceedsCapacity,
+    /// The request carries nothing to key it by (and the limiter rejects such requests): 400.
+    MissingKey,
+    /// The key is on the limiter's deny list: 403.
+    Forbidden,
+    /// The store failed and the failure mode refuses (or there is none): 503.
+    StoreUnavailable,
+    /// The login guard refused the attempt: a generic 429.
+    LoginRefused,
+    /// A login request body larger than the login layer reads: 413.
+    LoginBodyTooLarge,
+    /// A login request body that could not be read: 400.
+    LoginBodyUnreadable,
+}
+
+impl RefusalKind {
+    /// The HTTP status.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            RefusalKind::RateLimited
+            | RefusalKind::CostExceedsCapacity
+            | RefusalKind::LoginRefused => StatusCode::TOO_MANY_REQUESTS,
+            RefusalKind::MissingKey | RefusalKind::LoginBodyUnreadable => StatusCode::BAD_REQUEST,
+            RefusalKind::Forbidden => StatusCode::FORBIDDEN,
+            RefusalKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            RefusalKind::LoginBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    /// The gRPC status code (see [`crate::grpc`] for the constants).
+    pub const fn grpc_code(self) -> i32 {
+        match self {
+            RefusalKind::RateLimited
+            | RefusalKind::CostExceedsCapacity
+            | RefusalKind::LoginRefused => crate::grpc::RESOURCE_EXHAUSTED,
+            RefusalKind::MissingKey
+            | RefusalKind::LoginBodyTooLarge
+            | RefusalKind::LoginBodyUnreadable => crate::grpc::INVALID_ARGUMENT,
+            RefusalKind::Forbidden => crate::grpc::PERMISSION_DENIED,
+            RefusalKind::StoreUnavailable => crate::grpc::UNAVAILABLE,
+        }
+    }
+
+    /// The stable machine error code: the JSON body's `error` field.
+    pub const fn error_code(self) -> &'static str {
+        match self {
+            RefusalKind::RateLimited | RefusalKind::LoginRefused => "rate_limit_exceeded",
+            RefusalKind::CostExceedsCapacity => "cost_exceeds_capacity",
+            RefusalKind::MissingKey => "missing_rate_limit_key",
+            RefusalKind::Forbidden => "forbidden",
+            RefusalKind::StoreUnavailable => "rate_limiter_unavailable",
+            RefusalKind::LoginBodyTooLarge => "payload_too_large",
+            RefusalKind::LoginBodyUnreadable => "unreadable_body",
+        }
+    }
+}
+
+/// How a refusal is rendered: the layer's settings, and whether the request was gRPC.
+#[derive(Debug, Clone)]
+pub(crate) struct Rendering {
+    pub(crate) style: HeaderStyle,
+    pub(crate) retry_after: bool,
+    pub(crate) grpc: Option<HeaderValue>,
+}
+
+impl Default for Rendering {
+    fn default() -> Self {
+        Self {
+            style: HeaderStyle::Classic,
+            retry_after: true,
+            grpc: None,
+        }
+    }
+}
+
+/// An answer tollgate gives instead of calling the guarded service: status, gRPC code,
+/// machine error code, message and rendering in one value. See the [module docs](self).
+///
+/// Cheap to clone; `'static`, so it can be returned from handlers and stored.
+#[derive(Clone)]
+pub struct Refusal {
+    // Boxed: a refusal travels in `Result`s on the request path, where the common `Ok` case
+    // should stay small.
+    inner: Box<Details>,
+}
+
+#[derive(Clone)]
+struct Details {
+    kind: RefusalKind,
+    decision: Option<Decision>,
+    policies: Arc<[Policy]>,
+    cost: Option<u64>,
+    store_error: Option<StoreError>,
+    now_millis: u64,
+    rendering: Rendering,
+}
+
+impl fmt::Debug for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refusal")
+            .field("kind", &self.inner.kind)
+            .field("decision", &self.inner.decision)
+            .field(
+                "policies",
+                &self
+                    .inner
+                    .policies
+                    .iter()
+                    .map(Policy::name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("store_error", &self.inner.store_error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.error_code(),
+            self.status(),
+            self.message()
+        )
+    }
+}
+
+impl std::error::Error for Refusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .store_error
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+const NO_POLICIES: &[Policy] = &[];
+
+impl Refusal {
+    fn details(kind: RefusalKind) -> Details {
+        Details {
+            kind,
+            decision: None,
+            policies: Arc::from(NO_POLICIES),
+            cost: None,
+            store_error: None,
+            now_millis: 0,
+            rendering: Rendering::default(),
+        }
+    }
+
+    fn from_details(details: Details) -> Self {
+        Self {
+            inner: Box::new(details),
+        }
+    }
+
+    /// A denial by the store: rate limited.
+    pub(crate) fn rate_limited(decision: Decision, policies: Arc<[Policy]>, now: u64) -> Self {
+        Self::from_details(Details {
+            decision: Some(decision),
+            policies,
+            now_millis: now,
+            ..Self::details(RefusalKind::RateLimited)
+        })
+    }
+
+    /// The login guard's refusal (its policies are sensitive: nothing about counts leaks).
+    pub(crate) fn login_refused(decision: Decision, policies: Arc<[Policy]>, now: u64) -> Self {
+        Self::from_details(Details {
+            decision: Some(decision),
+            policies,
+            now_millis: now,
+            ..Self::details(RefusalKind::LoginRefused)
+        })
+    }
+
+    /// A cost above `policy`'s capacity.
+    pub(crate) fn cost_exceeds_capacity(policy: &Policy, cost: u64) -> Self {
+        Self::from_details(Details {
+            policies: Arc::from([policy.clone()]),
+            cost: Some(cost),
+            ..Self::details(RefusalKind::CostExceedsCapacity)
+        })
+    }
+
+    /// The store failed: `decision` is the failure mode's refusal (with the cool-down as
+    /// retry time) when there is one.
+    pub(crate) fn store_unavailable(error: Option<StoreError>, decision: Option<Decision>) -> Self {
+        Self::from_details(Details {
+            store_error: error,
+            decision,
+            ..Self::details(RefusalKind::StoreUnavailable)
+        })
+    }
+
+    /// A refusal that needs no details (missing key, forbidden, login body problems).
+    pub(crate) fn of_kind(kind: RefusalKind) -> Self {
+        Self::from_details(Self::details(kind))
+    }
+
+    pub(crate) fn with_rendering(mut self, rendering: Rendering) -> Self {
+        self.inner.rendering = rendering;
+        self
+    }
+
+    /// What kind of refusal this is.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn kind(&self) -> RefusalKind {
+        self.inner.kind
+    }
+
+    /// The HTTP status (429, 400, 403, 413 or 503).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn status(&self) -> StatusCode {
+        self.inner.kind.status()
+    }
+
+    /// The gRPC status code.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn grpc_code(&self) -> i32 {
+        self.inner.kind.grpc_code()
+    }
+
+    /// The stable machine error code (the JSON body's `error` field).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn error_code(&self) -> &'static str {
+        self.inner.kind.error_code()
+    }
+
+    /// The store's decision, for refusals that came from one (rate limited, login refused,
+    /// a failure mode refusing while the store is down).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.inner.decision.as_ref()
+    }
+
+    /// The policy that denied (the one that frees up last), or whose capacity a cost
+    /// exceeds.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn policy(&self) -> Option<&Policy> {
+        match &self.inner.decision {
+            Some(decision) => self.inner.policies.get(decision.governing_index()),
+            None => self.inner.policies.first(),
+        }
+    }
+
+    /// The cost asked for, for [`RefusalKind::CostExceedsCapacity`].
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn cost(&self) -> Option<u64> {
+        self.inner.cost
+    }
+
+    /// Every policy the request was checked against, in the order of
+    /// [`Decision::policies`]; empty for refusals decided before any policy.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn policies(&self) -> &[Policy] {
+        &self.inner.policies
+    }
+
+    /// The store error behind a [`RefusalKind::StoreUnavailable`], when there was one (a
+    /// failure mode refusing during an open circuit has none).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        self.inner.store_error.as_ref()
+    }
+
+    /// Whether the refusal must not reveal counts (a sensitive policy, or the login guard).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn is_sensitive(&self) -> bool {
+        self.inner.kind == RefusalKind::LoginRefused
+            || self.inner.policies.iter().any(Policy::is_sensitive)
+    }
+
+    /// Whether the request was a gRPC call; the default response is then
+    /// [`grpc_response`](Self::grpc_response).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn is_grpc(&self) -> bool {
+        self.inner.rendering.grpc.is_some()
+    }
+
+    /// How long until the same request could pass, when waiting helps: the denying policy's
+    /// retry time, or for a store failure the failure mode's cool-down (1 s at least).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.inner.kind {
+            RefusalKind::RateLimited | RefusalKind::LoginRefused => self
+                .inner
+                .decision
+                .as_ref()
+                .map(|d| Duration::from_millis(d.retry_after_millis().max(1))),
+            RefusalKind::StoreUnavailable => Some(Duration::from_millis(
+                self.inner
+                    .decision
+                    .as_ref()
+                    .map_or(1_000, |d| d.retry_after_millis().max(1_000)),
+            )),
+            _ => None,
+        }
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds, rounded up, at least 1: the
+    /// `Retry-After` value.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after()
+            .map(|d| (d.as_millis() as u64).div_ceil(1000).max(1))
+    }
+
+    /// The human-readable message: generic when sensitive, else naming what happened.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn message(&self) -> Cow<'static, str> {
+        match self.inner.kind {
+            RefusalKind::RateLimited | RefusalKind::LoginRefused => {
+                if self.is_sensitive() {
+                    return Cow::Borrowed(SENSITIVE_MESSAGE);
+                }
+                let retry = self.retry_after_secs().unwrap_or(1);
+                Cow::Owned(match self.policy() {
+                    Some(p) => format!(
+                        "Rate limit exceeded: {} ({}). Retry in {retry} s.",
+                        p.rate(),
+                        p.name()
+                    ),
+                    None => format!("Rate limit exceeded. Retry in {retry} s."),
+                })
+            }
+            RefusalKind::CostExceedsCapacity => {
+                Cow::Owned(match (self.policy(), self.inner.cost) {
+                    (Some(p), Some(cost)) => format!(
+                        "cost {cost} exceeds the capacity {} of policy \"{}\"",
+                        p.capacity(),
+                        p.name()
+                    ),
+                    _ => "The request costs more than any limit allows.".to_owned(),
+                })
+            }
+            RefusalKind::MissingKey => {
+                Cow::Borrowed("The request carries nothing to rate-limit it by.")
+            }
+            RefusalKind::Forbidden => Cow::Borrowed("This client is not allowed."),
+            RefusalKind::StoreUnavailable => {
+                Cow::Borrowed("The rate limiter is unavailable. Please retry shortly.")
+            }
+            RefusalKind::LoginBodyTooLarge => Cow::Borrowed("The login request body is too large."),
+            RefusalKind::LoginBodyUnreadable => {
+                Cow::Borrowed("The login request body could not be read.")
+            }
+        }
+    }
+
+    /// The response tollgate sends by default: [`http_response`](Self::http_response), or
+    /// [`grpc_response`](Self::grpc_response) for a gRPC call.
+    ///
+    /// See [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal) for an example.
+    pub fn default_response(&self) -> Response<Bytes> {
+        if self.is_grpc() {
+            self.grpc_response()
+        } else {
+            self.http_response()
+        }
+    }
+
+    /// The HTTP response: the status, a JSON body, `Cache-Control: no-store`, `Retry-After`
+    /// where waiting helps, and quota headers for a rate-limited, non-sensitive refusal.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn http_response(&self) -> Response<Bytes> {
+        let retry = self.retry_after_header();
+        let mut body = serde_json::json!({
+            "error": self.error_code(),
+            "message": self.message(),
+        });
+        if let Some(retry) = self.retry_after_secs() {
+            body["retry_after"] = retry.into();
+        }
+        let mut res = Response::new(Bytes::from(body.to_string()));
+        *res.status_mut() = self.status();
+        let headers = res.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(retry) = retry {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+        }
+        self.write_quota_headers(&mut res);
+        res
+    }
+
+    /// The gRPC trailers-only response (HTTP 200, `grpc-status`, `grpc-message`,
+    /// `grpc-status-details-bin` with a `google.rpc.RetryInfo` where waiting helps, quota
+    /// headers as for HTTP); see [`crate::grpc`].
+    ///
+    /// See [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal) for an example.
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+        let retry = self.retry_after().filter(|_| {
+            self.inner.rendering.retry_after || self.inner.kind == RefusalKind::StoreUnavailable
+        });
+        let mut res = crate::grpc::error_response(
+            self.grpc_code(),
+            &self.message(),
+            retry,
+            self.inner.rendering.grpc.as_ref().unwrap_or(&GRPC),
+        );
+        self.write_quota_headers(&mut res);
+        res
+    }
+
+    /// The refusal as a [`tonic::Status`] (the code, the message and, where waiting helps, a
+    /// `google.rpc.RetryInfo` detail), for code that answers gRPC calls itself.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::{Global, RequestView}, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("rpc", Rate::per_minute(1))?)
+    ///     .extractor(Global::new())
+    ///     .build()?;
+    /// let call = http::Request::post("/pkg.Svc/Method").body(())?;
+    /// limiter.decide(&RequestView::new(&call)).await?;
+    /// let refusal = limiter.decide(&RequestView::new(&call)).await.unwrap_err();
+    /// assert_eq!(refusal.to_status().code(), tonic::Code::ResourceExhausted);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "tonic")]
+    pub fn to_status(&self) -> tonic::Status {
+        let message = self.message();
+        let details = crate::grpc::status_details(self.grpc_code(), &message, self.retry_after());
+        tonic::Status::with_details(
+            tonic::Code::from_i32(self.grpc_code()),
+            message,
+            Bytes::from(details),
+        )
+    }
+
+    /// The `Retry-After` value to send: only where waiting helps, and (for rate limits) only
+    /// when the layer sends it.
+    fn retry_after_header(&self) -> Option<u64> {
+        let wanted =
+            self.inner.kind == RefusalKind::StoreUnavailable || self.inner.rendering.retry_after;
+        self.retry_after_secs().filter(|_| wanted)
+    }
+
+    fn write_quota_headers<B>(&self, res: &mut Response<B>) {
+        if self.inner.kind != RefusalKind::RateLimited || self.is_sensitive() {
+            return;
+        }
+        if let Some(decision) = &self.inner.decision {
+            write_quota_headers(
+                res.headers_mut(),
+                decision,
+                &self.inner.policies,
+                self.inner.now_millis,
+                self.inner.rendering.style,
+            );
+        }
+    }
+
+    /// Logs the refusal at its documented level (see the [module docs](self)).
+    pub(crate) fn log(&self, key: Option<&Key>) {
+        let code = self.error_code();
+        let policy = self.policy().map_or("", Policy::name);
+        let digest = key.map(crate::key::digest);
+        let key = digest.as_deref().unwrap_or("");
+        macro_rules! event {
+            ($level:expr) => {
+                tracing::event!(
+                    target: "tollgate::refusal",
+                    $level,
+                    ratelimit.refusal = code,
+                    ratelimit.policy = policy,
+                    ratelimit.key = key,
+                    "{}",
+                    self.message()
+                )
+            };
+        }
+        match self.inner.kind {
+            RefusalKind::Forbidden | RefusalKind::LoginRefused => event!(tracing::Level::INFO),
+            RefusalKind::StoreUnavailable => match &self.inner.store_error {
+                Some(error) => tracing::event!(
+                    target: "tollgate::refusal",
+                    tracing::Level::WARN,
+                    ratelimit.refusal = code,
+                    %error,
+                    "refusing the request: the rate-limit store failed"
+                ),
+                None => event!(tracing::Level::WARN),
+            },
+            _ => event!(tracing::Level::DEBUG),
+        }
+    }
+
+    /// Logs a missing key; warns once per process when the request has no peer address,
+    /// which with the default extractor means the server does not record it.
+    pub(crate) fn log_missing_key(has_peer: bool) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if !has_peer && !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::event!(
+                target: "tollgate::refusal",
+                tracing::Level::WARN,
+                ratelimit.refusal = "missing_rate_limit_key",
+                "a request has no peer address, so it cannot be keyed by client IP and is \
+                 refused with 400; with axum, serve the app with \
+                 `into_make_service_with_connect_info::<SocketAddr>()` (tonic records it \
+                 itself), or key requests another way (logged once)"
+            );
+        } else {
+            tracing::event!(
+                target: "tollgate::refusal",
+                tracing::Level::DEBUG,
+                ratelimit.refusal = "missing_rate_limit_key",
+                "the request carries nothing to rate-limit it by"
+            );
+        }
+    }
+}
+
+/// The message of a sensitive refusal: no counts, no hint of which limit.
+pub(crate) const SENSITIVE_MESSAGE: &str = "Too many requests. Please try again later.";
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        self.default_response().map(axum::body::Body::from)
+    }
+}
+
+/// Builds a custom response for a refusal; see
+/// [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal).
+pub type RefusalFn = dyn Fn(&Refusal) -> Response<Bytes> + Send + Sync;
