@@ -32,12 +32,26 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_millis(&self) -> u64;
 
-    /// Whether this clock was injected by the caller (a test clock) rather than the real time.
+    /// Whether this is a test clock whose time a shared store must use instead of its own.
     ///
-    /// Stores that can read a shared server clock (Redis `TIME`) use it only when this is
-    /// `false`; an injected clock's time is passed along instead.
+    /// Stores with a shared server clock (the Redis stores read Redis `TIME` inside their
+    /// scripts, so instances with skewed clocks still agree) pass this clock's time along
+    /// only when this is `true`. The default is `false`: a custom production clock leaves
+    /// Redis on `TIME`. Only clocks made for tests, such as [`ManualClock`], say `true`.
+    ///
+    /// ```
+    /// use tollgate::clock::{Clock, ManualClock, SystemClock};
+    ///
+    /// #[derive(Debug)]
+    /// struct OffsetClock(SystemClock, u64);
+    /// impl Clock for OffsetClock {
+    ///     fn now_millis(&self) -> u64 { self.0.now_millis() + self.1 }
+    /// }
+    /// assert!(!OffsetClock(SystemClock::new(), 5).is_injected()); // Redis keeps its TIME
+    /// assert!(ManualClock::new(0).is_injected());
+    /// ```
     fn is_injected(&self) -> bool {
-        true
+        false
     }
 }
 
@@ -139,6 +153,11 @@ impl Clock for ManualClock {
     fn now_millis(&self) -> u64 {
         self.millis.load(Ordering::SeqCst)
     }
+
+    /// A test clock: stores use its time, not their own.
+    fn is_injected(&self) -> bool {
+        true
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
@@ -171,5 +190,18 @@ mod tests {
     #[test]
     fn manual_clock_is_injected() {
         assert!(ManualClock::new(0).is_injected());
+    }
+
+    #[test]
+    fn a_custom_clock_is_not_injected_by_default() {
+        #[derive(Debug)]
+        struct Custom;
+        impl Clock for Custom {
+            fn now_millis(&self) -> u64 {
+                42
+            }
+        }
+        assert!(!Custom.is_injected());
+        assert!(!Arc::new(Custom).is_injected());
     }
 }

@@ -67,7 +67,7 @@ fn build_errors_name_the_field() {
         ),
         (
             "[[routes]]\npattern = \"/a\"\npolicies = [\"api\"]\ncost = 1000",
-            "routes[0].policies.cost",
+            "routes[0].cost",
         ),
         ("[key]\nkind = \"header\"", "key.header"),
         ("[key]\nipv6_prefix = 0", "key.ipv6_prefix"),

@@ -344,17 +344,17 @@ async fn a_missing_peer_address_is_a_clear_400() {
 }
 
 #[tokio::test]
-async fn custom_rejection_and_quiet_success() {
+async fn custom_refusal_and_quiet_success() {
     let limiter = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(limiter)
         .quota_headers_on_success(false)
-        .on_rejection(|rejection| {
+        .on_refusal(|refusal| {
             let mut res = http::Response::new(bytes::Bytes::from(format!(
                 "slow down for {}s",
-                rejection.retry_after_secs()
+                refusal.retry_after_secs().unwrap_or(1)
             )));
             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
             res

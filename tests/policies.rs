@@ -123,6 +123,7 @@ async fn layered_limits_all_must_pass_and_deny_charges_none() {
                 .policy(fixed("per-second", Rate::per_second(2)))
                 .policy(fixed("per-day", Rate::per_day(5))),
         )
+        .default_route(Route::exempt())
         .build()
         .unwrap();
     let c = start(limiter).await;
@@ -163,6 +164,7 @@ async fn tiers_choose_the_rate_per_request() {
                 .get("x-user")
                 .map(|v| Key::new("user", v.as_bytes()))
         }))
+        .default_route(Route::exempt())
         .build()
         .unwrap();
     let c = start(limiter).await;
@@ -209,6 +211,7 @@ async fn costs_fixed_and_computed() {
                     .unwrap_or(1)
             }),
         )
+        .default_route(Route::exempt())
         .build()
         .unwrap();
     let c = start(limiter).await;
@@ -250,7 +253,7 @@ async fn config_mistakes_name_the_field() {
         )
         .build()
         .unwrap_err();
-    assert_eq!(err.field(), "routes[0].policies.cost");
+    assert_eq!(err.field(), "routes[0].cost");
     let err = Limiter::builder()
         .route("/a", Route::new().policy(fixed("x", Rate::per_minute(3))))
         .route(
@@ -360,6 +363,7 @@ async fn penalties_block_for_their_duration() {
     let limiter = Limiter::builder()
         .store(MemoryStore::builder().clock(clock.clone()).build())
         .route("POST /login", Route::new().policy(login))
+        .default_route(Route::exempt())
         .build()
         .unwrap();
     let c = start(limiter).await;

@@ -40,6 +40,7 @@ async fn penalties_layered_limits_and_shadow_through_redis() {
             "POST /login",
             Route::new().policy(login).policy(daily).policy(watch),
         )
+        .default_route(Route::exempt())
         .build()
         .unwrap();
     let addr = common::serve(

@@ -305,7 +305,9 @@ fn every_key_has_a_ttl_and_none_is_left_after_the_windows() {
     }
 }
 
-/// A clock that is real but off by `offset` ms, as on a pod with a skewed clock.
+/// A clock that is real but off by `offset` ms, as on a pod with a skewed clock. It leaves
+/// `is_injected` at its default, as a user's own production clock would: Redis must keep
+/// deciding on its own `TIME`.
 #[derive(Debug)]
 struct Skewed {
     offset: u64,
@@ -315,9 +317,6 @@ struct Skewed {
 impl Clock for Skewed {
     fn now_millis(&self) -> u64 {
         self.inner.now_millis() + self.offset
-    }
-    fn is_injected(&self) -> bool {
-        false
     }
 }
 

@@ -265,6 +265,11 @@ impl<S: Store> LimiterBuilder<S> {
             routes.push(compiled);
             patterns.push((pattern.clone(), i));
         }
+        let table = if patterns.is_empty() {
+            None
+        } else {
+            Some(RouteTable::build(&patterns)?)
+        };
         let default = &self.default_route;
         if !default.exempt && default.policies.is_empty() && default.tiers.is_empty() {
             return Err(ConfigError::new(
@@ -288,11 +293,6 @@ impl<S: Store> LimiterBuilder<S> {
             &mut sets,
             &mut names,
         )?);
-        let table = if patterns.is_empty() {
-            None
-        } else {
-            Some(RouteTable::build(&patterns)?)
-        };
         let allow = AccessList::new(self.allow_keys, "allow_cidrs", &self.allow_cidrs)?;
         let deny = AccessList::new(self.deny_keys, "deny_cidrs", &self.deny_cidrs)?;
         let store = match (self.store, self.make_store) {
