@@ -1,0 +1,529 @@
+//! The direct API decides exactly as the layer does: each feature is exercised through
+//! `Limiter::check` / `peek` / `decide` and through a real axum server, with the same answers.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use axum::Router;
+use reqwest::StatusCode;
+use tollgate::clock::ManualClock;
+use tollgate::key::{from_fn, Global, Key, RequestView};
+use tollgate::route::Route;
+use tollgate::store::MemoryStore;
+use tollgate::{
+    Algorithm, CheckError, Limiter, Policy, Rate, RateLimitLayer, Refusal, RefusalKind,
+};
+
+const T0: u64 = 1_796_205_600_000;
+
+fn fixed(name: &str, rate: Rate) -> Policy {
+    Policy::builder(name, rate)
+        .algorithm(Algorithm::FixedWindow)
+        .build()
+        .unwrap()
+}
+
+fn store(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder().clock(clock.clone()).build()
+}
+
+/// A request as the layer sees it, from `peer`, with an `x-user` header when given.
+fn request(method: &str, path: &str, user: Option<&str>) -> http::Request<()> {
+    let mut req = http::Request::builder().method(method).uri(path);
+    if let Some(user) = user {
+        req = req.header("x-user", user);
+    }
+    let mut req = req.body(()).unwrap();
+    req.extensions_mut()
+        .insert("192.0.2.10:5000".parse::<SocketAddr>().unwrap());
+    req
+}
+
+fn by_user() -> impl tollgate::key::KeyExtractor {
+    from_fn(|req: &RequestView<'_>| {
+        req.headers()
+            .get("x-user")
+            .map(|v| Key::new("user", v.as_bytes()))
+    })
+}
+
+/// The statuses a real axum server answers for `requests`, with `limiter` as its layer.
+async fn over_http(limiter: Limiter, requests: &[(&str, &str, Option<&str>)]) -> Vec<u16> {
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/search", get(|| async { "results" }))
+        .route("/login", post(|| async { "welcome" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    let mut out = vec![];
+    for (method, path, user) in requests {
+        let mut req = client.request(method.parse().unwrap(), format!("http://{addr}{path}"));
+        if let Some(user) = user {
+            req = req.header("x-user", *user);
+        }
+        out.push(req.send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+/// The statuses `Limiter::decide` gives for the same requests.
+async fn directly(limiter: Limiter, requests: &[(&str, &str, Option<&str>)]) -> Vec<u16> {
+    let mut out = vec![];
+    for (method, path, user) in requests {
+        let req = request(method, path, *user);
+        out.push(match limiter.decide(&RequestView::new(&req)).await {
+            Ok(_) => 200,
+            Err(refusal) => refusal.status().as_u16(),
+        });
+    }
+    out
+}
+
+/// Runs `requests` through a fresh limiter from `make` both ways and returns the statuses,
+/// asserting that they agree.
+async fn parity(make: impl Fn() -> Limiter, requests: &[(&str, &str, Option<&str>)]) -> Vec<u16> {
+    let http = over_http(make(), requests).await;
+    let direct = directly(make(), requests).await;
+    assert_eq!(http, direct, "the layer and Limiter::decide disagree");
+    http
+}
+
+#[tokio::test]
+async fn penalties_hold_on_the_direct_path() {
+    let clock = ManualClock::new(T0);
+    let policy = Policy::builder("strict", Rate::per_second(1))
+        .algorithm(Algorithm::FixedWindow)
+        .penalty(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store(&clock))
+        .policy(policy)
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    clock.advance(Duration::from_secs(2));
+    // The window has passed, but the penalty started by the denial has 58 s to run.
+    let blocked = limiter.check(&key, 1).await.unwrap();
+    assert!(!blocked.is_allowed());
+    assert_eq!(blocked.retry_after(), Some(Duration::from_secs(58)));
+    let peeked = limiter.peek(&key).await.unwrap();
+    assert!(!peeked.is_allowed(), "peek shows the running block");
+    clock.advance(Duration::from_secs(58));
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn penalties_agree_between_layer_and_direct_api() {
+    let clock = ManualClock::new(T0);
+    let make = || {
+        let policy = Policy::builder("strict", Rate::per_minute(1))
+            .algorithm(Algorithm::FixedWindow)
+            .penalty(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        Limiter::builder()
+            .store(store(&clock))
+            .policy(policy)
+            .build()
+            .unwrap()
+    };
+    let r = [("GET", "/", None); 3];
+    assert_eq!(parity(make, &r).await, [200, 429, 429]);
+}
+
+#[tokio::test]
+async fn shadow_policies_count_on_the_direct_path() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+        .policy(
+            Policy::builder("candidate", Rate::per_minute(2))
+                .shadow(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    for _ in 0..5 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(limiter.shadow_counts(), (2, 3));
+}
+
+#[tokio::test]
+async fn deny_and_allow_lists_hold_on_the_direct_path() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+        .deny_key(Key::new("user", "mallory"))
+        .allow_key(Key::new("user", "monitor"))
+        .deny_cidr("203.0.113.0/24")
+        .build()
+        .unwrap();
+    let err = limiter
+        .check(&Key::new("user", "mallory"), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err, CheckError::Forbidden);
+    let err = limiter
+        .check(&Key::new("ip", "203.0.113.7"), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err, CheckError::Forbidden);
+    assert_eq!(
+        limiter
+            .peek(&Key::new("user", "mallory"))
+            .await
+            .unwrap_err(),
+        CheckError::Forbidden
+    );
+    for _ in 0..5 {
+        let d = limiter
+            .check(&Key::new("user", "monitor"), 1)
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+        assert!(d.policies().is_empty(), "allow-listed keys are not charged");
+    }
+}
+
+#[tokio::test]
+async fn lists_agree_between_layer_and_direct_api() {
+    let make = || {
+        Limiter::builder()
+            .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+            .extractor(by_user())
+            .deny_key(Key::new("user", "mallory"))
+            .allow_key(Key::new("user", "monitor"))
+            .build()
+            .unwrap()
+    };
+    let r = [
+        ("GET", "/", Some("mallory")),
+        ("GET", "/", Some("monitor")),
+        ("GET", "/", Some("monitor")),
+        ("GET", "/", Some("alice")),
+        ("GET", "/", Some("alice")),
+        ("GET", "/", None),
+    ];
+    assert_eq!(parity(make, &r).await, [403, 200, 200, 200, 429, 400]);
+}
+
+#[tokio::test]
+async fn costs_above_capacity_are_refused_on_both_paths() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("tokens", Rate::per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    let err = limiter.check(&key, 11).await.unwrap_err();
+    assert_eq!(
+        err,
+        CheckError::CostExceedsCapacity {
+            policy: "tokens".into(),
+            cost: 11,
+            capacity: 10
+        }
+    );
+    // Nothing was charged.
+    assert_eq!(limiter.check(&key, 10).await.unwrap().remaining(), 0);
+
+    let make = || {
+        Limiter::builder()
+            .default_route(
+                Route::new()
+                    .policy(Policy::new("tokens", Rate::per_minute(10)).unwrap())
+                    .cost_fn(|req| {
+                        req.headers()
+                            .get("x-user")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .unwrap_or(1)
+                    }),
+            )
+            .extractor(Global::new())
+            .build()
+            .unwrap()
+    };
+    let r = [
+        ("GET", "/", Some("11")),
+        ("GET", "/", Some("10")),
+        ("GET", "/", Some("1")),
+    ];
+    assert_eq!(parity(make, &r).await, [429, 200, 429]);
+    let req = request("GET", "/", Some("11"));
+    let refusal = make().decide(&RequestView::new(&req)).await.unwrap_err();
+    assert_eq!(refusal.kind(), RefusalKind::CostExceedsCapacity);
+    assert_eq!(refusal.retry_after(), None, "waiting would not help");
+}
+
+#[tokio::test]
+async fn routes_tiers_and_head_agree_between_layer_and_direct_api() {
+    let make = || {
+        Limiter::builder()
+            .route(
+                "GET /search",
+                Route::new().policy(fixed("search", Rate::per_minute(2))),
+            )
+            .route(
+                "POST /login",
+                Route::new()
+                    .policy(fixed("login", Rate::per_minute(1)))
+                    .tier("staff", [fixed("login-staff", Rate::per_minute(3))]),
+            )
+            .policy(fixed("other", Rate::per_minute(100)))
+            .tier_fn(|req| req.headers().get("x-user").and_then(|v| v.to_str().ok()))
+            .extractor(Global::new())
+            .build()
+            .unwrap()
+    };
+    let r = [
+        ("GET", "/search", None),
+        ("HEAD", "/search", None),
+        ("GET", "/search", None),
+        ("HEAD", "/search", None),
+        ("GET", "/", None),
+        ("POST", "/login", None),
+        ("POST", "/login", None),
+        ("POST", "/login", Some("staff")),
+        ("POST", "/login", Some("staff")),
+        ("POST", "/login", Some("staff")),
+        ("POST", "/login", Some("staff")),
+    ];
+    assert_eq!(
+        parity(make, &r).await,
+        [200, 200, 429, 429, 200, 200, 429, 200, 200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_key_is_the_same_refusal_on_both_paths() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(5)).unwrap())
+        .build()
+        .unwrap();
+    let req = http::Request::new(()); // no peer address
+    let refusal = limiter.decide(&RequestView::new(&req)).await.unwrap_err();
+    assert_eq!(refusal.kind(), RefusalKind::MissingKey);
+    assert_eq!(refusal.status(), 400);
+    assert_eq!(refusal.grpc_code(), tollgate::grpc::INVALID_ARGUMENT);
+    let body: serde_json::Value = serde_json::from_slice(refusal.http_response().body()).unwrap();
+    assert_eq!(body["error"], "missing_rate_limit_key");
+}
+
+#[tokio::test]
+async fn a_refusal_is_a_value_with_status_code_message_and_rendering() {
+    let limiter = Limiter::builder()
+        .policy(
+            Policy::builder("api", Rate::per_minute(1))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap(),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let req = request("GET", "/", None);
+    limiter.decide(&RequestView::new(&req)).await.unwrap();
+    let refusal: Refusal = limiter.decide(&RequestView::new(&req)).await.unwrap_err();
+    assert_eq!(refusal.kind(), RefusalKind::RateLimited);
+    assert_eq!(refusal.error_code(), "rate_limit_exceeded");
+    assert_eq!(refusal.policy().unwrap().name(), "api");
+    assert!(refusal.message().contains("api"));
+    let res = refusal.http_response();
+    assert_eq!(res.status(), 429);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(res.headers()["ratelimit-limit"], "1");
+    let res = refusal.grpc_response();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "8");
+    // A refusal is an error value that can be kept and sent across threads.
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(refusal);
+    assert!(boxed.to_string().contains("rate_limit_exceeded"));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_store_that_fails_closed_is_the_same_refusal_on_both_paths() {
+    use tollgate::store::{FailureMode, RedisStore, ResilientStore};
+    let dead = RedisStore::builder()
+        .build_with_url("redis://127.0.0.1:1")
+        .unwrap();
+    let store = ResilientStore::builder(dead, FailureMode::FailClosed)
+        .timeout(Duration::from_millis(200))
+        .build();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(Policy::new("api", Rate::per_minute(5)).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let req = request("GET", "/", None);
+    let refusal = limiter.decide(&RequestView::new(&req)).await.unwrap_err();
+    assert_eq!(refusal.kind(), RefusalKind::StoreUnavailable);
+    assert_eq!(refusal.status(), 503);
+    assert_eq!(refusal.grpc_code(), tollgate::grpc::UNAVAILABLE);
+    assert!(refusal
+        .http_response()
+        .headers()
+        .contains_key("retry-after"));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = common::serve(app).await;
+    let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[test]
+fn one_name_is_one_policy() {
+    let err = Limiter::builder()
+        .route(
+            "/a",
+            Route::new().policy(Policy::new("api", Rate::per_minute(2)).unwrap()),
+        )
+        .route(
+            "/b",
+            Route::new().policy(Policy::new("api", Rate::per_minute(500)).unwrap()),
+        )
+        .default_route(Route::exempt())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "routes[1].policies[0].name");
+    assert!(err.reason().contains("routes[0].policies[0]"), "{err}");
+    // Tier lists likewise.
+    let err = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(2)).unwrap())
+        .tier("pro", [Policy::new("api", Rate::per_minute(500)).unwrap()])
+        .tier_fn(|_| None)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "tiers.pro[0].name");
+    // The same definition twice is one policy, and builds.
+    let api = Policy::new("api", Rate::per_minute(2)).unwrap();
+    Limiter::builder()
+        .route("/a", Route::new().policy(api.clone()))
+        .policy(api)
+        .build()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn shared_usage_is_asked_for_and_shares_one_counter() {
+    let free = fixed("api", Rate::per_minute(2));
+    let pro = fixed("api", Rate::per_minute(4));
+    let limiter = Limiter::builder()
+        .policy(free)
+        .tier("pro", [pro])
+        .tier_fn(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
+        .extractor(Global::new())
+        .share_usage("api")
+        .build()
+        .unwrap();
+    let plan = |p: Option<&str>| {
+        let mut r = http::Request::builder();
+        if let Some(p) = p {
+            r = r.header("x-plan", p);
+        }
+        r.body(()).unwrap()
+    };
+    let free_req = plan(None);
+    let pro_req = plan(Some("pro"));
+    assert!(limiter.decide(&RequestView::new(&free_req)).await.is_ok());
+    assert!(limiter.decide(&RequestView::new(&free_req)).await.is_ok());
+    assert!(limiter.decide(&RequestView::new(&free_req)).await.is_err());
+    // Upgraded: the two units used on free still count.
+    assert!(limiter.decide(&RequestView::new(&pro_req)).await.is_ok());
+    assert!(limiter.decide(&RequestView::new(&pro_req)).await.is_ok());
+    assert!(limiter.decide(&RequestView::new(&pro_req)).await.is_err());
+    // Shared usage still needs one algorithm and window.
+    let err = Limiter::builder()
+        .policy(fixed("api", Rate::per_minute(2)))
+        .tier("pro", [fixed("api", Rate::per_hour(2))])
+        .tier_fn(|_| None)
+        .share_usage("api")
+        .build()
+        .unwrap_err();
+    assert!(err.reason().contains("window"), "{err}");
+}
+
+#[test]
+fn settings_that_would_be_ignored_are_build_errors() {
+    let p = || Policy::new("p", Rate::per_minute(2)).unwrap();
+    // A route with no policies is not silently exempt.
+    let err = Limiter::builder()
+        .policy(p())
+        .route("/x", Route::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "routes[0].policies");
+    // Tiers without a tier function.
+    let err = Limiter::builder()
+        .policy(p())
+        .tier("pro", [Policy::new("q", Rate::per_minute(9)).unwrap()])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "tiers");
+    // Only tiered policies: requests of no tier would be unlimited.
+    let err = Limiter::builder()
+        .route("/x", Route::new().tier("pro", [p()]))
+        .policy(Policy::new("d", Rate::per_minute(9)).unwrap())
+        .tier_fn(|_| None)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "routes[0].policies");
+    // Only per-route policies: every other path must be declared exempt.
+    let err = Limiter::builder()
+        .route("/x", Route::new().policy(p()))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "policies");
+    assert!(err.reason().contains("Route::exempt()"), "{err}");
+    // axum 0.7 path syntax.
+    for pattern in ["/api/:id", "/api/*rest"] {
+        let err = Limiter::builder()
+            .route(pattern, Route::new().policy(p()))
+            .default_route(Route::exempt())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "routes[0].pattern", "{pattern}");
+        assert!(err.reason().contains("{"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn for_route_shares_store_names_and_lists() {
+    let base = Limiter::builder()
+        .default_route(Route::exempt())
+        .deny_key(Key::new("user", "mallory"))
+        .build()
+        .unwrap();
+    let search = base
+        .for_route(Route::new().policy(fixed("search", Rate::per_minute(1))))
+        .unwrap();
+    let err = base
+        .for_route(Route::new().policy(fixed("search", Rate::per_minute(9))))
+        .unwrap_err();
+    assert_eq!(err.field(), "route.policies[0].name");
+    assert_eq!(
+        search
+            .check(&Key::new("user", "mallory"), 1)
+            .await
+            .unwrap_err(),
+        CheckError::Forbidden
+    );
+    let key = Key::new("user", "u1");
+    assert!(search.check(&key, 1).await.unwrap().is_allowed());
+    // Another handle for the same policy shares its state through the shared store.
+    let again = base
+        .for_route(Route::new().policy(fixed("search", Rate::per_minute(1))))
+        .unwrap();
+    assert!(!again.check(&key, 1).await.unwrap().is_allowed());
+    // An exempt default route lets every key through uncharged on the direct path too.
+    assert!(base.check(&key, 1).await.unwrap().is_allowed());
+}
