@@ -79,6 +79,17 @@
 //! # }).unwrap();
 //! ```
 //!
+//! # Architecture
+//!
+//! One decision per request, on one path. The middleware ([`middleware`]) only adapts HTTP:
+//! it asks the [`Limiter`] about the request and then either calls the inner service (adding
+//! quota headers) or answers with the [`Refusal`]. The limiter resolves the route and tier,
+//! extracts the key, applies allow and deny lists, computes the cost, runs penalties and
+//! shadow policies, and asks the [`store`] about every policy at once; the direct API
+//! ([`Limiter::check`], [`Limiter::decide`]), the login guard and gRPC calls go through the
+//! same code. Algorithms ([`algorithm`]) are pure functions over a small state; the memory
+//! store runs them in Rust and the Redis stores run the same math as Lua scripts.
+//!
 //! [tower]: https://docs.rs/tower
 
 #![forbid(unsafe_code)]

@@ -6,11 +6,21 @@
 //! altogether. Requests that match no pattern get the default route (the policies given to
 //! [`LimiterBuilder::policy`](crate::LimiterBuilder::policy)).
 //!
-//! Matching uses [`matchit`] (axum's router): the most specific path pattern wins — static
-//! segments over `{param}` segments over `{*catch_all}` — and within the winning pattern a
-//! route for the request's method beats one for any method. If the winning pattern has no
-//! route for the method, the default route applies. gRPC methods are paths too
-//! (`/package.Service/Method`).
+//! Matching uses [`matchit`] (axum's router) with axum 0.8's syntax: the most specific path
+//! pattern wins — static segments over `{param}` segments over `{*catch_all}` — and within
+//! the winning pattern a route for the request's method beats one for any method. A `GET`
+//! route also covers `HEAD` (axum serves `HEAD` with `GET` handlers) unless a `HEAD` route is
+//! declared. If the winning pattern has no route for the method, the default route applies.
+//! gRPC methods are paths too (`/package.Service/Method`). axum 0.7's `:id` and `*rest` are
+//! build errors naming the `{id}` / `{*rest}` form (matchit would match them literally).
+//!
+//! What is declared is enforced: a route without policies is a build error (use
+//! [`Route::exempt`]), tiers need [`LimiterBuilder::tier_fn`](crate::LimiterBuilder::tier_fn)
+//! and untiered policies, and when routes cover only some paths the default route needs
+//! policies or an explicit `default_route(Route::exempt())`.
+//!
+//! To let axum's router decide instead, attach one route's policies with
+//! [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) and `route_layer`.
 //!
 //! # Examples
 //!
