@@ -158,6 +158,29 @@ async fn shadow_policies_count_on_the_direct_path() {
 }
 
 #[tokio::test]
+async fn shadow_policies_agree_between_layer_and_direct_api() {
+    let make = || {
+        Limiter::builder()
+            .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+            .policy(
+                Policy::builder("candidate", Rate::per_minute(2))
+                    .shadow(true)
+                    .build()
+                    .unwrap(),
+            )
+            .extractor(Global::new())
+            .build()
+            .unwrap()
+    };
+    let r = [("GET", "/", None); 5];
+    let (a, b) = (make(), make());
+    assert_eq!(over_http(a.clone(), &r).await, [200; 5]);
+    assert_eq!(directly(b.clone(), &r).await, [200; 5]);
+    assert_eq!(a.shadow_counts(), (2, 3));
+    assert_eq!(a.shadow_counts(), b.shadow_counts());
+}
+
+#[tokio::test]
 async fn deny_and_allow_lists_hold_on_the_direct_path() {
     let limiter = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
