@@ -16,6 +16,7 @@
 //! | [`LoginRefused`](RefusalKind::LoginRefused) | 429 + `Retry-After` | 8 `RESOURCE_EXHAUSTED` | `rate_limit_exceeded` | INFO |
 //! | [`LoginBodyTooLarge`](RefusalKind::LoginBodyTooLarge) | 413 | 3 `INVALID_ARGUMENT` | `payload_too_large` | DEBUG |
 //! | [`LoginBodyUnreadable`](RefusalKind::LoginBodyUnreadable) | 400 | 3 `INVALID_ARGUMENT` | `unreadable_body` | DEBUG |
+//! | [`LoginUsernameAmbiguous`](RefusalKind::LoginUsernameAmbiguous) | 400 | 3 `INVALID_ARGUMENT` | `ambiguous_username` | INFO |
 //!
 //! Events go to the target `tollgate::refusal` with the fields `ratelimit.refusal` (the
 //! error code), `ratelimit.policy` and `ratelimit.key` (a digest, never the raw key) where
@@ -85,6 +86,9 @@ pub enum RefusalKind {
     LoginBodyTooLarge,
     /// A login request body that could not be read: 400.
     LoginBodyUnreadable,
+    /// A login request whose username is given more than once (a JSON body with the
+    /// username field twice): 400, since parsers disagree on which one counts.
+    LoginUsernameAmbiguous,
 }
 
 impl RefusalKind {
@@ -94,7 +98,9 @@ impl RefusalKind {
             RefusalKind::RateLimited
             | RefusalKind::CostExceedsCapacity
             | RefusalKind::LoginRefused => StatusCode::TOO_MANY_REQUESTS,
-            RefusalKind::MissingKey | RefusalKind::LoginBodyUnreadable => StatusCode::BAD_REQUEST,
+            RefusalKind::MissingKey
+            | RefusalKind::LoginBodyUnreadable
+            | RefusalKind::LoginUsernameAmbiguous => StatusCode::BAD_REQUEST,
             RefusalKind::Forbidden => StatusCode::FORBIDDEN,
             RefusalKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             RefusalKind::LoginBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -109,7 +115,8 @@ impl RefusalKind {
             | RefusalKind::LoginRefused => crate::grpc::RESOURCE_EXHAUSTED,
             RefusalKind::MissingKey
             | RefusalKind::LoginBodyTooLarge
-            | RefusalKind::LoginBodyUnreadable => crate::grpc::INVALID_ARGUMENT,
+            | RefusalKind::LoginBodyUnreadable
+            | RefusalKind::LoginUsernameAmbiguous => crate::grpc::INVALID_ARGUMENT,
             RefusalKind::Forbidden => crate::grpc::PERMISSION_DENIED,
             RefusalKind::StoreUnavailable => crate::grpc::UNAVAILABLE,
         }
@@ -125,6 +132,7 @@ impl RefusalKind {
             RefusalKind::StoreUnavailable => "rate_limiter_unavailable",
             RefusalKind::LoginBodyTooLarge => "payload_too_large",
             RefusalKind::LoginBodyUnreadable => "unreadable_body",
+            RefusalKind::LoginUsernameAmbiguous => "ambiguous_username",
         }
     }
 }
@@ -435,6 +443,9 @@ impl Refusal {
             RefusalKind::LoginBodyUnreadable => {
                 Cow::Borrowed("The login request body could not be read.")
             }
+            RefusalKind::LoginUsernameAmbiguous => {
+                Cow::Borrowed("The login request gives the username more than once.")
+            }
         }
     }
 
@@ -567,7 +578,9 @@ impl Refusal {
             };
         }
         match self.inner.kind {
-            RefusalKind::Forbidden | RefusalKind::LoginRefused => event!(tracing::Level::INFO),
+            RefusalKind::Forbidden
+            | RefusalKind::LoginRefused
+            | RefusalKind::LoginUsernameAmbiguous => event!(tracing::Level::INFO),
             RefusalKind::StoreUnavailable => match &self.inner.store_error {
                 Some(error) => tracing::event!(
                     target: "tollgate::refusal",

@@ -216,6 +216,60 @@ async fn the_layer_caps_the_buffered_body() {
     );
 }
 
+#[tokio::test]
+async fn a_duplicated_username_field_is_refused_before_anything_is_charged() {
+    let s = server().await;
+    let res = client_from(80)
+        .post(format!("http://{}/api/login", s.addr))
+        .header("content-type", "application/json")
+        .body(r#"{"username":"decoy","password":"guess","username":"victim"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "ambiguous_username");
+    // Neither name was charged: three failures per (IP, user) are all still there.
+    for _ in 0..3 {
+        let res = s.login(80, "/api/login", "victim", "guess").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_generic_429(s.login(80, "/api/login", "victim", "guess").await).await;
+}
+
+#[tokio::test]
+async fn every_spelling_of_one_user_shares_the_username_limit() {
+    let s = server().await;
+    // Six failures per user in all (from different IPs so only the username limit counts).
+    let spellings = [
+        "alice",
+        "ALİCE",
+        "ａｌｉｃｅ",
+        "𝐚𝐥𝐢𝐜𝐞",
+        "ⓐⓛⓘⓒⓔ",
+        "al\u{200B}ice",
+    ];
+    for (i, spelling) in spellings.iter().enumerate() {
+        let res = s
+            .login(100 + i as u8, "/api/login", spelling, "guess")
+            .await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{spelling:?}");
+    }
+    for (i, spelling) in ["al\u{AD}ice", "\u{FEFF}alice", "alice.", "Alice "]
+        .iter()
+        .enumerate()
+    {
+        assert_generic_429(
+            s.login(120 + i as u8, "/api/login", spelling, "guess")
+                .await,
+        )
+        .await;
+    }
+    // A different account is not affected.
+    let res = s.login(130, "/api/login", "strasse", "guess").await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
 /// A plain `RateLimitLayer` with a sensitive policy on the login route only: its 429 must be
 /// as quiet as the guard's, even though the default route's policy is not sensitive.
 #[tokio::test]

@@ -54,7 +54,8 @@ impl LoginOutcome {
 }
 
 type PartsFn = dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync;
-type BodyFn = dyn Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync;
+/// Reads the username from the head and the buffered body; `Err` refuses the request.
+type BodyFn = dyn Fn(&RequestView<'_>, &[u8]) -> Result<Option<String>, RefusalKind> + Send + Sync;
 
 #[derive(Clone)]
 enum Username {
@@ -202,14 +203,19 @@ impl<St> LoginLayer<St> {
     /// Reads the username from the string field `field` of a JSON object body (buffered, see
     /// the type docs).
     ///
+    /// An object that has `field` more than once is refused with `400`
+    /// ([`RefusalKind::LoginUsernameAmbiguous`]): JSON parsers disagree on which duplicate
+    /// wins (this crate's would take the last, many take the first), so a body like
+    /// `{"username":"decoy","username":"victim"}` could charge the decoy's limits while the
+    /// handler checks the victim's password.
+    ///
     /// See the type docs for an example.
     pub fn json_field(guard: LoginGuard<St>, field: impl Into<String>) -> Self {
         let field = field.into();
         Self::with(
             guard,
             Username::Body(Arc::new(move |_req: &RequestView<'_>, body: &[u8]| {
-                let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-                value.get(&field)?.as_str().map(str::to_owned)
+                json_string_field(body, &field)
             })),
         )
     }
@@ -250,7 +256,12 @@ impl<St> LoginLayer<St> {
     where
         F: Fn(&RequestView<'_>, &[u8]) -> Option<String> + Send + Sync + 'static,
     {
-        Self::with(guard, Username::Body(Arc::new(f)))
+        Self::with(
+            guard,
+            Username::Body(Arc::new(move |req: &RequestView<'_>, body: &[u8]| {
+                Ok(f(req, body))
+            })),
+        )
     }
 
     /// The largest body buffered to read the username (default 16 KiB).
@@ -380,7 +391,10 @@ where
                         Ok(bytes) => bytes,
                         Err(kind) => return early(Refusal::of_kind(kind), None),
                     };
-                    let username = f(&RequestView::from_parts(&parts), &bytes);
+                    let username = match f(&RequestView::from_parts(&parts), &bytes) {
+                        Ok(username) => username,
+                        Err(kind) => return early(Refusal::of_kind(kind), None),
+                    };
                     (Request::from_parts(parts, ReqBody::from(bytes)), username)
                 }
             };
@@ -444,4 +458,79 @@ where
         }
     }
     Ok(buf.freeze())
+}
+
+/// The string value of `field` in a JSON object body: `Ok(None)` when the body is not a JSON
+/// object or has no such string field, `Err` when the field appears more than once.
+fn json_string_field(body: &[u8], field: &str) -> Result<Option<String>, RefusalKind> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    enum Found {
+        Once(Option<String>),
+        Twice,
+    }
+    struct Field<'f>(&'f str);
+    impl<'de> Visitor<'de> for Field<'_> {
+        type Value = Found;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+            let mut found: Option<Option<String>> = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if key != self.0 {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                let value: serde_json::Value = map.next_value()?;
+                if found.is_some() {
+                    return Ok(Found::Twice);
+                }
+                found = Some(value.as_str().map(str::to_owned));
+            }
+            Ok(Found::Once(found.flatten()))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match de.deserialize_map(Field(field)) {
+        Ok(Found::Twice) => Err(RefusalKind::LoginUsernameAmbiguous),
+        Ok(Found::Once(username)) if de.end().is_ok() => Ok(username),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicated_username_field_is_refused() {
+        let read = |body: &str| json_string_field(body.as_bytes(), "username");
+        assert_eq!(
+            read(r#"{"username":"alice","password":"x"}"#),
+            Ok(Some("alice".into()))
+        );
+        assert_eq!(
+            read(r#"{"username":"decoy","password":"x","username":"victim"}"#),
+            Err(RefusalKind::LoginUsernameAmbiguous)
+        );
+        // Escapes do not hide a duplicate.
+        assert_eq!(
+            read(r#"{"username":"decoy","user\u006eame":"victim"}"#),
+            Err(RefusalKind::LoginUsernameAmbiguous)
+        );
+        // Other fields may repeat; nested objects are not the username.
+        assert_eq!(
+            read(r#"{"a":1,"a":2,"username":"bob"}"#),
+            Ok(Some("bob".into()))
+        );
+        assert_eq!(
+            read(r#"{"x":{"username":"a"},"username":"bob"}"#),
+            Ok(Some("bob".into()))
+        );
+        assert_eq!(read("[1,2]"), Ok(None));
+        assert_eq!(read("not json"), Ok(None));
+        assert_eq!(read(r#"{"username":7}"#), Ok(None));
+        assert_eq!(read(r#"{"username":"a"} trailing"#), Ok(None));
+    }
 }

@@ -12,8 +12,9 @@
 //! | username | `login-user:…` | many clients (a botnet) guessing one password | 20 per 15 minutes |
 //!
 //! The client IP comes from a [`KeyExtractor`] (default [`PeerIp`]), so a trusted-proxy
-//! extractor plugs in unchanged. Usernames are normalised (trimmed and lower-cased with
-//! [`str::to_lowercase`]), so `Alice` and `alice ` share one limit.
+//! extractor plugs in unchanged. Usernames are normalised with [`normalise_username`] (NFKC,
+//! full case folding, invisible code points removed), so `Alice`, `alice `, `ＡＬＩＣＥ` and
+//! `al\u{200B}ice` share one limit.
 //!
 //! # Counting failures only, or every attempt
 //!
@@ -133,8 +134,10 @@
 //! ```
 
 mod layer;
+mod username;
 
 pub use layer::{LoginLayer, LoginOutcome, LoginService};
+pub use username::normalise_username;
 
 use std::fmt;
 use std::sync::Arc;
@@ -481,16 +484,6 @@ impl<S: Store> LoginGuard<S> {
             now_millis: self.store().now_millis(),
         }
     }
-}
-
-/// Trims and lower-cases a username, so `Alice` and `alice ` share one limit.
-///
-/// ```
-/// assert_eq!(tollgate::login::normalise_username("  Alice\t"), "alice");
-/// assert_eq!(tollgate::login::normalise_username("ÉMILE"), "émile");
-/// ```
-pub fn normalise_username(username: &str) -> String {
-    username.trim().to_lowercase()
 }
 
 /// The answer of [`LoginGuard::check`].
