@@ -105,6 +105,12 @@ impl Decision {
         }
     }
 
+    /// The decision for a request that goes ahead unchecked (an exempt route, an
+    /// allow-listed key): allowed, with no policies.
+    pub(crate) fn pass() -> Self {
+        Decision::from_policies([])
+    }
+
     /// The decision of a single policy.
     pub fn single(decision: PolicyDecision) -> Self {
         Self {

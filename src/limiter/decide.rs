@@ -62,13 +62,6 @@ where
     }
 }
 
-impl Decision {
-    /// The decision for a request that goes ahead unchecked (exempt, allow-listed).
-    pub(crate) fn pass() -> Self {
-        Decision::from_policies([])
-    }
-}
-
 impl<S: Store> Limiter<S> {
     /// Resolves a request to the policy set that applies, or `None` when it is exempt.
     fn resolve(&self, request: &RequestView<'_>) -> Option<usize> {
