@@ -13,23 +13,30 @@ use crate::key::Key;
 pub(crate) struct AccessList {
     keys: HashSet<Key>,
     nets: Vec<IpNet>,
+    /// Nothing listed: the common case, answered without a call on every request.
+    empty: bool,
 }
 
 impl AccessList {
     /// A list of `keys` and the networks `cidrs`, which are reported as `field[i]` when one
     /// does not parse.
     pub(crate) fn new(keys: Vec<Key>, field: &str, cidrs: &[String]) -> Result<Self, ConfigError> {
+        let keys: HashSet<Key> = keys.into_iter().collect();
+        let nets = parse_cidrs(field, cidrs)?;
         Ok(Self {
-            keys: keys.into_iter().collect(),
-            nets: parse_cidrs(field, cidrs)?,
+            empty: keys.is_empty() && nets.is_empty(),
+            keys,
+            nets,
         })
     }
 
     /// Whether `key` is listed, or is an IP key inside a listed network.
+    #[inline]
     pub(crate) fn contains(&self, key: &Key) -> bool {
-        if self.keys.is_empty() && self.nets.is_empty() {
-            return false;
-        }
+        !self.empty && self.lookup(key)
+    }
+
+    fn lookup(&self, key: &Key) -> bool {
         if self.keys.contains(key) {
             return true;
         }

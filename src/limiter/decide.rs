@@ -107,6 +107,7 @@ impl<S: Store> Limiter<S> {
 
     /// Everything before the store answers, for a key: deny and allow lists, shadow
     /// policies, the cost (`None`: each policy's own), penalties, and the store call.
+    #[inline]
     pub(crate) fn prepare_key(
         &self,
         set_id: usize,
@@ -177,6 +178,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Records the store's answer (metrics, and a trace event when `key` is kept).
+    #[inline]
     pub(crate) fn record(
         &self,
         set: usize,
@@ -195,6 +197,7 @@ impl<S: Store> Limiter<S> {
 
     /// Turns the store's answer into going ahead (`Ok`, with the decision) or a refusal: a
     /// denial, a store failure, or a failure mode refusing.
+    #[inline]
     pub(crate) fn conclude(
         &self,
         set: usize,

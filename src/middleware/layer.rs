@@ -49,6 +49,7 @@ impl<St: Store> Shared<St> {
 
     /// For a request that goes ahead: how long a shaping policy makes it wait, and the
     /// decision when the response gets quota headers.
+    #[inline]
     pub(crate) fn proceed(&self, set: usize, decision: Decision) -> (Duration, Option<Decision>) {
         let delay = decision.delay();
         let policies = &self.limiter.set(set).enforced;
