@@ -215,7 +215,7 @@ fn ports_and_brackets_in_the_trusted_part() {
 }
 
 #[test]
-fn ipv6_clients_share_a_key_per_64() {
+fn ipv6_clients_share_a_key_per_56() {
     let key = |addr: &str| {
         key_of(
             &xff(),
@@ -226,10 +226,14 @@ fn ipv6_clients_share_a_key_per_64() {
         key("2001:db8:aa:bb::1"),
         key("2001:db8:aa:bb:ffff:ffff:ffff:ffff")
     );
-    assert_ne!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:bc::1"));
+    // Another /64 of the same /56 (one subscriber's site) shares the key; another /56 not.
+    assert_eq!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:bc::1"));
+    assert_ne!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:1bb::1"));
     let peer = |addr: &str| key_of(&PeerIp::new(), &request(addr, &[]));
-    assert_eq!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:bb::2]:2"));
-    assert_ne!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:bc::1]:1"));
+    assert_eq!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:ff::2]:2"));
+    assert_ne!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:1bb::1]:1"));
+    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64), &request(addr, &[]));
+    assert_ne!(per_64("[2001:db8:aa:bb::1]:1"), per_64("[2001:db8:aa:bc::1]:1"));
 }
 
 /// Bytes a header value may hold (visible ASCII, space, tab, obs-text).

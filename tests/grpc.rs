@@ -5,6 +5,8 @@
 //! methods are paths, `/package.Service/Method`) or from keying by the path.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
@@ -177,10 +179,57 @@ async fn a_call_without_a_key_is_invalid_argument() {
     assert!(c.check(req).await.is_ok());
 }
 
+/// A memory store that answers its first check and fails every later one.
+#[derive(Debug, Clone)]
+struct FailsAfterFirst {
+    inner: MemoryStore,
+    calls: Arc<AtomicU32>,
+}
+
+impl Store for FailsAfterFirst {
+    type CheckFuture = std::future::Ready<Result<tollgate::Decision, tollgate::StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == 0 {
+            std::future::ready(self.inner.decide(key, policies, costs, true))
+        } else {
+            std::future::ready(Err(tollgate::StoreError::Connection("down".into())))
+        }
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> tollgate::store::BoxFuture<Result<tollgate::Decision, tollgate::StoreError>> {
+        self.inner.peek(key, policies, costs)
+    }
+
+    fn reset(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
+        self.inner.reset(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "fails-after-first"
+    }
+}
+
 #[tokio::test]
 async fn a_failing_store_is_unavailable() {
-    // A store that holds one key: the second key cannot be decided (fail closed).
-    let store = MemoryStore::builder().shards(1).max_keys(1).build();
+    // A store that decides the first call and fails every other (fail closed).
+    let store = FailsAfterFirst {
+        inner: MemoryStore::new(),
+        calls: Arc::new(AtomicU32::new(0)),
+    };
     let limiter = Limiter::builder()
         .store(store)
         .policy(Policy::new("p", Rate::per_minute(100)).unwrap())
