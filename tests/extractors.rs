@@ -231,9 +231,15 @@ fn ipv6_clients_share_a_key_per_56() {
     assert_ne!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:1bb::1"));
     let peer = |addr: &str| key_of(&PeerIp::new(), &request(addr, &[]));
     assert_eq!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:ff::2]:2"));
-    assert_ne!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:1bb::1]:1"));
+    assert_ne!(
+        peer("[2001:db8:aa:bb::1]:1"),
+        peer("[2001:db8:aa:1bb::1]:1")
+    );
     let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64), &request(addr, &[]));
-    assert_ne!(per_64("[2001:db8:aa:bb::1]:1"), per_64("[2001:db8:aa:bc::1]:1"));
+    assert_ne!(
+        per_64("[2001:db8:aa:bb::1]:1"),
+        per_64("[2001:db8:aa:bc::1]:1")
+    );
 }
 
 /// Bytes a header value may hold (visible ASCII, space, tab, obs-text).
@@ -478,7 +484,9 @@ impl Ex {
             Ex::Global(name) => Principal::Global(name.clone()),
             // A tuple of one is its part.
             Ex::Composite(parts) if parts.len() == 1 => parts[0].principal(i),
-            Ex::Composite(parts) => Principal::Tuple(parts.iter().map(|p| p.principal(i)).collect()),
+            Ex::Composite(parts) => {
+                Principal::Tuple(parts.iter().map(|p| p.principal(i)).collect())
+            }
         }
     }
 }
@@ -520,18 +528,14 @@ fn extractor() -> impl Strategy<Value = Ex> {
 }
 
 fn inputs() -> impl Strategy<Value = Inputs> {
-    (
-        tricky(),
-        "[a-c]{1,2}",
-        (0u8..2, 0u8..2),
-        "[a|:/]{0,2}",
-    )
-        .prop_map(|(user, api_key, (a, b), ua)| Inputs {
+    (tricky(), "[a-c]{1,2}", (0u8..2, 0u8..2), "[a|:/]{0,2}").prop_map(
+        |(user, api_key, (a, b), ua)| Inputs {
             user,
             api_key,
             peer: std::net::Ipv4Addr::new(10, 0, a, b),
             ua,
-        })
+        },
+    )
 }
 
 fn key_for(ex: &Ex, i: &Inputs) -> String {
@@ -561,7 +565,11 @@ fn a_composite_of_one_user_is_not_the_user_with_a_prefixed_id() {
     };
     let composite = key_for(&Ex::Composite(vec![Ex::User]), &a);
     assert_ne!(composite, key_for(&Ex::User, &prefixed));
-    assert_eq!(composite, key_for(&Ex::User, &a), "a tuple of one is its part");
+    assert_eq!(
+        composite,
+        key_for(&Ex::User, &a),
+        "a tuple of one is its part"
+    );
 }
 
 proptest! {

@@ -155,7 +155,10 @@ fn the_background_sweeper_reclaims_idle_stores() {
 /// Charges `units` to `key`, one unit at a time.
 fn charge(store: &MemoryStore, key: &Key, policies: &[Policy], units: u64) {
     for _ in 0..units {
-        assert!(store.decide(key, policies, &[1], true).unwrap().is_allowed());
+        assert!(store
+            .decide(key, policies, &[1], true)
+            .unwrap()
+            .is_allowed());
     }
 }
 
@@ -173,7 +176,9 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
             .algorithm(algorithm)
             .build()
             .unwrap()];
-        let heavy: Vec<Key> = (0..5).map(|i| Key::new("user", format!("heavy{i}"))).collect();
+        let heavy: Vec<Key> = (0..5)
+            .map(|i| Key::new("user", format!("heavy{i}")))
+            .collect();
         for k in &heavy {
             charge(&store, k, &policies, 8);
         }
@@ -233,7 +238,10 @@ fn evictions_take_the_least_used_entries() {
     let evicted: u32 = evicted_by_usage.iter().sum();
     let above_median: u32 = evicted_by_usage[6..].iter().sum();
     eprintln!("evicted by units used (of 10): {evicted_by_usage:?}");
-    assert!(evicted >= 50, "the new keys displaced mostly old ones: {evicted}");
+    assert!(
+        evicted >= 50,
+        "the new keys displaced mostly old ones: {evicted}"
+    );
     // Expected 100 × 0.5^8 ≈ 0.4; four or more happens about once in a thousand runs.
     assert!(
         above_median <= 3,
