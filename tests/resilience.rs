@@ -367,13 +367,20 @@ async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
     let mut tasks = vec![];
     for t in 0..32 {
         let limiter = instances[t % 2].clone();
-        let (key, admitted, fallback, next) =
-            (key.clone(), admitted.clone(), fallback.clone(), next.clone());
+        let (key, admitted, fallback, next) = (
+            key.clone(),
+            admitted.clone(),
+            fallback.clone(),
+            next.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < 1_500 {
                 let d = limiter.check(&key, 1).await.unwrap();
                 admitted.fetch_add(u32::from(d.is_allowed()), Ordering::Relaxed);
-                fallback.fetch_add(u32::from(d.outcome() == Outcome::Fallback), Ordering::Relaxed);
+                fallback.fetch_add(
+                    u32::from(d.outcome() == Outcome::Fallback),
+                    Ordering::Relaxed,
+                );
                 tokio::task::yield_now().await;
             }
         }));
@@ -383,10 +390,21 @@ async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
     }
     done.store(true, Ordering::Relaxed);
     pulses.join().unwrap();
-    let (admitted, fallback) = (admitted.load(Ordering::Relaxed), fallback.load(Ordering::Relaxed));
-    eprintln!("1500 checks on 2 instances: {admitted} admitted, {fallback} decided by the fallback");
-    assert!(fallback > 0, "no call timed out: the test did not exercise the fallback");
-    assert!(admitted <= 100, "{admitted} admitted for a shared limit of 100");
+    let (admitted, fallback) = (
+        admitted.load(Ordering::Relaxed),
+        fallback.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "1500 checks on 2 instances: {admitted} admitted, {fallback} decided by the fallback"
+    );
+    assert!(
+        fallback > 0,
+        "no call timed out: the test did not exercise the fallback"
+    );
+    assert!(
+        admitted <= 100,
+        "{admitted} admitted for a shared limit of 100"
+    );
     assert!(admitted >= 90, "only {admitted} admitted");
 }
 
@@ -425,7 +443,10 @@ async fn a_redis_restart_clears_the_deny_cache() {
     wait_until_decided(&limiter, Duration::from_secs(2)).await;
     let after = limiter.check(&hot, 1).await.unwrap();
     assert_eq!(after.outcome(), Outcome::Decided, "{after:?}");
-    assert!(after.is_allowed(), "the restarted Redis holds no state for the key");
+    assert!(
+        after.is_allowed(),
+        "the restarted Redis holds no state for the key"
+    );
 }
 
 /// State lost without a restart (FLUSHALL): cached denials last at most the max age.
@@ -518,7 +539,10 @@ async fn recovery_after_a_restart_takes_at_most_the_cooldown() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         server.restart();
         let took = wait_until_decided(&limiter, Duration::from_secs(5)).await;
-        eprintln!("{}: decisions resumed {took:?} after Redis answered PING", if pool { "pool" } else { "url" });
+        eprintln!(
+            "{}: decisions resumed {took:?} after Redis answered PING",
+            if pool { "pool" } else { "url" }
+        );
         assert!(
             took <= COOLDOWN + Duration::from_millis(200),
             "pool {pool}: {took:?}"

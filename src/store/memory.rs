@@ -560,25 +560,33 @@ impl Shard {
         if n == 0 {
             return;
         }
-        let mut best: Option<(usize, (u64, u64), u64)> = None;
-        for _ in 0..EVICTION_SAMPLE {
+        // Draw every index first and read every sampled entry's expiry in one pass: the
+        // reads are independent, so their cache misses overlap instead of queueing.
+        let mut sample = [0usize; EVICTION_SAMPLE];
+        for slot in &mut sample {
             // A uniform index without a division (Lemire's multiply-shift).
-            let i = ((u128::from(self.next_random()) * n as u128) >> 64) as usize;
-            let entry = &self.entries[i];
-            if entry.expires_at <= now {
-                self.remove_at(i, hasher);
-                return;
-            }
-            let share = self.usage(entry, now);
+            *slot = ((u128::from(self.next_random()) * n as u128) >> 64) as usize;
+        }
+        let mut expiries = [0u64; EVICTION_SAMPLE];
+        for (e, &i) in expiries.iter_mut().zip(&sample) {
+            *e = self.entries[i].expires_at;
+        }
+        if let Some(k) = expiries.iter().position(|&e| e <= now) {
+            self.remove_at(sample[k], hasher);
+            return;
+        }
+        let mut best: Option<(usize, (u64, u64), u64)> = None;
+        for (&i, &expires_at) in sample.iter().zip(&expiries) {
+            let share = self.usage(&self.entries[i], now);
             let lighter = best.is_none_or(|(_, b, expires)| {
                 let (a, b) = (
                     u128::from(share.0) * u128::from(b.1),
                     u128::from(b.0) * u128::from(share.1),
                 );
-                a < b || (a == b && entry.expires_at < expires)
+                a < b || (a == b && expires_at < expires)
             });
             if lighter {
-                best = Some((i, share, entry.expires_at));
+                best = Some((i, share, expires_at));
             }
         }
         if let Some((i, (used, limit), _)) = best {

@@ -459,6 +459,14 @@ fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
     Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
 }
 
+/// A request's local-fallback policies: their indexes in the request, the scaled policies and
+/// their costs.
+type FallbackParts = (
+    SmallVec<[usize; 2]>,
+    SmallVec<[Policy; 2]>,
+    SmallVec<[u64; 2]>,
+);
+
 impl<S: Store> Inner<S> {
     fn warn_degraded(&self, outcome: Outcome, error: &StoreError) {
         let now = self.clock.now_millis();
@@ -508,15 +516,7 @@ impl<S: Store> Inner<S> {
     }
 
     /// The local-fallback policies of a request (with their indexes and costs), if any.
-    fn fallback_parts(
-        &self,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> (
-        SmallVec<[usize; 2]>,
-        SmallVec<[Policy; 2]>,
-        SmallVec<[u64; 2]>,
-    ) {
+    fn fallback_parts(&self, policies: &[Policy], costs: &[u64]) -> FallbackParts {
         let mut idx = SmallVec::new();
         let mut fps = SmallVec::new();
         let mut fcosts = SmallVec::new();
@@ -561,10 +561,7 @@ impl<S: Store> Inner<S> {
         // The store refused: no fallback decision in this window may hand out what the store
         // would not. Fill each refusing policy's local share.
         for (j, fp) in idx.iter().zip(&fps) {
-            let refused = store
-                .policies()
-                .get(*j)
-                .is_some_and(|d| !d.is_allowed());
+            let refused = store.policies().get(*j).is_some_and(|d| !d.is_allowed());
             if !refused {
                 continue;
             }
@@ -668,7 +665,11 @@ impl<S: Store> Inner<S> {
                         FailureMode::LocalFallback { .. }
                     )
                 });
-                let admitted = if uses_fallback { Some(admitted) } else { Some(false) };
+                let admitted = if uses_fallback {
+                    Some(admitted)
+                } else {
+                    Some(false)
+                };
                 self.learn(&key, &policies, &costs, &decision, admitted);
             }
         });
