@@ -317,3 +317,40 @@ async fn per_method_policies_from_the_route_table() {
     assert!(status.metadata().get("ratelimit-limit").is_none());
     assert!(status.get_error_details().retry_info().is_some());
 }
+
+/// Over HTTP on a real axum server: only gRPC content types get the gRPC rendering; one that
+/// merely starts like one (`application/grpcx`) gets the HTTP 429.
+#[tokio::test]
+async fn only_grpc_content_types_get_grpc_refusals() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("p", Rate::per_minute(1)).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    let send = |ct: &'static str| {
+        client
+            .post(format!("http://{addr}/"))
+            .header("content-type", ct)
+            .send()
+    };
+    assert_eq!(send("application/json").await.unwrap().status(), 200);
+    let grpcx = send("application/grpcx").await.unwrap();
+    assert_eq!(grpcx.status(), 429);
+    assert!(!grpcx.headers().contains_key("grpc-status"));
+    for ct in [
+        "application/grpc",
+        "application/grpc+proto",
+        "application/grpc-web",
+    ] {
+        let res = send(ct).await.unwrap();
+        assert_eq!(res.status(), 200, "{ct}");
+        assert_eq!(res.headers()["grpc-status"], "8", "{ct}");
+    }
+}

@@ -2,7 +2,7 @@
 //!
 //! Resident memory must stay under the cap's budget, every new client must be admitted (decided
 //! by its policy, not refused for room), and heavy users must keep their state. Ignored by
-//! default (about a minute in release, several in debug); run it with
+//! default (about 15 s in release, minutes in debug); run it with
 //!
 //! ```text
 //! cargo test --release --test memory_soak -- --ignored --nocapture
@@ -69,8 +69,10 @@ fn ten_million_keys_through_a_capped_store() {
     }
     let mut kept = 0;
     for k in &heavy {
+        // An evicted user would read as new (all 100 left); a kept one still carries its 80
+        // units, decayed at most by the window's slide during the flood.
         let left = store.decide(k, &policies, &[0], false).unwrap().remaining();
-        kept += u32::from(left <= 20);
+        kept += u32::from(left < 100);
     }
     eprintln!(
         "{FLOOD} keys in {:.1} s; RSS at start {} MiB, peak {} MiB; {kept} of 100 heavy users kept their state",

@@ -439,9 +439,11 @@ impl Inner {
                     AnyState::fresh(p.algorithm()).evaluate(now, p, c)
                 });
                 if charge && decision.is_allowed() {
-                    if shard.entries.len() >= self.max_keys_per_shard {
-                        shard.evict_one(now, &self.hasher);
-                    }
+                    let room = if shard.entries.len() >= self.max_keys_per_shard {
+                        shard.evict_one(now, &self.hasher)
+                    } else {
+                        None
+                    };
                     let mut entry = Entry {
                         key: key.clone(),
                         expires_at: 0,
@@ -449,7 +451,10 @@ impl Inner {
                     };
                     entry.charge(now, policies, costs);
                     shard.remember(policies);
-                    shard.insert(hash, entry, &self.hasher)?;
+                    match room {
+                        Some(i) => shard.put_at(i, hash, entry, &self.hasher),
+                        None => shard.insert(hash, entry, &self.hasher)?,
+                    }
                 }
                 Ok(decision)
             }
@@ -555,10 +560,14 @@ impl Shard {
     /// Evicts the entry that carries the least information among [`EVICTION_SAMPLE`] drawn
     /// at random: an expired one, else the least used share of its limit, else the one that
     /// expires first. See [The key cap](self#the-key-cap).
-    fn evict_one(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+    ///
+    /// Returns the evicted entry's position, already out of the index, for the new entry to
+    /// take ([`put_at`](Self::put_at)): writing there touches a line the sample just read,
+    /// where removing would move the last entry and fix its position too.
+    fn evict_one(&mut self, now: u64, hasher: &foldhash::fast::RandomState) -> Option<usize> {
         let n = self.entries.len();
         if n == 0 {
-            return;
+            return None;
         }
         // Draw every index first and read every sampled entry's expiry in one pass: the
         // reads are independent, so their cache misses overlap instead of queueing.
@@ -567,13 +576,21 @@ impl Shard {
             // A uniform index without a division (Lemire's multiply-shift).
             *slot = ((u128::from(self.next_random()) * n as u128) >> 64) as usize;
         }
+        // An entry spans two cache lines: read from both (the expiry, the key's length, the
+        // first slot's policy) so that the usage pass below finds them cached.
         let mut expiries = [0u64; EVICTION_SAMPLE];
+        let mut touched = 0usize;
         for (e, &i) in expiries.iter_mut().zip(&sample) {
-            *e = self.entries[i].expires_at;
+            let entry = &self.entries[i];
+            *e = entry.expires_at;
+            touched = touched
+                .wrapping_add(entry.key.as_str().len())
+                .wrapping_add(entry.slots.first().map_or(0, |s| s.policy as usize));
         }
+        std::hint::black_box(touched);
         if let Some(k) = expiries.iter().position(|&e| e <= now) {
-            self.remove_at(sample[k], hasher);
-            return;
+            self.unindex(sample[k], hasher);
+            return Some(sample[k]);
         }
         let mut best: Option<(usize, (u64, u64), u64)> = None;
         for (&i, &expires_at) in sample.iter().zip(&expiries) {
@@ -589,10 +606,27 @@ impl Shard {
                 best = Some((i, share, expires_at));
             }
         }
-        if let Some((i, (used, limit), _)) = best {
-            self.remove_at(i, hasher);
-            telemetry::memory_eviction(used as f64 / limit as f64);
+        let (i, (used, limit), _) = best?;
+        self.unindex(i, hasher);
+        telemetry::memory_eviction(used as f64 / limit as f64);
+        Some(i)
+    }
+
+    /// Removes the entry at `i` from the index only.
+    fn unindex(&mut self, i: usize, hasher: &foldhash::fast::RandomState) {
+        let hash = hash_key(hasher, &self.entries[i].key);
+        if let Ok(slot) = self.index.find_entry(hash, |&j| j as usize == i) {
+            slot.remove();
         }
+    }
+
+    /// Puts `entry` at position `i`, whose previous entry [`evict_one`](Self::evict_one)
+    /// took out of the index.
+    fn put_at(&mut self, i: usize, hash: u64, entry: Entry, hasher: &foldhash::fast::RandomState) {
+        self.entries[i] = entry;
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, i as u32, rehash(entries, hasher));
     }
 
     /// Removes the entry at `i`, moving the last entry into its place.

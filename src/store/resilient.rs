@@ -653,23 +653,23 @@ impl<S: Store> Inner<S> {
         costs: SmallVec<[u64; 2]>,
         admitted: bool,
     ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let uses_fallback = policies.iter().any(|p| {
+            matches!(
+                p.failure_mode().unwrap_or(self.mode),
+                FailureMode::LocalFallback { .. }
+            )
+        });
+        // Without a fallback there is nothing to reconcile: the call is dropped as before.
+        let Some(runtime) = uses_fallback
+            .then(tokio::runtime::Handle::try_current)
+            .and_then(Result::ok)
+        else {
             return;
         };
         let grace = (self.timeout * 10).max(Duration::from_secs(1));
         runtime.spawn(async move {
             if let Ok(Ok(decision)) = tokio::time::timeout(grace, call).await {
-                let uses_fallback = policies.iter().any(|p| {
-                    matches!(
-                        p.failure_mode().unwrap_or(self.mode),
-                        FailureMode::LocalFallback { .. }
-                    )
-                });
-                let admitted = if uses_fallback {
-                    Some(admitted)
-                } else {
-                    Some(false)
-                };
+                let admitted = Some(admitted);
                 self.learn(&key, &policies, &costs, &decision, admitted);
             }
         });
