@@ -505,6 +505,8 @@ async fn the_first_call_after_a_restart_succeeds_from_a_url() {
         assert!(store.check(&key, &policies, &[1]).await.is_err());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Long enough for every reconnect those calls started to have failed.
+    tokio::time::sleep(Duration::from_millis(800)).await;
     server.restart();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let first = store.check(&key, &policies, &[1]).await;
