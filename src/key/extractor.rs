@@ -423,10 +423,15 @@ mod tests {
         let b = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[2001:db8::ffff:2]:1")))
             .unwrap();
-        let c = PeerIp::new()
+        // Another /64 of the same /56 shares the key; another /56 does not.
+        let same_site = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[2001:db8:0:1::1]:1")))
             .unwrap();
+        let c = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[2001:db8:0:100::1]:1")))
+            .unwrap();
         assert_eq!(a, b);
+        assert_eq!(a, same_site);
         assert_ne!(a, c);
         let mapped = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[::ffff:1.2.3.4]:1")))
