@@ -8,6 +8,7 @@ of the same scenario (the first side named in REFERENCE that is present).
     python3 benches/summarize.py memory_decision
     python3 benches/summarize.py layer
     python3 benches/summarize.py fixed_costs
+    python3 benches/summarize.py key_cap
 
 Criterion's output folder is `$CARGO_TARGET_DIR/criterion` (default `target/criterion`).
 """
@@ -23,6 +24,7 @@ REFERENCE = {
     "memory_decision": ["governor_gcra"],
     "layer": ["bare"],
     "fixed_costs": ["governor_check"],
+    "key_cap": ["insert_below_cap"],
 }
 
 

@@ -76,7 +76,10 @@ pub const PERMISSION_DENIED: i32 = 7;
 
 const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
-/// The request's `Content-Type` when it is a gRPC (or gRPC-Web) request.
+/// The request's `Content-Type` when it is a gRPC (or gRPC-Web) request: `application/grpc`,
+/// `application/grpc-web` or `application/grpc-web-text` (any case), alone or followed by `+`
+/// (a message format such as `+proto`) or `;` (parameters). Anything else that merely starts
+/// the same way (`application/grpcx`) is not gRPC.
 ///
 /// ```
 /// let req = http::Request::builder()
@@ -89,13 +92,27 @@ const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
 ///     .body(())
 ///     .unwrap();
 /// assert!(tollgate::grpc::content_type(req.headers()).is_none());
+/// let req = http::Request::builder()
+///     .header("content-type", "application/grpcx")
+///     .body(())
+///     .unwrap();
+/// assert!(tollgate::grpc::content_type(req.headers()).is_none());
 /// ```
 pub fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     let value = headers.get(CONTENT_TYPE)?;
     let bytes = value.as_bytes();
     let prefix = b"application/grpc";
-    (bytes.len() >= prefix.len() && bytes[..prefix.len()].eq_ignore_ascii_case(prefix))
-        .then_some(value)
+    if bytes.len() < prefix.len() || !bytes[..prefix.len()].eq_ignore_ascii_case(prefix) {
+        return None;
+    }
+    let mut rest = &bytes[prefix.len()..];
+    for suffix in [&b"-web-text"[..], b"-web"] {
+        if rest.len() >= suffix.len() && rest[..suffix.len()].eq_ignore_ascii_case(suffix) {
+            rest = &rest[suffix.len()..];
+            break;
+        }
+    }
+    matches!(rest.first(), None | Some(b'+' | b';')).then_some(value)
 }
 
 /// A trailers-only gRPC error response: HTTP 200, empty body, `grpc-status` `code`,
@@ -259,6 +276,39 @@ mod tests {
         ]
         .concat();
         assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn only_grpc_content_types_are_grpc() {
+        let is_grpc = |ct: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            content_type(&h).is_some()
+        };
+        for yes in [
+            "application/grpc",
+            "APPLICATION/GRPC",
+            "application/grpc+proto",
+            "application/grpc;charset=utf-8",
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpc-web-text",
+            "Application/gRPC-Web-Text+proto",
+        ] {
+            assert!(is_grpc(yes), "{yes}");
+        }
+        for no in [
+            "application/grpcx",
+            "application/grpc-x",
+            "application/grpc-webx",
+            "application/grpc-web-textual",
+            "application/grp",
+            "application/json",
+            "",
+        ] {
+            assert!(!is_grpc(no), "{no}");
+        }
+        assert!(content_type(&HeaderMap::new()).is_none());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! | `tollgate_store_errors_total` | counter | `kind` (`connection`, `timeout`, `backend`, `protocol`, `circuit_open`, `capacity`) |
 //! | `tollgate_store_latency_seconds` | histogram | `store` |
 //! | `tollgate_breaker_transitions_total` | counter | `state` (`open`, `half_open`, `closed`) |
+//! | `tollgate_memory_evictions_total` | counter | — (live entries a full memory store evicted to admit a new key) |
+//! | `tollgate_memory_evicted_usage_ratio` | histogram | — (the share of its limit each evicted entry had used) |
+//! | `tollgate_fallback_overadmitted_total` | counter | — (requests the local fallback admitted that the store, answering late, refused) |
 
 #[cfg(feature = "metrics")]
 use crate::decision::Outcome;
@@ -57,6 +60,17 @@ pub(crate) fn breaker(state: &'static str) {
     metrics::counter!("tollgate_breaker_transitions_total", "state" => state).increment(1);
 }
 
+#[cfg(feature = "metrics")]
+pub(crate) fn memory_eviction(usage: f64) {
+    metrics::counter!("tollgate_memory_evictions_total").increment(1);
+    metrics::histogram!("tollgate_memory_evicted_usage_ratio").record(usage);
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn fallback_overadmitted() {
+    metrics::counter!("tollgate_fallback_overadmitted_total").increment(1);
+}
+
 #[cfg(not(feature = "metrics"))]
 mod noop {
     use crate::decision::Outcome;
@@ -72,6 +86,10 @@ mod noop {
     pub(crate) fn store_latency(_: &'static str, _: std::time::Duration) {}
     #[inline(always)]
     pub(crate) fn breaker(_: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn memory_eviction(_: f64) {}
+    #[inline(always)]
+    pub(crate) fn fallback_overadmitted() {}
 }
 
 #[cfg(not(feature = "metrics"))]

@@ -199,9 +199,9 @@ fn malformed_trusted_side_falls_back_to_last_trusted_address() {
 #[test]
 fn ports_and_brackets_in_the_trusted_part() {
     for (value, expect) in [
-        (&b"[2001:db8:1:2::7]:443"[..], "ip:2001:db8:1:2::/64"),
+        (&b"[2001:db8:1:2::7]:443"[..], "ip:2001:db8:1::/56"),
         (b"203.0.113.7:65535", "ip:203.0.113.7"),
-        (b"2001:db8:1:2::7", "ip:2001:db8:1:2::/64"),
+        (b"2001:db8:1:2::7", "ip:2001:db8:1::/56"),
         (b"[fd00::3]:80, 203.0.113.7", "ip:203.0.113.7"),
     ] {
         let req = request("[fd00::1]:1", &[("x-forwarded-for", value)]);
@@ -211,11 +211,11 @@ fn ports_and_brackets_in_the_trusted_part() {
         "10.0.0.2:1",
         &[("forwarded", b"for=\"[2001:db8:1:2::7]:4711\";by=_proxy")],
     );
-    assert_eq!(key_of(&forwarded(), &req), "ip:2001:db8:1:2::/64");
+    assert_eq!(key_of(&forwarded(), &req), "ip:2001:db8:1::/56");
 }
 
 #[test]
-fn ipv6_clients_share_a_key_per_64() {
+fn ipv6_clients_share_a_key_per_56() {
     let key = |addr: &str| {
         key_of(
             &xff(),
@@ -226,10 +226,20 @@ fn ipv6_clients_share_a_key_per_64() {
         key("2001:db8:aa:bb::1"),
         key("2001:db8:aa:bb:ffff:ffff:ffff:ffff")
     );
-    assert_ne!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:bc::1"));
+    // Another /64 of the same /56 (one subscriber's site) shares the key; another /56 not.
+    assert_eq!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:bc::1"));
+    assert_ne!(key("2001:db8:aa:bb::1"), key("2001:db8:aa:1bb::1"));
     let peer = |addr: &str| key_of(&PeerIp::new(), &request(addr, &[]));
-    assert_eq!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:bb::2]:2"));
-    assert_ne!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:bc::1]:1"));
+    assert_eq!(peer("[2001:db8:aa:bb::1]:1"), peer("[2001:db8:aa:ff::2]:2"));
+    assert_ne!(
+        peer("[2001:db8:aa:bb::1]:1"),
+        peer("[2001:db8:aa:1bb::1]:1")
+    );
+    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64), &request(addr, &[]));
+    assert_ne!(
+        per_64("[2001:db8:aa:bb::1]:1"),
+        per_64("[2001:db8:aa:bc::1]:1")
+    );
 }
 
 /// Bytes a header value may hold (visible ASCII, space, tab, obs-text).
@@ -414,4 +424,165 @@ async fn missing_key_rejects_or_shares_as_configured() {
     assert_eq!(status(&other, shared, &[]).await, OK);
     assert_eq!(status(&c, shared, &[]).await, LIMITED);
     assert_eq!(status(&c, shared, &[("x-user", "dan")]).await, OK);
+}
+
+/// One of the crate's extractors, or a composite of them, for the key-space property below.
+#[derive(Debug, Clone)]
+enum Ex {
+    User,
+    ApiKey,
+    Peer,
+    IpUa,
+    Global(String),
+    Composite(Vec<Ex>),
+}
+
+/// What a request carries for the extractors to read.
+#[derive(Debug, Clone)]
+struct Inputs {
+    user: String,
+    api_key: String,
+    peer: std::net::Ipv4Addr,
+    ua: String,
+}
+
+/// Who an extractor names on a request: two keys must be equal exactly when this is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Principal {
+    User(String),
+    ApiKey(String),
+    Ip(std::net::Ipv4Addr),
+    IpUa(std::net::Ipv4Addr, String),
+    Global(String),
+    Tuple(Vec<Principal>),
+}
+
+impl Ex {
+    fn build(&self) -> Box<dyn KeyExtractor> {
+        match self {
+            Ex::User => Box::new(User::<String>::new()),
+            Ex::ApiKey => Box::new(ApiKey::new()),
+            Ex::Peer => Box::new(PeerIp::new()),
+            Ex::IpUa => Box::new(tollgate::key::IpUserAgent::new(ClientIp::default())),
+            Ex::Global(name) => Box::new(tollgate::key::Global::named(name)),
+            Ex::Composite(parts) => {
+                let mut c = tollgate::key::Composite::default();
+                for p in parts {
+                    c = c.and(BoxedEx(p.build()));
+                }
+                Box::new(c)
+            }
+        }
+    }
+
+    fn principal(&self, i: &Inputs) -> Principal {
+        match self {
+            Ex::User => Principal::User(i.user.clone()),
+            Ex::ApiKey => Principal::ApiKey(i.api_key.clone()),
+            Ex::Peer => Principal::Ip(i.peer),
+            Ex::IpUa => Principal::IpUa(i.peer, i.ua.clone()),
+            Ex::Global(name) => Principal::Global(name.clone()),
+            // A tuple of one is its part.
+            Ex::Composite(parts) if parts.len() == 1 => parts[0].principal(i),
+            Ex::Composite(parts) => {
+                Principal::Tuple(parts.iter().map(|p| p.principal(i)).collect())
+            }
+        }
+    }
+}
+
+struct BoxedEx(Box<dyn KeyExtractor>);
+
+impl fmt::Debug for BoxedEx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BoxedEx")
+    }
+}
+
+impl KeyExtractor for BoxedEx {
+    fn extract(&self, request: &RequestView<'_>) -> Option<tollgate::key::Key> {
+        self.0.extract(request)
+    }
+}
+
+/// Short strings over an alphabet that makes the dangerous coincidences likely: separators,
+/// and the text of other extractors' sources.
+fn tricky() -> impl Strategy<Value = String> {
+    "(user:|ip:|apikey:|global:|user\\+ip:)?[a|:!#%]{0,3}"
+}
+
+fn leaf() -> impl Strategy<Value = Ex> {
+    prop_oneof![
+        Just(Ex::User),
+        Just(Ex::ApiKey),
+        Just(Ex::Peer),
+        Just(Ex::IpUa),
+        tricky().prop_map(Ex::Global),
+    ]
+}
+
+fn extractor() -> impl Strategy<Value = Ex> {
+    leaf().prop_recursive(2, 8, 3, |inner| {
+        proptest::collection::vec(inner, 1..=3).prop_map(Ex::Composite)
+    })
+}
+
+fn inputs() -> impl Strategy<Value = Inputs> {
+    (tricky(), "[a-c]{1,2}", (0u8..2, 0u8..2), "[a|:/]{0,2}").prop_map(
+        |(user, api_key, (a, b), ua)| Inputs {
+            user,
+            api_key,
+            peer: std::net::Ipv4Addr::new(10, 0, a, b),
+            ua,
+        },
+    )
+}
+
+fn key_for(ex: &Ex, i: &Inputs) -> String {
+    let req = request(
+        &format!("{}:1", i.peer),
+        &[
+            ("x-api-key", i.api_key.as_bytes()),
+            ("user-agent", i.ua.as_bytes()),
+        ],
+    );
+    let mut req = req;
+    req.extensions_mut().insert(i.user.clone());
+    key_of(ex.build().as_ref(), &req)
+}
+
+#[test]
+fn a_composite_of_one_user_is_not_the_user_with_a_prefixed_id() {
+    let a = Inputs {
+        user: "a".into(),
+        api_key: "k".into(),
+        peer: std::net::Ipv4Addr::new(10, 0, 0, 1),
+        ua: String::new(),
+    };
+    let prefixed = Inputs {
+        user: "user:a".into(),
+        ..a.clone()
+    };
+    let composite = key_for(&Ex::Composite(vec![Ex::User]), &a);
+    assert_ne!(composite, key_for(&Ex::User, &prefixed));
+    assert_eq!(
+        composite,
+        key_for(&Ex::User, &a),
+        "a tuple of one is its part"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// Over every extractor and every composite of them (nested too): two requests get one key
+    /// exactly when they name one principal.
+    #[test]
+    fn keys_are_injective_across_extractors(
+        a in extractor(), ia in inputs(), b in extractor(), ib in inputs(),
+    ) {
+        let (ka, kb) = (key_for(&a, &ia), key_for(&b, &ib));
+        let (pa, pb) = (a.principal(&ia), b.principal(&ib));
+        prop_assert_eq!(ka == kb, pa == pb, "{} vs {}: {:?} vs {:?}", ka, kb, pa, pb);
+    }
 }

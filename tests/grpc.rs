@@ -5,6 +5,8 @@
 //! methods are paths, `/package.Service/Method`) or from keying by the path.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
@@ -177,10 +179,57 @@ async fn a_call_without_a_key_is_invalid_argument() {
     assert!(c.check(req).await.is_ok());
 }
 
+/// A memory store that answers its first check and fails every later one.
+#[derive(Debug, Clone)]
+struct FailsAfterFirst {
+    inner: MemoryStore,
+    calls: Arc<AtomicU32>,
+}
+
+impl Store for FailsAfterFirst {
+    type CheckFuture = std::future::Ready<Result<tollgate::Decision, tollgate::StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == 0 {
+            std::future::ready(self.inner.decide(key, policies, costs, true))
+        } else {
+            std::future::ready(Err(tollgate::StoreError::Connection("down".into())))
+        }
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> tollgate::store::BoxFuture<Result<tollgate::Decision, tollgate::StoreError>> {
+        self.inner.peek(key, policies, costs)
+    }
+
+    fn reset(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
+        self.inner.reset(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "fails-after-first"
+    }
+}
+
 #[tokio::test]
 async fn a_failing_store_is_unavailable() {
-    // A store that holds one key: the second key cannot be decided (fail closed).
-    let store = MemoryStore::builder().shards(1).max_keys(1).build();
+    // A store that decides the first call and fails every other (fail closed).
+    let store = FailsAfterFirst {
+        inner: MemoryStore::new(),
+        calls: Arc::new(AtomicU32::new(0)),
+    };
     let limiter = Limiter::builder()
         .store(store)
         .policy(Policy::new("p", Rate::per_minute(100)).unwrap())
@@ -267,4 +316,41 @@ async fn per_method_policies_from_the_route_table() {
     );
     assert!(status.metadata().get("ratelimit-limit").is_none());
     assert!(status.get_error_details().retry_info().is_some());
+}
+
+/// Over HTTP on a real axum server: only gRPC content types get the gRPC rendering; one that
+/// merely starts like one (`application/grpcx`) gets the HTTP 429.
+#[tokio::test]
+async fn only_grpc_content_types_get_grpc_refusals() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("p", Rate::per_minute(1)).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    let send = |ct: &'static str| {
+        client
+            .post(format!("http://{addr}/"))
+            .header("content-type", ct)
+            .send()
+    };
+    assert_eq!(send("application/json").await.unwrap().status(), 200);
+    let grpcx = send("application/grpcx").await.unwrap();
+    assert_eq!(grpcx.status(), 429);
+    assert!(!grpcx.headers().contains_key("grpc-status"));
+    for ct in [
+        "application/grpc",
+        "application/grpc+proto",
+        "application/grpc-web",
+    ] {
+        let res = send(ct).await.unwrap();
+        assert_eq!(res.status(), 200, "{ct}");
+        assert_eq!(res.headers()["grpc-status"], "8", "{ct}");
+    }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Algorithm, CheckError, Limiter, Policy, Rate, StoreError};
+use tollgate::{Algorithm, CheckError, Limiter, Policy, Rate};
 
 fn all_algorithms() -> [Algorithm; 5] {
     [
@@ -152,37 +152,134 @@ fn the_background_sweeper_reclaims_idle_stores() {
     }
 }
 
+/// Charges `units` to `key`, one unit at a time.
+fn charge(store: &MemoryStore, key: &Key, policies: &[Policy], units: u64) {
+    for _ in 0..units {
+        assert!(store
+            .decide(key, policies, &[1], true)
+            .unwrap()
+            .is_allowed());
+    }
+}
+
 #[test]
-fn at_the_key_cap_new_keys_fail_and_old_keys_keep_their_state() {
-    let clock = ManualClock::new(0);
+fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() {
+    for algorithm in all_algorithms() {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .max_keys(100)
+            .background_sweep(false)
+            .build();
+        let policies = [Policy::builder("p", Rate::per_minute(10))
+            .algorithm(algorithm)
+            .build()
+            .unwrap()];
+        let heavy: Vec<Key> = (0..5)
+            .map(|i| Key::new("user", format!("heavy{i}")))
+            .collect();
+        for k in &heavy {
+            charge(&store, k, &policies, 8);
+        }
+        // 10 000 distinct one-request clients, 100 times the cap, within one window.
+        for i in 0..10_000 {
+            if i % 100 == 0 {
+                clock.advance(Duration::from_millis(1));
+            }
+            let d = store
+                .decide(&Key::new("ip", format!("flood{i}")), &policies, &[1], true)
+                .unwrap();
+            assert!(d.is_allowed(), "{algorithm:?}: new client {i} refused");
+            assert!(store.len() <= 100, "{algorithm:?}: {} keys", store.len());
+        }
+        // Every heavy user still has only what it had left.
+        for k in &heavy {
+            let left = store.decide(k, &policies, &[0], false).unwrap().remaining();
+            assert!(left <= 2, "{algorithm:?}: {k} was reset ({left} left)");
+        }
+    }
+}
+
+/// The stated bound, measured: the entry evicted is the least used of a random sample, so
+/// entries above the median usage are evicted with probability at most 0.5^8 each time.
+#[test]
+fn evictions_take_the_least_used_entries() {
+    let clock = ManualClock::new(1_000_000);
     let store = MemoryStore::builder()
         .clock(clock.clone())
         .shards(1)
-        .max_keys(3)
+        .max_keys(1_000)
         .background_sweep(false)
         .build();
-    let policies = [Policy::new("p", Rate::per_second(1)).unwrap()];
-    for i in 0..3 {
-        store
-            .decide(&Key::new("ip", format!("{i}")), &policies, &[1], true)
-            .unwrap();
+    let policies = [Policy::builder("p", Rate::per_hour(10))
+        .algorithm(Algorithm::FixedWindow)
+        .build()
+        .unwrap()];
+    // Usage 1 to 10 units of 10, a hundred clients each.
+    let clients: Vec<(Key, u64)> = (0..1_000)
+        .map(|i| (Key::new("user", format!("u{i}")), i % 10 + 1))
+        .collect();
+    for (k, units) in &clients {
+        charge(&store, k, &policies, *units);
     }
-    let err = store
-        .decide(&Key::new("ip", "new"), &policies, &[1], true)
-        .unwrap_err();
-    assert_eq!(err, StoreError::Capacity);
-    // An existing key is still limited: no eviction reset it.
-    let d = store
-        .decide(&Key::new("ip", "0"), &policies, &[1], true)
-        .unwrap();
-    assert!(!d.is_allowed());
-    // Once state expires, room is made.
-    clock.advance(Duration::from_secs(2));
-    assert!(store
-        .decide(&Key::new("ip", "new"), &policies, &[1], true)
-        .unwrap()
-        .is_allowed());
-    assert_eq!(store.len(), 1);
+    for i in 0..100 {
+        charge(&store, &Key::new("ip", format!("new{i}")), &policies, 1);
+    }
+    assert_eq!(store.len(), 1_000);
+    // An evicted client reads as fresh: all 10 units left.
+    let mut evicted_by_usage = [0u32; 11];
+    for (k, units) in &clients {
+        let d = store.decide(k, &policies, &[0], false).unwrap();
+        if d.remaining() == 10 {
+            evicted_by_usage[*units as usize] += 1;
+        }
+    }
+    let evicted: u32 = evicted_by_usage.iter().sum();
+    let above_median: u32 = evicted_by_usage[6..].iter().sum();
+    eprintln!("evicted by units used (of 10): {evicted_by_usage:?}");
+    assert!(
+        evicted >= 50,
+        "the new keys displaced mostly old ones: {evicted}"
+    );
+    // Expected 100 × 0.5^8 ≈ 0.4; four or more happens about once in a thousand runs.
+    assert!(
+        above_median <= 3,
+        "{above_median} clients above the median usage were evicted"
+    );
+    // The smallest of 8 draws is at most 2 units with probability 1 − 0.8^8 ≈ 0.83.
+    assert!(
+        (evicted_by_usage[1] + evicted_by_usage[2]) * 10 >= evicted * 6,
+        "most evictions take clients of one or two units: {evicted_by_usage:?}"
+    );
+}
+
+/// Each eviction is counted, with the usage it dropped.
+#[cfg(feature = "metrics")]
+#[test]
+fn evictions_are_counted() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let store = MemoryStore::builder()
+            .shards(1)
+            .max_keys(10)
+            .background_sweep(false)
+            .build();
+        let policies = [Policy::new("p", Rate::per_minute(4)).unwrap()];
+        for i in 0..25 {
+            charge(&store, &Key::new("ip", format!("{i}")), &policies, 1);
+        }
+    });
+    let text = handle.render();
+    assert!(
+        text.contains("tollgate_memory_evictions_total 15"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_memory_evicted_usage_ratio"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

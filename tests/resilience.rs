@@ -313,3 +313,241 @@ async fn the_deny_cache_saves_round_trips_and_never_denies_what_redis_allows() {
         "deny cache: {with} store calls vs {without} without"
     );
 }
+
+/// Two instances on one Redis, a burst over the limit, and Redis stalling (SIGSTOP) once the
+/// limit is reached so that calls time out: the fallback must not hand out a fresh quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    let server = RedisServer::start();
+    let make = || {
+        let redis = RedisStore::builder()
+            .prefix("failover")
+            .build_with_url(&server.url())
+            .unwrap();
+        let store = ResilientStore::builder(redis, FailureMode::LocalFallback { replicas: 4 })
+            .timeout(Duration::from_millis(10))
+            .build();
+        Limiter::builder()
+            .store(store)
+            .policy(Policy::new("api", Rate::per_hour(100)).unwrap())
+            .build()
+            .unwrap()
+    };
+    let instances = [make(), make()];
+    let key = Key::new("user", "burst");
+    let admitted = Arc::new(AtomicU32::new(0));
+    let fallback = Arc::new(AtomicU32::new(0));
+    let next = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+
+    // Once the limit is reached, stall Redis 40 ms out of every 60 ms.
+    let pulses = {
+        let (admitted, done, pid) = (admitted.clone(), done.clone(), server.pid());
+        std::thread::spawn(move || {
+            let signal = |s: &str| {
+                let _ = std::process::Command::new("kill")
+                    .arg(format!("-{s}"))
+                    .arg(pid.to_string())
+                    .status();
+            };
+            while admitted.load(Ordering::Relaxed) < 100 && !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            while !done.load(Ordering::Relaxed) {
+                signal("STOP");
+                std::thread::sleep(Duration::from_millis(40));
+                signal("CONT");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
+    let mut tasks = vec![];
+    for t in 0..32 {
+        let limiter = instances[t % 2].clone();
+        let (key, admitted, fallback, next) = (
+            key.clone(),
+            admitted.clone(),
+            fallback.clone(),
+            next.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < 1_500 {
+                let d = limiter.check(&key, 1).await.unwrap();
+                admitted.fetch_add(u32::from(d.is_allowed()), Ordering::Relaxed);
+                fallback.fetch_add(
+                    u32::from(d.outcome() == Outcome::Fallback),
+                    Ordering::Relaxed,
+                );
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    pulses.join().unwrap();
+    let (admitted, fallback) = (
+        admitted.load(Ordering::Relaxed),
+        fallback.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "1500 checks on 2 instances: {admitted} admitted, {fallback} decided by the fallback"
+    );
+    assert!(
+        fallback > 0,
+        "no call timed out: the test did not exercise the fallback"
+    );
+    assert!(
+        admitted <= 100,
+        "{admitted} admitted for a shared limit of 100"
+    );
+    assert!(admitted >= 90, "only {admitted} admitted");
+}
+
+/// The deny cache after Redis restarts without persistence: the cached denials go as soon
+/// as this instance notices the new server, not after their hour-long retry_after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_clears_the_deny_cache() {
+    let mut server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .prefix("denyrestart")
+        .build_with_url(&server.url())
+        .unwrap();
+    let store = ResilientStore::builder(redis, FailureMode::FailClosed)
+        .timeout(Duration::from_millis(200))
+        .circuit_breaker(1_000, Duration::from_millis(100))
+        .deny_cache(1_000)
+        // Longer than the test: only noticing the restart can clear the cache in time.
+        .deny_cache_max_age(Duration::from_secs(600))
+        .build();
+    let limiter = limiter(store, Rate::per_hour(3));
+    let hot = Key::new("user", "hot");
+    for _ in 0..3 {
+        assert!(limiter.check(&hot, 1).await.unwrap().is_allowed());
+    }
+    let denied = limiter.check(&hot, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert!(denied.retry_after_millis() > 60_000);
+    assert_eq!(
+        limiter.check(&hot, 1).await.unwrap().outcome(),
+        Outcome::CachedDeny
+    );
+
+    server.kill();
+    server.restart();
+    // Other traffic reaches the new server (the first call meets the dropped connection).
+    wait_until_decided(&limiter, Duration::from_secs(2)).await;
+    let after = limiter.check(&hot, 1).await.unwrap();
+    assert_eq!(after.outcome(), Outcome::Decided, "{after:?}");
+    assert!(
+        after.is_allowed(),
+        "the restarted Redis holds no state for the key"
+    );
+}
+
+/// State lost without a restart (FLUSHALL): cached denials last at most the max age.
+#[tokio::test]
+async fn cached_denials_last_at_most_their_max_age() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .prefix("denyflush")
+        .build_with_url(&server.url())
+        .unwrap();
+    let store = ResilientStore::builder(redis, FailureMode::FailClosed)
+        .timeout(Duration::from_millis(200))
+        .deny_cache(1_000)
+        .deny_cache_max_age(Duration::from_millis(300))
+        .build();
+    let limiter = limiter(store, Rate::per_hour(2));
+    let hot = Key::new("user", "hot");
+    for _ in 0..2 {
+        assert!(limiter.check(&hot, 1).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&hot, 1).await.unwrap().is_allowed());
+    let flushed = Instant::now();
+    let _: () = server.query(&["FLUSHALL"]).unwrap();
+    let cached = limiter.check(&hot, 1).await.unwrap();
+    assert_eq!(cached.outcome(), Outcome::CachedDeny);
+    // The store's own retry_after is shown, counted down, not the cache's age.
+    assert!(cached.retry_after_millis() > 60_000);
+    loop {
+        let d = limiter.check(&hot, 1).await.unwrap();
+        if d.is_allowed() {
+            break;
+        }
+        assert!(
+            flushed.elapsed() < Duration::from_millis(300 + 100),
+            "still refused {:?} after the flush",
+            flushed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The first call through a store built from a URL after Redis is back succeeds (the
+/// connection manager's failed reconnect is not handed back as a stale error).
+#[tokio::test]
+async fn the_first_call_after_a_restart_succeeds_from_a_url() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("urlrestart")
+        .build_with_url(&server.url())
+        .unwrap();
+    let policies = [Policy::new("api", Rate::per_hour(100)).unwrap()];
+    let key = Key::new("user", "1");
+    store.check(&key, &policies, &[1]).await.unwrap();
+    server.kill();
+    for _ in 0..3 {
+        assert!(store.check(&key, &policies, &[1]).await.is_err());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Long enough for every reconnect those calls started to have failed.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = store.check(&key, &policies, &[1]).await;
+    assert!(first.is_ok(), "first call after the restart: {first:?}");
+}
+
+/// Decisions resume within the breaker's cool-down + 200 ms of Redis answering again, for a
+/// store from a URL and for a pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_after_a_restart_takes_at_most_the_cooldown() {
+    const COOLDOWN: Duration = Duration::from_secs(1);
+    for pool in [false, true] {
+        let mut server = RedisServer::start();
+        let builder = RedisStore::builder().prefix("recover");
+        let redis = if pool {
+            builder.build_with_pool(server.pool(4)).unwrap()
+        } else {
+            builder.build_with_url(&server.url()).unwrap()
+        };
+        let store = ResilientStore::builder(redis, FailureMode::FailOpen)
+            .timeout(TIMEOUT)
+            .circuit_breaker(3, COOLDOWN)
+            .build();
+        let limiter = limiter(store, Rate::per_hour(10_000));
+        wait_until_decided(&limiter, Duration::from_secs(1)).await;
+        server.kill();
+        let key = Key::new("probe", "x");
+        while !limiter.store().is_circuit_open() {
+            limiter.check(&key, 1).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.restart();
+        let took = wait_until_decided(&limiter, Duration::from_secs(5)).await;
+        eprintln!(
+            "{}: decisions resumed {took:?} after Redis answered PING",
+            if pool { "pool" } else { "url" }
+        );
+        assert!(
+            took <= COOLDOWN + Duration::from_millis(200),
+            "pool {pool}: {took:?}"
+        );
+    }
+}

@@ -70,9 +70,10 @@ impl KeyExtractor for Chain {
 
 /// Several extractors as one key: a limit per (tenant, user), per (IP, API key), …
 ///
-/// Every part must yield a key, or the composite yields nothing (so does an empty one). The parts' keys, sources
-/// included, are joined with [`Key::from_parts`], which is injective: two different tuples
-/// never give one key. The source is the parts' sources joined with `+` (`composite` when that
+/// Every part must yield a key, or the composite yields nothing (so does an empty one). A
+/// composite of one part yields that part's key unchanged. The keys of two or more parts,
+/// sources included, are joined with [`Key::from_parts`], which is injective: two different
+/// tuples never give one key, and a joined key never equals a single extractor's key. The source is the parts' sources joined with `+` (`composite` when that
 /// is longer than 32 characters), and long keys are hashed.
 ///
 /// ```
@@ -116,6 +117,12 @@ impl KeyExtractor for Composite {
             .iter()
             .map(|part| part.extract(request))
             .collect::<Option<SmallVec<[Key; 4]>>>()?;
+        if let [only] = keys.as_slice() {
+            // A tuple of one is that key itself: the same principal, keyed as its own
+            // extractor keys it. Wrapping it (`user:user:a`) would equal the key `User` gives
+            // the id `user:a`.
+            return Some(only.clone());
+        }
         let mut source = CompactString::default();
         for (i, key) in keys.iter().enumerate() {
             if i > 0 {

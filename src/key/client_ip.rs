@@ -202,7 +202,7 @@ impl ForwardedHeader {
 
 /// The client's IP address, read from forwarding headers only when the TCP peer is a trusted
 /// proxy. Key `ip:<address>`, the same key [`PeerIp`](super::PeerIp) gives that address;
-/// IPv6 clients are grouped by prefix (default /64).
+/// IPv6 clients are grouped by prefix (default [`DEFAULT_IPV6_PREFIX`](super::DEFAULT_IPV6_PREFIX), /56).
 ///
 /// Nothing is trusted by default, and then this is exactly [`PeerIp`](super::PeerIp). When
 /// the peer is trusted, the header is walked from the right past trusted hops; the first
@@ -235,7 +235,7 @@ impl ForwardedHeader {
 ///     .header(ForwardedHeader::from_name("cf-connecting-ip")?);
 /// let mut req = http::Request::builder().header("cf-connecting-ip", "2001:db8:1:2::9").body(())?;
 /// req.extensions_mut().insert("173.245.48.1:443".parse::<SocketAddr>()?);
-/// assert_eq!(cf.extract(&RequestView::new(&req)).unwrap().as_str(), "ip:2001:db8:1:2::/64");
+/// assert_eq!(cf.extract(&RequestView::new(&req)).unwrap().as_str(), "ip:2001:db8:1::/56");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -247,12 +247,13 @@ pub struct ClientIp {
 }
 
 impl ClientIp {
-    /// Believes `X-Forwarded-For` from `trusted` peers; IPv6 grouped by /64; at most 16 hops.
+    /// Believes `X-Forwarded-For` from `trusted` peers; IPv6 grouped by
+    /// [`DEFAULT_IPV6_PREFIX`](super::DEFAULT_IPV6_PREFIX) (/56); at most 16 hops.
     pub fn new(trusted: TrustedProxies) -> Self {
         Self {
             trusted,
             header: ForwardedHeader::default(),
-            ipv6_prefix: 64,
+            ipv6_prefix: super::DEFAULT_IPV6_PREFIX,
             max_hops: 16,
         }
     }
@@ -445,9 +446,15 @@ mod tests {
             "127.0.0.1:1",
             &[("x-forwarded-for", b"[2001:db8:0:1:ffff::2]:7")],
         );
-        let c = request("127.0.0.1:1", &[("x-forwarded-for", b"2001:db8:0:2::1")]);
+        // Another /64 of the same /56: one subscriber's site, one key by default.
+        let same_site = request("127.0.0.1:1", &[("x-forwarded-for", b"2001:db8:0:2::1")]);
+        let c = request("127.0.0.1:1", &[("x-forwarded-for", b"2001:db8:0:102::1")]);
         assert_eq!(key(&ex, &a), key(&ex, &b));
+        assert_eq!(key(&ex, &a), key(&ex, &same_site));
+        assert_eq!(key(&ex, &a), "ip:2001:db8::/56");
         assert_ne!(key(&ex, &a), key(&ex, &c));
+        let narrow = ex.clone().ipv6_prefix(64);
+        assert_ne!(key(&narrow, &a), key(&narrow, &same_site));
         let wide = ex.clone().ipv6_prefix(48);
         assert_eq!(key(&wide, &a), key(&wide, &c));
         assert_eq!(key(&wide, &a), "ip:2001:db8::/48");

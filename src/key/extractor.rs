@@ -140,8 +140,8 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 }
 
 /// The TCP peer's IP address, ignoring every header. IPv6 peers are grouped by prefix
-/// (default /64, since one subscriber usually holds a whole /64); IPv4-mapped IPv6 addresses
-/// count as IPv4.
+/// (default [`DEFAULT_IPV6_PREFIX`](super::DEFAULT_IPV6_PREFIX), /56: see there why);
+/// IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// With axum, serve the app with `into_make_service_with_connect_info::<SocketAddr>()` so
 /// the address is there.
@@ -153,7 +153,9 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 /// let mut req = http::Request::new(());
 /// req.extensions_mut().insert("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>().unwrap());
 /// let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
-/// assert_eq!(key.as_str(), "ip:2001:db8:1:2::/64");
+/// assert_eq!(key.as_str(), "ip:2001:db8:1::/56");
+/// let narrow = PeerIp::new().ipv6_prefix(64).extract(&RequestView::new(&req)).unwrap();
+/// assert_eq!(narrow.as_str(), "ip:2001:db8:1:2::/64");
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct PeerIp {
@@ -161,9 +163,11 @@ pub struct PeerIp {
 }
 
 impl PeerIp {
-    /// Groups IPv6 by /64.
+    /// Groups IPv6 by [`DEFAULT_IPV6_PREFIX`](super::DEFAULT_IPV6_PREFIX) (/56).
     pub const fn new() -> Self {
-        Self { ipv6_prefix: 64 }
+        Self {
+            ipv6_prefix: super::DEFAULT_IPV6_PREFIX,
+        }
     }
 
     /// Groups IPv6 addresses by the first `bits` bits (clamped to 1..=128; 128 keeps every
@@ -419,10 +423,15 @@ mod tests {
         let b = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[2001:db8::ffff:2]:1")))
             .unwrap();
-        let c = PeerIp::new()
+        // Another /64 of the same /56 shares the key; another /56 does not.
+        let same_site = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[2001:db8:0:1::1]:1")))
             .unwrap();
+        let c = PeerIp::new()
+            .extract(&RequestView::new(&with_peer("[2001:db8:0:100::1]:1")))
+            .unwrap();
         assert_eq!(a, b);
+        assert_eq!(a, same_site);
         assert_ne!(a, c);
         let mapped = PeerIp::new()
             .extract(&RequestView::new(&with_peer("[::ffff:1.2.3.4]:1")))

@@ -280,7 +280,9 @@ fn is_obfuscated(node: &[u8]) -> bool {
 
 fn is_port(port: &str) -> bool {
     let b = port.as_bytes();
-    ((1..=5).contains(&b.len()) && b.iter().all(u8::is_ascii_digit))
+    // 1–5 digits that name a port (at most 65535): `1.2.3.4:99999` is garbage like any other
+    // malformed entry, not `1.2.3.4`.
+    ((1..=5).contains(&b.len()) && b.iter().all(u8::is_ascii_digit) && port.parse::<u16>().is_ok())
         || (b.first() == Some(&b'_') && is_obfuscated(b))
 }
 
@@ -319,6 +321,9 @@ mod tests {
             b"01.2.3.4",
             b"1.2.3.4:",
             b"1.2.3.4:123456",
+            b"1.2.3.4:99999",
+            b"1.2.3.4:65536",
+            b"[2001:db8::1]:65536",
             b"1.2.3.4:8x",
             b"1.2.3.4:80:80",
             b"2001:db8::1:80:",

@@ -20,8 +20,9 @@
 //! | [`Composite`] | `user+ip:…` | a tuple of keys as one key |
 //! | [`from_fn`] | anything | a closure |
 //!
-//! IPv6 addresses are grouped by prefix (default /64: one subscriber usually holds a whole
-//! /64). When no key can be found, the limiter's [`MissingKey`](crate::MissingKey) setting
+//! IPv6 addresses are grouped by prefix (default [`DEFAULT_IPV6_PREFIX`], /56: one subscriber
+//! site usually holds a whole /56 or /48, so counting /64s would give one client 256
+//! budgets). When no key can be found, the limiter's [`MissingKey`](crate::MissingKey) setting
 //! rejects the request with `400` or puts it in one shared bucket.
 //!
 //! # Examples
@@ -55,6 +56,35 @@ use std::fmt;
 
 use compact_str::CompactString;
 use sha2::{Digest, Sha256};
+
+/// The default IPv6 prefix length by which [`PeerIp`], [`ClientIp`] and [`IpUserAgent`] group
+/// addresses: 56 bits.
+///
+/// One IPv6 client controls far more than one address: a subscriber is delegated a whole
+/// prefix, and RIPE-690 (the RIPE NCC's best practice for end-user IPv6 prefix assignment)
+/// recommends a /48 or a /56 per site, which is what many ISPs hand out. Keyed by /64, a
+/// client with a /56 holds 256 separate budgets, and with a /48, 65 536: enough to fill a
+/// memory store's key cap from one site. express-rate-limit 8 groups IPv6 by /56 by default
+/// for this reason, and warns that keying by full IPv6 addresses lets clients bypass limits. The cost: clients that share one
+/// /56 share a budget, which is most likely on mobile networks, where each device gets a
+/// /64 from a carrier pool; raise the prefix with `ipv6_prefix(64)` where that matters more
+/// than the spread an attacker gets. IPv4-mapped IPv6 addresses are keyed as IPv4, never by
+/// prefix (grouping `::ffff:0:0/96` by /56 would put every IPv4 client in one bucket).
+///
+/// ```
+/// use tollgate::key::{KeyExtractor, PeerIp, RequestView, DEFAULT_IPV6_PREFIX};
+///
+/// assert_eq!(DEFAULT_IPV6_PREFIX, 56);
+/// let key = |addr: &str| {
+///     let mut req = http::Request::new(());
+///     req.extensions_mut().insert(addr.parse::<std::net::SocketAddr>().unwrap());
+///     PeerIp::new().extract(&RequestView::new(&req)).unwrap()
+/// };
+/// // Two /64s of one site share a key; IPv4-mapped addresses stay apart.
+/// assert_eq!(key("[2001:db8:0:1::1]:1"), key("[2001:db8:0:ff::1]:1"));
+/// assert_ne!(key("[::ffff:192.0.2.1]:1"), key("[::ffff:192.0.2.2]:1"));
+/// ```
+pub const DEFAULT_IPV6_PREFIX: u8 = 56;
 
 /// Escaped material longer than this is replaced by a digest.
 pub const MAX_MATERIAL_LEN: usize = 96;

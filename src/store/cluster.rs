@@ -222,6 +222,10 @@ impl Connector for Cluster {
         }
     }
 
+    fn one_server(&self) -> bool {
+        false
+    }
+
     fn describe(&self) -> &'static str {
         match self {
             Cluster::Pool(_) => "deadpool-redis cluster pool",

@@ -100,6 +100,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs and metrics (`memory`, `redis`, …).
     fn name(&self) -> &'static str;
+
+    /// A number that changes when the store notices it may have lost the state it held (a
+    /// Redis server that answers with a new `run_id` after a restart or a failover), so that
+    /// anything caching the store's answers (the [`ResilientStore`] deny cache) can drop
+    /// them. The default, for stores that cannot lose state behind the caller's back, is 0.
+    ///
+    /// ```
+    /// use tollgate::store::{MemoryStore, Store};
+    ///
+    /// assert_eq!(MemoryStore::new().generation(), 0);
+    /// ```
+    fn generation(&self) -> u64 {
+        0
+    }
 }
 
 /// Any store behind one type, for limiters whose store is chosen at run time (a config file).
@@ -145,6 +159,7 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
     fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
+    fn store_generation(&self) -> u64;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -180,6 +195,9 @@ impl<S: Store> ErasedStore for S {
     }
     fn store_name(&self) -> &'static str {
         self.name()
+    }
+    fn store_generation(&self) -> u64 {
+        self.generation()
     }
 }
 
@@ -227,5 +245,9 @@ impl Store for DynStore {
 
     fn name(&self) -> &'static str {
         self.inner.store_name()
+    }
+
+    fn generation(&self) -> u64 {
+        self.inner.store_generation()
     }
 }

@@ -204,7 +204,10 @@ impl RedisStoreBuilder {
     pub fn build_with_url(self, url: &str) -> Result<RedisStore, ConfigError> {
         let client = redis::Client::open(url)
             .map_err(|e| ConfigError::new("url", format_args!("{url:?}"), e.to_string()))?;
-        let mut config = ConnectionManagerConfig::new().set_number_of_retries(1);
+        // One attempt per reconnect: a reconnect that fails is retried by the next call
+        // (see the store's handling of refused connections), never by sleeping in a back-off
+        // that a decision would wait behind.
+        let mut config = ConnectionManagerConfig::new().set_number_of_retries(0);
         if let Some(t) = self.options.timeout {
             config = config
                 .set_connection_timeout(Some(t))
@@ -286,6 +289,10 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn generation(&self) -> u64 {
+        self.core.generation()
     }
 }
 

@@ -21,10 +21,40 @@
 //!
 //! * **Deny cache**: when the store denies a key until `T`, the denial is remembered locally
 //!   (bounded, [`deny_cache`](ResilientStoreBuilder::deny_cache)) for exactly that key, policy
-//!   set and cost, until exactly `T`, and further requests are refused without a round trip.
-//!   `T` is the earliest moment the store itself would allow that request (nothing else can
-//!   make it allow sooner, except a [`reset`](crate::Limiter::reset), which clears the local
-//!   cache), so the cache never refuses what the store would allow.
+//!   set and cost, until `T` or for at most
+//!   [`deny_cache_max_age`](ResilientStoreBuilder::deny_cache_max_age) (default 1 s),
+//!   whichever comes first, and further requests are refused without a round trip (with the
+//!   store's own `retry_after`, counted down). `T` is the earliest moment the store, keeping its
+//!   state, would allow that request; only a loss of that state can make it allow sooner:
+//!   a [`reset`](crate::Limiter::reset) (which clears the local cache too), or Redis losing
+//!   its data (a restart without persistence, a failover, `FLUSHALL`, eviction under
+//!   `maxmemory`). **Bound**: the cache refuses a request the store would allow for at most
+//!   the max age after the store lost the state, and not at all after a restart this instance
+//!   notices: a Redis store reads the server's `run_id` on the first call after a connection
+//!   failure and, when it changed, the whole cache is dropped (see
+//!   [`Store::generation`]).
+//!
+//! # Local fallback: what it admits
+//!
+//! The fallback limiter on each instance allows each policy's limit divided by `replicas`.
+//! So that a failover never hands out a fresh quota, it is kept up to date while the store
+//! answers: every request the store admits is charged to it too, and every refusal from the
+//! store fills it for that policy, so during an outage an instance admits only what is left
+//! of its share of the window, given what it admitted before.
+//!
+//! A call that times out may still be executed by the store. It is not abandoned: it runs to
+//! its end in the background (for at most ten times the timeout, at least 1 s) and its answer
+//! is reconciled with the fallback's: if the store charged a request the fallback admitted,
+//! it was counted once, as it should; if the store charged a request the fallback refused,
+//! the client lost that unit (the safe direction); if the store refused a request the
+//! fallback admitted, one request went over the shared limit: it is counted in
+//! `tollgate_fallback_overadmitted_total` (feature `metrics`) and the fallback is filled for
+//! that key. **Bound**: while the store is reachable but slow, the fallback over-admits only
+//! while its instance has admitted less than its share (`limit / replicas`) of the policy's
+//! window and has not yet seen the store refuse the key: at most that share per instance and
+//! window, and nothing on an instance that has already used its share. When the circuit is
+//! open the store is not called at all, and requests admitted then are not charged to the
+//! store: the usual degraded bound, each instance's share per window.
 //!
 //! # Examples
 //!
@@ -48,7 +78,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
 use super::{BoxFuture, MemoryStore, Store};
@@ -105,7 +135,7 @@ struct Inner<S> {
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
     fallback: MemoryStore,
-    fallback_policies: Mutex<HashMap<(u32, u32), Policy>>,
+    fallback_policies: RwLock<HashMap<(u32, u32), Policy>>,
     clock: Arc<dyn Clock>,
     warned_at: AtomicU64,
     suppressed: AtomicU64,
@@ -120,6 +150,7 @@ pub struct ResilientStoreBuilder<S> {
     threshold: u32,
     cooldown: Duration,
     deny_cache: Option<usize>,
+    deny_cache_max_age: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -142,6 +173,7 @@ impl<S: Store> ResilientStore<S> {
             threshold: 5,
             cooldown: Duration::from_secs(1),
             deny_cache: None,
+            deny_cache_max_age: Duration::from_secs(1),
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -178,6 +210,14 @@ impl<S: Store> ResilientStoreBuilder<S> {
         self
     }
 
+    /// The longest a denial is served from the deny cache (default 1 s), however long the
+    /// store said it lasts: the bound on how long the cache can outlive state the store lost
+    /// without this instance noticing (see the [module docs](crate::store::resilient)).
+    pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
+        self.deny_cache_max_age = max_age.max(Duration::from_millis(1));
+        self
+    }
+
     /// The local clock for the breaker, the deny cache and the fallback limiter (default
     /// [`SystemClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -201,11 +241,13 @@ impl<S: Store> ResilientStoreBuilder<S> {
                     probing: AtomicBool::new(false),
                     probe_started: AtomicU64::new(0),
                 },
-                deny_cache: self.deny_cache.map(DenyCache::new),
+                deny_cache: self
+                    .deny_cache
+                    .map(|n| DenyCache::new(n, self.deny_cache_max_age)),
                 fallback: MemoryStore::builder()
                     .clock(ClockRef(clock.clone()))
                     .build(),
-                fallback_policies: Mutex::new(HashMap::new()),
+                fallback_policies: RwLock::new(HashMap::new()),
                 clock,
                 warned_at: AtomicU64::new(0),
                 suppressed: AtomicU64::new(0),
@@ -295,20 +337,36 @@ impl Breaker {
     }
 }
 
-/// Current denials from the store, keyed by (key, policies, costs), each until its moment.
+/// Current denials from the store, keyed by (key, policies, costs), each until its moment
+/// (at most `max_age_ms` after it was cached).
 struct DenyCache {
     capacity: usize,
+    max_age_ms: u64,
     hasher: foldhash::fast::RandomState,
-    /// slot → (key, cached at, denied until, the store's decision).
-    entries: Mutex<HashMap<u64, (Key, u64, u64, Decision)>>,
+    /// slot → the denial.
+    entries: Mutex<HashMap<u64, Cached>>,
+    /// The store's generation the entries were cached under.
+    generation: AtomicU64,
+}
+
+struct Cached {
+    key: Key,
+    at: u64,
+    /// When the cache stops serving it: the store's moment, or the max age.
+    until: u64,
+    /// When the store said the request would be allowed.
+    store_until: u64,
+    decision: Decision,
 }
 
 impl DenyCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, max_age: Duration) -> Self {
         Self {
             capacity,
+            max_age_ms: max_age.as_millis().try_into().unwrap_or(u64::MAX),
             hasher: foldhash::fast::RandomState::default(),
             entries: Mutex::new(HashMap::new()),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -322,32 +380,59 @@ impl DenyCache {
         h.finish()
     }
 
+    /// Drops every entry when the store's generation moved: it lost the state they stand for.
+    fn sync(&self, generation: u64) {
+        if self.generation.load(Ordering::Acquire) != generation
+            && self.generation.swap(generation, Ordering::AcqRel) != generation
+        {
+            self.entries.lock().clear();
+        }
+    }
+
     fn get(&self, slot: u64, key: &Key, now: u64) -> Option<Decision> {
         let mut entries = self.entries.lock();
-        let (k, at, until, decision) = entries.get(&slot)?;
-        if k != key {
+        let cached = entries.get(&slot)?;
+        if cached.key != *key {
             return None;
         }
-        if now >= *until {
+        if now >= cached.until {
             entries.remove(&slot);
             return None;
         }
-        Some(shift(decision, now.saturating_sub(*at), until - now))
+        Some(shift(
+            &cached.decision,
+            now.saturating_sub(cached.at),
+            cached.store_until.saturating_sub(now),
+        ))
     }
 
-    fn insert(&self, slot: u64, key: &Key, until: u64, decision: Decision, now: u64) {
+    fn insert(&self, slot: u64, key: &Key, decision: Decision, now: u64, generation: u64) {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        let store_until = now.saturating_add(decision.retry_after_millis());
+        let until = store_until.min(now.saturating_add(self.max_age_ms));
         let mut entries = self.entries.lock();
         if entries.len() >= self.capacity {
-            entries.retain(|_, (_, _, u, _)| *u > now);
+            entries.retain(|_, c| c.until > now);
             if entries.len() >= self.capacity {
                 return;
             }
         }
-        entries.insert(slot, (key.clone(), now, until, decision));
+        entries.insert(
+            slot,
+            Cached {
+                key: key.clone(),
+                at: now,
+                until,
+                store_until,
+                decision,
+            },
+        );
     }
 
     fn forget(&self, key: &Key) {
-        self.entries.lock().retain(|_, (k, _, _, _)| k != key);
+        self.entries.lock().retain(|_, c| c.key != *key);
     }
 }
 
@@ -374,6 +459,14 @@ fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
     Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
 }
 
+/// A request's local-fallback policies: their indexes in the request, the scaled policies and
+/// their costs.
+type FallbackParts = (
+    SmallVec<[usize; 2]>,
+    SmallVec<[Policy; 2]>,
+    SmallVec<[u64; 2]>,
+);
+
 impl<S: Store> Inner<S> {
     fn warn_degraded(&self, outcome: Outcome, error: &StoreError) {
         let now = self.clock.now_millis();
@@ -398,7 +491,10 @@ impl<S: Store> Inner<S> {
     }
 
     fn fallback_policy(&self, policy: &Policy, replicas: u32) -> Policy {
-        let mut cache = self.fallback_policies.lock();
+        if let Some(p) = self.fallback_policies.read().get(&(policy.id(), replicas)) {
+            return p.clone();
+        }
+        let mut cache = self.fallback_policies.write();
         cache
             .entry((policy.id(), replicas))
             .or_insert_with(|| {
@@ -419,6 +515,67 @@ impl<S: Store> Inner<S> {
             .clone()
     }
 
+    /// The local-fallback policies of a request (with their indexes and costs), if any.
+    fn fallback_parts(&self, policies: &[Policy], costs: &[u64]) -> FallbackParts {
+        let mut idx = SmallVec::new();
+        let mut fps = SmallVec::new();
+        let mut fcosts = SmallVec::new();
+        for (i, p) in policies.iter().enumerate() {
+            if let FailureMode::LocalFallback { replicas } = p.failure_mode().unwrap_or(self.mode) {
+                let fp = self.fallback_policy(p, replicas);
+                fcosts.push(costs[i].min(fp.capacity()));
+                fps.push(fp);
+                idx.push(i);
+            }
+        }
+        (idx, fps, fcosts)
+    }
+
+    /// Keeps the fallback limiter in step with the store's answer, so that it reflects what
+    /// this instance admitted. `fallback_admitted` is the fallback's own answer when the
+    /// store answered too late (the request was decided by the fallback).
+    fn learn(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        store: &Decision,
+        fallback_admitted: Option<bool>,
+    ) {
+        let (idx, fps, fcosts) = self.fallback_parts(policies, costs);
+        if fps.is_empty() {
+            return;
+        }
+        if store.is_allowed() {
+            // Admitted by the store and not yet charged here (a late answer for a request the
+            // fallback decided was charged here already, or refused).
+            if fallback_admitted.is_none() {
+                let _ = self.fallback.decide(key, &fps, &fcosts, true);
+            }
+            return;
+        }
+        if fallback_admitted == Some(true) {
+            telemetry::fallback_overadmitted();
+            tracing::debug!(target: "tollgate::store", "the local fallback admitted a request the store refused");
+        }
+        // The store refused: no fallback decision in this window may hand out what the store
+        // would not. Fill each refusing policy's local share.
+        for (j, fp) in idx.iter().zip(&fps) {
+            let refused = store.policies().get(*j).is_some_and(|d| !d.is_allowed());
+            if !refused {
+                continue;
+            }
+            let one = std::slice::from_ref(fp);
+            let left = self
+                .fallback
+                .decide(key, one, &[0], false)
+                .map_or(0, |d| d.remaining());
+            if left > 0 {
+                let _ = self.fallback.decide(key, one, &[left], true);
+            }
+        }
+    }
+
     /// Decides without the store, by each policy's failure mode.
     fn degraded(
         &self,
@@ -433,17 +590,8 @@ impl<S: Store> Inner<S> {
             .collect();
         let closed = modes.contains(&FailureMode::FailClosed);
         let retry_ms = self.breaker.cooldown_ms.max(1_000);
-        let mut fallback_idx: SmallVec<[usize; 2]> = SmallVec::new();
-        let mut fallback_policies: SmallVec<[Policy; 2]> = SmallVec::new();
-        let mut fallback_costs: SmallVec<[u64; 2]> = SmallVec::new();
-        for (i, m) in modes.iter().enumerate() {
-            if let FailureMode::LocalFallback { replicas } = m {
-                let fp = self.fallback_policy(&policies[i], *replicas);
-                fallback_costs.push(costs[i].min(fp.capacity()));
-                fallback_policies.push(fp);
-                fallback_idx.push(i);
-            }
-        }
+        let (fallback_idx, fallback_policies, fallback_costs) =
+            self.fallback_parts(policies, costs);
         // Charge the fallback limiter only when nothing fails closed (all or nothing).
         let local = if fallback_policies.is_empty() {
             None
@@ -493,16 +641,52 @@ impl<S: Store> Inner<S> {
     }
 }
 
+impl<S: Store> Inner<S> {
+    /// Lets a call that timed out run to its end in the background (the store may execute
+    /// it anyway; a call still queued for its batch would otherwise be dropped unsent) and
+    /// reconciles its answer with the fallback's. See the [module docs](self).
+    fn finish_late(
+        self: Arc<Self>,
+        call: std::pin::Pin<Box<S::CheckFuture>>,
+        key: Key,
+        policies: SmallVec<[Policy; 2]>,
+        costs: SmallVec<[u64; 2]>,
+        admitted: bool,
+    ) {
+        let uses_fallback = policies.iter().any(|p| {
+            matches!(
+                p.failure_mode().unwrap_or(self.mode),
+                FailureMode::LocalFallback { .. }
+            )
+        });
+        // Without a fallback there is nothing to reconcile: the call is dropped as before.
+        let Some(runtime) = uses_fallback
+            .then(tokio::runtime::Handle::try_current)
+            .and_then(Result::ok)
+        else {
+            return;
+        };
+        let grace = (self.timeout * 10).max(Duration::from_secs(1));
+        runtime.spawn(async move {
+            if let Ok(Ok(decision)) = tokio::time::timeout(grace, call).await {
+                let admitted = Some(admitted);
+                self.learn(&key, &policies, &costs, &decision, admitted);
+            }
+        });
+    }
+}
+
 impl<S: Store> Store for ResilientStore<S> {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
-        let slot = inner
-            .deny_cache
-            .as_ref()
-            .map(|c| c.slot(key, policies, costs));
+        let generation = inner.primary.generation();
+        let slot = inner.deny_cache.as_ref().map(|c| {
+            c.sync(generation);
+            c.slot(key, policies, costs)
+        });
         if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
             if let Some(d) = cache.get(slot, key, now) {
                 telemetry::outcome(Outcome::CachedDeny);
@@ -524,9 +708,10 @@ impl<S: Store> Store for ResilientStore<S> {
         let costs: SmallVec<[u64; 2]> = costs.iter().copied().collect();
         Box::pin(async move {
             let started = Instant::now();
-            let result = match tokio::time::timeout(this.timeout, call).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout),
+            let mut call = Box::pin(call);
+            let (result, timed_out) = match tokio::time::timeout(this.timeout, &mut call).await {
+                Ok(r) => (r, false),
+                Err(_) => (Err(StoreError::Timeout), true),
             };
             telemetry::store_latency(this.primary.name(), started.elapsed());
             match result {
@@ -535,16 +720,20 @@ impl<S: Store> Store for ResilientStore<S> {
                     if !decision.is_allowed() {
                         if let (Some(cache), Some(slot)) = (&this.deny_cache, slot) {
                             let now = this.clock.now_millis();
-                            let until = now + decision.retry_after_millis();
-                            cache.insert(slot, &key, until, decision.clone(), now);
+                            cache.insert(slot, &key, decision.clone(), now, generation);
                         }
                     }
+                    this.learn(&key, &policies, &costs, &decision, None);
                     Ok(decision)
                 }
                 Err(error) => {
                     telemetry::store_error(&error);
                     this.breaker.failure(this.clock.now_millis(), probe);
-                    Ok(this.degraded(&key, &policies, &costs, &error))
+                    let degraded = this.degraded(&key, &policies, &costs, &error);
+                    if timed_out {
+                        this.finish_late(call, key, policies, costs, degraded.is_allowed());
+                    }
+                    Ok(degraded)
                 }
             }
         })
@@ -570,7 +759,7 @@ impl<S: Store> Store for ResilientStore<S> {
             cache.forget(key);
         }
         let fallback: Vec<Policy> = {
-            let map = self.inner.fallback_policies.lock();
+            let map = self.inner.fallback_policies.read();
             map.values()
                 .filter(|fp| {
                     policies

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -166,6 +167,12 @@ pub(crate) trait Connector: Send + Sync + 'static {
 
     /// What the store's `Debug` shows about its connection.
     fn describe(&self) -> &'static str;
+
+    /// Whether every connection reaches one server, whose `run_id` then tells a restart
+    /// (not so on a cluster, where `INFO` answers from any node).
+    fn one_server(&self) -> bool {
+        true
+    }
 }
 
 /// A connection from a pool, or a handle to one shared multiplexed connection.
@@ -240,6 +247,13 @@ pub(crate) struct Core<C: Connector> {
     prefix: Box<str>,
     clock: Arc<dyn Clock>,
     lanes: Lanes<C::Lane>,
+    /// Bumped when the server answers with another `run_id` than before: it restarted (or
+    /// failed over) and lost the state it held. See [`Store::generation`](super::Store).
+    generation: AtomicU64,
+    /// Set at start and after any connection failure: the next call that gets through also
+    /// reads the server's `run_id`.
+    verify: AtomicBool,
+    run_id: parking_lot::Mutex<Option<Box<str>>>,
 }
 
 impl<C: Connector> fmt::Debug for Core<C> {
@@ -284,6 +298,80 @@ impl<C: Connector> Core<C> {
                 .clock
                 .unwrap_or_else(|| Arc::new(SystemClock::new())),
             lanes: Lanes::new(options.max_batch, options.max_in_flight),
+            generation: AtomicU64::new(0),
+            verify: AtomicBool::new(true),
+            run_id: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// See [`Store::generation`](super::Store::generation).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Reads the server's `run_id` and bumps the generation when it is not the one seen
+    /// before. A failure leaves the check for the next call.
+    async fn verify_server(&self, conn: &mut C::Conn) {
+        let info: Result<String, _> = redis::cmd("INFO").arg("server").query_async(conn).await;
+        let run_id = info.ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|id| Box::<str>::from(id.trim()))
+        });
+        let Some(run_id) = run_id else {
+            self.verify.store(true, Ordering::Release);
+            return;
+        };
+        let mut known = self.run_id.lock();
+        if known.as_ref().is_some_and(|k| *k != run_id) {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!(
+                target: "tollgate::store",
+                "the Redis server restarted or failed over (new run_id): its rate-limit state was lost"
+            );
+        }
+        *known = Some(run_id);
+    }
+
+    /// One script call on a connection of the connector.
+    ///
+    /// A call refused at connect time was never sent, so it is tried once more: a connection
+    /// manager hands back its last failed reconnect once (starting a new one), and without the
+    /// second try the first call after Redis is back would fail on that stale error and waste
+    /// the circuit breaker's probe. After any connection failure, the next call that gets
+    /// through also reads the server's `run_id` (see [`Store::generation`](super::Store)).
+    async fn invoke(&self, inv: &ScriptInvocation<'static>) -> Result<Vec<u8>, StoreError> {
+        let mut conn = match self.connector.connection().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.verify.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let mut reply = inv.invoke_async(&mut conn).await;
+        if reply.as_ref().is_err_and(RedisError::is_connection_refusal) {
+            conn = match self.connector.connection().await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.verify.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            };
+            reply = inv.invoke_async(&mut conn).await;
+        }
+        match reply {
+            Ok(r) => {
+                if self.connector.one_server() && self.verify.swap(false, Ordering::AcqRel) {
+                    self.verify_server(&mut conn).await;
+                }
+                Ok(r)
+            }
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    self.verify.store(true, Ordering::Release);
+                }
+                Err(store_error(e))
+            }
         }
     }
 
@@ -392,11 +480,7 @@ impl<C: Connector> Core<C> {
         let mut results = Vec::with_capacity(batch.len());
         for (assembled, requests) in assemble(batch) {
             let inv = self.invocation(&assembled);
-            let reply: Result<Vec<u8>, StoreError> = async {
-                let mut conn = self.connector.connection().await?;
-                inv.invoke_async(&mut conn).await.map_err(store_error)
-            }
-            .await;
+            let reply = self.invoke(&inv).await;
             match reply.and_then(|r| parse_batch_reply(&r, requests)) {
                 Ok(r) => results.extend(r),
                 Err(e) => results.extend(requests.iter().map(|_| Err(e.clone()))),
