@@ -88,10 +88,9 @@
     rust_2018_idioms,
     unreachable_pub
 )]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
-pub mod audit;
 mod body;
 pub mod clock;
 pub mod config;
@@ -110,8 +109,9 @@ mod service;
 pub mod store;
 mod telemetry;
 
-pub use audit::{audit, AuditReport};
 pub use body::RateLimitBody;
+pub use config::audit;
+pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use future::ResponseFuture;
