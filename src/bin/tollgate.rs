@@ -32,7 +32,7 @@ fn after_help() -> String {
 
 /// Rate-limit plans for tollgate: build them and audit them.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about, after_help = after_help())]
+#[command(name = "tollgate", version, after_help = after_help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,

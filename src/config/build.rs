@@ -784,8 +784,13 @@ impl Plan {
     /// See [`BuiltPlan`] for an example.
     pub fn build(&self) -> Result<BuiltPlan, ConfigError> {
         let store = self.store()?;
-        let limiter = self.builder_with_store(store.clone())?.build()?;
+        let builder = self.limiter_builder(store.clone())?;
         let login = self.login(store.clone())?;
+        // A policy nothing uses is reported after the references that might have used it.
+        if let Some(e) = self.unused().into_iter().next() {
+            return Err(e);
+        }
+        let limiter = builder.build()?;
         Ok(BuiltPlan {
             store,
             limiter,
