@@ -109,6 +109,11 @@ mod service;
 pub mod store;
 mod telemetry;
 
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}
+
 pub use body::RateLimitBody;
 pub use config::audit;
 pub use config::audit::{audit, AuditReport};
