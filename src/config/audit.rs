@@ -108,7 +108,7 @@ pub enum Severity {
 
 /// One problem found.
 ///
-/// See the [module docs](crate::audit) for an example.
+/// See the [module docs](mod@crate::audit) for an example.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Finding {
@@ -130,7 +130,7 @@ pub struct Finding {
 
 /// The audit's result.
 ///
-/// See the [module docs](crate::audit) for an example.
+/// See the [module docs](mod@crate::audit) for an example.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct AuditReport {
@@ -175,7 +175,7 @@ impl AuditReport {
     }
 }
 
-/// One rule of the audit, as listed in the [module docs](crate::audit).
+/// One rule of the audit, as listed in the [module docs](mod@crate::audit).
 ///
 /// ```
 /// let ids: Vec<&str> = tollgate::audit::rules().iter().map(|r| r.id).collect();
@@ -253,7 +253,7 @@ pub fn rules() -> &'static [Rule] {
     RULES
 }
 
-/// Whether `net` trusts other people's networks (see the [module docs](crate::audit)).
+/// Whether `net` trusts other people's networks (see the [module docs](mod@crate::audit)).
 fn trusts_everyone(net: IpNet) -> bool {
     let mapped =
         Ipv6Net::new(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).unwrap_or_default();

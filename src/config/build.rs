@@ -153,6 +153,9 @@ impl KeyConfig {
     }
 }
 
+/// A login guard and the layer that applies it.
+type Login<S> = (LoginGuard<S>, LoginLayer<S>);
+
 /// Everything a [`Plan`] builds, sharing one store: the limiter, its layer, and the login
 /// guard of `[login]` with its layer. Made by [`Plan::build`].
 ///
@@ -181,7 +184,7 @@ impl KeyConfig {
 pub struct BuiltPlan {
     store: DynStore,
     limiter: Limiter<DynStore>,
-    login: Option<(LoginGuard<DynStore>, LoginLayer<DynStore>)>,
+    login: Option<Login<DynStore>>,
     header_style: HeaderStyle,
     retry_after: bool,
     quota_headers: bool,
@@ -631,7 +634,7 @@ impl Plan {
     pub(crate) fn login<S: Store + Clone>(
         &self,
         store: S,
-    ) -> Result<Option<(LoginGuard<S>, LoginLayer<S>)>, ConfigError> {
+    ) -> Result<Option<Login<S>>, ConfigError> {
         let Some(l) = &self.login else {
             return Ok(None);
         };
