@@ -58,6 +58,8 @@ pub struct StoreConfig {
 }
 
 /// Which store.
+///
+/// See [`StoreConfig`] for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
@@ -71,6 +73,8 @@ pub enum StoreKind {
 }
 
 /// The key section: which extractor keys requests.
+///
+/// See [`KeyConfig::build`] for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
@@ -98,6 +102,8 @@ pub struct KeyConfig {
 }
 
 /// Extractor kinds.
+///
+/// See [`KeyConfig::build`] for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyKind {
@@ -119,13 +125,20 @@ pub enum KeyKind {
 }
 
 impl KeyKind {
-    /// Whether the key is an address only (for the audit).
+    /// Whether the key is an address only (for the audit and the login guard).
+    ///
+    /// ```
+    /// assert!(tollgate::config::KeyKind::ClientIp.is_ip_only());
+    /// assert!(!tollgate::config::KeyKind::ApiKey.is_ip_only());
+    /// ```
     pub fn is_ip_only(&self) -> bool {
         matches!(self, KeyKind::PeerIp | KeyKind::ClientIp)
     }
 }
 
 /// One policy.
+///
+/// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
@@ -155,6 +168,8 @@ pub struct PolicyConfig {
 }
 
 /// What a route does, for the audit.
+///
+/// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RouteKind {
@@ -172,6 +187,8 @@ pub enum RouteKind {
 }
 
 /// One route.
+///
+/// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
@@ -200,6 +217,13 @@ pub struct RouteConfig {
 
 impl RouteConfig {
     /// Whether customers call the route.
+    ///
+    /// ```
+    /// use tollgate::config::{RouteConfig, RouteKind};
+    ///
+    /// let health = RouteConfig { kind: RouteKind::Internal, ..RouteConfig::default() };
+    /// assert!(!health.is_customer_facing());
+    /// ```
     pub fn is_customer_facing(&self) -> bool {
         self.customer_facing
             .unwrap_or(self.kind != RouteKind::Internal)
@@ -207,6 +231,8 @@ impl RouteConfig {
 }
 
 /// The default route.
+///
+/// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DefaultRouteConfig {
@@ -219,6 +245,8 @@ pub struct DefaultRouteConfig {
 }
 
 /// How the tier is found.
+///
+/// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TierConfig {
@@ -300,7 +328,7 @@ pub struct LoginConfig {
     pub ip_key: Option<KeyConfig>,
 }
 
-/// A whole rate-limit plan. See the [module docs](crate::config).
+/// A whole rate-limit plan. See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
