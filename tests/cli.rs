@@ -3,14 +3,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const BASE: &str = r#"
-[[policies]]
-name = "api"
-limit = 100
-window = "1m"
-[default]
-policies = ["api"]
-"#;
+/// A small plan that builds and passes the audit.
+fn base() -> String {
+    std::fs::read_to_string("examples/from_config.toml").unwrap()
+}
 
 fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -38,7 +34,7 @@ fn the_cli_audits_in_text_and_json() {
     assert!(out.status.success(), "{}", stdout(&out));
     assert!(stdout(&out).starts_with("PASS (score 100)"));
 
-    let bad = plan_file("bad.toml", &format!("replicas = 2\n{BASE}"));
+    let bad = plan_file("bad.toml", &base().replace("replicas = 1", "replicas = 2"));
     let out = tollgate(&["audit", bad.to_str().unwrap(), "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -58,13 +54,31 @@ fn the_cli_audits_in_text_and_json() {
 /// Plans the audit used to pass with score 100 although `from_config` refused them.
 #[test]
 fn plans_that_do_not_build_fail_with_the_field_and_value() {
-    let cases: &[(&str, &str, &str)] = &[
-        ("[[routes]]\npattern = \"/a\"\npolicies = [\"nope\"]", "routes[0].policies[0]", "\"nope\""),
-        ("[[policies]]\nname = \"b\"\nlimit = 1\nwindow = \"1s\"\n[[routes]]\npattern = \"/x/{\"\npolicies = [\"b\"]", "routes[0].pattern", "\"/x/{\""),
-        ("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/33\"]", "key.trusted_proxies[0]", "\"10.0.0.0/33\""),
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "[default]",
+            "[[routes]]\npattern = \"/a\"\npolicies = [\"nope\"]\n[default]",
+            "routes[2].policies[0]",
+            "\"nope\"",
+        ),
+        (
+            "[default]",
+            "[[routes]]\npattern = \"/x/{\"\npolicies = [\"site\"]\n[default]",
+            "routes[2].pattern",
+            "\"/x/{\"",
+        ),
+        (
+            "kind = \"peer_ip\"",
+            "kind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/33\"]",
+            "key.trusted_proxies[0]",
+            "\"10.0.0.0/33\"",
+        ),
     ];
-    for (extra, field, value) in cases {
-        let path = plan_file("unbuildable.toml", &format!("{BASE}\n{extra}"));
+    for (from, to, field, value) in cases {
+        let text = base();
+        assert!(text.contains(from), "{from}");
+        let extra = text.replacen(from, to, 1);
+        let path = plan_file("unbuildable.toml", &extra);
         let out = tollgate(&["audit", path.to_str().unwrap(), "--json"]);
         assert_eq!(out.status.code(), Some(1), "{extra}\n{}", stdout(&out));
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

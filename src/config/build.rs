@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use http::HeaderName;
 
-use super::schema::{parse_duration, FailureModeName, KeyConfig, KeyKind, Plan, StoreKind};
+use super::schema::{parse_duration, KeyConfig, KeyKind, Plan, StoreKind};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor, PeerIp};
 use crate::limiter::{Limiter, LimiterBuilder};
@@ -611,6 +611,7 @@ impl Plan {
         &self,
         store: S,
     ) -> Result<crate::store::ResilientStore<S>, ConfigError> {
+        use super::schema::FailureModeName;
         use crate::store::{FailureMode, ResilientStore};
         let mode =
             match self.failure_mode {
