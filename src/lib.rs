@@ -99,10 +99,9 @@
     rust_2018_idioms,
     unreachable_pub
 )]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
-pub mod audit;
 pub mod clock;
 pub mod config;
 mod decision;
@@ -119,7 +118,13 @@ pub mod route;
 pub mod store;
 mod telemetry;
 
-pub use audit::{audit, AuditReport};
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}
+
+pub use config::audit;
+pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{Limiter, LimiterBuilder, MissingKey};

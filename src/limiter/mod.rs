@@ -31,7 +31,7 @@ use crate::route::{Cost, Route, TierFn};
 use crate::store::{MemoryStore, Store};
 
 use access::AccessList;
-use route_table::RouteTable;
+pub(crate) use route_table::RouteTable;
 use shadow::ShadowCounts;
 
 /// What to do with a request from which no key can be extracted.

@@ -13,8 +13,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::LoginGuard;
-use crate::error::{CheckError, StoreError};
+use crate::error::{CheckError, ConfigError, StoreError};
 use crate::key::RequestView;
+use crate::limiter::RouteTable;
 use crate::middleware::RateLimitBody;
 use crate::refusal::{Refusal, RefusalKind, Rendering};
 use crate::store::{MemoryStore, Store};
@@ -130,6 +131,8 @@ struct Shared<St> {
     username: Username,
     max_body: usize,
     classify: Arc<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
+    /// Only these routes are guarded; `None`: every request.
+    routes: Option<Arc<RouteTable>>,
 }
 
 impl<St> Clone for Shared<St> {
@@ -139,6 +142,7 @@ impl<St> Clone for Shared<St> {
             username: self.username.clone(),
             max_body: self.max_body,
             classify: Arc::clone(&self.classify),
+            routes: self.routes.clone(),
         }
     }
 }
@@ -160,6 +164,7 @@ impl<St: fmt::Debug> fmt::Debug for LoginLayer<St> {
                 &matches!(self.shared.username, Username::Body(_)),
             )
             .field("max_body", &self.shared.max_body)
+            .field("only_routes", &self.shared.routes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -175,6 +180,7 @@ impl<St> LoginLayer<St> {
                 username,
                 max_body: DEFAULT_MAX_BODY,
                 classify: Arc::new(LoginOutcome::from_status),
+                routes: None,
             }),
         }
     }
@@ -281,6 +287,71 @@ impl<St> LoginLayer<St> {
         self.edit(|s| s.classify = Arc::new(f))
     }
 
+    /// Guards only the requests that match one of `patterns` — route patterns as in
+    /// [`crate::route`], such as `POST /login` (a method is optional) — and passes every other
+    /// request to the inner service untouched (no body buffering, no count). Without it, the
+    /// layer guards every request it sees, so it belongs on the login route only.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `routes` (no pattern) or `routes[i]` (a pattern the route table
+    /// refuses, or one given twice).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::net::SocketAddr;
+    /// use axum::{body::Body, routing::{get, post}, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tollgate::{login::{LoginGuard, LoginLayer}, Rate};
+    ///
+    /// let guard = LoginGuard::builder().ip_user_rate(Rate::per_minute(1)).build()?;
+    /// let layer = LoginLayer::header(guard, http::HeaderName::from_static("x-username"))
+    ///     .routes(["POST /login"])?;
+    /// let app = Router::new()
+    ///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
+    ///     .route("/", get(|| async { "home" }))
+    ///     .layer(layer);
+    /// let req = |method: &str, path: &str| {
+    ///     let mut req = Request::builder().method(method).uri(path)
+    ///         .header("x-username", "alice").body(Body::empty()).unwrap();
+    ///     req.extensions_mut().insert("192.0.2.1:4000".parse::<SocketAddr>().unwrap());
+    ///     req
+    /// };
+    /// assert_eq!(app.clone().oneshot(req("POST", "/login")).await?.status(), StatusCode::UNAUTHORIZED);
+    /// assert_eq!(app.clone().oneshot(req("POST", "/login")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(app.clone().oneshot(req("GET", "/")).await?.status(), StatusCode::OK); // not guarded
+    ///
+    /// let err = LoginLayer::header(LoginGuard::builder().build()?, http::HeaderName::from_static("x-username"))
+    ///     .routes(["POST /login", "/x/{"]).unwrap_err();
+    /// assert_eq!(err.field(), "routes[1]");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn routes<I>(self, patterns: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let patterns: Vec<(String, usize)> = patterns
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p.into(), i))
+            .collect();
+        if patterns.is_empty() {
+            return Err(ConfigError::new(
+                "routes",
+                "[]",
+                "name at least one route, e.g. \"POST /login\"",
+            ));
+        }
+        let table = RouteTable::build(&patterns).map_err(|e| {
+            let field = e.field().trim_end_matches(".pattern").to_owned();
+            ConfigError::new(field, e.value(), e.reason())
+        })?;
+        Ok(self.edit(|s| s.routes = Some(Arc::new(table))))
+    }
+
     /// The guard.
     ///
     /// ```
@@ -368,6 +439,15 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let guarded = self
+            .shared
+            .routes
+            .as_ref()
+            .is_none_or(|routes| routes.lookup(req.method(), req.uri().path()).is_some());
+        if !guarded {
+            let future = inner.call(req);
+            return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
+        }
         let shared = Arc::clone(&self.shared);
         let grpc = crate::grpc::content_type(req.headers()).cloned();
         Box::pin(async move {

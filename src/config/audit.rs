@@ -1,0 +1,580 @@
+//! A deterministic review of a rate-limit [`Plan`]: it builds the plan, then checks the
+//! field's known pitfalls as rules.
+//!
+//! [`audit`] first builds the plan exactly as [`Plan::build`] does (without connecting
+//! anywhere): every reason it does not build is a `TG000` finding naming the field and the
+//! value. Then it looks at the plan's structured fields (never at names or free text), so the
+//! same plan always gets the same report. Each [`Finding`] carries a stable rule id:
+//!
+//! | rule | severity | what trips it |
+//! |---|---|---|
+//! | `TG000` plan-does-not-build | error | the plan does not build: an unknown policy, an unused policy, a bad pattern, CIDR, URL or prefix, a broken `[login]` … |
+//! | `TG001` fixed-window-customer-facing | error | a customer-facing route uses a fixed-window policy (2× boundary burst) |
+//! | `TG002` memory-store-replicated | error | the memory store with `replicas > 1` (N pods = N× the limit) |
+//! | `TG003` failure-mode-unset | error | a Redis store without a `failure_mode` |
+//! | `TG005` retry-after-disabled | error | `retry_after = false` |
+//! | `TG006` auth-route-unprotected | error | an `auth` route that is exempt or has no policy |
+//! | `TG007` login-guard-missing | warning | an `auth` route that no building `[login]` guard covers (its pattern is not in `login.routes`) |
+//! | `TG008` ip-only-key-for-authenticated-route | warning | an `authenticated` customer route keyed by IP only |
+//! | `TG009` policy-shared-by-auth-and-read | error | one policy on both an `auth` route and a `read` route |
+//! | `TG011` trust-everything-proxies | error | a trusted-proxy range that is `/0`, or shorter than /8 (IPv4) or /16 (IPv6) outside private space |
+//!
+//! `TG004` (fail open without telemetry) and `TG010` (a Cluster key template without a hash
+//! tag) are retired with the settings they graded, `telemetry` and `store.key_template`,
+//! which built nothing; their ids are not reused.
+//!
+//! # Trusted proxies (`TG011`)
+//!
+//! A trusted proxy's forwarding header names the client, so trusting a range means letting
+//! every address in it choose its own key. `TG011` checks every trusted-proxy list of the
+//! plan (`key.trusted_proxies`, each `key.fallback…` in the chain, `login.ip_key…`) and
+//! flags a range when its prefix is `/0`, or when it is wider than a /8 (IPv4) or a /16
+//! (IPv6) and not inside private space (IPv6 unique-local `fc00::/7` or link-local
+//! `fe80::/10`; every IPv4 range wider than /8 holds public addresses). Private, loopback
+//! and link-local ranges of any usual size, and CDN ranges (a /13, a /29) stay legitimate.
+//! An IPv4-mapped IPv6 range (`::ffff:0:0/96`) is judged as the IPv4 range it maps.
+//!
+//! The score starts at 100 and loses 25 per error and 10 per warning (never below 0); a plan
+//! passes when it has no error.
+//!
+//! # Examples
+//!
+//! ```
+//! use tollgate::{audit, config::Plan};
+//!
+//! let plan = Plan::from_toml(r#"
+//!     replicas = 4
+//!     [[policies]]
+//!     name = "api"
+//!     limit = 100
+//!     window = "1m"
+//!     [default]
+//!     policies = ["api"]
+//! "#)?;
+//! let report = audit(&plan);
+//! assert!(!report.pass);
+//! assert_eq!(report.findings[0].rule, "TG002");
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+//!
+//! A plan that does not build fails, naming the field:
+//!
+//! ```
+//! use tollgate::{audit, config::Plan};
+//!
+//! let plan = Plan::from_toml(r#"
+//!     [[policies]]
+//!     name = "api"
+//!     limit = 100
+//!     window = "1m"
+//!     [default]
+//!     policies = ["apo"]
+//! "#)?;
+//! let report = audit(&plan);
+//! assert!(!report.pass);
+//! let f = &report.findings[0];
+//! assert_eq!((f.rule, f.field.as_deref(), f.value.as_deref()), ("TG000", Some("default.policies[0]"), Some("\"apo\"")));
+//! assert_eq!(report.findings[1].field.as_deref(), Some("policies[0]")); // "api" limits nothing
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use serde::Serialize;
+
+use crate::config::{KeyConfig, Plan, RouteConfig, RouteKind, StoreKind};
+use crate::policy::Algorithm;
+use crate::store::{DynStore, MemoryStore};
+
+/// How bad a finding is.
+///
+/// ```
+/// use tollgate::audit::Severity;
+///
+/// assert!(Severity::Error > Severity::Warning);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Worth knowing.
+    Info,
+    /// Likely a mistake.
+    Warning,
+    /// A known failure in production; the plan does not pass.
+    Error,
+}
+
+/// One problem found.
+///
+/// See the [module docs](mod@crate::audit) for an example.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Finding {
+    /// The stable rule id (`TG001` …).
+    pub rule: &'static str,
+    /// The rule's short name.
+    pub name: &'static str,
+    /// How bad it is.
+    pub severity: Severity,
+    /// What was found, naming the plan's fields.
+    pub message: String,
+    /// The plan field at fault (`routes[0].pattern`), when one field is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// That field's value, as the plan wrote it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// The audit's result.
+///
+/// See the [module docs](mod@crate::audit) for an example.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct AuditReport {
+    /// No error-severity finding.
+    pub pass: bool,
+    /// 100 minus 25 per error and 10 per warning, at least 0.
+    pub score: u32,
+    /// The findings, in rule order.
+    pub findings: Vec<Finding>,
+    /// One recommendation per rule that fired.
+    pub recommendations: Vec<String>,
+}
+
+impl AuditReport {
+    /// The report as text: `PASS`/`FAIL` and the score, one finding per line, then the
+    /// recommendations.
+    ///
+    /// ```
+    /// use tollgate::{audit, config::Plan};
+    ///
+    /// let plan = Plan::from_toml("retry_after = false\n[[policies]]\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\n[default]\npolicies = [\"a\"]")?;
+    /// let text = audit(&plan).to_text();
+    /// assert!(text.starts_with("FAIL (score 75)\nTG005 Error [retry-after-disabled]"));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{} (score {})\n",
+            if self.pass { "PASS" } else { "FAIL" },
+            self.score
+        );
+        for f in &self.findings {
+            out.push_str(&format!(
+                "{} {:?} [{}] {}\n",
+                f.rule, f.severity, f.name, f.message
+            ));
+        }
+        for r in &self.recommendations {
+            out.push_str(&format!("recommendation: {r}\n"));
+        }
+        out
+    }
+}
+
+/// One rule of the audit, as listed in the [module docs](mod@crate::audit).
+///
+/// ```
+/// let ids: Vec<&str> = tollgate::audit::rules().iter().map(|r| r.id).collect();
+/// assert_eq!(ids[0], "TG000");
+/// assert!(!ids.contains(&"TG010")); // retired
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rule {
+    /// The stable id.
+    pub id: &'static str,
+    /// The short name.
+    pub name: &'static str,
+    /// The severity of its findings.
+    pub severity: Severity,
+    /// What trips it.
+    pub trips: &'static str,
+    /// What to do about it.
+    pub recommendation: &'static str,
+}
+
+const fn rule(
+    id: &'static str,
+    name: &'static str,
+    severity: Severity,
+    trips: &'static str,
+    recommendation: &'static str,
+) -> Rule {
+    Rule {
+        id,
+        name,
+        severity,
+        trips,
+        recommendation,
+    }
+}
+
+const RULES: &[Rule] = &[
+    rule("TG000", "plan-does-not-build", Severity::Error,
+        "the plan does not build: an unknown policy, an unused policy, a bad pattern, CIDR, URL or prefix, a broken `[login]` …",
+        "Fix the field named: the plan must build exactly as Limiter::from_config and Plan::build build it."),
+    rule("TG001", "fixed-window-customer-facing", Severity::Error,
+        "a customer-facing route uses a fixed-window policy (2× boundary burst)",
+        "Use the sliding window counter (the default) or the sliding window log on customer-facing routes; a fixed window admits 2× its limit around a window flip."),
+    rule("TG002", "memory-store-replicated", Severity::Error,
+        "the memory store with `replicas > 1` (N pods = N× the limit)",
+        "With more than one replica, use the Redis store so all replicas share one limit; an in-process store lets each replica allow the full limit."),
+    rule("TG003", "failure-mode-unset", Severity::Error,
+        "a Redis store without a `failure_mode`",
+        "Choose failure_mode = \"fail_open\", \"fail_closed\" or \"local_fallback\" deliberately for when Redis is down."),
+    rule("TG005", "retry-after-disabled", Severity::Error,
+        "`retry_after = false`",
+        "Send Retry-After on every 429 so clients back off instead of retrying in a tight loop."),
+    rule("TG006", "auth-route-unprotected", Severity::Error,
+        "an `auth` route that is exempt or has no policy",
+        "Give every auth route a strict policy (about 5–10 per minute) and never exempt it."),
+    rule("TG007", "login-guard-missing", Severity::Warning,
+        "an `auth` route that no building `[login]` guard covers (its pattern is not in `login.routes`)",
+        "Guard login routes with [login]: it limits (IP, username), IP and username at once, since rotating IPs and password spraying each slip past one key."),
+    rule("TG008", "ip-only-key-for-authenticated-route", Severity::Warning,
+        "an `authenticated` customer route keyed by IP only",
+        "Key authenticated routes by user or API key: IP keys make users behind one NAT share a limit."),
+    rule("TG009", "policy-shared-by-auth-and-read", Severity::Error,
+        "one policy on both an `auth` route and a `read` route",
+        "Give auth and read routes separate policies: one limit is either too loose for login or too tight for reads."),
+    rule("TG011", "trust-everything-proxies", Severity::Error,
+        "a trusted-proxy range that is `/0`, or shorter than /8 (IPv4) or /16 (IPv6) outside private space",
+        "Trust only your own proxies' addresses (private ranges, or your CDN's published ranges): every address in a trusted range can choose its own rate-limit key."),
+];
+
+/// Every rule of the audit, in id order.
+///
+/// See [`Rule`] for an example.
+pub fn rules() -> &'static [Rule] {
+    RULES
+}
+
+/// Whether `net` trusts other people's networks (see the [module docs](mod@crate::audit)).
+fn trusts_everyone(net: IpNet) -> bool {
+    let mapped =
+        Ipv6Net::new(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).unwrap_or_default();
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 && mapped.contains(&v6) => {
+            match v6.addr().to_ipv4_mapped() {
+                Some(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96)
+                    .is_ok_and(|v4| trusts_everyone(IpNet::V4(v4))),
+                None => false,
+            }
+        }
+        IpNet::V4(v4) => v4.prefix_len() < 8,
+        IpNet::V6(v6) => {
+            let private = ["fc00::/7", "fe80::/10"]
+                .iter()
+                .filter_map(|p| p.parse::<Ipv6Net>().ok())
+                .any(|p| p.contains(&v6));
+            v6.prefix_len() == 0 || (v6.prefix_len() < 16 && !private)
+        }
+    }
+}
+
+/// Every trusted-proxy list of a key section and its fallback chain, with its field path.
+fn proxy_lists<'a>(key: &'a KeyConfig, path: String, out: &mut Vec<(String, &'a [String])>) {
+    out.push((format!("{path}.trusted_proxies"), &key.trusted_proxies));
+    if let Some(next) = &key.fallback {
+        proxy_lists(next, format!("{path}.fallback"), out);
+    }
+}
+
+/// Reviews a plan; see the [module docs](mod@crate::audit) for the rules.
+///
+/// See the [module docs](mod@crate::audit) for an example.
+pub fn audit(plan: &Plan) -> AuditReport {
+    let mut findings: Vec<Finding> = vec![];
+    let mut push = |id: &'static str, message: String, at: Option<(String, String)>| {
+        if let Some(rule) = RULES.iter().find(|r| r.id == id) {
+            let (field, value) = at.unzip();
+            findings.push(Finding {
+                rule: rule.id,
+                name: rule.name,
+                severity: rule.severity,
+                message,
+                field,
+                value,
+            });
+        }
+    };
+    let algorithm_of = |name: &str| {
+        plan.policies
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.algorithm)
+    };
+    let route_policy_names = |r: &RouteConfig| -> BTreeSet<String> {
+        r.policies
+            .iter()
+            .chain(r.tiers.values().flatten())
+            .cloned()
+            .collect()
+    };
+    let failure_mode_unset = plan.store.kind != StoreKind::Memory && plan.failure_mode.is_none();
+
+    // TG000: the plan builds, as Plan::build builds it.
+    for e in plan.build_errors() {
+        if e.field() == "failure_mode" && failure_mode_unset {
+            continue; // TG003 says it, with its recommendation
+        }
+        push(
+            "TG000",
+            e.to_string(),
+            Some((e.field().to_owned(), e.value().to_owned())),
+        );
+    }
+    // TG001
+    for (i, r) in plan.routes.iter().enumerate() {
+        if r.exempt || !r.is_customer_facing() {
+            continue;
+        }
+        for name in route_policy_names(r) {
+            if algorithm_of(&name) == Some(Algorithm::FixedWindow) {
+                push(
+                    "TG001",
+                    format!(
+                        "routes[{i}] ({:?}) uses fixed-window policy {name:?}",
+                        r.pattern
+                    ),
+                    None,
+                );
+            }
+        }
+    }
+    let default_names: BTreeSet<String> = plan
+        .default
+        .policies
+        .iter()
+        .chain(plan.default.tiers.values().flatten())
+        .cloned()
+        .collect();
+    for name in &default_names {
+        if algorithm_of(name) == Some(Algorithm::FixedWindow) {
+            push(
+                "TG001",
+                format!("the default route uses fixed-window policy {name:?}"),
+                None,
+            );
+        }
+    }
+    // TG002
+    let replicas = plan.replicas.unwrap_or(1);
+    if plan.store.kind == StoreKind::Memory && replicas > 1 {
+        push(
+            "TG002",
+            format!("store.kind = \"memory\" with replicas = {replicas}: the effective limit is {replicas}× each policy"),
+            Some(("replicas".to_owned(), replicas.to_string())),
+        );
+    }
+    // TG003
+    if failure_mode_unset {
+        push(
+            "TG003",
+            format!(
+                "store.kind = {:?} but failure_mode is not set",
+                plan.store.kind
+            ),
+            Some(("failure_mode".to_owned(), "(missing)".to_owned())),
+        );
+    }
+    // TG005
+    if plan.retry_after == Some(false) {
+        push(
+            "TG005",
+            "retry_after = false".to_owned(),
+            Some(("retry_after".to_owned(), "false".to_owned())),
+        );
+    }
+    // TG006, TG007
+    let auth_routes: Vec<(usize, &RouteConfig)> = plan
+        .routes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.kind == RouteKind::Auth)
+        .collect();
+    for (i, r) in &auth_routes {
+        if r.exempt || route_policy_names(r).is_empty() {
+            push(
+                "TG006",
+                format!(
+                    "routes[{i}] ({:?}) is an auth route {}",
+                    r.pattern,
+                    if r.exempt {
+                        "marked exempt"
+                    } else {
+                        "without a policy"
+                    }
+                ),
+                Some((format!("routes[{i}]"), format!("{:?}", r.pattern))),
+            );
+        }
+    }
+    if !auth_routes.is_empty() {
+        // The section must build (on a throwaway store) to count.
+        let guard_routes: Vec<&str> = match &plan.login {
+            Some(l) if matches!(plan.login(DynStore::new(MemoryStore::new())), Ok(Some(_))) => {
+                l.routes.iter().map(|r| r.trim()).collect()
+            }
+            _ => vec![],
+        };
+        for (i, r) in &auth_routes {
+            if !guard_routes.contains(&r.pattern.trim()) {
+                push(
+                    "TG007",
+                    format!(
+                        "routes[{i}] ({:?}) is an auth route that no building [login] guard covers",
+                        r.pattern
+                    ),
+                    Some((format!("routes[{i}].pattern"), format!("{:?}", r.pattern))),
+                );
+            }
+        }
+    }
+    // TG008
+    if plan.key.kind.is_ip_only() {
+        for (i, r) in plan.routes.iter().enumerate() {
+            if r.authenticated && r.is_customer_facing() && !r.exempt {
+                push(
+                    "TG008",
+                    format!(
+                        "routes[{i}] ({:?}) is authenticated but key.kind = {:?}",
+                        r.pattern, plan.key.kind
+                    ),
+                    None,
+                );
+            }
+        }
+    }
+    // TG009
+    let auth_names: BTreeSet<String> = auth_routes
+        .iter()
+        .flat_map(|(_, r)| route_policy_names(r))
+        .collect();
+    let mut read_names: BTreeSet<String> = plan
+        .routes
+        .iter()
+        .filter(|r| r.kind == RouteKind::Read)
+        .flat_map(route_policy_names)
+        .collect();
+    read_names.extend(default_names.iter().cloned());
+    for name in auth_names.intersection(&read_names) {
+        push(
+            "TG009",
+            format!("policy {name:?} limits both auth and read routes"),
+            None,
+        );
+    }
+    // TG011
+    let mut lists = vec![];
+    proxy_lists(&plan.key, "key".to_owned(), &mut lists);
+    if let Some(k) = plan.login.as_ref().and_then(|l| l.ip_key.as_ref()) {
+        proxy_lists(k, "login.ip_key".to_owned(), &mut lists);
+    }
+    for (path, list) in lists {
+        for (i, text) in list.iter().enumerate() {
+            let t = text.trim();
+            let net = t
+                .parse::<IpNet>()
+                .or_else(|_| t.parse::<IpAddr>().map(IpNet::from));
+            if net.is_ok_and(trusts_everyone) {
+                push(
+                    "TG011",
+                    format!("{path}[{i}] = {text:?} trusts other people's networks as proxies: any client there chooses its own key"),
+                    Some((format!("{path}[{i}]"), format!("{text:?}"))),
+                );
+            }
+        }
+    }
+
+    findings.sort_by(|a, b| a.rule.cmp(b.rule).then_with(|| a.message.cmp(&b.message)));
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count() as u32;
+    let warnings = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warning)
+        .count() as u32;
+    let score = 100u32.saturating_sub(
+        25u32
+            .saturating_mul(errors)
+            .saturating_add(10u32.saturating_mul(warnings)),
+    );
+    let mut recommendations: Vec<String> = vec![];
+    for f in &findings {
+        if let Some(rule) = RULES.iter().find(|r| r.id == f.rule) {
+            let text = format!("{}: {}", rule.id, rule.recommendation);
+            if !recommendations.contains(&text) {
+                recommendations.push(text);
+            }
+        }
+    }
+    AuditReport {
+        pass: errors == 0,
+        score,
+        findings,
+        recommendations,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_module_docs_list_every_rule() {
+        let docs = include_str!("audit.rs");
+        for r in RULES {
+            let row = format!(
+                "//! | `{}` {} | {} | {} |",
+                r.id,
+                r.name,
+                format!("{:?}", r.severity).to_lowercase(),
+                r.trips
+            );
+            assert!(docs.contains(&row), "missing or stale row: {row}");
+        }
+    }
+
+    #[test]
+    fn wide_public_ranges_trust_everyone_and_private_ones_do_not() {
+        let judge = |s: &str| trusts_everyone(s.parse().unwrap());
+        for wide in [
+            "0.0.0.0/0",
+            "::/0",
+            "1.0.0.0/7",
+            "128.0.0.0/1",
+            "2000::/3",
+            "2001::/15",
+            "::ffff:0:0/96",
+            "::ffff:0.0.0.0/100",
+            "fc00::/0",
+        ] {
+            assert!(judge(wide), "{wide}");
+        }
+        for fine in [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "127.0.0.0/8",
+            "169.254.0.0/16",
+            "104.16.0.0/13",
+            "198.51.100.8/29",
+            "fc00::/7",
+            "fd00::/8",
+            "fe80::/10",
+            "::1/128",
+            "2400:cb00::/32",
+            "2001:db8::/16",
+            "::ffff:10.0.0.0/104",
+            "203.0.113.7/32",
+        ] {
+            assert!(!judge(fine), "{fine}");
+        }
+    }
+}

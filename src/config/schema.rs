@@ -1,0 +1,486 @@
+//! The plan's TOML schema and its parser: every type here is plain data.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+use crate::limiter::MissingKey;
+use crate::login::LoginMode;
+use crate::policy::Algorithm;
+use crate::response::HeaderStyle;
+
+/// What to do when the shared store fails (see the failure-mode docs of the store).
+///
+/// ```
+/// use tollgate::config::{FailureModeName, Plan};
+///
+/// let plan = Plan::from_toml("failure_mode = \"local_fallback\"")?;
+/// assert_eq!(plan.failure_mode, Some(FailureModeName::LocalFallback));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureModeName {
+    /// Allow the request.
+    FailOpen,
+    /// Refuse it with 503.
+    FailClosed,
+    /// Decide with a per-instance in-memory limiter.
+    LocalFallback,
+}
+
+/// The store section.
+///
+/// ```
+/// use tollgate::config::{Plan, StoreKind};
+///
+/// let plan = Plan::from_toml("[store]\nkind = \"memory\"\nmax_keys = 100000")?;
+/// assert_eq!(plan.store.kind, StoreKind::Memory);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory` (default), `redis` or `redis_cluster`.
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// Redis URL (`redis://host:port`); for a cluster, the seed nodes in `urls`.
+    pub url: Option<String>,
+    /// Redis Cluster seed nodes.
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// Key prefix (default `tollgate`).
+    pub prefix: Option<String>,
+    /// The memory store's key cap.
+    pub max_keys: Option<usize>,
+}
+
+/// Which store.
+///
+/// See [`StoreConfig`] for an example.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// In-process.
+    #[default]
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// A Redis Cluster.
+    RedisCluster,
+}
+
+/// The key section: which extractor keys requests.
+///
+/// See [`KeyConfig::build`] for an example.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// `peer_ip` (default), `global`, `header`, `client_ip`, `user`, `api_key`,
+    /// `ip_user_agent`.
+    #[serde(default)]
+    pub kind: KeyKind,
+    /// For `header` and `api_key`: the header to read; for `client_ip` and `ip_user_agent`:
+    /// the forwarding header (`x-forwarded-for` by default, `forwarded`, or a single-value
+    /// header such as `cf-connecting-ip`).
+    pub header: Option<String>,
+    /// For `global`: the bucket's name.
+    pub name: Option<String>,
+    /// Networks of trusted proxies, for `client_ip`.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// IPv6 grouping prefix (default 64).
+    pub ipv6_prefix: Option<u8>,
+    /// For `api_key`: the environment variable holding the HMAC secret (without it keys are
+    /// plain SHA-256).
+    pub secret_env: Option<String>,
+    /// The extractor to try when this one yields no key (a chain: `api_key`, else
+    /// `client_ip`). Keys from different sources never collide.
+    pub fallback: Option<Box<KeyConfig>>,
+}
+
+/// Extractor kinds.
+///
+/// See [`KeyConfig::build`] for an example.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    /// The TCP peer address.
+    #[default]
+    PeerIp,
+    /// One key for everyone.
+    Global,
+    /// A request header's value.
+    Header,
+    /// The client address behind trusted proxies.
+    ClientIp,
+    /// The authenticated user.
+    User,
+    /// A hashed API key.
+    ApiKey,
+    /// Client address and User-Agent.
+    IpUserAgent,
+}
+
+impl KeyKind {
+    /// Whether the key is an address only (for the audit and the login guard).
+    ///
+    /// ```
+    /// assert!(tollgate::config::KeyKind::ClientIp.is_ip_only());
+    /// assert!(!tollgate::config::KeyKind::ApiKey.is_ip_only());
+    /// ```
+    pub fn is_ip_only(&self) -> bool {
+        matches!(self, KeyKind::PeerIp | KeyKind::ClientIp)
+    }
+}
+
+/// One policy.
+///
+/// See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The name.
+    pub name: String,
+    /// Units per window.
+    pub limit: u64,
+    /// The window, e.g. `"1s"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`, `"500ms"`.
+    pub window: String,
+    /// The algorithm (default `sliding_window_counter`).
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Burst capacity (token bucket, GCRA).
+    pub burst: Option<u64>,
+    /// Cost per request (default 1).
+    pub cost: Option<u64>,
+    /// Generic 429s, no counts.
+    #[serde(default)]
+    pub sensitive: bool,
+    /// Observe only.
+    #[serde(default)]
+    pub shadow: bool,
+    /// Block a denied key for this long.
+    pub penalty: Option<String>,
+    /// Shape (GCRA): wait up to this long.
+    pub max_delay: Option<String>,
+}
+
+/// What a route does, for the audit.
+///
+/// See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteKind {
+    /// Login, sign-up, password reset, token endpoints.
+    Auth,
+    /// Reads (the default).
+    #[default]
+    Read,
+    /// Writes.
+    Write,
+    /// Costly endpoints (search, LLM calls).
+    Expensive,
+    /// Health checks and other internal endpoints.
+    Internal,
+}
+
+/// One route.
+///
+/// See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// `"POST /login"`, `"/api/{*rest}"`.
+    pub pattern: String,
+    /// Names of the route's policies.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Policies per tier.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, Vec<String>>,
+    /// Skip limiting.
+    #[serde(default)]
+    pub exempt: bool,
+    /// A fixed cost for every policy of the route.
+    pub cost: Option<u64>,
+    /// What the route does (for the audit; default `read`).
+    #[serde(default)]
+    pub kind: RouteKind,
+    /// Whether customers call it (default: every kind but `internal`).
+    pub customer_facing: Option<bool>,
+    /// Whether callers are authenticated (for the audit).
+    #[serde(default)]
+    pub authenticated: bool,
+}
+
+impl RouteConfig {
+    /// Whether customers call the route.
+    ///
+    /// ```
+    /// use tollgate::config::{RouteConfig, RouteKind};
+    ///
+    /// let health = RouteConfig { kind: RouteKind::Internal, ..RouteConfig::default() };
+    /// assert!(!health.is_customer_facing());
+    /// ```
+    pub fn is_customer_facing(&self) -> bool {
+        self.customer_facing
+            .unwrap_or(self.kind != RouteKind::Internal)
+    }
+}
+
+/// The default route.
+///
+/// See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultRouteConfig {
+    /// Names of the default policies.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Requests that match no route are not limited, on purpose. Without default policies
+    /// and without this, a plan whose routes cover only some paths does not build.
+    #[serde(default)]
+    pub exempt: bool,
+    /// Policies per tier.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, Vec<String>>,
+}
+
+/// How the tier is found.
+///
+/// See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// Read the tier from this request header.
+    pub header: Option<String>,
+}
+
+/// The `[login]` section: a [`LoginGuard`](crate::login::LoginGuard) on the routes it
+/// names, built by [`Plan::build`] (see [`BuiltPlan::login_layer`](super::BuiltPlan::login_layer)).
+///
+/// The three limits are policies of the plan, named here; the guard takes each one's limit,
+/// window and burst, and their common algorithm (they must share one). Those policies may
+/// set nothing else the guard would not apply (`cost`, `penalty`, `shadow`, `max_delay`); a
+/// login policy is always [sensitive](crate::PolicyBuilder::sensitive). The client address is
+/// read the way `[key]` reads it when `[key]` is `peer_ip` or `client_ip`; otherwise set
+/// `[login.ip_key]`.
+///
+/// ```
+/// use tollgate::config::Plan;
+///
+/// let plan = Plan::from_toml(r#"
+///     [[policies]]
+///     name = "login-ip-user"
+///     limit = 5
+///     window = "15m"
+///     [[policies]]
+///     name = "login-ip"
+///     limit = 50
+///     window = "15m"
+///     [[policies]]
+///     name = "login-user"
+///     limit = 20
+///     window = "1h"
+///     [[policies]]
+///     name = "api"
+///     limit = 100
+///     window = "1m"
+///     [default]
+///     policies = ["api"]
+///     [login]
+///     routes = ["POST /login"]
+///     username_field = "username"
+///     ip_username = "login-ip-user"
+///     ip = "login-ip"
+///     username = "login-user"
+/// "#)?;
+/// let guard = plan.build()?.login_guard().cloned().expect("the plan has [login]");
+/// assert_eq!(guard.policies()[2].limit(), 20);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoginConfig {
+    /// The login routes the guard checks, e.g. `["POST /login"]` (the patterns of
+    /// `[[routes]]`); other requests pass through untouched.
+    #[serde(default)]
+    pub routes: Vec<String>,
+    /// Read the username from this request header. Set this or `username_field`.
+    pub username_header: Option<String>,
+    /// Read the username from this string field of a JSON object body (buffered, at most
+    /// `max_body_bytes`). Set this or `username_header`.
+    pub username_field: Option<String>,
+    /// The largest login body buffered to read `username_field` (default 16 KiB).
+    pub max_body_bytes: Option<usize>,
+    /// The policy limiting attempts per (client IP, username).
+    pub ip_username: Option<String>,
+    /// The policy limiting attempts per client IP.
+    pub ip: Option<String>,
+    /// The policy limiting attempts per username.
+    pub username: Option<String>,
+    /// Which attempts count (default `failures_only`; or `every_attempt`).
+    #[serde(default)]
+    pub mode: LoginMode,
+    /// The prefix of the guard's counters (default `login`).
+    pub name: Option<String>,
+    /// The environment variable holding the secret that keys username digests.
+    pub username_secret_env: Option<String>,
+    /// Where the client address comes from, when `[key]` is not `peer_ip` or `client_ip`.
+    pub ip_key: Option<KeyConfig>,
+}
+
+/// A whole rate-limit plan. See the [module docs](crate::config) for an example.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// How many replicas of the service run (default 1).
+    pub replicas: Option<u32>,
+    /// What to do when the shared store fails.
+    pub failure_mode: Option<FailureModeName>,
+    /// Quota header style.
+    #[serde(default)]
+    pub header_style: HeaderStyle,
+    /// Whether 429s carry `Retry-After` (default true).
+    pub retry_after: Option<bool>,
+    /// Whether allowed responses carry quota headers (default true).
+    pub quota_headers: Option<bool>,
+    /// What to do with requests without a key.
+    #[serde(default)]
+    pub missing_key: MissingKey,
+    /// The store.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// The key.
+    #[serde(default)]
+    pub key: KeyConfig,
+    /// The policies, referred to by name.
+    #[serde(default)]
+    pub policies: Vec<PolicyConfig>,
+    /// The routes.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// The default route.
+    #[serde(default)]
+    pub default: DefaultRouteConfig,
+    /// Tier resolution.
+    #[serde(default)]
+    pub tier: TierConfig,
+    /// The login guard.
+    pub login: Option<LoginConfig>,
+    /// Client networks that skip limiting (IP keys), e.g. `["10.0.0.0/8"]`.
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+    /// Client networks refused with 403 (IP keys).
+    #[serde(default)]
+    pub deny_cidrs: Vec<String>,
+}
+
+pub(crate) fn parse_duration(field: &str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        ConfigError::new(
+            field,
+            format_args!("{value:?}"),
+            format!("not a duration ({e}); write e.g. \"500ms\", \"10s\", \"1m\", \"1h\", \"1d\""),
+        )
+    })
+}
+
+/// Settings earlier versions accepted that built nothing, and why they are gone.
+const REMOVED: &[(&str, &str)] = &[
+    (
+        "store.key_template",
+        "no longer exists: nothing used it; keys are always `<prefix>:{<key>}:<policy>:<part>` (set store.prefix); delete this line",
+    ),
+    (
+        "telemetry",
+        "no longer exists: it changed nothing but the audit; tollgate always logs failures with tracing (and counts them with the metrics feature); delete this line",
+    ),
+];
+
+/// `line L, column C` (both from 1) of byte `offset` in `text`.
+fn location(text: &str, offset: usize) -> String {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}")
+}
+
+impl Plan {
+    /// Parses a plan. This checks the syntax, the types and each policy; [`Plan::build`] and
+    /// the [audit](crate::audit()) check the rest.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field (`policies[1].window`) and its value; a syntax or
+    /// type error also names the line and column.
+    ///
+    /// ```
+    /// use tollgate::config::Plan;
+    ///
+    /// let err = Plan::from_toml("[[policies]]\nname = \"api\"\nlimit = \"ten\"").unwrap_err();
+    /// assert_eq!(err.field(), "policies[0].limit");
+    /// assert!(err.reason().contains("line 3, column 9"));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let de = toml::de::Deserializer::parse(text).map_err(|e| {
+            let at = e
+                .span()
+                .map_or_else(String::new, |s| location(text, s.start));
+            ConfigError::new("(file)", at, e.message().trim().to_owned())
+        })?;
+        let plan: Plan = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let span = inner.span();
+            let value = span
+                .clone()
+                .and_then(|s| text.get(s))
+                .filter(|v| !v.contains('\n'))
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            let mut reason = inner.message().trim().to_owned();
+            if let Some((_, why)) = REMOVED.iter().find(|(field, _)| *field == path) {
+                reason = (*why).to_owned();
+            }
+            if let Some(s) = span {
+                reason = format!("{reason} ({})", location(text, s.start));
+            }
+            let field = if path == "." {
+                "(file)".to_owned()
+            } else {
+                path
+            };
+            ConfigError::new(field, value, reason)
+        })?;
+        plan.policies()?;
+        Ok(plan)
+    }
+
+    /// Reads and parses a plan file.
+    ///
+    /// # Errors
+    ///
+    /// As for [`from_toml`](Self::from_toml), or when the file cannot be read.
+    ///
+    /// ```
+    /// use tollgate::config::Plan;
+    ///
+    /// let plan = Plan::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/plan.toml"))?;
+    /// assert_eq!(plan.replicas, Some(3));
+    /// let err = Plan::from_file("no/such/plan.toml").unwrap_err();
+    /// assert_eq!(err.field(), "(file)");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("(file)", path.display(), format!("cannot be read: {e}"))
+        })?;
+        Self::from_toml(&text)
+    }
+}
