@@ -796,3 +796,42 @@ fn the_readme_plan_passes() {
     let report = audit(&plan);
     assert!(report.pass && report.score == 100, "{}", report.to_text());
 }
+
+/// What a plan declares is what it enforces: paths its routes leave out, tiers nothing picks
+/// and routes without policies are build errors (and audit errors), not silent gaps.
+#[test]
+fn plans_that_would_leave_requests_unlimited_do_not_build() {
+    let route_only = r#"
+[[policies]]
+name = "api"
+limit = 100
+window = "1m"
+[[routes]]
+pattern = "/api/{*rest}"
+policies = ["api"]
+"#;
+    let plan = Plan::from_toml(route_only).unwrap();
+    let err = plan.build().unwrap_err();
+    assert_eq!(err.field(), "default.policies");
+    assert!(err.reason().contains("[default] exempt = true"), "{err}");
+    assert!(!audit(&plan).pass);
+    let plan = Plan::from_toml(&format!("{route_only}[default]\nexempt = true\n")).unwrap();
+    assert!(plan.build().is_ok());
+    assert!(audit(&plan).pass);
+
+    let tiers_without_header = format!(
+        "{BASE}[[policies]]\nname = \"pro\"\nlimit = 1000\nwindow = \"1m\"\n\
+         [[routes]]\npattern = \"/x\"\npolicies = [\"api\"]\ntiers = {{ pro = [\"pro\"] }}\n"
+    );
+    let plan = Plan::from_toml(&tiers_without_header).unwrap();
+    assert_eq!(plan.build().unwrap_err().field(), "routes[0].tiers");
+    let plan = Plan::from_toml(&format!(
+        "{tiers_without_header}[tier]\nheader = \"x-plan\"\n"
+    ))
+    .unwrap();
+    assert!(plan.build().is_ok());
+
+    let route_without_policies = format!("{BASE}[[routes]]\npattern = \"/x\"\n");
+    let plan = Plan::from_toml(&route_without_policies).unwrap();
+    assert_eq!(plan.build().unwrap_err().field(), "routes[0].policies");
+}
