@@ -346,7 +346,8 @@ impl<S: Store> Limiter<S> {
     /// assert_eq!(limiter.check(&tenant, 4).await?.remaining(), 6);
     /// // The export turned out smaller than reserved: give 3 units back.
     /// limiter.refund(&tenant, 3).await?;
-    /// assert_eq!(limiter.peek(&tenant).await?.remaining(), 9);
+    /// // One unit used: nine fit again.
+    /// assert_eq!(limiter.check(&tenant, 9).await?.remaining(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
