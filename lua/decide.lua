@@ -1,18 +1,21 @@
 -- tollgate: decides a batch of requests, in order, each against every policy it names, all
--- or nothing per request. A batch of one is a plain decision.
+-- or nothing per request. A batch of one is a plain decision. A request may also be a
+-- refund, which gives units back instead of deciding.
 --
 -- KEYS[i]: state i (one per distinct (key, policy)); in a cluster all share one slot.
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch.
 -- ARGV[2]: the number of policies np; then per policy its algorithm id, limit, window ms,
 -- capacity and max delay ms.
 -- Then two binary strings (little-endian; struct.unpack reads them much faster than
--- tonumber parses decimal text): per state the index of its policy (u32); per request 1 to
--- charge an allowed request or 0 to only evaluate (peek) (u8), the number of policies m
--- (u32, at least 1), and m pairs of state index (u32) and cost (f64).
+-- tonumber parses decimal text): per state the index of its policy (u32); per request its
+-- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
+-- back up to each cost to its state), the number of policies m (u32, at least 1), and m
+-- pairs of state index (u32) and cost (f64).
 --
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
 -- charged. When one denies, the others report an evaluation at cost 0 (nothing was charged).
+-- A refund answers like a request whose policies are evaluated at cost 0 after the refund.
 -- Returns one binary string (little-endian), per request: allowed (i8, 1 or 0) then per
 -- policy allowed (i8), remaining, reset_after, retry_after and delay (f64 each); or -1 (i8),
 -- a length (u32) and a message when a state the request names cannot be read (the key holds
@@ -110,9 +113,9 @@ local pos, last = 1, #requests
 while pos <= last do
   -- Every request names at least one policy, so its header and first pair can be read in
   -- one go; a request of several policies then reads its pairs from the first.
-  local charge, m, i, cost, after = unpack_struct('<BI4I4d', requests, pos)
-  charge = charge == 1
-  if m == 1 then
+  local mode, m, i, cost, after = unpack_struct('<BI4I4d', requests, pos)
+  local charge = mode == 1
+  if m == 1 and mode ~= 2 then
     -- The common request: one policy.
     pos = after
     if E[i] then
@@ -144,6 +147,17 @@ while pos <= last do
       replies[r + 1], replies[r + 2] = pack('<bI4', -1, #err), err
       r = r + 2
     else
+      if mode == 2 then
+        -- A refund, then the states as it left them (an evaluation at cost 0). A state
+        -- named twice gets both refunds, the second after the first.
+        for j = 1, m do
+          local i = idx[j]
+          if P[i].a.refund(S[i], now, P[i], costs[j]) then
+            dirty[i] = true
+          end
+          costs[j] = 0
+        end
+      end
       local all, base = true, 0
       for j = 1, m do
         local i = idx[j]

@@ -41,6 +41,16 @@ ALG[4] = function()
     s[1] = idx
   end
 
+  -- Gives back up to `cost` units of the current window (refund in fixed_window.rs); true
+  -- when the state changed.
+  function fixed.refund(s, now, p, cost)
+    if s[1] ~= idiv(now, p.window) or s[2] == 0 or cost == 0 then
+      return false
+    end
+    s[2] = max(s[2] - cost, 0)
+    return true
+  end
+
   function fixed.expires_at(s, p)
     return (s[1] + 1) * p.window
   end

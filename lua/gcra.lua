@@ -42,6 +42,20 @@ ALG[5] = function()
     s[1], s[2] = now + whole, after - whole * n
   end
 
+  -- Moves the TAT back by up to `cost` intervals, never before now (refund in gcra.rs); true
+  -- when the state changed.
+  function gcra.refund(s, now, p, cost)
+    local n = p.limit
+    local backlog = gcra_backlog(s, now, n)
+    if backlog == 0 or cost == 0 then
+      return false
+    end
+    local after = max(backlog - cost * p.window, 0)
+    local whole = idiv(after, n)
+    s[1], s[2] = now + whole, after - whole * n
+    return true
+  end
+
   function gcra.expires_at(s)
     if s[2] > 0 then
       return s[1] + 1

@@ -75,6 +75,29 @@ ALG[1] = function()
     s[1], s[2], s[3] = idx, cur + cost, prev
   end
 
+  -- Gives back up to `cost` units, newest first: the current window, then the previous one
+  -- (refund in sliding_window_counter.rs); true when the state changed.
+  function counter.refund(s, now, p, cost)
+    local idx = idiv(now, p.window)
+    if s[1] == idx then
+      local back = min(cost, s[2])
+      local rest = min(cost - back, s[3])
+      if back + rest == 0 then
+        return false
+      end
+      s[2], s[3] = s[2] - back, s[3] - rest
+      return true
+    elseif s[1] + 1 == idx then
+      local back = min(cost, s[2])
+      if back == 0 then
+        return false
+      end
+      s[2] = s[2] - back
+      return true
+    end
+    return false
+  end
+
   function counter.expires_at(s, p)
     return (s[1] + 2) * p.window
   end

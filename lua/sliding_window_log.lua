@@ -85,6 +85,31 @@ ALG[2] = function()
     table.insert(cs, 1, cost)
   end
 
+  -- Takes up to `cost` units off the newest entries, removing emptied ones (refund in
+  -- sliding_window_log.rs); true when the state changed. Every entry of another millisecond
+  -- it changes is noted in `s.refunded` (time -> cost as loaded) for `store` to rewrite; the
+  -- entry of this millisecond is rewritten anyway.
+  function log.refund(s, now, p, cost)
+    local ts, cs = s.ts, s.cs
+    local left, changed = cost, false
+    while left > 0 and #ts > 0 do
+      local k = #ts
+      local t = ts[k]
+      if t ~= now then
+        s.refunded = s.refunded or {}
+        if s.refunded[t] == nil then
+          s.refunded[t] = cs[k]
+        end
+      end
+      local take = min(left, cs[k])
+      cs[k], left, changed = cs[k] - take, left - take, true
+      if cs[k] == 0 then
+        ts[k], cs[k] = nil, nil
+      end
+    end
+    return changed
+  end
+
   function log.store(key, s, now, p)
     local w = p.window
     local ts, cs = s.ts, s.cs
@@ -92,13 +117,26 @@ ALG[2] = function()
     if s.stored then
       redis.call('ZREM', key, int(now) .. ':' .. int(s.stored))
     end
+    local refunded = s.refunded
+    if refunded then
+      for t, c in pairs(refunded) do
+        redis.call('ZREM', key, int(t) .. ':' .. int(c))
+      end
+      for i = 1, #ts do
+        if refunded[ts[i]] then
+          redis.call('ZADD', key, ts[i], int(ts[i]) .. ':' .. int(cs[i]))
+        end
+      end
+    end
     for i = #ts, 1, -1 do
       if ts[i] == now then
         redis.call('ZADD', key, now, int(now) .. ':' .. int(cs[i]))
         break
       end
     end
-    redis.call('PEXPIRE', key, ttl(max(ts[#ts], now) + w, now))
+    if #ts > 0 then
+      redis.call('PEXPIRE', key, ttl(max(ts[#ts], now) + w, now))
+    end
   end
 
   return log

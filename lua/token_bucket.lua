@@ -36,6 +36,17 @@ ALG[3] = function()
     s[1], s[2] = deficit, max(now, s[2])
   end
 
+  -- Puts up to `cost` tokens back, never beyond full (refund in token_bucket.rs); true when
+  -- the state changed.
+  function bucket.refund(s, now, p, cost)
+    local deficit = bucket_deficit(s, now, p.limit)
+    if deficit == 0 or cost == 0 then
+      return false
+    end
+    s[1], s[2] = max(deficit - cost * p.window, 0), max(now, s[2])
+    return true
+  end
+
   function bucket.expires_at(s, p)
     return s[2] + ceil_div(s[1], p.limit)
   end

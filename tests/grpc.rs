@@ -206,6 +206,15 @@ impl Store for FailsAfterFirst {
         self.inner.peek(key, policies, costs)
     }
 
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
+        self.inner.refund(key, policies, costs)
+    }
+
     fn reset(
         &self,
         key: &Key,

@@ -63,6 +63,34 @@ pub fn commit(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64
     };
 }
 
+/// Gives back up to `cost` units charged to the window `now` falls in (a charge whose
+/// request turned out not to count, such as a login that succeeded).
+///
+/// **Bound**: the units come off the current window's count, never below zero. A refund made
+/// in a later window than its charge finds a window the charge never reached: when that
+/// window has a count already (other requests), the refund takes up to `cost` units of it
+/// (those requests' units, at most `cost` per refund, and never more than the window had);
+/// otherwise it gives back nothing, since the charge stopped counting when its window ended.
+/// A refund never leaves the state better than a fresh one.
+///
+/// ```
+/// use tollgate::algorithm::{fixed_window, FixedWindowState};
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let policy = Policy::builder("p", Rate::per_second(1)).algorithm(Algorithm::FixedWindow).build()?;
+/// let (_, mut state) = fixed_window::decide(FixedWindowState::default(), 10_000, &policy, 1);
+/// assert!(!fixed_window::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// fixed_window::refund(&mut state, 10_100, &policy, 1);
+/// assert!(fixed_window::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[inline]
+pub fn refund(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64) {
+    if state.window == now / policy.window_millis() {
+        state.count = state.count.saturating_sub(cost);
+    }
+}
+
 /// [`evaluate`] then, if allowed, [`commit`].
 pub fn decide(
     mut state: FixedWindowState,
@@ -128,6 +156,33 @@ mod tests {
             }
         }
         assert_eq!(admitted, 20, "the documented weakness: 2N within 2 ms");
+    }
+
+    #[test]
+    fn a_refund_restores_the_decision_within_the_window_only() {
+        let p = policy(3, 1000);
+        let mut s = FixedWindowState::default();
+        for _ in 0..3 {
+            s = decide(s, 5_100, &p, 1).1;
+        }
+        let before = evaluate(&s, 5_200, &p, 1);
+        assert!(!before.is_allowed());
+        let mut refunded = s;
+        refund(&mut refunded, 5_200, &p, 2);
+        assert_eq!(refunded.count, 1);
+        let after = evaluate(&refunded, 5_200, &p, 1);
+        assert!(after.is_allowed());
+        assert_eq!(after.remaining(), 1);
+        // Never below a fresh state.
+        refund(&mut refunded, 5_300, &p, 10);
+        assert_eq!(
+            evaluate(&refunded, 5_300, &p, 3),
+            evaluate(&FixedWindowState::default(), 5_300, &p, 3)
+        );
+        // After the window ended the charge no longer counts: nothing to give back.
+        let mut later = s;
+        refund(&mut later, 6_000, &p, 3);
+        assert_eq!(later, s);
     }
 
     #[test]

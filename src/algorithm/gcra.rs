@@ -91,6 +91,38 @@ pub fn commit(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
     };
 }
 
+/// Moves the TAT back by up to `cost` emission intervals (a charge whose request turned out
+/// not to count, such as a login that succeeded), never before `now`.
+///
+/// **Bound**: exact while the meter has not drained the refunded units by itself; the TAT
+/// never goes before `now`, so the state is never better than a fresh one. Like the token
+/// bucket's refund, so the two still admit the same requests.
+///
+/// ```
+/// use tollgate::algorithm::{gcra, GcraState};
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::Gcra).build()?;
+/// let (_, mut state) = gcra::decide(GcraState::default(), 10_000, &policy, 1);
+/// assert!(!gcra::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// gcra::refund(&mut state, 10_100, &policy, 1);
+/// assert!(gcra::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[inline]
+pub fn refund(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
+    let n = policy.limit();
+    let backlog = backlog(state, now, n);
+    if backlog == 0 || cost == 0 {
+        return;
+    }
+    let after = backlog.saturating_sub(cost.saturating_mul(policy.window_millis()));
+    *state = GcraState {
+        tat: now + after / n,
+        frac: after % n,
+    };
+}
+
 /// [`evaluate`] and, when `charge`, [`commit`] for a request that fits without waiting (the
 /// common case), sharing one division between the decision's `reset_after` and the new TAT;
 /// returns the decision and the state's new expiry (when charged). `None` for every other
@@ -203,6 +235,35 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_moves_the_tat_back_but_never_before_now() {
+        let p = policy(3, 2);
+        let mut s = GcraState::default();
+        for _ in 0..2 {
+            s = decide(s, 10_000, &p, 1).1;
+        }
+        assert!(!evaluate(&s, 10_000, &p, 1).is_allowed());
+        let mut r = s;
+        refund(&mut r, 10_000, &p, 1);
+        assert!(evaluate(&r, 10_000, &p, 1).is_allowed());
+        // Charge then refund gives the decision before the charge.
+        let (_, mut back) = decide(r, 10_050, &p, 1);
+        refund(&mut back, 10_050, &p, 1);
+        assert_eq!(evaluate(&back, 10_050, &p, 1), evaluate(&r, 10_050, &p, 1));
+        refund(&mut r, 10_100, &p, 50);
+        assert_eq!(
+            r,
+            GcraState {
+                tat: 10_100,
+                frac: 0
+            }
+        );
+        assert_eq!(
+            evaluate(&r, 10_100, &p, 2),
+            evaluate(&GcraState::default(), 10_100, &p, 2)
+        );
+    }
+
+    #[test]
     fn agrees_with_the_token_bucket() {
         let g = policy(7, 4);
         let t = Policy::builder("tb", Rate::per_second(7).with_burst(4))
@@ -219,6 +280,10 @@ mod tests {
             assert_eq!(a, b, "step {i} at {now}");
             gs = ngs;
             ts = nts;
+            if i % 5 == 0 {
+                refund(&mut gs, now, &g, cost);
+                token_bucket::refund(&mut ts, now, &t, cost);
+            }
         }
     }
 }

@@ -7,7 +7,11 @@
 //! * `commit(&mut state, now, policy, cost)` charges an allowed request;
 //! * `decide(state, now, policy, cost) -> (PolicyDecision, state)` is the two together: the
 //!   new state is the old one when the request is denied, because **a denied request consumes
-//!   nothing**.
+//!   nothing**;
+//! * `refund(&mut state, now, policy, cost)` gives back up to `cost` units charged earlier,
+//!   for a request that turned out not to count (a login that succeeded, a cost settled
+//!   after the response). A refund never leaves a state better than a fresh one; each
+//!   algorithm states what a refund made after a window boundary gives back.
 //!
 //! Splitting evaluation from charging is what lets a request checked against several policies
 //! be decided all or nothing: evaluate every policy, then commit every policy only if all
@@ -207,6 +211,16 @@ impl AnyState {
             AnyState::Bucket(s) => token_bucket::evaluate(s, now, policy, cost),
             AnyState::Fixed(s) => fixed_window::evaluate(s, now, policy, cost),
             AnyState::Gcra(s) => gcra::evaluate(s, now, policy, cost),
+        }
+    }
+
+    pub(crate) fn refund(&mut self, now: u64, policy: &crate::Policy, cost: u64) {
+        match self {
+            AnyState::Counter(s) => sliding_window_counter::refund(s, now, policy, cost),
+            AnyState::Log(s) => sliding_window_log::refund(s, now, policy, cost),
+            AnyState::Bucket(s) => token_bucket::refund(s, now, policy, cost),
+            AnyState::Fixed(s) => fixed_window::refund(s, now, policy, cost),
+            AnyState::Gcra(s) => gcra::refund(s, now, policy, cost),
         }
     }
 

@@ -124,6 +124,42 @@ pub fn commit(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, 
     };
 }
 
+/// Gives back up to `cost` units charged recently (a charge whose request turned out not to
+/// count, such as a login that succeeded): newest first, from the window `now` falls in,
+/// then from the window before it.
+///
+/// **Bound**: a refund takes at most `cost` units and never makes a count negative, so the
+/// state is never better than a fresh one. It is exact while the charge is in the newest
+/// window holding units. After a window boundary (the charge was made in the previous
+/// window) it gives the charge back from the previous window when the current one is empty,
+/// and otherwise from the current window, which weighs fully while the charge's window
+/// weighs `(W − e)/W`: the estimate then drops by up to `cost·e/W` more than the charge
+/// still weighed. A charge two windows old no longer counts and is not refunded.
+///
+/// ```
+/// use tollgate::algorithm::{sliding_window_counter as swc, SlidingWindowCounterState};
+/// use tollgate::{Policy, Rate};
+///
+/// let policy = Policy::new("p", Rate::per_second(1))?;
+/// let (_, mut state) = swc::decide(SlidingWindowCounterState::default(), 10_000, &policy, 1);
+/// assert!(!swc::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// swc::refund(&mut state, 10_100, &policy, 1);
+/// assert!(swc::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[inline]
+pub fn refund(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, cost: u64) {
+    let idx = now / policy.window_millis();
+    if state.window == idx {
+        let back = cost.min(state.current);
+        state.current -= back;
+        state.previous = state.previous.saturating_sub(cost - back);
+    } else if state.window + 1 == idx {
+        // The state's window is now the previous one.
+        state.current = state.current.saturating_sub(cost);
+    }
+}
+
 /// [`evaluate`] and, when `charge`, [`commit`] for an allowed request (the common case): the
 /// window index comes from the state's own window when that or the next one is current, not
 /// from a division, and `remaining` needs none when the previous window is empty. Returns the
@@ -263,6 +299,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_refund_restores_the_decision_and_never_goes_below_fresh() {
+        let p = policy(4, 1000);
+        let mut s = SlidingWindowCounterState::default();
+        for _ in 0..4 {
+            s = decide(s, 10_100, &p, 1).1;
+        }
+        let full = evaluate(&s, 10_200, &p, 1);
+        assert!(!full.is_allowed());
+        let mut r = s;
+        refund(&mut r, 10_200, &p, 1);
+        let d = evaluate(&r, 10_200, &p, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        // Charge then refund gives the decision before the charge.
+        let (_, charged) = decide(r, 10_300, &p, 1);
+        let mut back = charged;
+        refund(&mut back, 10_300, &p, 1);
+        assert_eq!(evaluate(&back, 10_300, &p, 2), evaluate(&r, 10_300, &p, 2));
+        // In the next window the charge sits in the previous window: refunded from there.
+        let mut next = s;
+        refund(&mut next, 11_250, &p, 4);
+        assert_eq!(
+            evaluate(&next, 11_250, &p, 4),
+            evaluate(&SlidingWindowCounterState::default(), 11_250, &p, 4)
+        );
+        // Never negative, and two windows later nothing is left to refund.
+        let mut over = s;
+        refund(&mut over, 10_500, &p, 100);
+        assert_eq!((over.current, over.previous), (0, 0));
+        let mut old = s;
+        refund(&mut old, 12_000, &p, 4);
+        assert_eq!(old, s);
     }
 
     #[test]

@@ -96,6 +96,47 @@ pub fn commit(state: &mut SlidingWindowLogState, now: u64, policy: &Policy, cost
     }
 }
 
+/// Gives back up to `cost` units charged recently (a charge whose request turned out not to
+/// count, such as a login that succeeded): they come off the newest live entries, and an
+/// entry left with nothing is removed.
+///
+/// **Bound**: never more than `cost` units, and never units that have already left the
+/// window, so the log is never better than a fresh one. It is exact when the refunded charge
+/// is the newest (the usual case: a refund follows its own check). When newer requests were
+/// logged since, their units are taken instead and the refunded charge stays in the log:
+/// the sum in the window is the same, but those units leave the window earlier than they
+/// should, by at most the time between the two requests.
+///
+/// ```
+/// use tollgate::algorithm::{sliding_window_log as swl, SlidingWindowLogState};
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let policy = Policy::builder("p", Rate::per_second(1)).algorithm(Algorithm::SlidingWindowLog).build()?;
+/// let (_, mut state) = swl::decide(SlidingWindowLogState::default(), 10_000, &policy, 1);
+/// assert!(!swl::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// swl::refund(&mut state, 10_100, &policy, 1);
+/// assert!(state.entries.is_empty());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub fn refund(state: &mut SlidingWindowLogState, now: u64, policy: &Policy, cost: u64) {
+    let w = policy.window_millis();
+    let mut left = cost;
+    while left > 0 {
+        let Some((t, c)) = state.entries.back_mut() else {
+            break;
+        };
+        if t.saturating_add(w) <= now {
+            break; // the newest entry has left the window, and so have the others
+        }
+        let take = left.min(*c);
+        *c -= take;
+        left -= take;
+        if *c == 0 {
+            state.entries.pop_back();
+        }
+    }
+}
+
 /// [`evaluate`] then, if allowed, [`commit`].
 pub fn decide(
     mut state: SlidingWindowLogState,
@@ -153,6 +194,30 @@ mod tests {
         let d = evaluate(&s, 900, &p, 3);
         assert_eq!(d.retry_after_millis(), 800);
         assert_retry_exact(&s, 900, 3, &d, |s, t, c| evaluate(s, t, &p, c));
+    }
+
+    #[test]
+    fn a_refund_takes_units_off_the_newest_entries() {
+        let p = policy(4, 1000);
+        let mut s = SlidingWindowLogState::default();
+        for (t, c) in [(100, 1), (200, 2), (300, 1)] {
+            s = decide(s, t, &p, c).1;
+        }
+        assert!(!evaluate(&s, 400, &p, 1).is_allowed());
+        let mut r = s.clone();
+        refund(&mut r, 400, &p, 2);
+        assert_eq!(r.entries, VecDeque::from(vec![(100, 1), (200, 1)]));
+        assert!(evaluate(&r, 400, &p, 2).is_allowed());
+        // Charge then refund gives the decision before the charge.
+        let (_, mut back) = decide(r.clone(), 500, &p, 2);
+        refund(&mut back, 500, &p, 2);
+        assert_eq!(back, r);
+        // Never below empty; entries out of the window are never refunded.
+        refund(&mut r, 450, &p, 10);
+        assert!(r.entries.is_empty());
+        let mut late = s.clone();
+        refund(&mut late, 1_300, &p, 4);
+        assert_eq!(late, s);
     }
 
     #[test]

@@ -69,6 +69,36 @@ pub fn commit(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64
     };
 }
 
+/// Puts up to `cost` tokens back (a charge whose request turned out not to count, such as a
+/// login that succeeded), never beyond a full bucket.
+///
+/// **Bound**: exact while the bucket has not refilled the refunded tokens by itself; a
+/// refund never makes the bucket fuller than full, so the state is never better than a
+/// fresh one.
+///
+/// ```
+/// use tollgate::algorithm::{token_bucket, TokenBucketState};
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::TokenBucket).build()?;
+/// let (_, mut state) = token_bucket::decide(TokenBucketState::default(), 10_000, &policy, 1);
+/// assert!(!token_bucket::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// token_bucket::refund(&mut state, 10_100, &policy, 1);
+/// assert!(token_bucket::evaluate(&state, 10_100, &policy, 1).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[inline]
+pub fn refund(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64) {
+    let deficit = deficit_at(state, now, policy.limit());
+    if deficit == 0 || cost == 0 {
+        return;
+    }
+    *state = TokenBucketState {
+        deficit: deficit.saturating_sub(cost.saturating_mul(policy.window_millis())),
+        updated_at: now.max(state.updated_at),
+    };
+}
+
 /// [`evaluate`] then, if allowed, [`commit`].
 pub fn decide(
     mut state: TokenBucketState,
@@ -121,6 +151,30 @@ mod tests {
         assert_eq!(d.retry_after_millis(), 667);
         assert_retry_exact(&s, 1_000, 2, &d, |s, t, c| evaluate(s, t, &p, c));
         assert_eq!(d.reset_after_millis(), 1_667);
+    }
+
+    #[test]
+    fn a_refund_puts_tokens_back_up_to_full() {
+        let p = policy(1, 3);
+        let mut s = TokenBucketState::default();
+        for _ in 0..3 {
+            s = decide(s, 0, &p, 1).1;
+        }
+        assert!(!evaluate(&s, 10, &p, 1).is_allowed());
+        let mut r = s;
+        refund(&mut r, 10, &p, 1);
+        assert!(evaluate(&r, 10, &p, 1).is_allowed());
+        assert!(!evaluate(&r, 10, &p, 2).is_allowed());
+        // Charge then refund gives the decision before the charge.
+        let (_, mut back) = decide(r, 20, &p, 1);
+        refund(&mut back, 20, &p, 1);
+        assert_eq!(evaluate(&back, 20, &p, 1), evaluate(&r, 20, &p, 1));
+        // Never fuller than full.
+        refund(&mut r, 30, &p, 100);
+        assert_eq!(
+            evaluate(&r, 30, &p, 3),
+            evaluate(&TokenBucketState::default(), 30, &p, 3)
+        );
     }
 
     #[test]

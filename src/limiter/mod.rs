@@ -326,6 +326,59 @@ impl<S: Store> Limiter<S> {
         Ok(outcome?)
     }
 
+    /// Gives back up to `cost` units that [`check`](Self::check) charged `key` on the default
+    /// route's policies (and its shadow policies), for a request that turned out not to
+    /// count: the login guard refunds successful logins this way, and costs settled after
+    /// the response can too. The same lists apply as for `check`: a deny-listed or
+    /// allow-listed key, an exempt default route, or a cost above a policy's capacity was
+    /// never charged, so nothing is refunded. Penalties are not refunded (they start on
+    /// denials, which charge nothing). Each algorithm's bound is stated with its `refund` in
+    /// [`crate::algorithm`]; see also [`Store::refund`].
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("exports", Rate::per_hour(10))?)
+    ///     .build()?;
+    /// let tenant = Key::new("tenant", "acme");
+    /// assert_eq!(limiter.check(&tenant, 4).await?.remaining(), 6);
+    /// // The export turned out smaller than reserved: give 3 units back.
+    /// limiter.refund(&tenant, 3).await?;
+    /// // One unit used: nine fit again.
+    /// assert_eq!(limiter.check(&tenant, 9).await?.remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Store`] when the store fails (the charge may then stand).
+    pub async fn refund(&self, key: &Key, cost: u64) -> Result<(), CheckError> {
+        let Some(set_id) = self.default_set() else {
+            return Ok(());
+        };
+        let common = &self.inner.common;
+        if common.deny.contains(key) || common.allow.contains(key) {
+            return Ok(());
+        }
+        let set = &self.inner.sets[set_id];
+        let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
+        let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
+        if !set.enforced.iter().any(|p| cost > p.capacity()) {
+            policies.extend(set.enforced.iter().cloned());
+            costs.extend(set.enforced.iter().map(|_| cost));
+        }
+        // Shadow policies were charged with the cost capped at their capacity.
+        policies.extend(set.shadow.iter().cloned());
+        costs.extend(set.shadow.iter().map(|p| cost.min(p.capacity())));
+        if policies.is_empty() {
+            return Ok(());
+        }
+        Ok(common.store.refund(key, &policies, &costs).await?)
+    }
+
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
     /// penalties and shadow policies included).
     ///

@@ -36,7 +36,9 @@ pub enum LoginOutcome {
     Success,
     /// The password was wrong: [`LoginGuard::record_failure`].
     Failure,
-    /// Neither (a malformed request, a server error): nothing is recorded.
+    /// Neither (a malformed request, a server error): nothing is recorded, so the attempt
+    /// keeps what [`LoginGuard::check`] charged and counts as a failure (see
+    /// [`LoginMode`](super::LoginMode)).
     Unknown,
 }
 
@@ -78,8 +80,9 @@ enum Username {
 ///
 /// A refused attempt gets the generic 429 of [`LoginDecision`](super::LoginDecision) (for a
 /// gRPC call: `RESOURCE_EXHAUSTED`, see [`crate::grpc`]); a request without a client address
-/// `400`, and a failing store `503` (fail closed). The
-/// outcome is recorded before the response is returned, so the next attempt sees it.
+/// `400`, and a failing store `503` (fail closed). The check reserves the attempt's place
+/// before the handler runs, so concurrent attempts beyond a limit never reach the handler; a
+/// success is recorded (refunded, in the default mode) before the response is returned.
 ///
 /// # Examples
 ///

@@ -18,16 +18,25 @@
 //!
 //! # Counting failures only, or every attempt
 //!
-//! [`LoginMode::FailuresOnly`] (the default, and the friendlier choice): [`LoginGuard::check`]
-//! tests the three limits without charging anything, the handler verifies the password, then
-//! calls [`LoginGuard::record_failure`] (charges all three) or
-//! [`LoginGuard::record_success`] (clears the (IP, username) tuple). Users who type their
-//! password right are never counted, so a busy office behind one NAT address does not use up
-//! its IP limit by logging in. The price: attempts that pass `check` *concurrently*, before
-//! any of them records its failure, are all verified — an attacker firing many requests at
-//! once gets that many guesses per free slot. Cap concurrency on the login route (for example
-//! with tower's `ConcurrencyLimitLayer`) or use [`LoginMode::EveryAttempt`], where `check`
-//! charges every attempt up front (successes included) and `record_failure` does nothing.
+//! In both modes [`LoginGuard::check`] *reserves*: an allowed attempt is charged to all three
+//! limits before the handler verifies the password, and a refused one is charged to none. So
+//! attempts beyond a limit never reach verification, however many arrive at once: 100
+//! parallel wrong passwords against a limit of 5 get at most 5 verifications.
+//!
+//! [`LoginMode::FailuresOnly`] (the default, and the friendlier choice) counts failures only:
+//! [`LoginGuard::record_success`] refunds the IP and username limits and clears the
+//! (IP, username) tuple, so users who type their password right are not counted, and a busy
+//! office behind one NAT address does not use up its IP limit by logging in. Concurrent
+//! successes hold their places only while their passwords are verified.
+//! [`LoginMode::EveryAttempt`] counts successes too: `record_success` only clears the
+//! (IP, username) tuple.
+//!
+//! **An attempt that is never recorded counts as a failure**: its reservation stays. That is
+//! the case when the handler records nothing (it panicked, returned early, or the
+//! [`LoginLayer`] classified its response as [`LoginOutcome::Unknown`], such as a `400` or a
+//! `500`). Counting is the safe default: an attacker cannot escape the limits by making the
+//! handler fail, at the price of one unit per server error for a real user.
+//! [`LoginGuard::record_failure`] changes nothing (the charge is already there).
 //!
 //! # The lockout trade-off
 //!
@@ -168,10 +177,14 @@ use crate::store::{MemoryStore, Store};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LoginMode {
-    /// `check` charges nothing; `record_failure` charges all three limits (the default).
+    /// Failures count, successes do not (the default): `check` reserves a unit of all three
+    /// limits, `record_success` refunds the IP and username limits and clears the
+    /// (IP, username) tuple. An attempt never recorded (or recorded as a failure) keeps its
+    /// reservation: it counts as a failure.
     #[default]
     FailuresOnly,
-    /// `check` charges all three limits; `record_failure` does nothing.
+    /// Every allowed attempt counts: `check` charges all three limits, `record_success`
+    /// only clears the (IP, username) tuple.
     EveryAttempt,
 }
 
@@ -381,9 +394,15 @@ impl<S: Store> LoginGuard<S> {
         out
     }
 
-    /// Whether the attempt may go ahead. With [`LoginMode::FailuresOnly`] this charges
-    /// nothing; with [`LoginMode::EveryAttempt`] an allowed attempt is charged to all three
-    /// limits (a refused one to none).
+    /// Whether the attempt may go ahead. An allowed attempt is charged to all three limits,
+    /// in both modes: it holds its place before the password is verified, so attempts beyond
+    /// a limit never reach verification however many arrive at once. A refused attempt is
+    /// charged to none (the limits charged before the refusing one are refunded). In
+    /// [`LoginMode::FailuresOnly`] the charge is a reservation, refunded by
+    /// [`record_success`](Self::record_success); an attempt that is never recorded keeps it,
+    /// like a failure.
+    ///
+    /// Call it once per attempt, before verifying the password, and record the outcome once.
     ///
     /// See the [module docs](crate::login) for an example.
     ///
@@ -391,46 +410,92 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails; refuse the login then (fail closed).
     pub async fn check(&self, attempt: &LoginAttempt) -> Result<LoginDecision, CheckError> {
-        let peeked = self.ask_all(attempt, false).await?;
-        if !peeked.is_allowed() || self.inner.mode == LoginMode::FailuresOnly {
-            return Ok(self.decision(peeked));
+        // Three keys cannot be charged atomically in every store, so they are charged one by
+        // one and a refusal refunds the ones before it. Meanwhile a concurrent attempt may
+        // find a limit holding this attempt's charge and be refused: a race errs on the side
+        // of refusing, never of verifying more passwords than the limits allow.
+        let limiters = &self.inner.limiters;
+        let mut decisions = Vec::with_capacity(3);
+        for (i, (key, limiter)) in attempt.keys.iter().zip(limiters).enumerate() {
+            let cost = self.inner.policies[i].cost();
+            let d = match limiter.check(key, cost).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.refund(attempt, 0..i).await;
+                    return Err(e);
+                }
+            };
+            let refused = !d.is_allowed();
+            decisions.extend(d.policies().first().cloned());
+            if refused {
+                self.refund(attempt, 0..i).await;
+                // The limits after the refusing one, as they stand, so that `retry_after`
+                // covers every exhausted limit.
+                for (key, limiter) in attempt.keys.iter().zip(limiters).skip(i + 1) {
+                    let d = limiter.peek(key).await?;
+                    decisions.extend(d.policies().first().cloned());
+                }
+                break;
+            }
         }
-        // Every attempt counts. Three keys cannot be charged atomically in every store, so
-        // test all three first (a refusal then charges nothing) and charge afterwards; a
-        // concurrent attempt can still slip in between, and then the earlier tuples keep
-        // their charge, which errs on the side of counting.
-        let charged = self.ask_all(attempt, true).await?;
-        Ok(self.decision(charged))
+        Ok(self.decision(Decision::from_policies(decisions)))
     }
 
-    /// Records a wrong password: charges all three limits in [`LoginMode::FailuresOnly`],
-    /// does nothing in [`LoginMode::EveryAttempt`] (the attempt was charged by `check`).
+    /// Records a wrong password. The attempt was charged by [`check`](Self::check), so this
+    /// changes nothing, in either mode: a failure keeps the charge, exactly like an attempt
+    /// that is never recorded. It is kept so that handlers state every outcome.
     ///
     /// See the [module docs](crate::login) for an example.
     ///
     /// # Errors
     ///
-    /// [`CheckError::Store`] when the store fails.
+    /// None today; the `Result` keeps room for stores that record failures.
     pub async fn record_failure(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
-        if self.inner.mode == LoginMode::FailuresOnly {
-            self.ask_all(attempt, true).await?;
-        }
+        let _ = attempt;
         Ok(())
     }
 
     /// Records a successful login: clears the (IP, username) tuple, so a user who mistyped
-    /// a few times starts afresh. The IP and username limits keep their counts (clearing
-    /// them would let an attacker who owns one account reset their spraying budget).
+    /// a few times starts afresh. In [`LoginMode::FailuresOnly`] it also refunds the IP and
+    /// username limits the attempt's [`check`](Self::check) charged, so successes are never
+    /// counted against them (a busy office behind one NAT address does not use up its IP
+    /// limit by logging in); the failures before it keep their counts (clearing them would
+    /// let an attacker who owns one account reset their spraying budget). In
+    /// [`LoginMode::EveryAttempt`] the IP and username limits keep the charge.
+    ///
+    /// Call it once per checked attempt: each call refunds one attempt's units.
     ///
     /// See the [module docs](crate::login) for an example.
     ///
     /// # Errors
     ///
-    /// [`CheckError::Store`] when the store fails.
+    /// [`CheckError::Store`] when the store fails (the attempt then keeps its charge).
     pub async fn record_success(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
-        self.inner.limiters[IP_USER]
+        let mut refunded = Ok(());
+        if self.inner.mode == LoginMode::FailuresOnly {
+            for i in [IP, USER] {
+                let cost = self.inner.policies[i].cost();
+                let r = self.inner.limiters[i].refund(&attempt.keys[i], cost).await;
+                refunded = refunded.and(r);
+            }
+        }
+        let reset = self.inner.limiters[IP_USER]
             .reset(&attempt.keys[IP_USER])
-            .await
+            .await;
+        refunded.and(reset)
+    }
+
+    /// Refunds the tuples `which` (charged by this attempt's `check` before it failed or
+    /// was refused). A store that fails here leaves the charge, which errs on the side of
+    /// counting; it is logged.
+    async fn refund(&self, attempt: &LoginAttempt, which: std::ops::Range<usize>) {
+        for i in which {
+            let cost = self.inner.policies[i].cost();
+            let refunded = self.inner.limiters[i].refund(&attempt.keys[i], cost).await;
+            if let Err(error) = refunded {
+                tracing::warn!(%error, "tollgate: could not refund a refused login attempt's charge");
+            }
+        }
     }
 
     /// Clears the username limit of `username` (an administrator unlocking an account).
@@ -441,7 +506,8 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// let guard = LoginGuard::builder().user_rate(Rate::per_hour(1)).build()?;
     /// let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "bob");
-    /// guard.record_failure(&attempt).await?;
+    /// assert!(guard.check(&attempt).await?.is_allowed());
+    /// guard.record_failure(&attempt).await?; // wrong password
     /// let other = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.2"), "bob");
     /// assert!(!guard.check(&other).await?.is_allowed());
     /// guard.unlock_user("Bob").await?;
@@ -456,25 +522,6 @@ impl<S: Store> LoginGuard<S> {
     pub async fn unlock_user(&self, username: &str) -> Result<(), CheckError> {
         let key = Key::new("login-user", self.username_digest(username));
         self.inner.limiters[USER].reset(&key).await
-    }
-
-    /// Asks each tuple's limiter: a peek (`charge == false`) or a check.
-    async fn ask_all(&self, attempt: &LoginAttempt, charge: bool) -> Result<Decision, CheckError> {
-        let mut decisions = Vec::with_capacity(3);
-        for ((key, limiter), policy) in attempt
-            .keys
-            .iter()
-            .zip(&self.inner.limiters)
-            .zip(self.inner.policies.iter())
-        {
-            let d = if charge {
-                limiter.check(key, policy.cost()).await?
-            } else {
-                limiter.peek(key).await?
-            };
-            decisions.extend(d.policies().first().cloned());
-        }
-        Ok(Decision::from_policies(decisions))
     }
 
     fn decision(&self, decision: Decision) -> LoginDecision {
@@ -498,7 +545,8 @@ impl<S: Store> LoginGuard<S> {
 ///
 /// let guard = LoginGuard::builder().ip_rate(Rate::per_minute(1)).build()?;
 /// let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "carol");
-/// guard.record_failure(&attempt).await?;
+/// assert!(guard.check(&attempt).await?.is_allowed());
+/// guard.record_failure(&attempt).await?; // wrong password
 /// let decision = guard.check(&attempt).await?;
 /// assert!(!decision.is_allowed());
 /// let res = decision.to_response();
@@ -555,7 +603,8 @@ impl LoginDecision {
     ///
     /// let guard = LoginGuard::builder().ip_rate(Rate::per_minute(1)).build()?;
     /// let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "dave");
-    /// guard.record_failure(&attempt).await?;
+    /// assert!(guard.check(&attempt).await?.is_allowed());
+    /// guard.record_failure(&attempt).await?; // wrong password
     /// let res = guard.check(&attempt).await?.to_grpc_response();
     /// assert_eq!(res.status(), 200);
     /// assert_eq!(res.headers()["grpc-status"], "8");

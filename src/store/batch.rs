@@ -27,13 +27,24 @@ use crate::error::StoreError;
 /// capacity, max delay ms.
 pub(crate) type Params = [u64; 5];
 
+/// What a request asks of its states: the mode byte of `lua/decide.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Evaluate only.
+    Peek = 0,
+    /// Evaluate, and charge when every policy allows.
+    Charge = 1,
+    /// Give back up to each cost (see [`Store::refund`](crate::store::Store::refund)).
+    Refund = 2,
+}
+
 /// One decision waiting for, or in, a script call.
 pub(crate) struct Request {
     /// The state key of each policy.
     pub(crate) keys: SmallVec<[String; 2]>,
     pub(crate) params: SmallVec<[Params; 2]>,
     pub(crate) costs: SmallVec<[u64; 2]>,
-    pub(crate) charge: bool,
+    pub(crate) mode: Mode,
     /// Where a queued request's answer goes; `None` for the caller that runs its own call.
     pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,
 }
@@ -179,7 +190,7 @@ pub(crate) struct Assembled<'a> {
     pub(crate) args: Vec<u64>,
     /// Per state, the index of its policy (from 1): little-endian u32.
     pub(crate) states: Vec<u8>,
-    /// Per request: charge (u8), the number of policies m (u32), m pairs of state index (u32,
+    /// Per request: its mode (u8), the number of policies m (u32), m pairs of state index (u32,
     /// from 1) and cost (f64), little-endian.
     pub(crate) requests: Vec<u8>,
 }
@@ -245,7 +256,7 @@ impl<'a> Builder<'a> {
     }
 
     fn push(&mut self, request: &'a Request) {
-        self.requests.push(u8::from(request.charge));
+        self.requests.push(request.mode as u8);
         self.requests
             .extend_from_slice(&index(request.keys.len()).to_le_bytes());
         for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {

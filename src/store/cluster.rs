@@ -54,7 +54,7 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::redis::{pool_error, RedisStoreBuilder};
-use super::script::{store_error, Connector, Core, Options, PooledOrShared};
+use super::script::{store_error, Connector, Core, Mode, Options, PooledOrShared};
 use super::{BoxFuture, Store};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -166,7 +166,7 @@ impl Store for RedisClusterStore {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        self.core.decide(key, policies, costs, true)
+        self.core.decide(key, policies, costs, Mode::Charge)
     }
 
     fn peek(
@@ -175,7 +175,16 @@ impl Store for RedisClusterStore {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.core.decide(key, policies, costs, false)
+        self.core.decide(key, policies, costs, Mode::Peek)
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.core.refund(key, policies, costs)
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {

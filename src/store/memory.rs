@@ -325,6 +325,28 @@ impl MemoryStore {
         self.inner.decide(key, policies, costs, charge)
     }
 
+    /// Gives back up to `costs[i]` units to the key's state for `policies[i]`; a key or policy
+    /// with no state is left alone (nothing is inserted). See [`Store::refund`].
+    fn refund_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        let inner = &self.inner;
+        let now = inner.clock.now_millis();
+        let hash = hash_key(&inner.hasher, key);
+        let mut shard = inner.shard(hash).lock();
+        if let Some(i) = shard.find(hash, key) {
+            let entry = &mut shard.entries[i];
+            for (p, &c) in policies.iter().zip(costs) {
+                if let Some(slot) = entry
+                    .slots
+                    .iter_mut()
+                    .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
+                {
+                    // The entry's expiry stays: it can only have moved earlier.
+                    slot.state.refund(now, p, c);
+                }
+            }
+        }
+    }
+
     fn remove(&self, key: &Key, policies: &[Policy]) {
         let inner = &self.inner;
         let hash = hash_key(&inner.hasher, key);
@@ -740,6 +762,16 @@ impl Store for MemoryStore {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
         Box::pin(ready(self.inner.decide(key, policies, costs, false)))
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.refund_now(key, policies, costs);
+        Box::pin(ready(Ok(())))
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {

@@ -91,6 +91,42 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>>;
 
+    /// Gives back up to `costs[i]` units just charged to `policies[i]` for every `i` (the
+    /// slices have equal length): for a request that turned out not to count after
+    /// [`check`](Store::check) charged it (a login that succeeded), or whose cost is settled
+    /// after the response.
+    ///
+    /// Each policy's state gets the refund its algorithm defines (see
+    /// [`crate::algorithm`]): the units come off what is still counted, never more than
+    /// `costs[i]` and never below a fresh state, so a refund cannot hand out more than a
+    /// fresh client would get. A refund for a key with no state changes nothing. A refund
+    /// made long after its charge (past a window boundary, or after the state refilled) may
+    /// give back less, or units of other requests; each algorithm states its bound. Call it
+    /// at most once per charge: a second refund gives back units other requests were charged.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{MemoryStore, Store};
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = [Policy::new("api", Rate::per_minute(1))?];
+    /// let key = Key::new("user", "client-1");
+    /// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
+    /// assert!(!store.peek(&key, &policy, &[1]).await?.is_allowed());
+    /// store.refund(&key, &policy, &[1]).await?;
+    /// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>>;
+
     /// Forgets the key's state for these policies: its next request starts afresh.
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
 
@@ -156,6 +192,12 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>>;
+    fn refund_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>>;
     fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
@@ -186,6 +228,14 @@ impl<S: Store> ErasedStore for S {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
         self.peek(key, policies, costs)
+    }
+    fn refund_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.refund(key, policies, costs)
     }
     fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
         self.reset(key, policies)
@@ -233,6 +283,15 @@ impl Store for DynStore {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
         self.inner.peek_boxed(key, policies, costs)
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.refund_boxed(key, policies, costs)
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {

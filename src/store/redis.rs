@@ -5,7 +5,8 @@
 //! against *all* its policies. If Redis has forgotten the script (`NOSCRIPT`, after a restart
 //! or `SCRIPT FLUSH`), it is loaded and the call retried once, so that one decision costs
 //! three round trips. The first decision of a store built from a URL also opens its
-//! connection. [`reset`](Store::reset) is one `UNLINK`.
+//! connection. [`refund`](Store::refund) is a request of the same script (in refund mode),
+//! so one atomic call too; [`reset`](Store::reset) is one `UNLINK`.
 //!
 //! # Coalescing
 //!
@@ -89,7 +90,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use super::script::{store_error, Connector, Core, Options, PooledOrShared};
+use super::script::{store_error, Connector, Core, Mode, Options, PooledOrShared};
 use super::{BoxFuture, Store};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -267,7 +268,7 @@ impl Store for RedisStore {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        self.core.decide(key, policies, costs, true)
+        self.core.decide(key, policies, costs, Mode::Charge)
     }
 
     fn peek(
@@ -276,7 +277,16 @@ impl Store for RedisStore {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.core.decide(key, policies, costs, false)
+        self.core.decide(key, policies, costs, Mode::Peek)
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.core.refund(key, policies, costs)
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {

@@ -56,6 +56,17 @@
 //! open the store is not called at all, and requests admitted then are not charged to the
 //! store: the usual degraded bound, each instance's share per window.
 //!
+//! # Refunds
+//!
+//! [`refund`](Store::refund) goes to the store like a check (through the breaker, within the
+//! timeout) and also gives the local fallback its share back, since the fallback is charged
+//! for every admitted request. It drops the key's cached denials, which the refund may have
+//! made wrong. While the circuit is open the store is not called: a request admitted then was
+//! charged to the fallback only, which is refunded; a charge the store took before the outage
+//! keeps its units. A refund that fails or times out may or may not have reached the store;
+//! either way nothing is retried, so the charge may stand: the refunded request then counts,
+//! which is the safe direction.
+//!
 //! # Examples
 //!
 //! ```
@@ -751,6 +762,51 @@ impl<S: Store> Store for ResilientStore<S> {
             tokio::time::timeout(timeout, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
+    /// Refunds the store and the local fallback; see [Refunds](self#refunds).
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let inner = &self.inner;
+        // The store may now allow what it refused: this key's cached denials go.
+        if let Some(cache) = &inner.deny_cache {
+            cache.forget(key);
+        }
+        // The fallback was charged for every admitted request, by the store or by itself.
+        let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, costs);
+        if !fallback_policies.is_empty() {
+            // The memory store refunds at call time; its future only reports success.
+            drop(
+                inner
+                    .fallback
+                    .refund(key, &fallback_policies, &fallback_costs),
+            );
+        }
+        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
+            // The store is skipped while the circuit is open, as checks are.
+            Gate::Skip => return Box::pin(std::future::ready(Ok(()))),
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = inner.primary.refund(key, policies, costs);
+        let this = Arc::clone(inner);
+        Box::pin(async move {
+            let result = tokio::time::timeout(this.timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            match &result {
+                Ok(()) => this.breaker.success(),
+                Err(error) => {
+                    telemetry::store_error(error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                }
+            }
+            result
         })
     }
 

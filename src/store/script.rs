@@ -13,6 +13,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
 
+pub(crate) use super::batch::Mode;
 use super::batch::{
     assemble, parse_batch_reply, queued_answer, Admission, Assembled, Lanes, Request, Runner,
 };
@@ -399,7 +400,7 @@ impl<C: Connector> Core<C> {
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
-        charge: bool,
+        mode: Mode,
     ) -> Request {
         Request {
             keys: policies
@@ -419,7 +420,7 @@ impl<C: Connector> Core<C> {
                 })
                 .collect(),
             costs: costs.iter().copied().collect(),
-            charge,
+            mode,
             reply: None,
         }
     }
@@ -441,13 +442,14 @@ impl<C: Connector> Core<C> {
         inv
     }
 
-    /// Decides now when the lane has room, else queues for the next call of the lane.
+    /// Decides (or refunds, by `mode`) now when the lane has room, else queues for the next
+    /// call of the lane.
     pub(crate) fn decide(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
-        charge: bool,
+        mode: Mode,
     ) -> BoxFuture<Result<Decision, StoreError>> {
         debug_assert_eq!(policies.len(), costs.len());
         if policies.is_empty() {
@@ -455,7 +457,7 @@ impl<C: Connector> Core<C> {
             // to pick the lane by.
             return Box::pin(std::future::ready(Ok(Decision::from_policies([]))));
         }
-        let request = self.request(key, policies, costs, charge);
+        let request = self.request(key, policies, costs, mode);
         let lane = self.connector.lane(&request.keys[0]);
         match Lanes::admit(self, lane, request) {
             Admission::Run(place, request) => {
@@ -487,6 +489,18 @@ impl<C: Connector> Core<C> {
             }
         }
         results
+    }
+
+    /// See [`Store::refund`](super::Store::refund): a request of the decision script in
+    /// refund mode, batched like any other, so one atomic script call.
+    pub(crate) fn refund(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let call = self.decide(key, policies, costs, Mode::Refund);
+        Box::pin(async move { call.await.map(drop) })
     }
 
     /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
@@ -615,9 +629,9 @@ mod tests {
         let hot = Key::new("ip", "1.2.3.4");
         let other = Key::new("ip", "5.6.7.8");
         let batch = [
-            core.request(&hot, &[a.clone(), b.clone()], &[1, 2], true),
-            core.request(&hot, std::slice::from_ref(&a), &[3], false),
-            core.request(&other, std::slice::from_ref(&a), &[1], true),
+            core.request(&hot, &[a.clone(), b.clone()], &[1, 2], Mode::Charge),
+            core.request(&hot, std::slice::from_ref(&a), &[3], Mode::Peek),
+            core.request(&other, std::slice::from_ref(&a), &[1], Mode::Refund),
         ];
         let parts = assemble(&batch);
         assert_eq!(parts.len(), 1);
@@ -640,9 +654,9 @@ mod tests {
         let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // The policy of each state.
         assert_eq!(assembled.states, u32s(&[1, 2, 1]));
-        // Per request: charge, the number of policies, then (state, cost) pairs.
-        let request = |charge: u8, pairs: &[(u32, f64)]| {
-            let mut out = vec![charge];
+        // Per request: the mode, the number of policies, then (state, cost) pairs.
+        let request = |mode: u8, pairs: &[(u32, f64)]| {
+            let mut out = vec![mode];
             out.extend((pairs.len() as u32).to_le_bytes());
             for &(state, cost) in pairs {
                 out.extend(state.to_le_bytes());
@@ -652,7 +666,7 @@ mod tests {
         };
         let mut requests = request(1, &[(1, 1.0), (2, 2.0)]);
         requests.extend(request(0, &[(1, 3.0)]));
-        requests.extend(request(1, &[(3, 1.0)]));
+        requests.extend(request(2, &[(3, 1.0)]));
         assert_eq!(assembled.requests, requests);
         // redis-rs shows only the counts: three keys; the clock, np, ten parameters and the
         // two binary strings.
@@ -663,8 +677,8 @@ mod tests {
         // The same state key with other parameters starts a second call.
         let a_bigger = Policy::new("a", Rate::per_second(20)).unwrap();
         let split = [
-            core.request(&hot, std::slice::from_ref(&a), &[1], true),
-            core.request(&hot, std::slice::from_ref(&a_bigger), &[1], true),
+            core.request(&hot, std::slice::from_ref(&a), &[1], Mode::Charge),
+            core.request(&hot, std::slice::from_ref(&a_bigger), &[1], Mode::Charge),
         ];
         let parts = assemble(&split);
         assert_eq!(parts.len(), 2);
@@ -710,9 +724,9 @@ mod tests {
         let a = Policy::new("a", Rate::per_second(10)).unwrap();
         let one = std::slice::from_ref(&a);
         let batch = [
-            core.request(&Key::new("ip", "1"), one, &[1], true),
-            core.request(&Key::new("ip", "2"), one, &[1], true),
-            core.request(&Key::new("ip", "3"), one, &[1], true),
+            core.request(&Key::new("ip", "1"), one, &[1], Mode::Charge),
+            core.request(&Key::new("ip", "2"), one, &[1], Mode::Charge),
+            core.request(&Key::new("ip", "3"), one, &[1], Mode::Charge),
         ];
         let mut reply = packed(1, &[(1, [9.0, 1_000.0, 0.0, 0.0])]);
         let message = b"tollgate: t:{ip:2}:a:swc holds a value of another type";

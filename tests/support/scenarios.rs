@@ -105,7 +105,7 @@ pub struct Step {
     pub dt: u64,
     pub key: u8,
     pub cost: u64,
-    /// 0..90 check, 90..97 peek, 97..100 reset.
+    /// 0..80 check, 80..90 refund, 90..97 peek, 97..100 reset.
     pub op: u8,
 }
 
@@ -129,7 +129,7 @@ pub fn trace(len: std::ops::Range<usize>, max_cost: u64) -> impl Strategy<Value 
 }
 
 /// Runs `steps` through a fresh memory store and `store` (both on `clock`) and requires equal
-/// decisions step by step.
+/// decisions step by step. A refund is followed by a peek of both stores, which must agree.
 pub async fn run_differential<S: Store>(
     store: &S,
     clock: &ManualClock,
@@ -150,7 +150,12 @@ pub async fn run_differential<S: Store>(
             store.reset(key, policies).await.unwrap();
             continue;
         }
-        let (m, r) = if step.op >= 90 {
+        let refund = (80..90).contains(&step.op);
+        if refund {
+            memory.refund(key, policies, &costs).await.unwrap();
+            store.refund(key, policies, &costs).await.unwrap();
+        }
+        let (m, r) = if refund || step.op >= 90 {
             (
                 memory.peek(key, policies, &costs).await,
                 store.peek(key, policies, &costs).await,
