@@ -36,7 +36,8 @@ impl Drop for Running {
 
 fn start(name: &str, envs: &[(&str, String)]) -> (Running, String) {
     // The port is free when chosen but not held: something else can take it before the
-    // example binds (then the example exits), so a lost race is retried on a new port.
+    // example binds (then the example exits before saying it listens), so a lost race is
+    // retried on a new port.
     for _ in 0..3 {
         if let Some(started) = try_start(name, envs) {
             return started;
@@ -55,25 +56,36 @@ fn try_start(name: &str, envs: &[(&str, String)]) -> Option<(Running, String)> {
     let child = Command::new(example(name))
         .env("ADDR", &addr)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut running = Running(child);
+    // Readiness is the example saying it listens on `addr`, which it prints only after its
+    // own bind succeeded. A connection probe is not enough: when another process holds the
+    // port, the probe reaches that process while this example is about to exit.
+    let stdout = running.0.stdout.take().unwrap();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let url = format!("http://{addr}");
+    let wanted = url.clone();
+    std::thread::spawn(move || {
+        // Keeps draining after readiness so the example never blocks on a full pipe.
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if line.contains(&wanted) {
+                let _ = ready_tx.send(());
+            }
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        // A probe from an ephemeral port equal to the target port connects to itself (TCP
-        // simultaneous open) before the example listens: that is not readiness.
-        let listening = std::net::TcpStream::connect(&addr)
-            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok());
-        if listening && running.0.try_wait().unwrap().is_none() {
-            return Some((running, format!("http://{addr}")));
+        if ready.recv_timeout(Duration::from_millis(50)).is_ok() {
+            return Some((running, url));
         }
         if running.0.try_wait().unwrap().is_some() {
             return None;
         }
         assert!(Instant::now() < deadline, "{name} did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
