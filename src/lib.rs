@@ -20,13 +20,15 @@
 //! | feature | adds |
 //! |---|---|
 //! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
+//! | `config` (default) | TOML plans ([`config`]), the [`audit()`], building a limiter from a plan |
 //! | `redis` | `store::RedisStore`: one Lua script per decision |
 //! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
 //! | `metrics` | counters and a store-latency histogram through the `metrics` facade |
-//! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status` |
+//! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status`, `Refusal::to_status` |
+//! | `cli` | the `tollgate` command (`tollgate audit plan.toml`); implies `config` and `cluster` |
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
-//! ([`key`]), TOML plans ([`config`]) with a deterministic [`audit()`], and failure handling
+//! ([`key`]), TOML plans with a deterministic audit (feature `config`), and failure handling
 //! for shared stores ([`store::ResilientStore`]).
 //!
 //! # Examples
@@ -103,6 +105,7 @@
 
 pub mod algorithm;
 pub mod clock;
+#[cfg(feature = "config")]
 pub mod config;
 mod decision;
 mod error;
@@ -123,7 +126,9 @@ mod telemetry;
 #[doc = include_str!("../README.md")]
 mod readme_doctests {}
 
+#[cfg(feature = "config")]
 pub use config::audit;
+#[cfg(feature = "config")]
 pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
