@@ -1,29 +1,15 @@
 //! A server that does not record peer addresses answers 400 to every request keyed by peer
 //! IP; the server log must say why and how to fix it, once, not stay silent.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
 
 use axum::routing::get;
 use axum::Router;
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_forgotten_connect_info_is_logged_once_with_the_fix() {
-    let captured = Captured::default();
+    let captured = common::Logs::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
@@ -47,7 +33,7 @@ async fn a_forgotten_connect_info_is_logged_once_with_the_fix() {
         let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
         assert_eq!(res.status(), 400);
     }
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     assert_eq!(
         log.matches("into_make_service_with_connect_info").count(),
         1,

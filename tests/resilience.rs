@@ -5,8 +5,7 @@
 mod common;
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::routing::get;
@@ -160,23 +159,9 @@ async fn a_stalled_redis_cannot_stall_requests() {
     wait_until_decided(&limiter, Duration::from_secs(1)).await;
 }
 
-/// Captures log lines for the test.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn script_errors_are_typed_and_the_mode_applies() {
-    let logs = Logs::default();
+    let logs = common::Logs::default();
     let sink = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || sink.clone())
@@ -214,7 +199,7 @@ async fn script_errors_are_typed_and_the_mode_applies() {
         matches!(raw, Err(tollgate::StoreError::Backend(_))),
         "{raw:?}"
     );
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     assert!(text.contains("rate-limit store unavailable"), "{text}");
     assert!(text.contains("fail_closed"), "{text}");
 }

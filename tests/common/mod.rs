@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 
 /// Serves `app` on a free loopback port, recording peer addresses; returns the address.
+#[allow(dead_code)] // not every test binary serves an app this way
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -17,4 +19,27 @@ pub async fn serve(app: Router) -> SocketAddr {
         .unwrap();
     });
     addr
+}
+
+/// Captures what a `tracing` subscriber writes, for tests that check log lines.
+#[allow(dead_code)] // not every test binary reads logs
+#[derive(Clone, Default)]
+pub struct Logs(pub Arc<Mutex<Vec<u8>>>);
+
+#[allow(dead_code)]
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
