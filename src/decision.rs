@@ -76,10 +76,8 @@ impl Outcome {
 impl Decision {
     /// Combines per-policy answers (at least one) into one decision.
     ///
-    /// # Panics
-    ///
-    /// Never: an empty list gives an allowed decision with no policies, which only a limiter
-    /// without policies could produce (and building one is refused).
+    /// An empty list gives an allowed decision with no policies: what an exempt route or an
+    /// allow-listed key gets (`limit`, `remaining` and the times are then 0).
     pub fn from_policies(decisions: impl IntoIterator<Item = PolicyDecision>) -> Self {
         let decisions: SmallVec<[PolicyDecision; 2]> = decisions.into_iter().collect();
         let allowed = decisions.iter().all(PolicyDecision::is_allowed);

@@ -74,7 +74,9 @@ impl std::error::Error for ConfigError {}
 
 /// Why a store could not decide.
 ///
-/// The limiter's failure mode turns these into an outcome (see [`crate::Limiter`]).
+/// A [`ResilientStore`](crate::store::ResilientStore)'s failure mode turns these into an
+/// outcome; without one, the layer answers `503` (a [`Refusal`](crate::Refusal) of kind
+/// [`StoreUnavailable`](crate::RefusalKind::StoreUnavailable)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreError {
