@@ -111,6 +111,7 @@ pub mod key;
 mod limiter;
 pub mod login;
 pub mod middleware;
+pub mod observability;
 pub mod policy;
 pub mod refusal;
 pub mod response;
@@ -128,7 +129,9 @@ pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{Limiter, LimiterBuilder, MissingKey};
-pub use middleware::{RateLimitBody, RateLimitLayer, RateLimitService, ResponseFuture};
+pub use middleware::{
+    RateLimitBody, RateLimitInfo, RateLimitLayer, RateLimitService, ResponseFuture,
+};
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
 pub use refusal::{Refusal, RefusalKind};
 pub use response::HeaderStyle;

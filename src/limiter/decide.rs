@@ -93,8 +93,10 @@ impl<S: Store> Limiter<S> {
             return Prepared::Pass;
         };
         let Some(key) = self.key_for(request) else {
-            Refusal::log_missing_key(request.peer_addr().is_some());
-            return Prepared::Refuse(Refusal::of_kind(RefusalKind::MissingKey));
+            Refusal::warn_missing_peer(request.peer_addr().is_some());
+            let refusal = Refusal::of_kind(RefusalKind::MissingKey);
+            refusal.log(None);
+            return Prepared::Refuse(refusal);
         };
         // A computed cost is asked of the request once, for shadow and enforced policies alike.
         let cost = match &self.inner.sets[set_id].cost {
@@ -148,7 +150,10 @@ impl<S: Store> Limiter<S> {
                 return Prepared::Refuse(refusal);
             }
         }
-        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
+        // The key is kept for its digest only when something will read it: the decision
+        // event, or the current span.
+        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG)
+            || telemetry::span_wants_key();
         let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
             if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
@@ -177,7 +182,8 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Records the store's answer (metrics, and a trace event when `key` is kept).
+    /// Records the store's answer: metrics, the current span's fields, and a trace event
+    /// when `key` is kept.
     #[inline]
     pub(crate) fn record(
         &self,
@@ -187,10 +193,12 @@ impl<S: Store> Limiter<S> {
     ) {
         // Store errors are counted by the store (or its resilience wrapper), not here.
         if let Ok(decision) = outcome {
+            let set = &self.inner.sets[set];
             let store = self.inner.common.store.name();
-            telemetry::decision(decision.outcome(), decision.is_allowed(), store);
-            if let Some(key) = key {
-                trace_decision(key, decision, &self.inner.sets[set].enforced, store);
+            telemetry::decision(decision, store, &set.enforced, &set.route);
+            let span = telemetry::current_span();
+            if key.is_some() || span.is_some() {
+                report_decision(span, key, decision, &set.enforced, store);
             }
         }
     }
@@ -229,21 +237,34 @@ fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Polic
     policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
 }
 
-/// One debug event per decision, with the fields OpenTelemetry users expect.
-fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
-    let digest = crate::key::digest(key);
+/// The decision on the current span, and one debug event with the fields OpenTelemetry
+/// users expect (when `key` was kept for it).
+#[inline(never)]
+fn report_decision(
+    span: Option<tracing::Span>,
+    key: Option<&Key>,
+    decision: &Decision,
+    policies: &[Policy],
+    store: &'static str,
+) {
+    let digest = key.map(crate::key::digest);
     let policy = policies
         .get(decision.governing_index())
         .map_or("", Policy::name);
-    tracing::event!(
-        target: "tollgate::decision",
-        tracing::Level::DEBUG,
-        ratelimit.key = digest.as_str(),
-        ratelimit.policy = policy,
-        ratelimit.allowed = decision.is_allowed(),
-        ratelimit.remaining = decision.remaining(),
-        ratelimit.store = store,
-        ratelimit.outcome = decision.outcome().as_str(),
-        "rate-limit decision"
-    );
+    if let Some(span) = span {
+        telemetry::span_decision(&span, digest.as_deref(), policy, decision);
+    }
+    if let Some(digest) = digest {
+        tracing::event!(
+            target: "tollgate::decision",
+            tracing::Level::DEBUG,
+            ratelimit.key = digest.as_str(),
+            ratelimit.policy = policy,
+            ratelimit.allowed = decision.is_allowed(),
+            ratelimit.remaining = decision.remaining(),
+            ratelimit.store = store,
+            ratelimit.outcome = decision.outcome().as_str(),
+            "rate-limit decision"
+        );
+    }
 }

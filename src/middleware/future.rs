@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
+use super::info::RateLimitInfo;
 use super::layer::Shared;
 use crate::decision::Decision;
 use crate::key::Key;
@@ -54,8 +55,8 @@ pin_project! {
             set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
-            // Kept only when the response gets quota headers.
-            decision: Option<Decision>,
+            // The decision is kept only when the response gets quota headers.
+            decision: Option<(Option<Decision>, Option<RateLimitInfo>)>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
         },
@@ -65,6 +66,8 @@ pin_project! {
             set: usize,
             // Kept only when the response gets quota headers.
             decision: Option<Decision>,
+            // For the response's extensions.
+            info: Option<RateLimitInfo>,
             shared: Arc<Shared<St>>,
         },
         Early {
@@ -100,7 +103,7 @@ where
     pub(crate) fn calling(
         future: Inner::Future,
         set: usize,
-        decision: Option<Decision>,
+        (decision, info): (Option<Decision>, Option<RateLimitInfo>),
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -108,6 +111,7 @@ where
                 future,
                 set,
                 decision,
+                info,
                 shared,
             },
         }
@@ -119,7 +123,7 @@ where
         set: usize,
         inner: Inner,
         request: Request<ReqBody>,
-        decision: Option<Decision>,
+        decision: (Option<Decision>, Option<RateLimitInfo>),
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -128,7 +132,7 @@ where
                 set,
                 inner: Some(inner),
                 request: Some(request),
-                decision,
+                decision: Some(decision),
                 shared: Some(shared),
             },
         }
@@ -201,13 +205,15 @@ where
                             });
                         }
                         Ok(decision) => {
+                            let mut request = request.take().expect("polled after completion");
+                            let info = shared.info(set, &decision, &mut request);
                             let (delay, decision) = shared.proceed(set, decision);
                             let mut inner = inner.take().expect("polled after completion");
-                            let request = request.take().expect("polled after completion");
+                            let kept = (decision, info);
                             let next = if delay.is_zero() {
-                                Self::calling(inner.call(request), set, decision, shared)
+                                Self::calling(inner.call(request), set, kept, shared)
                             } else {
-                                Self::waiting(delay, set, inner, request, decision, shared)
+                                Self::waiting(delay, set, inner, request, kept, shared)
                             };
                             this.state.set(next.state);
                         }
@@ -225,18 +231,23 @@ where
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let shared = shared.take().expect("polled after completion");
-                    let next = Self::calling(inner.call(request), *set, decision.take(), shared);
+                    let kept = decision.take().expect("polled after completion");
+                    let next = Self::calling(inner.call(request), *set, kept, shared);
                     this.state.set(next.state);
                 }
                 StateProj::Calling {
                     future,
                     set,
                     decision,
+                    info,
                     shared,
                 } => {
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(decision) = decision.take() {
                         shared.decorate(*set, &decision, res.headers_mut());
+                    }
+                    if let Some(info) = info.take() {
+                        res.extensions_mut().insert(info);
                     }
                     return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
                 }

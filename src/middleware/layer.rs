@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 use tower_layer::Layer;
 
+use super::info::RateLimitInfo;
 use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -43,8 +44,35 @@ impl<St> Clone for Shared<St> {
 
 impl<St: Store> Shared<St> {
     /// The response for a refusal: the user's hook, or the refusal's own rendering.
+    /// With [`info_extensions`](RateLimitLayer::info_extensions), the response carries the
+    /// refusal's [`RateLimitInfo`] in its extensions.
     pub(crate) fn refuse(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
-        self.response.render(refusal, grpc)
+        let info = self
+            .response
+            .info
+            .then(|| RateLimitInfo::from_refusal(&refusal));
+        let mut res = self.response.render(refusal, grpc);
+        if let Some(info) = info {
+            res.extensions_mut().insert(info);
+        }
+        res
+    }
+
+    /// With [`info_extensions`](RateLimitLayer::info_extensions), the view of `decision`
+    /// (made with policy set `set`) for request and response extensions, put in `request`'s.
+    #[inline]
+    pub(crate) fn info<B>(
+        &self,
+        set: usize,
+        decision: &Decision,
+        request: &mut http::Request<B>,
+    ) -> Option<RateLimitInfo> {
+        if !self.response.info {
+            return None;
+        }
+        let info = RateLimitInfo::from_decision(decision, &self.limiter.set(set).enforced);
+        request.extensions_mut().insert(info.clone());
+        Some(info)
     }
 
     /// For a request that goes ahead: how long a shaping policy makes it wait, and the
@@ -116,6 +144,14 @@ impl<St> RateLimitLayer<St> {
     /// retry blindly; only do so if something in front of this service adds it.
     pub fn retry_after_header(self, enabled: bool) -> Self {
         self.with_response(|r| r.retry_after = enabled)
+    }
+
+    /// Whether each decided request carries a [`RateLimitInfo`] in its extensions, for the
+    /// handler (to show the remaining quota), and its response too — a refusal's included —
+    /// for outer layers such as tower-http's `TraceLayer::on_response` (default `false`:
+    /// it costs two allocations per request). See [`RateLimitInfo`] for an example.
+    pub fn info_extensions(self, enabled: bool) -> Self {
+        self.with_response(|r| r.info = enabled)
     }
 
     /// Replaces the response of every [`Refusal`]: rate limited, cost too high, missing key,

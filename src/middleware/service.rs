@@ -94,7 +94,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
         let (set, concluded) = match shared.limiter.prepare(&RequestView::new(&req)) {
             Prepared::Pass => return ResponseFuture::pass(self.inner.call(req)),
@@ -121,22 +121,25 @@ where
                 let grpc = crate::grpc::content_type(req.headers());
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
-            Ok(decision) => match shared.proceed(set, decision) {
-                // The common path: decided without waiting, so the inner service (driven to
-                // readiness by `poll_ready`) is called right here, and the future only adds
-                // the headers.
-                (delay, decision) if delay.is_zero() => {
-                    ResponseFuture::calling(self.inner.call(req), set, decision, shared)
+            Ok(decision) => {
+                let info = shared.info(set, &decision, &mut req);
+                match shared.proceed(set, decision) {
+                    // The common path: decided without waiting, so the inner service (driven
+                    // to readiness by `poll_ready`) is called right here, and the future only
+                    // adds the headers.
+                    (delay, decision) if delay.is_zero() => {
+                        ResponseFuture::calling(self.inner.call(req), set, (decision, info), shared)
+                    }
+                    (delay, decision) => ResponseFuture::waiting(
+                        delay,
+                        set,
+                        self.take_ready_inner(),
+                        req,
+                        (decision, info),
+                        shared,
+                    ),
                 }
-                (delay, decision) => ResponseFuture::waiting(
-                    delay,
-                    set,
-                    self.take_ready_inner(),
-                    req,
-                    decision,
-                    shared,
-                ),
-            },
+            }
         }
     }
 }
