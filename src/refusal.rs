@@ -594,7 +594,8 @@ impl Refusal {
         let policy = self.policy().map(Policy::name);
         let digest = key.map(crate::key::digest);
         if let Some(span) = telemetry::current_span() {
-            telemetry::span_refusal(&span, digest.as_deref(), policy, code);
+            let decision = self.inner.decision.as_ref();
+            telemetry::span_decision(&span, digest.as_deref(), policy, decision, Some(code));
         }
         let policy = policy.unwrap_or("");
         let key = digest.as_deref().unwrap_or("");

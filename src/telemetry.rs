@@ -64,29 +64,32 @@ fn set(span: &Span, field: &'static str, value: FieldValue<'_>) {
     }
 }
 
-/// A store's decision on `span`: key digest (when known), governing policy, allowed,
-/// remaining and outcome.
-pub(crate) fn span_decision(span: &Span, key: Option<&str>, policy: &str, decision: &Decision) {
-    if let Some(key) = key {
-        set(span, KEY, FieldValue::Str(key));
-    }
-    set(span, POLICY, FieldValue::Str(policy));
-    set(span, ALLOWED, FieldValue::Bool(decision.is_allowed()));
-    set(span, REMAINING, FieldValue::U64(decision.remaining()));
-    set(span, OUTCOME, FieldValue::Str(decision.outcome().as_str()));
-}
-
-/// A refusal on `span`: not allowed, the refusal's error code, and the key digest and policy
-/// where known (a refusal after a store decision also had [`span_decision`]).
-pub(crate) fn span_refusal(span: &Span, key: Option<&str>, policy: Option<&str>, code: &str) {
+/// A decision on `span` (once per request: an allowed one by the limiter, a refusal by
+/// [`Refusal::log`](crate::Refusal)): the key's digest and the governing policy when known,
+/// allowed, and, when the store decided, remaining and outcome; for a refusal its error
+/// code.
+pub(crate) fn span_decision(
+    span: &Span,
+    key: Option<&str>,
+    policy: Option<&str>,
+    decision: Option<&Decision>,
+    refusal: Option<&str>,
+) {
     if let Some(key) = key {
         set(span, KEY, FieldValue::Str(key));
     }
     if let Some(policy) = policy {
         set(span, POLICY, FieldValue::Str(policy));
     }
-    set(span, ALLOWED, FieldValue::Bool(false));
-    set(span, REFUSAL, FieldValue::Str(code));
+    let allowed = refusal.is_none() && decision.is_some_and(Decision::is_allowed);
+    set(span, ALLOWED, FieldValue::Bool(allowed));
+    if let Some(decision) = decision {
+        set(span, REMAINING, FieldValue::U64(decision.remaining()));
+        set(span, OUTCOME, FieldValue::Str(decision.outcome().as_str()));
+    }
+    if let Some(code) = refusal {
+        set(span, REFUSAL, FieldValue::Str(code));
+    }
 }
 
 #[cfg(feature = "metrics")]

@@ -182,8 +182,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Records the store's answer: metrics, the current span's fields, and a trace event
-    /// when `key` is kept.
+    /// Records the store's answer: metrics, and a trace event when `key` is kept.
     #[inline]
     pub(crate) fn record(
         &self,
@@ -196,9 +195,8 @@ impl<S: Store> Limiter<S> {
             let set = &self.inner.sets[set];
             let store = self.inner.common.store.name();
             telemetry::decision(decision, store, &set.enforced, &set.route);
-            let span = telemetry::current_span();
-            if key.is_some() || span.is_some() {
-                report_decision(span, key, decision, &set.enforced, store);
+            if let Some(key) = key {
+                trace_decision(key, decision, &set.enforced, store);
             }
         }
     }
@@ -218,7 +216,14 @@ impl<S: Store> Limiter<S> {
             Ok(decision) if decision.outcome() == Outcome::FailClosed => {
                 Refusal::store_unavailable(None, Some(decision))
             }
-            Ok(decision) if decision.is_allowed() => return Ok(decision),
+            Ok(decision) if decision.is_allowed() => {
+                // A refusal is recorded on the span by `log`, below.
+                if let Some(span) = telemetry::current_span() {
+                    let policies = &self.inner.sets[set].enforced;
+                    span_decision(&span, key, &decision, policies);
+                }
+                return Ok(decision);
+            }
             Ok(decision) => {
                 // The policies of the route's set, not the default route's: the message,
                 // headers and sensitivity must match the decision.
@@ -237,34 +242,34 @@ fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Polic
     policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
 }
 
-/// The decision on the current span, and one debug event with the fields OpenTelemetry
-/// users expect (when `key` was kept for it).
+/// An allowed decision on the current span.
 #[inline(never)]
-fn report_decision(
-    span: Option<tracing::Span>,
+fn span_decision(
+    span: &tracing::Span,
     key: Option<&Key>,
     decision: &Decision,
     policies: &[Policy],
-    store: &'static str,
 ) {
     let digest = key.map(crate::key::digest);
+    let policy = policies.get(decision.governing_index()).map(Policy::name);
+    telemetry::span_decision(span, digest.as_deref(), policy, Some(decision), None);
+}
+
+/// One debug event per decision, with the fields OpenTelemetry users expect.
+fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
+    let digest = crate::key::digest(key);
     let policy = policies
         .get(decision.governing_index())
         .map_or("", Policy::name);
-    if let Some(span) = span {
-        telemetry::span_decision(&span, digest.as_deref(), policy, decision);
-    }
-    if let Some(digest) = digest {
-        tracing::event!(
-            target: "tollgate::decision",
-            tracing::Level::DEBUG,
-            ratelimit.key = digest.as_str(),
-            ratelimit.policy = policy,
-            ratelimit.allowed = decision.is_allowed(),
-            ratelimit.remaining = decision.remaining(),
-            ratelimit.store = store,
-            ratelimit.outcome = decision.outcome().as_str(),
-            "rate-limit decision"
-        );
-    }
+    tracing::event!(
+        target: "tollgate::decision",
+        tracing::Level::DEBUG,
+        ratelimit.key = digest.as_str(),
+        ratelimit.policy = policy,
+        ratelimit.allowed = decision.is_allowed(),
+        ratelimit.remaining = decision.remaining(),
+        ratelimit.store = store,
+        ratelimit.outcome = decision.outcome().as_str(),
+        "rate-limit decision"
+    );
 }
