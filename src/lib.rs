@@ -22,12 +22,15 @@
 //! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
 //! | `redis` | `store::RedisStore`: one Lua script per decision |
 //! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
-//! | `metrics` | counters and a store-latency histogram through the `metrics` facade |
+//! | `metrics` | counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
+//! | `opentelemetry` | the decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry` (see [`observability`]) |
 //! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status` |
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
 //! ([`key`]), TOML plans ([`config`]) with a deterministic [`audit()`], and failure handling
-//! for shared stores ([`store::ResilientStore`]).
+//! for shared stores ([`store::ResilientStore`]). What operators see — the decision on the
+//! request's span, a [`RateLimitInfo`] for handlers, metrics and log events — is in
+//! [`observability`].
 //!
 //! # Examples
 //!

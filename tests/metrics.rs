@@ -169,7 +169,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // 2. A healthy Redis behind a resilient store with a deny cache.
     let server = RedisServer::start();
     let redis = RedisStore::builder()
-        .prefix(&support::scenarios::unique_prefix("metrics"))
+        .prefix(support::scenarios::unique_prefix("metrics"))
         .build_with_url(&server.url())
         .unwrap();
     let cached = Limiter::builder()
