@@ -22,8 +22,8 @@
 //! error code), `ratelimit.policy` and `ratelimit.key` (a digest, never the raw key) where
 //! known. Each refusal is also counted (`tollgate_refusals_total{kind="…"}`, with
 //! [`RefusalKind::as_str`] as the kind) and recorded on the current span; see
-//! [`crate::observability`]. The JSON body is `{"error":"…","message":"…"}`, with `"retry_after": N` (seconds)
-//! when waiting helps. A [sensitive](crate::PolicyBuilder::sensitive) policy's refusal has a
+//! [`crate::observability`]. The JSON body is `{"error":"…","message":"…"}`, with
+//! `"retry_after": N` (seconds) when waiting helps. A [sensitive](crate::PolicyBuilder::sensitive) policy's refusal has a
 //! generic message and no quota headers, and a login refusal never says which of its limits
 //! tripped.
 //!

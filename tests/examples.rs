@@ -135,7 +135,11 @@ async fn metrics_labels_decisions_by_policy_and_route() {
         "route=\"GET /search\"",
     ]);
     assert!(denied.ends_with(" 1"), "{denied}");
-    let home = line(&["tollgate_decisions_total{", "policy=\"per-ip\"", "route=\"default\""]);
+    let home = line(&[
+        "tollgate_decisions_total{",
+        "policy=\"per-ip\"",
+        "route=\"default\"",
+    ]);
     assert!(home.ends_with(" 1"), "{home}");
     assert!(line(&["tollgate_refusals_total{kind=\"rate_limited\"}"]).ends_with(" 1"));
     assert!(scrape.contains("# HELP tollgate_decisions_total "));

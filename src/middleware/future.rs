@@ -12,9 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::info::RateLimitInfo;
-use super::layer::Shared;
-use crate::decision::Decision;
+use super::layer::{Kept, Shared};
 use crate::key::Key;
 use crate::limiter::CheckFuture;
 use crate::store::Store;
@@ -55,8 +53,8 @@ pin_project! {
             set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
-            // The decision is kept only when the response gets quota headers.
-            decision: Option<(Option<Decision>, Option<RateLimitInfo>)>,
+            // Kept only when the response gets quota headers or a `RateLimitInfo`.
+            decision: Option<Kept>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
         },
@@ -64,10 +62,8 @@ pin_project! {
             #[pin]
             future: Inner::Future,
             set: usize,
-            // Kept only when the response gets quota headers.
-            decision: Option<Decision>,
-            // For the response's extensions.
-            info: Option<RateLimitInfo>,
+            // Kept only when the response gets quota headers or a `RateLimitInfo`.
+            decision: Option<Kept>,
             shared: Arc<Shared<St>>,
         },
         Early {
@@ -103,7 +99,7 @@ where
     pub(crate) fn calling(
         future: Inner::Future,
         set: usize,
-        (decision, info): (Option<Decision>, Option<RateLimitInfo>),
+        decision: Option<Kept>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -111,7 +107,6 @@ where
                 future,
                 set,
                 decision,
-                info,
                 shared,
             },
         }
@@ -123,7 +118,7 @@ where
         set: usize,
         inner: Inner,
         request: Request<ReqBody>,
-        decision: (Option<Decision>, Option<RateLimitInfo>),
+        decision: Option<Kept>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -132,7 +127,7 @@ where
                 set,
                 inner: Some(inner),
                 request: Some(request),
-                decision: Some(decision),
+                decision,
                 shared: Some(shared),
             },
         }
@@ -206,14 +201,12 @@ where
                         }
                         Ok(decision) => {
                             let mut request = request.take().expect("polled after completion");
-                            let info = shared.info(set, &decision, &mut request);
-                            let (delay, decision) = shared.proceed(set, decision);
+                            let (delay, decision) = shared.proceed(set, decision, &mut request);
                             let mut inner = inner.take().expect("polled after completion");
-                            let kept = (decision, info);
                             let next = if delay.is_zero() {
-                                Self::calling(inner.call(request), set, kept, shared)
+                                Self::calling(inner.call(request), set, decision, shared)
                             } else {
-                                Self::waiting(delay, set, inner, request, kept, shared)
+                                Self::waiting(delay, set, inner, request, decision, shared)
                             };
                             this.state.set(next.state);
                         }
@@ -231,23 +224,18 @@ where
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let shared = shared.take().expect("polled after completion");
-                    let kept = decision.take().expect("polled after completion");
-                    let next = Self::calling(inner.call(request), *set, kept, shared);
+                    let next = Self::calling(inner.call(request), *set, decision.take(), shared);
                     this.state.set(next.state);
                 }
                 StateProj::Calling {
                     future,
                     set,
                     decision,
-                    info,
                     shared,
                 } => {
                     let mut res = ready!(future.poll(cx))?;
-                    if let Some(decision) = decision.take() {
-                        shared.decorate(*set, &decision, res.headers_mut());
-                    }
-                    if let Some(info) = info.take() {
-                        res.extensions_mut().insert(info);
+                    if let Some(kept) = decision.take() {
+                        shared.finish(*set, kept, &mut res);
                     }
                     return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
                 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderValue, Request, Response};
 use tower_layer::Layer;
 
 use super::info::RateLimitInfo;
@@ -58,39 +58,49 @@ impl<St: Store> Shared<St> {
         res
     }
 
-    /// With [`info_extensions`](RateLimitLayer::info_extensions), the view of `decision`
-    /// (made with policy set `set`) for request and response extensions, put in `request`'s.
+    /// For a request that goes ahead: how long a shaping policy makes it wait, and the
+    /// decision when the response needs it (for quota headers or a [`RateLimitInfo`]). With
+    /// [`info_extensions`](RateLimitLayer::info_extensions), `request` gets the info.
     #[inline]
-    pub(crate) fn info<B>(
+    pub(crate) fn proceed<B>(
         &self,
         set: usize,
-        decision: &Decision,
-        request: &mut http::Request<B>,
-    ) -> Option<RateLimitInfo> {
-        if !self.response.info {
-            return None;
-        }
-        let info = RateLimitInfo::from_decision(decision, &self.limiter.set(set).enforced);
-        request.extensions_mut().insert(info.clone());
-        Some(info)
-    }
-
-    /// For a request that goes ahead: how long a shaping policy makes it wait, and the
-    /// decision when the response gets quota headers.
-    #[inline]
-    pub(crate) fn proceed(&self, set: usize, decision: Decision) -> (Duration, Option<Decision>) {
+        decision: Decision,
+        request: &mut Request<B>,
+    ) -> (Duration, Option<Kept>) {
         let delay = decision.delay();
         let policies = &self.limiter.set(set).enforced;
-        let keep = self.response.decorates(&decision, policies);
-        (delay, keep.then_some(decision))
+        let headers = self.response.decorates(&decision, policies);
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&decision, policies);
+            request.extensions_mut().insert(info);
+        } else if !headers {
+            return (delay, None);
+        }
+        (delay, Some(Kept { decision, headers }))
     }
 
-    /// Adds the quota headers of `decision` (made with policy set `set`).
-    pub(crate) fn decorate(&self, set: usize, decision: &Decision, headers: &mut HeaderMap) {
-        let now = self.limiter.store().now_millis();
+    /// Finishes the response of a request that went ahead: the quota headers of the decision
+    /// (made with policy set `set`), and its [`RateLimitInfo`].
+    pub(crate) fn finish<B>(&self, set: usize, kept: Kept, res: &mut Response<B>) {
         let policies = &self.limiter.set(set).enforced;
-        write_quota_headers(headers, decision, policies, now, self.response.style);
+        if kept.headers {
+            let now = self.limiter.store().now_millis();
+            let style = self.response.style;
+            write_quota_headers(res.headers_mut(), &kept.decision, policies, now, style);
+        }
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&kept.decision, policies);
+            res.extensions_mut().insert(info);
+        }
     }
+}
+
+/// The decision of a request that went ahead, kept for its response.
+pub(crate) struct Kept {
+    decision: Decision,
+    /// Whether the response gets quota headers.
+    headers: bool,
 }
 
 impl<St> Clone for RateLimitLayer<St> {

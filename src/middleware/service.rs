@@ -121,25 +121,22 @@ where
                 let grpc = crate::grpc::content_type(req.headers());
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
-            Ok(decision) => {
-                let info = shared.info(set, &decision, &mut req);
-                match shared.proceed(set, decision) {
-                    // The common path: decided without waiting, so the inner service (driven
-                    // to readiness by `poll_ready`) is called right here, and the future only
-                    // adds the headers.
-                    (delay, decision) if delay.is_zero() => {
-                        ResponseFuture::calling(self.inner.call(req), set, (decision, info), shared)
-                    }
-                    (delay, decision) => ResponseFuture::waiting(
-                        delay,
-                        set,
-                        self.take_ready_inner(),
-                        req,
-                        (decision, info),
-                        shared,
-                    ),
+            Ok(decision) => match shared.proceed(set, decision, &mut req) {
+                // The common path: decided without waiting, so the inner service (driven to
+                // readiness by `poll_ready`) is called right here, and the future only adds
+                // the headers.
+                (delay, decision) if delay.is_zero() => {
+                    ResponseFuture::calling(self.inner.call(req), set, decision, shared)
                 }
-            }
+                (delay, decision) => ResponseFuture::waiting(
+                    delay,
+                    set,
+                    self.take_ready_inner(),
+                    req,
+                    decision,
+                    shared,
+                ),
+            },
         }
     }
 }
