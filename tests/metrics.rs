@@ -8,7 +8,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,27 +17,13 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use reqwest::StatusCode;
-use tollgate::key::{from_fn, Key, RequestView};
+use tollgate::key::Key;
 use tollgate::login::{LoginGuard, LoginLayer};
 use tollgate::route::Route;
 use tollgate::store::{FailureMode, RedisStore, ResilientStore};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
 use support::RedisServer;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
-fn by_tenant() -> impl tollgate::key::KeyExtractor {
-    from_fn(|req: &RequestView<'_>| {
-        let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
-        Some(Key::new("tenant", tenant))
-    })
-}
 
 /// One sample of the exposition: name, labels, value.
 #[derive(Debug)]
@@ -112,7 +98,7 @@ fn has(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> bool {
 
 #[tokio::test]
 async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
-    let metrics_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let metrics_addr: SocketAddr = ([127, 0, 0, 1], common::free_port()).into();
     PrometheusBuilder::new()
         .with_http_listener(metrics_addr)
         .set_buckets_for_metric(
@@ -139,7 +125,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             )
             .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
             .deny_key(Key::new("tenant", "banned"))
-            .extractor(by_tenant())
+            .extractor(common::by_tenant())
             .build()
             .unwrap(),
     );
@@ -180,7 +166,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
                 .build(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
-        .extractor(by_tenant())
+        .extractor(common::by_tenant())
         .build()
         .unwrap();
     let cached_addr = common::serve(
@@ -193,7 +179,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // 3. A Redis store whose port nothing listens on, failing open.
     let dead = RedisStore::builder()
         .prefix("tollgate-metrics-dead")
-        .build_with_url(&format!("redis://127.0.0.1:{}", free_port()))
+        .build_with_url(&format!("redis://127.0.0.1:{}", common::free_port()))
         .unwrap();
     let open = Limiter::builder()
         .store(
@@ -202,7 +188,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
                 .build(),
         )
         .policy(Policy::new("shared-open", Rate::per_minute(1)).unwrap())
-        .extractor(by_tenant())
+        .extractor(common::by_tenant())
         .build()
         .unwrap();
     let open_addr = common::serve(

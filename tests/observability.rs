@@ -14,7 +14,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use http::{Request, Response};
 use reqwest::StatusCode;
-use tollgate::key::{from_fn, Key, RequestView};
+use tollgate::key::Key;
 use tollgate::route::Route;
 use tollgate::{Limiter, Outcome, Policy, Rate, RateLimitInfo, RateLimitLayer, RefusalKind};
 use tower_http::trace::TraceLayer;
@@ -40,6 +40,34 @@ impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.0.insert(field.name().to_owned(), format!("{value:?}"));
     }
+}
+
+impl Closed {
+    /// The first `n` closed spans, once there are that many (a span closes after its response
+    /// is written).
+    async fn wait(&self, n: usize) -> Vec<HashMap<String, String>> {
+        loop {
+            let spans = self.0.lock().unwrap().clone();
+            if spans.len() >= n {
+                return spans;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// An app limited to `per_minute` requests per tenant, inside a `TraceLayer` whose spans
+/// `make_span` opens.
+fn traced_app(per_minute: u64, make_span: fn(&Request<Body>) -> tracing::Span) -> Router {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(per_minute)).unwrap())
+        .extractor(common::by_tenant())
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(limiter))
+        .layer(TraceLayer::new_for_http().make_span_with(make_span))
 }
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Closed {
@@ -70,13 +98,6 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Closed {
     }
 }
 
-fn by_tenant() -> impl tollgate::key::KeyExtractor {
-    from_fn(|req: &RequestView<'_>| {
-        let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
-        Some(Key::new("tenant", tenant))
-    })
-}
-
 /// The span a user declares, as the README shows it.
 fn request_span(req: &Request<Body>) -> tracing::Span {
     tracing::info_span!(
@@ -101,16 +122,7 @@ async fn the_decision_fills_the_fields_a_trace_layer_span_declares() {
     // sees its spans.
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let limiter = Limiter::builder()
-        .policy(Policy::new("api", Rate::per_minute(2)).unwrap())
-        .extractor(by_tenant())
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(limiter))
-        .layer(TraceLayer::new_for_http().make_span_with(request_span));
-    let addr = common::serve(app).await;
+    let addr = common::serve(traced_app(2, request_span)).await;
     let client = reqwest::Client::new();
     let get = |tenant: Option<&str>| {
         let mut req = client.get(format!("http://{addr}/"));
@@ -126,14 +138,7 @@ async fn the_decision_fills_the_fields_a_trace_layer_span_declares() {
     let res = get(None).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 
-    // The span closes after the response is written: wait for the fourth one.
-    let spans = loop {
-        let spans = closed.0.lock().unwrap().clone();
-        if spans.len() >= 4 {
-            break spans;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
+    let spans = closed.wait(4).await;
     let digest = tollgate::key::digest(&Key::new("tenant", "acme"));
     assert_eq!(digest.len(), 16);
     let field = |i: usize, name: &str| spans[i].get(name).cloned();
@@ -172,19 +177,8 @@ async fn a_span_that_declares_nothing_is_left_alone() {
     let closed = Closed::default();
     let subscriber = tracing_subscriber::registry().with(closed.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
-    let limiter = Limiter::builder()
-        .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
-        .extractor(by_tenant())
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(limiter))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|_: &Request<Body>| tracing::info_span!("request")),
-        );
-    let addr = common::serve(app).await;
+    let bare = |_: &Request<Body>| tracing::info_span!("request");
+    let addr = common::serve(traced_app(1, bare)).await;
     let res = reqwest::Client::new()
         .get(format!("http://{addr}/"))
         .header("x-tenant", "acme")
@@ -192,13 +186,7 @@ async fn a_span_that_declares_nothing_is_left_alone() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    let spans = loop {
-        let spans = closed.0.lock().unwrap().clone();
-        if !spans.is_empty() {
-            break spans;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
+    let spans = closed.wait(1).await;
     assert!(spans[0].is_empty(), "{:?}", spans[0]);
 }
 
@@ -223,7 +211,7 @@ async fn the_handler_and_on_response_see_the_decision() {
             )
             .exempt("/health")
             .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
-            .extractor(by_tenant())
+            .extractor(common::by_tenant())
             .build()
             .unwrap(),
     )

@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,7 +16,7 @@ use http::Request;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use reqwest::StatusCode;
-use tollgate::key::{from_fn, Key, RequestView};
+use tollgate::key::Key;
 use tollgate::store::{FailureMode, RedisStore, ResilientStore, Store};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 use tower_http::trace::TraceLayer;
@@ -32,21 +31,6 @@ fn app<S: Store>(limiter: Limiter<S>) -> Router {
             TraceLayer::new_for_http()
                 .make_span_with(|_: &Request<Body>| tracing::info_span!("request")),
         )
-}
-
-fn by_tenant() -> impl tollgate::key::KeyExtractor {
-    from_fn(|req: &RequestView<'_>| {
-        let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
-        Some(Key::new("tenant", tenant))
-    })
-}
-
-/// A loopback port nothing listens on.
-fn dead_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }
 
 fn attributes(span: &SpanData) -> HashMap<String, String> {
@@ -70,12 +54,12 @@ async fn allowed_refused_and_degraded_decisions_are_span_attributes() {
 
     let memory = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
-        .extractor(by_tenant())
+        .extractor(common::by_tenant())
         .build()
         .unwrap();
     let redis = RedisStore::builder()
         .prefix("tollgate-otel-test")
-        .build_with_url(&format!("redis://127.0.0.1:{}", dead_port()))
+        .build_with_url(&format!("redis://127.0.0.1:{}", common::free_port()))
         .unwrap();
     let degraded = Limiter::builder()
         .store(
@@ -84,7 +68,7 @@ async fn allowed_refused_and_degraded_decisions_are_span_attributes() {
                 .build(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
-        .extractor(by_tenant())
+        .extractor(common::by_tenant())
         .build()
         .unwrap();
     let memory_addr = common::serve(app(memory)).await;
