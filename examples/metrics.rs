@@ -1,36 +1,63 @@
 //! Metrics for Prometheus: tollgate's counters and store-latency histogram through the
-//! `metrics` facade, exposed by `metrics-exporter-prometheus`.
+//! `metrics` facade, exposed by `metrics-exporter-prometheus` (see
+//! `tollgate::observability` for every name and label).
 //!
 //! ```text
 //! cargo run --example metrics --features metrics
-//! curl -s http://127.0.0.1:3000/            # a few times, until 429
+//! curl -s http://127.0.0.1:3000/search       # twice: the second is a 429
+//! curl -s http://127.0.0.1:3000/             # shows the remaining quota
 //! curl -s http://127.0.0.1:9000/metrics | grep tollgate
 //! ```
 //!
+//! The scrape then shows, among others:
+//!
+//! ```text
+//! tollgate_decisions_total{outcome="decided",allowed="false",store="memory",policy="search",route="GET /search"} 1
+//! tollgate_refusals_total{kind="rate_limited"} 1
+//! ```
+//!
 //! The app listens on `ADDR` (default `127.0.0.1:3000`), the exporter on `METRICS_ADDR`
-//! (default `127.0.0.1:9000`).
+//! (default `127.0.0.1:9000`). The store-latency histogram appears once a `ResilientStore`
+//! wraps a network store (Redis); its buckets are set here, as the exporter would otherwise
+//! render it as a summary.
 
 use std::net::SocketAddr;
 
-use axum::{routing::get, Router};
-use metrics_exporter_prometheus::PrometheusBuilder;
-use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+use axum::{routing::get, Extension, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tollgate::route::Route;
+use tollgate::{Limiter, Policy, Rate, RateLimitInfo, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let metrics_addr: SocketAddr = std::env::var("METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:9000".to_owned())
         .parse()?;
+    // Before any traffic, so that every metric gets its help text.
     PrometheusBuilder::new()
         .with_http_listener(metrics_addr)
+        .set_buckets_for_metric(
+            Matcher::Full("tollgate_store_latency_seconds".to_owned()),
+            tollgate::observability::STORE_LATENCY_BUCKETS,
+        )?
         .install()?;
 
     let limiter = Limiter::builder()
+        .route(
+            "GET /search",
+            Route::new().policy(Policy::new("search", Rate::per_minute(1))?),
+        )
         .policy(Policy::new("per-ip", Rate::per_minute(5))?)
         .build()?;
     let app = Router::new()
-        .route("/", get(|| async { "hello\n" }))
-        .layer(RateLimitLayer::new(limiter));
+        .route(
+            "/",
+            get(|Extension(info): Extension<RateLimitInfo>| async move {
+                format!("hello: {} of {} left\n", info.remaining(), info.limit())
+            }),
+        )
+        .route("/search", get(|| async { "results\n" }))
+        .layer(RateLimitLayer::new(limiter).info_extensions(true));
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(

@@ -23,13 +23,16 @@
 //! | `config` (default) | TOML plans ([`config`]), the [`audit()`], building a limiter from a plan |
 //! | `redis` | `store::RedisStore`: one Lua script per decision |
 //! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
-//! | `metrics` | counters and a store-latency histogram through the `metrics` facade |
+//! | `metrics` | counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
+//! | `opentelemetry` | the decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry` (see [`observability`]) |
 //! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status`, `Refusal::to_status` |
 //! | `cli` | the `tollgate` command (`tollgate audit plan.toml`); implies `config` and `cluster` |
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
 //! ([`key`]), TOML plans with a deterministic audit (feature `config`), and failure handling
-//! for shared stores ([`store::ResilientStore`]).
+//! for shared stores ([`store::ResilientStore`]). What operators see — the decision on the
+//! request's span, a [`RateLimitInfo`] for handlers, metrics and log events — is in
+//! [`observability`].
 //!
 //! # Examples
 //!
@@ -114,6 +117,7 @@ pub mod key;
 mod limiter;
 pub mod login;
 pub mod middleware;
+pub mod observability;
 pub mod policy;
 pub mod refusal;
 pub mod response;
@@ -133,7 +137,9 @@ pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{Limiter, LimiterBuilder, MissingKey};
-pub use middleware::{RateLimitBody, RateLimitLayer, RateLimitService, ResponseFuture};
+pub use middleware::{
+    RateLimitBody, RateLimitInfo, RateLimitLayer, RateLimitService, ResponseFuture,
+};
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
 pub use refusal::{Refusal, RefusalKind};
 pub use response::HeaderStyle;

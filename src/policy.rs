@@ -294,6 +294,11 @@ impl Policy {
         &self.inner.name
     }
 
+    /// The name, shared (for metric labels and [`RateLimitInfo`](crate::RateLimitInfo)).
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.inner.name
+    }
+
     /// A process-wide number for the name: policies with the same name share an id.
     pub(crate) fn id(&self) -> u32 {
         self.inner.id

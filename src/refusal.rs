@@ -20,8 +20,10 @@
 //!
 //! Events go to the target `tollgate::refusal` with the fields `ratelimit.refusal` (the
 //! error code), `ratelimit.policy` and `ratelimit.key` (a digest, never the raw key) where
-//! known. The JSON body is `{"error":"…","message":"…"}`, with `"retry_after": N` (seconds)
-//! when waiting helps. A [sensitive](crate::PolicyBuilder::sensitive) policy's refusal has a
+//! known. Each refusal is also counted (`tollgate_refusals_total{kind="…"}`, with
+//! [`RefusalKind::as_str`] as the kind) and recorded on the current span; see
+//! [`crate::observability`]. The JSON body is `{"error":"…","message":"…"}`, with
+//! `"retry_after": N` (seconds) when waiting helps. A [sensitive](crate::PolicyBuilder::sensitive) policy's refusal has a
 //! generic message and no quota headers, and a login refusal never says which of its limits
 //! tripped.
 //!
@@ -64,6 +66,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::response::{write_quota_headers, HeaderStyle};
+use crate::telemetry;
 
 /// Why tollgate answered instead of the guarded service. See the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,6 +122,30 @@ impl RefusalKind {
             | RefusalKind::LoginUsernameAmbiguous => crate::grpc::INVALID_ARGUMENT,
             RefusalKind::Forbidden => crate::grpc::PERMISSION_DENIED,
             RefusalKind::StoreUnavailable => crate::grpc::UNAVAILABLE,
+        }
+    }
+
+    /// The kind's name in metrics (`tollgate_refusals_total{kind=…}`, see
+    /// [`crate::observability`]): unlike [`error_code`](Self::error_code), one per kind.
+    ///
+    /// ```
+    /// use tollgate::RefusalKind;
+    ///
+    /// assert_eq!(RefusalKind::RateLimited.as_str(), "rate_limited");
+    /// assert_eq!(RefusalKind::LoginRefused.as_str(), "login_refused");
+    /// assert_eq!(RefusalKind::LoginRefused.error_code(), "rate_limit_exceeded");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::RateLimited => "rate_limited",
+            RefusalKind::CostExceedsCapacity => "cost_exceeds_capacity",
+            RefusalKind::MissingKey => "missing_key",
+            RefusalKind::Forbidden => "forbidden",
+            RefusalKind::StoreUnavailable => "store_unavailable",
+            RefusalKind::LoginRefused => "login_refused",
+            RefusalKind::LoginBodyTooLarge => "login_body_too_large",
+            RefusalKind::LoginBodyUnreadable => "login_body_unreadable",
+            RefusalKind::LoginUsernameAmbiguous => "login_username_ambiguous",
         }
     }
 
@@ -558,11 +585,19 @@ impl Refusal {
         }
     }
 
-    /// Logs the refusal at its documented level (see the [module docs](self)).
+    /// Counts the refusal (`tollgate_refusals_total`), records it on the current span and
+    /// logs it at its documented level (see the [module docs](self)). Called once for each
+    /// refusal tollgate answers with.
     pub(crate) fn log(&self, key: Option<&Key>) {
+        telemetry::refusal(self.inner.kind);
         let code = self.error_code();
-        let policy = self.policy().map_or("", Policy::name);
+        let policy = self.policy().map(Policy::name);
         let digest = key.map(crate::key::digest);
+        if let Some(span) = telemetry::current_span() {
+            let decision = self.inner.decision.as_ref();
+            telemetry::span_decision(&span, digest.as_deref(), policy, decision, Some(code));
+        }
+        let policy = policy.unwrap_or("");
         let key = digest.as_deref().unwrap_or("");
         macro_rules! event {
             ($level:expr) => {
@@ -595,9 +630,10 @@ impl Refusal {
         }
     }
 
-    /// Logs a missing key; warns once per process when the request has no peer address,
-    /// which with the default extractor means the server does not record it.
-    pub(crate) fn log_missing_key(has_peer: bool) {
+    /// Warns once per process when a request without a key has no peer address, which with
+    /// the default extractor means the server does not record it. The refusal itself is
+    /// logged by [`log`](Self::log).
+    pub(crate) fn warn_missing_peer(has_peer: bool) {
         static WARNED: AtomicBool = AtomicBool::new(false);
         if !has_peer && !WARNED.swap(true, Ordering::Relaxed) {
             tracing::event!(
@@ -608,13 +644,6 @@ impl Refusal {
                  refused with 400; with axum, serve the app with \
                  `into_make_service_with_connect_info::<SocketAddr>()` (tonic records it \
                  itself), or key requests another way (logged once)"
-            );
-        } else {
-            tracing::event!(
-                target: "tollgate::refusal",
-                tracing::Level::DEBUG,
-                ratelimit.refusal = "missing_rate_limit_key",
-                "the request carries nothing to rate-limit it by"
             );
         }
     }

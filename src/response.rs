@@ -79,6 +79,8 @@ pub(crate) struct ResponseConfig {
     pub(crate) quota_on_success: bool,
     pub(crate) retry_after: bool,
     pub(crate) on_refusal: Option<Arc<RefusalFn>>,
+    /// Whether requests and responses carry a [`RateLimitInfo`](crate::RateLimitInfo).
+    pub(crate) info: bool,
 }
 
 impl Default for ResponseConfig {
@@ -88,6 +90,7 @@ impl Default for ResponseConfig {
             quota_on_success: true,
             retry_after: true,
             on_refusal: None,
+            info: false,
         }
     }
 }
@@ -99,6 +102,7 @@ impl fmt::Debug for ResponseConfig {
             .field("quota_on_success", &self.quota_on_success)
             .field("retry_after", &self.retry_after)
             .field("on_refusal", &self.on_refusal.is_some())
+            .field("info", &self.info)
             .finish()
     }
 }

@@ -108,6 +108,55 @@ async fn quickstart_limits_five_per_ten_seconds() {
     );
 }
 
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_labels_decisions_by_policy_and_route() {
+    let metrics_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let (_server, base) = start("metrics", &[("METRICS_ADDR", metrics_addr.clone())]);
+    let client = reqwest::Client::new();
+    assert_eq!(
+        statuses(&client, "GET", &format!("{base}/search"), 2).await,
+        [200, 429]
+    );
+    let home = client.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(home.text().await.unwrap(), "hello: 4 of 5 left\n");
+    let scrape = client
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |needles: &[&str]| {
+        scrape
+            .lines()
+            .find(|l| needles.iter().all(|n| l.contains(n)))
+            .unwrap_or_else(|| panic!("no line with {needles:?} in\n{scrape}"))
+            .to_owned()
+    };
+    let denied = line(&[
+        "tollgate_decisions_total{",
+        "allowed=\"false\"",
+        "policy=\"search\"",
+        "route=\"GET /search\"",
+    ]);
+    assert!(denied.ends_with(" 1"), "{denied}");
+    let home = line(&[
+        "tollgate_decisions_total{",
+        "policy=\"per-ip\"",
+        "route=\"default\"",
+    ]);
+    assert!(home.ends_with(" 1"), "{home}");
+    assert!(line(&["tollgate_refusals_total{kind=\"rate_limited\"}"]).ends_with(" 1"));
+    assert!(scrape.contains("# HELP tollgate_decisions_total "));
+}
+
 #[tokio::test]
 async fn from_config_serves_its_plan() {
     let (_server, base) = start("from_config", &[]);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{
     AccessList, Common, CompiledRoute, Limiter, LimiterInner, MissingKey, PolicyNames, PolicySet,
-    RouteTable, ShadowCounts,
+    RouteTable, ShadowCounts, ATTACHED_ROUTE, DEFAULT_ROUTE,
 };
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
@@ -261,7 +261,14 @@ impl<S: Store> LimiterBuilder<S> {
         for (i, (pattern, route)) in self.routes.iter().enumerate() {
             let field = format!("routes[{i}]");
             let here = format!("route {pattern:?}");
-            let compiled = compile_route(&field, &here, route, has_tier_fn, &mut sets, &mut names)?;
+            let label = Arc::from(pattern.as_str());
+            let compiled = compile_route(
+                (&field, &here, label),
+                route,
+                has_tier_fn,
+                &mut sets,
+                &mut names,
+            )?;
             routes.push(compiled);
             patterns.push((pattern.clone(), i));
         }
@@ -286,8 +293,7 @@ impl<S: Store> LimiterBuilder<S> {
         }
         // The default route goes last; its errors read as the builder's own fields.
         routes.push(compile_route(
-            "",
-            "the default route",
+            ("", "the default route", Arc::from(DEFAULT_ROUTE)),
             default,
             has_tier_fn,
             &mut sets,
@@ -337,8 +343,7 @@ pub(super) fn attach<S: Store>(
         shared_usage: names.shared_usage.clone(),
     };
     let compiled = compile_route(
-        "route",
-        "the route",
+        ("route", "the route", Arc::from(ATTACHED_ROUTE)),
         &route,
         has_tier_fn,
         &mut sets,
@@ -364,14 +369,16 @@ fn join(field: &str, rest: &str) -> String {
     }
 }
 
+/// Compiles `route`; `at` is its field (empty for the default route), its name in messages,
+/// and its label in metrics.
 fn compile_route(
-    field: &str,
-    here: &str,
+    at: (&str, &str, Arc<str>),
     route: &Route,
     has_tier_fn: bool,
     sets: &mut Vec<PolicySet>,
     names: &mut PolicyNames,
 ) -> Result<CompiledRoute, ConfigError> {
+    let (field, here, label) = at;
     if route.exempt {
         if !route.policies.is_empty() || !route.tiers.is_empty() {
             return Err(ConfigError::new(
@@ -421,7 +428,7 @@ fn compile_route(
     }
     let cost_field = join(field, "cost");
     let default_set = compile_set(
-        &join(field, "policies"),
+        (&join(field, "policies"), &label),
         &cost_field,
         &route.policies,
         &route.cost,
@@ -445,7 +452,14 @@ fn compile_route(
                 "a tier without policies would not limit its requests",
             ));
         }
-        let set = compile_set(&tier_field, &cost_field, policies, &route.cost, sets, names)?;
+        let set = compile_set(
+            (&tier_field, &label),
+            &cost_field,
+            policies,
+            &route.cost,
+            sets,
+            names,
+        )?;
         tiers.push((tier.clone(), set));
     }
     Ok(CompiledRoute {
@@ -455,14 +469,16 @@ fn compile_route(
     })
 }
 
+/// Compiles one policy set; `at` is its field and its route's label.
 fn compile_set(
-    field: &str,
+    at: (&str, &Arc<str>),
     cost_field: &str,
     policies: &[Policy],
     cost: &Cost,
     sets: &mut Vec<PolicySet>,
     names: &mut PolicyNames,
 ) -> Result<usize, ConfigError> {
+    let (field, route) = at;
     for (i, p) in policies.iter().enumerate() {
         let at = format!("{field}[{i}]");
         if policies[..i].iter().any(|q| q.name() == p.name()) {
@@ -503,6 +519,7 @@ fn compile_set(
     let id = sets.len();
     sets.push(PolicySet {
         id,
+        route: Arc::clone(route),
         default_costs: enforced.iter().map(Policy::cost).collect(),
         shadow_costs: shadow.iter().map(Policy::cost).collect(),
         enforced,

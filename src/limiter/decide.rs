@@ -93,8 +93,10 @@ impl<S: Store> Limiter<S> {
             return Prepared::Pass;
         };
         let Some(key) = self.key_for(request) else {
-            Refusal::log_missing_key(request.peer_addr().is_some());
-            return Prepared::Refuse(Refusal::of_kind(RefusalKind::MissingKey));
+            Refusal::warn_missing_peer(request.peer_addr().is_some());
+            let refusal = Refusal::of_kind(RefusalKind::MissingKey);
+            refusal.log(None);
+            return Prepared::Refuse(refusal);
         };
         // A computed cost is asked of the request once, for shadow and enforced policies alike.
         let cost = match &self.inner.sets[set_id].cost {
@@ -148,7 +150,10 @@ impl<S: Store> Limiter<S> {
                 return Prepared::Refuse(refusal);
             }
         }
-        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG);
+        // The key is kept for its digest only when something will read it: the decision
+        // event, or the current span.
+        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG)
+            || telemetry::span_wants_key();
         let traced_key = traced.then(|| key.clone());
         let future = if set.penalties.is_empty() {
             if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
@@ -177,7 +182,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Records the store's answer (metrics, and a trace event when `key` is kept).
+    /// Records the store's answer: metrics, and a trace event when `key` is kept.
     #[inline]
     pub(crate) fn record(
         &self,
@@ -187,10 +192,11 @@ impl<S: Store> Limiter<S> {
     ) {
         // Store errors are counted by the store (or its resilience wrapper), not here.
         if let Ok(decision) = outcome {
+            let set = &self.inner.sets[set];
             let store = self.inner.common.store.name();
-            telemetry::decision(decision.outcome(), decision.is_allowed(), store);
+            telemetry::decision(decision, store, &set.enforced, &set.route);
             if let Some(key) = key {
-                trace_decision(key, decision, &self.inner.sets[set].enforced, store);
+                trace_decision(key, decision, &set.enforced, store);
             }
         }
     }
@@ -210,7 +216,14 @@ impl<S: Store> Limiter<S> {
             Ok(decision) if decision.outcome() == Outcome::FailClosed => {
                 Refusal::store_unavailable(None, Some(decision))
             }
-            Ok(decision) if decision.is_allowed() => return Ok(decision),
+            Ok(decision) if decision.is_allowed() => {
+                // A refusal is recorded on the span by `log`, below.
+                if let Some(span) = telemetry::current_span() {
+                    let policies = &self.inner.sets[set].enforced;
+                    span_decision(&span, key, &decision, policies);
+                }
+                return Ok(decision);
+            }
             Ok(decision) => {
                 // The policies of the route's set, not the default route's: the message,
                 // headers and sensitivity must match the decision.
@@ -227,6 +240,19 @@ impl<S: Store> Limiter<S> {
 /// The first policy whose capacity a cost exceeds.
 fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Policy, &'a u64)> {
     policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
+}
+
+/// An allowed decision on the current span.
+#[inline(never)]
+fn span_decision(
+    span: &tracing::Span,
+    key: Option<&Key>,
+    decision: &Decision,
+    policies: &[Policy],
+) {
+    let digest = key.map(crate::key::digest);
+    let policy = policies.get(decision.governing_index()).map(Policy::name);
+    telemetry::span_decision(span, digest.as_deref(), policy, Some(decision), None);
 }
 
 /// One debug event per decision, with the fields OpenTelemetry users expect.

@@ -122,6 +122,9 @@ struct LimiterInner<S> {
 /// The policies one request is checked against (a route, or a route's tier).
 pub(crate) struct PolicySet {
     id: usize,
+    /// The route's label in metrics: its pattern as declared, [`DEFAULT_ROUTE`] or
+    /// [`ATTACHED_ROUTE`]; never a request's path.
+    pub(crate) route: Arc<str>,
     pub(crate) enforced: Arc<[Policy]>,
     shadow: Box<[Policy]>,
     /// Penalty policies, for the enforced policies that have a penalty (in that order).
@@ -132,6 +135,12 @@ pub(crate) struct PolicySet {
     default_costs: SmallVec<[u64; 2]>,
     shadow_costs: SmallVec<[u64; 2]>,
 }
+
+/// The `route` label of the default route's decisions.
+pub(crate) const DEFAULT_ROUTE: &str = "default";
+/// The `route` label of a route attached with [`Limiter::for_route`], whose pattern axum
+/// knows and tollgate does not.
+pub(crate) const ATTACHED_ROUTE: &str = "for_route";
 
 struct CompiledRoute {
     exempt: bool,

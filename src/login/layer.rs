@@ -484,7 +484,7 @@ where
             let guard = &shared.guard;
             let view = RequestView::new(&req);
             let Some(attempt) = guard.attempt(&view, &username.unwrap_or_default()) else {
-                Refusal::log_missing_key(view.peer_addr().is_some());
+                Refusal::warn_missing_peer(view.peer_addr().is_some());
                 return early(Refusal::of_kind(RefusalKind::MissingKey), None);
             };
             match guard.check(&attempt).await {

@@ -12,8 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::layer::Shared;
-use crate::decision::Decision;
+use super::layer::{Kept, Shared};
 use crate::key::Key;
 use crate::limiter::CheckFuture;
 use crate::store::Store;
@@ -54,8 +53,8 @@ pin_project! {
             set: usize,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
-            // Kept only when the response gets quota headers.
-            decision: Option<Decision>,
+            // Kept only when the response gets quota headers or a `RateLimitInfo`.
+            decision: Option<Kept>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
         },
@@ -63,8 +62,8 @@ pin_project! {
             #[pin]
             future: Inner::Future,
             set: usize,
-            // Kept only when the response gets quota headers.
-            decision: Option<Decision>,
+            // Kept only when the response gets quota headers or a `RateLimitInfo`.
+            decision: Option<Kept>,
             shared: Arc<Shared<St>>,
         },
         Early {
@@ -100,7 +99,7 @@ where
     pub(crate) fn calling(
         future: Inner::Future,
         set: usize,
-        decision: Option<Decision>,
+        decision: Option<Kept>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -119,7 +118,7 @@ where
         set: usize,
         inner: Inner,
         request: Request<ReqBody>,
-        decision: Option<Decision>,
+        decision: Option<Kept>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -201,9 +200,9 @@ where
                             });
                         }
                         Ok(decision) => {
-                            let (delay, decision) = shared.proceed(set, decision);
+                            let mut request = request.take().expect("polled after completion");
+                            let (delay, decision) = shared.proceed(set, decision, &mut request);
                             let mut inner = inner.take().expect("polled after completion");
-                            let request = request.take().expect("polled after completion");
                             let next = if delay.is_zero() {
                                 Self::calling(inner.call(request), set, decision, shared)
                             } else {
@@ -235,8 +234,8 @@ where
                     shared,
                 } => {
                     let mut res = ready!(future.poll(cx))?;
-                    if let Some(decision) = decision.take() {
-                        shared.decorate(*set, &decision, res.headers_mut());
+                    if let Some(kept) = decision.take() {
+                        shared.finish(*set, kept, &mut res);
                     }
                     return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
                 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderValue, Request, Response};
 use tower_layer::Layer;
 
+use super::info::RateLimitInfo;
 use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -43,26 +44,63 @@ impl<St> Clone for Shared<St> {
 
 impl<St: Store> Shared<St> {
     /// The response for a refusal: the user's hook, or the refusal's own rendering.
+    /// With [`info_extensions`](RateLimitLayer::info_extensions), the response carries the
+    /// refusal's [`RateLimitInfo`] in its extensions.
     pub(crate) fn refuse(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
-        self.response.render(refusal, grpc)
+        let info = self
+            .response
+            .info
+            .then(|| RateLimitInfo::from_refusal(&refusal));
+        let mut res = self.response.render(refusal, grpc);
+        if let Some(info) = info {
+            res.extensions_mut().insert(info);
+        }
+        res
     }
 
     /// For a request that goes ahead: how long a shaping policy makes it wait, and the
-    /// decision when the response gets quota headers.
+    /// decision when the response needs it (for quota headers or a [`RateLimitInfo`]). With
+    /// [`info_extensions`](RateLimitLayer::info_extensions), `request` gets the info.
     #[inline]
-    pub(crate) fn proceed(&self, set: usize, decision: Decision) -> (Duration, Option<Decision>) {
+    pub(crate) fn proceed<B>(
+        &self,
+        set: usize,
+        decision: Decision,
+        request: &mut Request<B>,
+    ) -> (Duration, Option<Kept>) {
         let delay = decision.delay();
         let policies = &self.limiter.set(set).enforced;
-        let keep = self.response.decorates(&decision, policies);
-        (delay, keep.then_some(decision))
+        let headers = self.response.decorates(&decision, policies);
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&decision, policies);
+            request.extensions_mut().insert(info);
+        } else if !headers {
+            return (delay, None);
+        }
+        (delay, Some(Kept { decision, headers }))
     }
 
-    /// Adds the quota headers of `decision` (made with policy set `set`).
-    pub(crate) fn decorate(&self, set: usize, decision: &Decision, headers: &mut HeaderMap) {
-        let now = self.limiter.store().now_millis();
+    /// Finishes the response of a request that went ahead: the quota headers of the decision
+    /// (made with policy set `set`), and its [`RateLimitInfo`].
+    pub(crate) fn finish<B>(&self, set: usize, kept: Kept, res: &mut Response<B>) {
         let policies = &self.limiter.set(set).enforced;
-        write_quota_headers(headers, decision, policies, now, self.response.style);
+        if kept.headers {
+            let now = self.limiter.store().now_millis();
+            let style = self.response.style;
+            write_quota_headers(res.headers_mut(), &kept.decision, policies, now, style);
+        }
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&kept.decision, policies);
+            res.extensions_mut().insert(info);
+        }
     }
+}
+
+/// The decision of a request that went ahead, kept for its response.
+pub(crate) struct Kept {
+    decision: Decision,
+    /// Whether the response gets quota headers.
+    headers: bool,
 }
 
 impl<St> Clone for RateLimitLayer<St> {
@@ -116,6 +154,14 @@ impl<St> RateLimitLayer<St> {
     /// retry blindly; only do so if something in front of this service adds it.
     pub fn retry_after_header(self, enabled: bool) -> Self {
         self.with_response(|r| r.retry_after = enabled)
+    }
+
+    /// Whether each decided request carries a [`RateLimitInfo`] in its extensions, for the
+    /// handler (to show the remaining quota), and its response too — a refusal's included —
+    /// for outer layers such as tower-http's `TraceLayer::on_response` (default `false`:
+    /// it costs two allocations per request). See [`RateLimitInfo`] for an example.
+    pub fn info_extensions(self, enabled: bool) -> Self {
+        self.with_response(|r| r.info = enabled)
     }
 
     /// Replaces the response of every [`Refusal`]: rate limited, cost too high, missing key,

@@ -1,5 +1,6 @@
 //! The tower middleware: [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] and
-//! [`RateLimitBody`].
+//! [`RateLimitBody`], and the [`RateLimitInfo`] it leaves in request and response
+//! extensions.
 //!
 //! The middleware only adapts HTTP to the [`Limiter`](crate::Limiter): it asks the limiter's
 //! decision path about each request, calls the inner service when the request may go ahead
@@ -8,10 +9,12 @@
 
 mod body;
 mod future;
+mod info;
 mod layer;
 mod service;
 
 pub use body::RateLimitBody;
 pub use future::ResponseFuture;
+pub use info::RateLimitInfo;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;

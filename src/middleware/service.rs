@@ -94,7 +94,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
         let (set, concluded) = match shared.limiter.prepare(&RequestView::new(&req)) {
             Prepared::Pass => return ResponseFuture::pass(self.inner.call(req)),
@@ -121,7 +121,7 @@ where
                 let grpc = crate::grpc::content_type(req.headers());
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
-            Ok(decision) => match shared.proceed(set, decision) {
+            Ok(decision) => match shared.proceed(set, decision, &mut req) {
                 // The common path: decided without waiting, so the inner service (driven to
                 // readiness by `poll_ready`) is called right here, and the future only adds
                 // the headers.

@@ -700,7 +700,8 @@ impl<S: Store> Store for ResilientStore<S> {
         });
         if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
             if let Some(d) = cache.get(slot, key, now) {
-                telemetry::outcome(Outcome::CachedDeny);
+                // Not degraded: the store is healthy and said no a moment ago. The limiter
+                // counts the decision with its own outcome, `cached_deny`.
                 return Box::pin(std::future::ready(Ok(d)));
             }
         }
