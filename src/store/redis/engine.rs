@@ -12,12 +12,11 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 
-pub(crate) use super::batch::Mode;
-use super::batch::{
-    assemble, parse_batch_reply, queued_answer, Admission, Assembled, Lanes, Request, Runner,
-};
+use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
 use super::keys::{state_key, validate_prefix, ALL_ALGORITHMS, DEFAULT_PREFIX};
-use super::script::{algorithm_id, script};
+use super::wire;
+pub(crate) use super::wire::Mode;
+use super::wire::{assemble, parse_batch_reply, Assembled};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
@@ -305,18 +304,7 @@ impl<C: Connector> Core<C> {
                 .iter()
                 .map(|p| state_key(&self.prefix, key, p.name(), p.algorithm()))
                 .collect(),
-            params: policies
-                .iter()
-                .map(|p| {
-                    [
-                        u64::from(algorithm_id(p.algorithm())),
-                        p.limit(),
-                        p.window_millis(),
-                        p.capacity(),
-                        p.max_delay_millis(),
-                    ]
-                })
-                .collect(),
+            params: policies.iter().map(wire::params).collect(),
             costs: costs.iter().copied().collect(),
             mode,
             reply: None,
@@ -325,19 +313,8 @@ impl<C: Connector> Core<C> {
 
     /// The script call for one assembled batch.
     pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptInvocation<'static> {
-        let mut inv = script().prepare_invoke();
-        for &k in &batch.keys {
-            inv.key(k);
-        }
-        if self.clock.is_injected() {
-            inv.arg(self.clock.now_millis());
-        } else {
-            inv.arg(""); // the script reads TIME
-        }
-        inv.arg(&batch.args[..]);
-        inv.arg(&batch.states[..]);
-        inv.arg(&batch.requests[..]);
-        inv
+        let now = self.clock.is_injected().then(|| self.clock.now_millis());
+        wire::invocation(batch, now)
     }
 
     /// Decides (or refunds, by `mode`) now when the lane has room, else queues for the next
@@ -450,7 +427,6 @@ impl<C: Connector> Runner<C::Lane> for Core<C> {
 mod tests {
     use super::*;
     use crate::policy::Algorithm;
-    use crate::store::redis::batch::parse_reply;
     use crate::Rate;
 
     /// A connector that never connects: for tests of what would be sent and parsed.
@@ -550,19 +526,36 @@ mod tests {
 
     #[test]
     fn replies_of_the_wrong_shape_are_protocol_errors() {
+        let core = test_core();
+        let five = Policy::new("five", Rate::per_second(5)).unwrap();
+        let ten = Policy::new("ten", Rate::per_second(10)).unwrap();
+        let key = Key::new("ip", "1");
+        let one = [core.request(&key, std::slice::from_ref(&five), &[1], Mode::Charge)];
+        let two = [core.request(&key, &[five, ten], &[1, 1], Mode::Charge)];
+        let failed = |reply: &[u8], requests: &[Request]| match parse_batch_reply(reply, requests) {
+            Ok(mut r) if r.len() == 1 => matches!(r.pop(), Some(Err(StoreError::Protocol(_)))),
+            _ => false,
+        };
+        // Too few fields for its policies: the whole call fails.
+        let mut short = packed(1, &[]);
+        short.push(1);
+        short.extend(2.0f64.to_le_bytes());
         assert!(matches!(
-            parse_reply(&[1, 1, 2], &[5]),
+            parse_batch_reply(&short, &one),
             Err(StoreError::Protocol(_))
         ));
-        assert!(matches!(
-            parse_reply(&[1, 1, -2, 0, 0, 0], &[5]),
-            Err(StoreError::Protocol(_))
-        ));
-        assert!(matches!(
-            parse_reply(&[0, 1, 2, 0, 0, 0], &[5]),
-            Err(StoreError::Protocol(_))
-        ));
-        let d = parse_reply(&[0, 1, 2, 0, 0, 0, 0, 0, 900, 300, 0], &[5, 10]).unwrap();
+        // A negative number, or an overall answer that disagrees: the request fails.
+        assert!(failed(&packed(1, &[(1, [-2.0, 0.0, 0.0, 0.0])]), &one));
+        assert!(failed(&packed(0, &[(1, [2.0, 0.0, 0.0, 0.0])]), &one));
+        let reply = packed(
+            0,
+            &[(1, [2.0, 0.0, 0.0, 0.0]), (0, [0.0, 900.0, 300.0, 0.0])],
+        );
+        let d = parse_batch_reply(&reply, &two)
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.governing_index(), 1);
         assert_eq!(d.retry_after_millis(), 300);

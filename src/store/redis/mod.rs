@@ -89,6 +89,7 @@ pub mod cluster;
 mod engine;
 mod keys;
 mod script;
+mod wire;
 
 #[cfg(feature = "cluster")]
 pub use cluster::RedisClusterStore;
