@@ -11,22 +11,18 @@
 //!   per decision.
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 
-#[cfg(feature = "redis")]
-mod batch;
-#[cfg(feature = "cluster")]
-pub mod cluster;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod resilient;
-#[cfg(feature = "redis")]
-mod script;
 
 #[cfg(feature = "cluster")]
-pub use cluster::RedisClusterStore;
-pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use self::redis::cluster;
+#[cfg(feature = "cluster")]
+pub use self::redis::RedisClusterStore;
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;

@@ -1,131 +1,28 @@
-//! What the Redis stores share: the Lua script, the key layout, the invocation and the reply.
-//!
-//! The script is the concatenation of `lua/prelude.lua`, one file per algorithm and the
-//! driver `lua/decide.lua`, built once. One `EVALSHA` decides a request against all its
-//! policies: every policy is evaluated, and only if all allow is any of them charged.
+//! The engine both Redis stores share, generic over how it reaches Redis (a [`Connector`]):
+//! it turns decisions into script calls, sends them (loading the script on `NOSCRIPT`) and
+//! hands each caller its answer. One `EVALSHA` decides a request against all its policies:
+//! every policy is evaluated, and only if all allow is any of them charged.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 
-pub(crate) use super::batch::Mode;
-use super::batch::{
-    assemble, parse_batch_reply, queued_answer, Admission, Assembled, Lanes, Request, Runner,
-};
-use super::BoxFuture;
+use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
+use super::keys::{state_key, validate_prefix, ALL_ALGORITHMS, DEFAULT_PREFIX};
+use super::wire;
+pub(crate) use super::wire::Mode;
+use super::wire::{assemble, parse_batch_reply, Assembled};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::policy::{Algorithm, Policy};
-
-/// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "tollgate";
-
-/// How long a key outlives the moment its state stops mattering, in milliseconds.
-///
-/// Every key a script writes gets `PEXPIRE (expires_at − now) + TTL_MARGIN_MS`, where
-/// `expires_at` is the same instant [`crate::algorithm`] computes for the memory store.
-pub const TTL_MARGIN_MS: u64 = 1_000;
-
-const PRELUDE: &str = include_str!("../../lua/prelude.lua");
-const COUNTER: &str = include_str!("../../lua/sliding_window_counter.lua");
-const LOG: &str = include_str!("../../lua/sliding_window_log.lua");
-const BUCKET: &str = include_str!("../../lua/token_bucket.lua");
-const FIXED: &str = include_str!("../../lua/fixed_window.lua");
-const GCRA: &str = include_str!("../../lua/gcra.lua");
-const DRIVER: &str = include_str!("../../lua/decide.lua");
-
-/// The whole decision script, as sent to Redis.
-pub(crate) fn source() -> &'static str {
-    static SOURCE: OnceLock<String> = OnceLock::new();
-    SOURCE.get_or_init(|| {
-        let prelude = PRELUDE.replace(
-            "local TTL_MARGIN_MS = 1000",
-            &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
-        );
-        [prelude.as_str(), COUNTER, LOG, BUCKET, FIXED, GCRA, DRIVER].join("\n")
-    })
-}
-
-/// The decision script, hashed once.
-pub(crate) fn script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(source()))
-}
-
-/// The algorithm's number in the script's `ALG` table.
-fn algorithm_id(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => 1,
-        Algorithm::SlidingWindowLog => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::FixedWindow => 4,
-        Algorithm::Gcra => 5,
-    }
-}
-
-/// The last part of a state key: which algorithm's state it holds.
-fn algorithm_part(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::SlidingWindowLog => "swl",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::FixedWindow => "fw",
-        Algorithm::Gcra => "gcra",
-    }
-}
-
-const ALL_ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::SlidingWindowCounter,
-    Algorithm::SlidingWindowLog,
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::Gcra,
-];
-
-/// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.
-pub(crate) fn state_key(prefix: &str, key: &Key, policy: &str, algorithm: Algorithm) -> String {
-    let key = key.as_str();
-    let part = algorithm_part(algorithm);
-    let mut s = String::with_capacity(prefix.len() + key.len() + policy.len() + part.len() + 5);
-    s.push_str(prefix);
-    s.push_str(":{");
-    s.push_str(key);
-    s.push_str("}:");
-    s.push_str(policy);
-    s.push(':');
-    s.push_str(part);
-    s
-}
-
-/// Checks a key prefix: 1–64 bytes, no braces (they would break the hash tag), no whitespace
-/// or control bytes.
-pub(crate) fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
-    if prefix.is_empty() || prefix.len() > 64 {
-        return Err(ConfigError::new(
-            "prefix",
-            format_args!("{prefix:?}"),
-            "must be 1 to 64 bytes long",
-        ));
-    }
-    if prefix
-        .chars()
-        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
-    {
-        return Err(ConfigError::new(
-            "prefix",
-            format_args!("{prefix:?}"),
-            "must not contain '{', '}', whitespace or control characters (it precedes the key's hash tag)",
-        ));
-    }
-    Ok(())
-}
+use crate::policy::Policy;
+use crate::store::BoxFuture;
 
 /// Turns a redis-rs error into the store error the limiter's failure mode understands.
 pub(crate) fn store_error(e: RedisError) -> StoreError {
@@ -241,7 +138,7 @@ impl Default for Options {
     }
 }
 
-/// The store logic shared by [`RedisStore`](super::RedisStore) and the cluster store: it knows
+/// The store logic shared by [`RedisStore`](crate::store::RedisStore) and the cluster store: it knows
 /// the keys, the script and the reply, and nothing about how connections are made.
 pub(crate) struct Core<C: Connector> {
     connector: C,
@@ -249,7 +146,7 @@ pub(crate) struct Core<C: Connector> {
     clock: Arc<dyn Clock>,
     lanes: Lanes<C::Lane>,
     /// Bumped when the server answers with another `run_id` than before: it restarted (or
-    /// failed over) and lost the state it held. See [`Store::generation`](super::Store).
+    /// failed over) and lost the state it held. See [`Store::generation`](crate::store::Store).
     generation: AtomicU64,
     /// Set at start and after any connection failure: the next call that gets through also
     /// reads the server's `run_id`.
@@ -305,7 +202,7 @@ impl<C: Connector> Core<C> {
         }
     }
 
-    /// See [`Store::generation`](super::Store::generation).
+    /// See [`Store::generation`](crate::store::Store::generation).
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -340,7 +237,7 @@ impl<C: Connector> Core<C> {
     /// manager hands back its last failed reconnect once (starting a new one), and without the
     /// second try the first call after Redis is back would fail on that stale error and waste
     /// the circuit breaker's probe. After any connection failure, the next call that gets
-    /// through also reads the server's `run_id` (see [`Store::generation`](super::Store)).
+    /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)).
     async fn invoke(&self, inv: &ScriptInvocation<'static>) -> Result<Vec<u8>, StoreError> {
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
@@ -407,18 +304,7 @@ impl<C: Connector> Core<C> {
                 .iter()
                 .map(|p| state_key(&self.prefix, key, p.name(), p.algorithm()))
                 .collect(),
-            params: policies
-                .iter()
-                .map(|p| {
-                    [
-                        u64::from(algorithm_id(p.algorithm())),
-                        p.limit(),
-                        p.window_millis(),
-                        p.capacity(),
-                        p.max_delay_millis(),
-                    ]
-                })
-                .collect(),
+            params: policies.iter().map(wire::params).collect(),
             costs: costs.iter().copied().collect(),
             mode,
             reply: None,
@@ -427,19 +313,8 @@ impl<C: Connector> Core<C> {
 
     /// The script call for one assembled batch.
     pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptInvocation<'static> {
-        let mut inv = script().prepare_invoke();
-        for &k in &batch.keys {
-            inv.key(k);
-        }
-        if self.clock.is_injected() {
-            inv.arg(self.clock.now_millis());
-        } else {
-            inv.arg(""); // the script reads TIME
-        }
-        inv.arg(&batch.args[..]);
-        inv.arg(&batch.states[..]);
-        inv.arg(&batch.requests[..]);
-        inv
+        let now = self.clock.is_injected().then(|| self.clock.now_millis());
+        wire::invocation(batch, now)
     }
 
     /// Decides (or refunds, by `mode`) now when the lane has room, else queues for the next
@@ -491,7 +366,7 @@ impl<C: Connector> Core<C> {
         results
     }
 
-    /// See [`Store::refund`](super::Store::refund): a request of the decision script in
+    /// See [`Store::refund`](crate::store::Store::refund): a request of the decision script in
     /// refund mode, batched like any other, so one atomic script call.
     pub(crate) fn refund(
         self: &Arc<Self>,
@@ -551,44 +426,8 @@ impl<C: Connector> Runner<C::Lane> for Core<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::batch::parse_reply;
+    use crate::policy::Algorithm;
     use crate::Rate;
-
-    #[test]
-    fn keys_share_one_hash_tag_per_principal() {
-        let key = Key::new("user", "a {b}");
-        let k = state_key("app", &key, "burst", Algorithm::SlidingWindowCounter);
-        assert_eq!(k, "app:{user:a%20%7Bb%7D}:burst:swc");
-        let k2 = state_key("app", &key, "daily", Algorithm::Gcra);
-        let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
-        assert_eq!(tag(&k), tag(&k2));
-    }
-
-    #[test]
-    fn prefixes_that_would_break_the_hash_tag_are_refused() {
-        assert!(validate_prefix("tollgate").is_ok());
-        assert!(validate_prefix("app:v2").is_ok());
-        for bad in ["", "a{b", "a}b", "a b", "a\nb", &"x".repeat(65)] {
-            assert_eq!(
-                validate_prefix(bad).unwrap_err().field(),
-                "prefix",
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_script_is_one_text_with_every_algorithm() {
-        let s = source();
-        for id in 1..=5 {
-            assert!(
-                s.contains(&format!("ALG[{id}] =")),
-                "algorithm {id} missing"
-            );
-        }
-        assert!(s.contains(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}")));
-        assert!(s.trim_end().ends_with("return table.concat(replies)"));
-    }
 
     /// A connector that never connects: for tests of what would be sent and parsed.
     struct Never;
@@ -687,19 +526,36 @@ mod tests {
 
     #[test]
     fn replies_of_the_wrong_shape_are_protocol_errors() {
+        let core = test_core();
+        let five = Policy::new("five", Rate::per_second(5)).unwrap();
+        let ten = Policy::new("ten", Rate::per_second(10)).unwrap();
+        let key = Key::new("ip", "1");
+        let one = [core.request(&key, std::slice::from_ref(&five), &[1], Mode::Charge)];
+        let two = [core.request(&key, &[five, ten], &[1, 1], Mode::Charge)];
+        let failed = |reply: &[u8], requests: &[Request]| match parse_batch_reply(reply, requests) {
+            Ok(mut r) if r.len() == 1 => matches!(r.pop(), Some(Err(StoreError::Protocol(_)))),
+            _ => false,
+        };
+        // Too few fields for its policies: the whole call fails.
+        let mut short = packed(1, &[]);
+        short.push(1);
+        short.extend(2.0f64.to_le_bytes());
         assert!(matches!(
-            parse_reply(&[1, 1, 2], &[5]),
+            parse_batch_reply(&short, &one),
             Err(StoreError::Protocol(_))
         ));
-        assert!(matches!(
-            parse_reply(&[1, 1, -2, 0, 0, 0], &[5]),
-            Err(StoreError::Protocol(_))
-        ));
-        assert!(matches!(
-            parse_reply(&[0, 1, 2, 0, 0, 0], &[5]),
-            Err(StoreError::Protocol(_))
-        ));
-        let d = parse_reply(&[0, 1, 2, 0, 0, 0, 0, 0, 900, 300, 0], &[5, 10]).unwrap();
+        // A negative number, or an overall answer that disagrees: the request fails.
+        assert!(failed(&packed(1, &[(1, [-2.0, 0.0, 0.0, 0.0])]), &one));
+        assert!(failed(&packed(0, &[(1, [2.0, 0.0, 0.0, 0.0])]), &one));
+        let reply = packed(
+            0,
+            &[(1, [2.0, 0.0, 0.0, 0.0]), (0, [0.0, 900.0, 300.0, 0.0])],
+        );
+        let d = parse_batch_reply(&reply, &two)
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.governing_index(), 1);
         assert_eq!(d.retry_after_millis(), 300);

@@ -42,7 +42,7 @@
 //!   later); the sliding window log is a sorted set.
 //! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
 //!   share a hash tag, so the same script runs unchanged on
-//!   [`RedisClusterStore`](super::RedisClusterStore).
+//!   [`RedisClusterStore`].
 //!
 //! Connection failures, timeouts and script errors are [`StoreError`]s; the limiter's failure
 //! mode decides what a request gets then.
@@ -83,6 +83,20 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
+#[cfg(feature = "cluster")]
+pub mod cluster;
+mod engine;
+mod keys;
+mod script;
+mod wire;
+
+#[cfg(feature = "cluster")]
+pub use cluster::RedisClusterStore;
+pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
+pub use keys::DEFAULT_PREFIX;
+pub use script::TTL_MARGIN_MS;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,15 +104,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use super::script::{store_error, Connector, Core, Mode, Options, PooledOrShared};
-use super::{BoxFuture, Store};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
-
-pub use super::script::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PREFIX, TTL_MARGIN_MS};
+use crate::store::{BoxFuture, Store};
+use engine::{store_error, Connector, Core, Mode, Options, PooledOrShared};
 
 /// The Lua text of the decision script both Redis stores run, for inspection, auditing or
 /// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
@@ -108,7 +120,7 @@ pub use super::script::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PREFIX
 /// assert!(lua.contains("redis.call('TIME')"));
 /// ```
 pub fn script_source() -> &'static str {
-    super::script::source()
+    script::source()
 }
 
 /// A store in one Redis server (or a primary with replicas). Cheap to clone: clones share the
@@ -124,7 +136,7 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Builds a [`RedisStore`] or a [`RedisClusterStore`](super::RedisClusterStore).
+/// Builds a [`RedisStore`] or a [`RedisClusterStore`].
 ///
 /// # Examples
 ///
@@ -142,7 +154,7 @@ impl fmt::Debug for RedisStore {
 #[derive(Debug, Default)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    pub(super) options: Options,
+    pub(crate) options: Options,
 }
 
 impl RedisStoreBuilder {

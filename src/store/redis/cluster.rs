@@ -53,13 +53,13 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::redis::{pool_error, RedisStoreBuilder};
-use super::script::{store_error, Connector, Core, Mode, Options, PooledOrShared};
-use super::{BoxFuture, Store};
+use super::engine::{store_error, Connector, Core, Mode, Options, PooledOrShared};
+use super::{pool_error, RedisStoreBuilder};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
+use crate::store::{BoxFuture, Store};
 
 /// A store in a Redis Cluster. Cheap to clone: clones share the pool or connection. See the
 /// [module docs](crate::store::cluster).

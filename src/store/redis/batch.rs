@@ -1,0 +1,181 @@
+//! Coalescing concurrent decisions into one script call.
+//!
+//! A decision is sent at once when fewer than `max_in_flight` script calls are in flight on
+//! its lane (the whole server, or one cluster slot): at low load nothing waits and nothing is
+//! added. Otherwise it queues, and when a call comes back the queue leaves as the next call,
+//! up to `max_batch` decisions in arrival order. One script call then reads each state once,
+//! decides every request in order against the states as the earlier ones left them, and
+//! writes each state once, so a hot key costs one read and one write per batch instead of
+//! per request, and every caller still gets its own exact decision.
+//!
+//! Queued batches run in tasks of their own, so a caller that gives up (a timeout) takes no
+//! one else's decision with it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use super::wire::{Mode, Params};
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+
+/// One decision waiting for, or in, a script call.
+pub(crate) struct Request {
+    /// The state key of each policy.
+    pub(crate) keys: SmallVec<[String; 2]>,
+    pub(crate) params: SmallVec<[Params; 2]>,
+    pub(crate) costs: SmallVec<[u64; 2]>,
+    pub(crate) mode: Mode,
+    /// Where a queued request's answer goes; `None` for the caller that runs its own call.
+    pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,
+}
+
+impl Request {
+    pub(crate) fn abandoned(&self) -> bool {
+        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+    }
+
+    pub(crate) fn answer(self, result: Result<Decision, StoreError>) {
+        if let Some(tx) = self.reply {
+            // The caller may have given up; its answer is then dropped.
+            let _ = tx.send(result);
+        }
+    }
+}
+
+/// How many calls a lane has in flight and who waits for the next one.
+#[derive(Default)]
+struct Lane {
+    in_flight: usize,
+    waiting: Vec<Request>,
+}
+
+/// The lanes of one store.
+pub(crate) struct Lanes<L> {
+    lanes: Mutex<HashMap<L, Lane>>,
+    pub(crate) max_batch: usize,
+    pub(crate) max_in_flight: usize,
+}
+
+/// What a caller does with its request.
+pub(crate) enum Admission<L: Copy + Hash + Eq + Send + 'static> {
+    /// Run it now, holding an in-flight place of the lane until the call ends.
+    Run(InFlight<L>, Request),
+    /// Queued: the answer comes through this receiver.
+    Queued(oneshot::Receiver<Result<Decision, StoreError>>),
+}
+
+/// Something that runs batches: the store core.
+pub(crate) trait Runner<L>: Send + Sync + 'static {
+    /// Sends one script call deciding `batch` in order, answering every request in it.
+    fn run(self: Arc<Self>, batch: Vec<Request>) -> crate::store::BoxFuture<()>;
+
+    /// The lanes of this runner.
+    fn lanes(&self) -> &Lanes<L>;
+}
+
+impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
+    pub(crate) fn new(max_batch: usize, max_in_flight: usize) -> Self {
+        Self {
+            lanes: Mutex::new(HashMap::new()),
+            max_batch: max_batch.max(1),
+            max_in_flight: max_in_flight.max(1),
+        }
+    }
+
+    /// Admits `request` on `lane`: to be run by the caller, or queued.
+    pub(crate) fn admit<R: Runner<L>>(
+        runner: &Arc<R>,
+        lane: L,
+        mut request: Request,
+    ) -> Admission<L> {
+        let lanes = runner.lanes();
+        let mut map = lanes.lanes.lock();
+        let state = map.entry(lane).or_default();
+        if state.in_flight < lanes.max_in_flight || lanes.max_batch == 1 {
+            state.in_flight += 1;
+            drop(map);
+            let guard = InFlight {
+                runner: Arc::clone(runner) as Arc<dyn Runner<L>>,
+                lane,
+            };
+            Admission::Run(guard, request)
+        } else {
+            let (tx, rx) = oneshot::channel();
+            request.reply = Some(tx);
+            state.waiting.push(request);
+            Admission::Queued(rx)
+        }
+    }
+}
+
+/// An in-flight place on a lane. When it is given back (the call ended, or its caller gave
+/// up), the requests that queued meanwhile leave as the next call, in a task of their own.
+pub(crate) struct InFlight<L: Copy + Hash + Eq + Send + 'static> {
+    runner: Arc<dyn Runner<L>>,
+    lane: L,
+}
+
+impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
+    fn drop(&mut self) {
+        loop {
+            let batch = {
+                let mut map = self.runner.lanes().lanes.lock();
+                let max_batch = self.runner.lanes().max_batch;
+                let Some(state) = map.get_mut(&self.lane) else {
+                    return;
+                };
+                state.waiting.retain(|r| !r.abandoned());
+                if state.waiting.is_empty() {
+                    state.in_flight -= 1;
+                    if state.in_flight == 0 {
+                        map.remove(&self.lane);
+                    }
+                    return;
+                }
+                let n = state.waiting.len().min(max_batch);
+                state.waiting.drain(..n).collect::<Vec<_>>()
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    // The place passes to the next call.
+                    let next = InFlight {
+                        runner: Arc::clone(&self.runner),
+                        lane: self.lane,
+                    };
+                    let run = Arc::clone(&next.runner).run(batch);
+                    handle.spawn(async move {
+                        run.await;
+                        drop(next);
+                    });
+                    return;
+                }
+                Err(_) => {
+                    for r in batch {
+                        r.answer(Err(StoreError::Connection(
+                            "no tokio runtime to send the decision from".into(),
+                        )));
+                    }
+                    // This place stays taken: the loop hands it to the next batch.
+                }
+            }
+        }
+    }
+}
+
+/// The answer of a queued request; an error when its call was dropped unanswered (the
+/// runtime shut down under it).
+pub(crate) async fn queued_answer(
+    rx: oneshot::Receiver<Result<Decision, StoreError>>,
+) -> Result<Decision, StoreError> {
+    rx.await.unwrap_or_else(|_| {
+        Err(StoreError::Connection(
+            "the batched script call was dropped before it answered".into(),
+        ))
+    })
+}

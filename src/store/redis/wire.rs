@@ -1,0 +1,313 @@
+//! The wire format of one script call, both ways, in one place: what a batch of requests
+//! sends (keys and arguments) and how the packed reply reads back into decisions. The Lua
+//! side of the same layout is the header of `lua/decide.lua`.
+//!
+//! Sent, per call:
+//!
+//! * `KEYS[i]`: state `i`, one per distinct (key, policy); in a cluster all share one slot.
+//! * `ARGV[1]`: now in ms, or `""` for the script to read the server's `TIME`.
+//! * `ARGV[2]`: the number of policies `np`, then per policy its [`Params`].
+//! * Two binary strings (little-endian): per state the index of its policy (`u32`, from
+//!   1); per request its [`Mode`] (`u8`), its number of policies `m` (`u32`) and `m` pairs
+//!   of state index (`u32`, from 1) and cost (`f64`).
+//!
+//! Received: one binary string (little-endian), per request its status (`i8`: 1 allowed, 0
+//! denied) then per policy `allowed` (`i8`) and remaining, reset after, retry after and delay
+//! (`f64` each, whole numbers); or `-1` (`i8`), a length (`u32`) and a message when a state
+//! the request names cannot be read.
+
+use std::collections::HashMap;
+
+use redis::ScriptInvocation;
+use smallvec::SmallVec;
+
+use super::batch::Request;
+use super::script::{algorithm_id, script};
+use crate::algorithm::PolicyDecision;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::policy::Policy;
+
+/// A policy's parameters as the script takes them: algorithm id, limit, window ms,
+/// capacity, max delay ms.
+pub(crate) type Params = [u64; 5];
+
+/// What a request asks of its states: the mode byte of `lua/decide.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Evaluate only.
+    Peek = 0,
+    /// Evaluate, and charge when every policy allows.
+    Charge = 1,
+    /// Give back up to each cost (see [`Store::refund`](crate::store::Store::refund)).
+    Refund = 2,
+}
+
+/// The parameters of `policy` as the script takes them.
+pub(crate) fn params(policy: &Policy) -> Params {
+    [
+        u64::from(algorithm_id(policy.algorithm())),
+        policy.limit(),
+        policy.window_millis(),
+        policy.capacity(),
+        policy.max_delay_millis(),
+    ]
+}
+
+/// The script's arguments for one batch: keys and arguments, in the layout of
+/// `lua/decide.lua`.
+pub(crate) struct Assembled<'a> {
+    pub(crate) keys: Vec<&'a str>,
+    /// The number of policies, then five parameters per policy.
+    pub(crate) args: Vec<u64>,
+    /// Per state, the index of its policy (from 1): little-endian u32.
+    pub(crate) states: Vec<u8>,
+    /// Per request: its mode (u8), the number of policies m (u32), m pairs of state index (u32,
+    /// from 1) and cost (f64), little-endian.
+    pub(crate) requests: Vec<u8>,
+}
+
+/// The script call for one assembled batch; `now` is the injected clock's time, if any
+/// (otherwise the script reads `TIME`).
+pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptInvocation<'static> {
+    let mut inv = script().prepare_invoke();
+    for &k in &batch.keys {
+        inv.key(k);
+    }
+    match now {
+        Some(now) => inv.arg(now),
+        None => inv.arg(""), // the script reads TIME
+    };
+    inv.arg(&batch.args[..]);
+    inv.arg(&batch.states[..]);
+    inv.arg(&batch.requests[..]);
+    inv
+}
+
+/// Splits `batch` into script calls: a state key named with two different parameter sets
+/// (two policies of the same name and algorithm but different limits, only possible through
+/// direct `Store` use) cannot share one call, so the call ends before the second.
+pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled<'_>, &[Request])> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut current = Builder::new(batch.len());
+    for (i, request) in batch.iter().enumerate() {
+        if !current.fits(request) {
+            out.push((current.finish(), &batch[start..i]));
+            current = Builder::new(batch.len() - i);
+            start = i;
+        }
+        current.push(request);
+    }
+    if start < batch.len() {
+        out.push((current.finish(), &batch[start..]));
+    }
+    out
+}
+
+struct Builder<'a> {
+    policies: SmallVec<[Params; 4]>,
+    /// Each state: its key, and the index of its policy (from 1).
+    states: Vec<(&'a str, u32)>,
+    index: HashMap<&'a str, (u32, Params)>,
+    requests: Vec<u8>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(requests: usize) -> Self {
+        Self {
+            policies: SmallVec::new(),
+            states: Vec::with_capacity(requests),
+            index: HashMap::with_capacity(requests),
+            // One policy per request is the common case: 5 + 12 bytes.
+            requests: Vec::with_capacity(requests * 17),
+        }
+    }
+
+    fn fits(&self, request: &Request) -> bool {
+        request.keys.iter().zip(&request.params).all(|(k, p)| {
+            self.index
+                .get(k.as_str())
+                .is_none_or(|(_, known)| known == p)
+        })
+    }
+
+    fn push(&mut self, request: &'a Request) {
+        self.requests.push(request.mode as u8);
+        self.requests
+            .extend_from_slice(&index(request.keys.len()).to_le_bytes());
+        for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
+            let state = match self.index.get(key.as_str()) {
+                Some(&(i, _)) => i,
+                None => {
+                    let policy = match self.policies.iter().position(|p| p == params) {
+                        Some(i) => index(i + 1),
+                        None => {
+                            self.policies.push(*params);
+                            index(self.policies.len())
+                        }
+                    };
+                    self.states.push((key, policy));
+                    let i = index(self.states.len());
+                    self.index.insert(key, (i, *params));
+                    i
+                }
+            };
+            self.requests.extend_from_slice(&state.to_le_bytes());
+            // Lua numbers are doubles: a cost above 2^53 was never exact in the script.
+            self.requests
+                .extend_from_slice(&(cost as f64).to_le_bytes());
+        }
+    }
+
+    fn finish(self) -> Assembled<'a> {
+        let mut args = Vec::with_capacity(1 + self.policies.len() * 5);
+        args.push(self.policies.len() as u64);
+        for p in &self.policies {
+            args.extend_from_slice(p);
+        }
+        let mut keys = Vec::with_capacity(self.states.len());
+        let mut states = Vec::with_capacity(self.states.len() * 4);
+        for (key, policy) in self.states {
+            keys.push(key);
+            states.extend_from_slice(&policy.to_le_bytes());
+        }
+        Assembled {
+            keys,
+            args,
+            states,
+            requests: self.requests,
+        }
+    }
+}
+
+/// A count or index of the script's binary arguments. A batch holds at most `max_batch`
+/// (≤ 1024) requests of a handful of policies each, far below `u32::MAX`.
+fn index(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Reads the packed reply of one call straight into one result per request (layout in the
+/// module docs): per request its status, then per policy `allowed` and four numbers; or `-1`
+/// and a message.
+///
+/// A reply cut short, with bytes left over, or with a number that is not whole fails the
+/// whole call; a negative number, or an overall answer that disagrees with the per-policy
+/// ones, fails its own request.
+pub(crate) fn parse_batch_reply(
+    reply: &[u8],
+    requests: &[Request],
+) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
+    let mut results = Vec::with_capacity(requests.len());
+    let mut reader = Reader { rest: reply };
+    for request in requests {
+        let status = reader.byte()? as i8;
+        if status == -1 {
+            let len = reader.u32()? as usize;
+            let message = String::from_utf8_lossy(reader.take(len)?).into_owned();
+            results.push(Err(StoreError::Backend(message)));
+            continue;
+        }
+        results.push(reader.decision(status, &request.params)?);
+    }
+    if !reader.rest.is_empty() {
+        return Err(StoreError::Protocol(format!(
+            "the decision script's reply has {} bytes left over after {} requests",
+            reader.rest.len(),
+            requests.len()
+        )));
+    }
+    Ok(results)
+}
+
+/// Reads the little-endian fields of a packed reply, failing on a reply cut short.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.rest.len() < n {
+            return Err(StoreError::Protocol(
+                "the decision script's reply is cut short".into(),
+            ));
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
+    }
+
+    fn byte(&mut self) -> Result<u8, StoreError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        let mut b = [0; N];
+        b.copy_from_slice(self.take(N)?);
+        Ok(b)
+    }
+
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    /// A whole number sent as a double (every value is an integer below 2^53).
+    fn number(&mut self) -> Result<i64, StoreError> {
+        let v = f64::from_le_bytes(self.array()?);
+        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+        if v.fract() != 0.0 || !(-EXACT..=EXACT).contains(&v) {
+            return Err(StoreError::Protocol(format!(
+                "the decision script's reply holds {v} where a whole number belongs"
+            )));
+        }
+        Ok(v as i64)
+    }
+
+    /// One request's answer after its status byte: per policy (of `params`) `allowed` (i8)
+    /// and remaining, reset after, retry after and delay (whole numbers sent as doubles).
+    /// The outer error fails the call (a reply cut short, a number that is not whole); the
+    /// inner one fails this request (a negative number, an overall answer that disagrees).
+    fn decision(
+        &mut self,
+        status: i8,
+        params: &[Params],
+    ) -> Result<Result<Decision, StoreError>, StoreError> {
+        // The first negative field, in the order the reply holds them.
+        let mut negative = None;
+        let mut unsigned = |v: i64| {
+            u64::try_from(v).unwrap_or_else(|_| {
+                negative.get_or_insert(v);
+                0
+            })
+        };
+        let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
+        for p in params {
+            let allowed = unsigned(i64::from(self.byte()? as i8));
+            let remaining = unsigned(self.number()?);
+            let reset_after = unsigned(self.number()?);
+            let retry_after = unsigned(self.number()?);
+            let delay = unsigned(self.number()?);
+            // The decision's limit is the policy's capacity.
+            decisions.push(PolicyDecision::from_parts(
+                allowed == 1,
+                p[3],
+                remaining,
+                reset_after,
+                retry_after,
+                delay,
+            ));
+        }
+        if let Some(v) = negative {
+            return Ok(Err(StoreError::Protocol(format!(
+                "negative value {v} in the script reply"
+            ))));
+        }
+        let decision = Decision::from_policies(decisions);
+        if decision.is_allowed() != (status == 1) {
+            return Ok(Err(StoreError::Protocol(
+                "the script's overall answer disagrees with its per-policy answers".into(),
+            )));
+        }
+        Ok(Ok(decision))
+    }
+}
