@@ -9,13 +9,17 @@
 -- Then two binary strings (little-endian; struct.unpack reads them much faster than
 -- tonumber parses decimal text): per state the index of its policy (u32); per request its
 -- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
--- back up to each cost to its state), the number of policies m (u32, at least 1), and m
--- pairs of state index (u32) and cost (f64).
+-- back up to each cost to its state, 3 to settle: a cost of 0 or more is charged whether or
+-- not it fits (within each algorithm's bound), a negative one refunded, 4 to refresh the
+-- leases of in-flight slots), the number of policies m (u32, at least 1), and m pairs of
+-- state index (u32) and cost (f64). For an in-flight policy the cost is the request's slot
+-- id (0: no slot).
 --
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
 -- charged. When one denies, the others report an evaluation at cost 0 (nothing was charged).
--- A refund answers like a request whose policies are evaluated at cost 0 after the refund.
+-- A refund, settlement or refresh answers like a request whose policies are evaluated at
+-- cost 0 after it.
 -- Returns one binary string (little-endian), per request: allowed (i8, 1 or 0) then per
 -- policy allowed (i8), remaining, reset_after, retry_after and delay (f64 each); or -1 (i8),
 -- a length (u32) and a message when a state the request names cannot be read (the key holds
@@ -115,7 +119,7 @@ while pos <= last do
   -- one go; a request of several policies then reads its pairs from the first.
   local mode, m, i, cost, after = unpack_struct('<BI4I4d', requests, pos)
   local charge = mode == 1
-  if m == 1 and mode ~= 2 then
+  if m == 1 and mode <= 1 then
     -- The common request: one policy.
     pos = after
     if E[i] then
@@ -147,12 +151,22 @@ while pos <= last do
       replies[r + 1], replies[r + 2] = pack('<bI4', -1, #err), err
       r = r + 2
     else
-      if mode == 2 then
-        -- A refund, then the states as it left them (an evaluation at cost 0). A state
-        -- named twice gets both refunds, the second after the first.
+      if mode >= 2 then
+        -- A refund, settlement or refresh, then the states as it left them (an evaluation
+        -- at cost 0). A state named twice gets both, the second after the first.
         for j = 1, m do
           local i = idx[j]
-          if P[i].a.refund(S[i], now, P[i], costs[j]) then
+          local a, c, changed = P[i].a, costs[j], false
+          if mode == 2 then
+            changed = a.refund(S[i], now, P[i], c)
+          elseif mode == 3 and c < 0 then
+            changed = a.refund(S[i], now, P[i], -c)
+          elseif mode == 3 then
+            changed = a.overcharge(S[i], now, P[i], c)
+          elseif a.refresh then
+            changed = a.refresh(S[i], now, P[i], c)
+          end
+          if changed then
             dirty[i] = true
           end
           costs[j] = 0

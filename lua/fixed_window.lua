@@ -51,6 +51,15 @@ ALG[4] = function()
     return true
   end
 
+  -- Charges `extra` whether or not it fits, never beyond the limit (overcharge in
+  -- fixed_window.rs); true when the state changed.
+  function fixed.overcharge(s, now, p, extra)
+    local idx = idiv(now, p.window)
+    local count = fixed_count(s, idx)
+    s[1], s[2] = idx, min(count + extra, max(count, p.limit))
+    return true
+  end
+
   function fixed.expires_at(s, p)
     return (s[1] + 1) * p.window
   end

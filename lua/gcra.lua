@@ -56,6 +56,18 @@ ALG[5] = function()
     return true
   end
 
+  -- Moves the TAT by `extra` intervals whether or not they fit, at most the tolerance less
+  -- one interval past it (overcharge in gcra.rs); true when the state changed.
+  function gcra.overcharge(s, now, p, extra)
+    local n, w = p.limit, p.window
+    local backlog = gcra_backlog(s, now, n)
+    local most = (2 * p.capacity - 1) * w
+    local after = min(backlog + extra * w, max(backlog, most))
+    local whole = idiv(after, n)
+    s[1], s[2] = now + whole, after - whole * n
+    return true
+  end
+
   function gcra.expires_at(s)
     if s[2] > 0 then
       return s[1] + 1

@@ -9,6 +9,8 @@ local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 
 -- Kept past expires_at, in ms, so a key never vanishes while its state still matters.
 local TTL_MARGIN_MS = 1000
+-- The retry_after of a refusal by an in-flight policy (in_flight.rs RETRY_AFTER_MS).
+local IN_FLIGHT_RETRY_AFTER_MS = 1000
 
 -- floor(a / b) for integers a >= 0, b >= 1.
 local function idiv(a, b)

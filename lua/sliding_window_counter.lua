@@ -98,6 +98,15 @@ ALG[1] = function()
     return false
   end
 
+  -- Charges `extra` whether or not it fits, never beyond the limit in the current window
+  -- (overcharge in sliding_window_counter.rs); true when the state changed.
+  function counter.overcharge(s, now, p, extra)
+    local idx = idiv(now, p.window)
+    local prev, cur = counter_counts(s, idx)
+    s[1], s[2], s[3] = idx, min(cur + extra, max(cur, p.limit)), prev
+    return true
+  end
+
   function counter.expires_at(s, p)
     return (s[1] + 2) * p.window
   end

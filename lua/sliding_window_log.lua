@@ -110,6 +110,13 @@ ALG[2] = function()
     return changed
   end
 
+  -- Logs `extra` units at now whether or not they fit, at most the limit at a time
+  -- (overcharge in sliding_window_log.rs); true when the state changed.
+  function log.overcharge(s, now, p, extra)
+    log.commit(s, now, p, min(extra, p.limit))
+    return true
+  end
+
   function log.store(key, s, now, p)
     local w = p.window
     local ts, cs = s.ts, s.cs

@@ -47,6 +47,16 @@ ALG[3] = function()
     return true
   end
 
+  -- Takes `extra` tokens into debt, at most a bucket less one token (overcharge in
+  -- token_bucket.rs); true when the state changed.
+  function bucket.overcharge(s, now, p, extra)
+    local w = p.window
+    local deficit = bucket_deficit(s, now, p.limit)
+    local most = (2 * p.capacity - 1) * w
+    s[1], s[2] = min(deficit + extra * w, max(deficit, most)), max(now, s[2])
+    return true
+  end
+
   function bucket.expires_at(s, p)
     return s[2] + ceil_div(s[1], p.limit)
   end

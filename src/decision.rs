@@ -35,13 +35,27 @@ use crate::algorithm::PolicyDecision;
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Decision {
     allowed: bool,
     governing: usize,
     outcome: Outcome,
     decisions: SmallVec<[PolicyDecision; 2]>,
+    slot: u64,
 }
+
+/// Equal when the answers are: the [`slot`](Decision::slot) a store named is not part of
+/// the answer.
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed
+            && self.governing == other.governing
+            && self.outcome == other.outcome
+            && self.decisions == other.decisions
+    }
+}
+
+impl Eq for Decision {}
 
 /// How a decision was reached: by the store, or by a failure mode while the store was
 /// unavailable.
@@ -100,6 +114,7 @@ impl Decision {
             governing,
             outcome: Outcome::Decided,
             decisions,
+            slot: 0,
         }
     }
 
@@ -116,6 +131,7 @@ impl Decision {
             governing: 0,
             outcome: Outcome::Decided,
             decisions: smallvec::smallvec![decision],
+            slot: 0,
         }
     }
 
@@ -140,6 +156,37 @@ impl Decision {
             }
         }
         self
+    }
+
+    /// The name a shared store gave the in-flight slot this request took (0 when it took
+    /// none, or when the store counts slots without naming them, as the memory store does).
+    /// [`Store::release`](crate::store::Store::release) takes it back.
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    /// The same decision, holding the in-flight slot named `slot`.
+    pub fn with_slot(mut self, slot: u64) -> Self {
+        self.slot = slot;
+        self
+    }
+
+    /// Policy `index` was settled at `actual` units after `reserved` were charged: its
+    /// `remaining` becomes what it would be had `actual` been charged.
+    pub(crate) fn settled(&mut self, index: usize, reserved: u64, actual: u64) {
+        if let Some(d) = self.decisions.get_mut(index) {
+            d.remaining = (d.remaining + reserved).saturating_sub(actual).min(d.limit);
+            if let Some(g) = self
+                .decisions
+                .iter()
+                .enumerate()
+                .filter(|_| self.allowed)
+                .min_by_key(|(_, d)| d.remaining)
+                .map(|(i, _)| i)
+            {
+                self.governing = g;
+            }
+        }
     }
 
     /// How the decision was reached.

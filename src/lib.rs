@@ -136,9 +136,10 @@ pub use config::audit;
 pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
-pub use limiter::{Limiter, LimiterBuilder, MissingKey};
+pub use limiter::{Limiter, LimiterBuilder, MissingKey, Permit, Reservation};
 pub use middleware::{
-    RateLimitBody, RateLimitInfo, RateLimitLayer, RateLimitService, ResponseFuture,
+    EstimateFromJson, EstimateFromJsonLayer, RateLimitBody, RateLimitInfo, RateLimitLayer,
+    RateLimitService, ResponseFuture,
 };
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
 pub use refusal::{Refusal, RefusalKind};

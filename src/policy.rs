@@ -46,6 +46,11 @@ use crate::store::FailureMode;
 /// That still allows, for example, 13 million per day or 300 000 per second.
 pub const MAX_CAPACITY_WINDOW_PRODUCT: u64 = 1 << 50;
 
+/// How long a slot of an [in-flight](Policy::in_flight) policy held in a shared store lasts
+/// without a refresh: slots held by an instance that crashed come back this long after its
+/// last refresh. A holder refreshes every third of it.
+pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
+
 /// The largest limit the sliding window log accepts: it keeps one entry per admitted request.
 pub const MAX_LOG_LIMIT: u64 = 100_000;
 
@@ -160,6 +165,7 @@ impl fmt::Display for Rate {
 /// | [`TokenBucket`](Algorithm::TokenBucket) | O(1) | exact | up to the capacity |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | O(1) | exact per window | **2× around a window flip** |
 /// | [`Gcra`](Algorithm::Gcra) | O(1) | exact | up to the burst; can shape |
+/// | [`InFlight`](Algorithm::InFlight) | O(1) (Redis: one entry per slot) | exact | counts requests in progress, not arrivals |
 ///
 /// Each variant's module in [`crate::algorithm`] documents what `remaining`, `reset_after` and
 /// `retry_after` mean for it and its accuracy bound.
@@ -182,6 +188,10 @@ pub enum Algorithm {
     /// The generic cell rate algorithm: a leaky bucket as a meter.
     /// See [`crate::algorithm::gcra`].
     Gcra,
+    /// Not a rate: at most `limit` requests of a key in progress at once; the window is the
+    /// slot lease of shared stores. Build one with [`Policy::in_flight`]. See
+    /// [`crate::algorithm::in_flight`].
+    InFlight,
 }
 
 impl Algorithm {
@@ -193,6 +203,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::Gcra => "gcra",
+            Algorithm::InFlight => "in_flight",
         }
     }
 
@@ -272,6 +283,38 @@ impl Policy {
     /// A [`ConfigError`] naming the field when the name or rate is invalid.
     pub fn new(name: impl Into<String>, rate: Rate) -> Result<Self, ConfigError> {
         Self::builder(name, rate).build()
+    }
+
+    /// At most `max` requests of a key in progress at once (a concurrency limit), with the
+    /// default slot lease ([`DEFAULT_SLOT_LEASE`]). A request takes its slot when admitted and
+    /// gives it back when its response has been sent or dropped; see
+    /// [`crate::algorithm::in_flight`]. Put it on a route beside rate policies: a request
+    /// refused by either takes nothing from the other.
+    ///
+    /// For another lease (how long a slot held in Redis by an instance that crashed stays
+    /// taken), build it as `Policy::builder(name, Rate::new(max, lease)).algorithm(Algorithm::InFlight)`.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Policy};
+    ///
+    /// let uploads = Policy::in_flight("uploads", 20)?;
+    /// assert_eq!(uploads.algorithm(), Algorithm::InFlight);
+    /// assert_eq!(uploads.limit(), 20);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when the name is invalid or `max` is 0.
+    pub fn in_flight(name: impl Into<String>, max: u64) -> Result<Self, ConfigError> {
+        Self::builder(name, Rate::new(max, DEFAULT_SLOT_LEASE))
+            .algorithm(Algorithm::InFlight)
+            .build()
+    }
+
+    /// Whether the policy limits requests in progress rather than a rate.
+    pub fn is_in_flight(&self) -> bool {
+        self.inner.algorithm == Algorithm::InFlight
     }
 
     /// A builder for the other settings.
@@ -490,6 +533,33 @@ impl PolicyBuilder {
         self
     }
 
+    /// What an in-flight policy cannot have: each of these would be a setting nothing reads,
+    /// or a slot that is never given back.
+    fn check_in_flight(&self) -> Result<(), ConfigError> {
+        if self.cost != 1 {
+            return Err(ConfigError::new(
+                "cost",
+                self.cost,
+                "an in_flight policy counts requests in progress: each takes one slot",
+            ));
+        }
+        if self.shadow {
+            return Err(ConfigError::new(
+                "shadow",
+                true,
+                "an in_flight policy cannot run in shadow mode (its slots would never be given back)",
+            ));
+        }
+        if let Some(penalty) = self.penalty {
+            return Err(ConfigError::new(
+                "penalty",
+                format_args!("{penalty:?}"),
+                "an in_flight policy has no penalty; pair it with a rate policy that has one",
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks every value and builds the policy.
     ///
     /// # Errors
@@ -608,6 +678,9 @@ impl PolicyBuilder {
                     "must not exceed one hour",
                 ));
             }
+        }
+        if self.algorithm == Algorithm::InFlight {
+            self.check_in_flight()?;
         }
         if let Some(penalty) = self.penalty {
             if penalty < Duration::from_millis(1)

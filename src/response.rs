@@ -407,11 +407,19 @@ fn structured_fields(decision: &Decision, policies: &[Policy]) -> Option<(String
     let mut ratelimit_list = ListSerializer::new();
     for (policy, d) in policies.iter().zip(decision.policies()) {
         let name = StringRef::from_str(policy.name()).ok()?;
-        let window_secs = policy.window_millis().div_ceil(1000).max(1);
-        policy_list
+        let item = policy_list
             .bare_item(name)
-            .parameter(q, Integer::try_from(d.limit()).ok()?)
-            .parameter(w, Integer::try_from(window_secs).ok()?);
+            .parameter(q, Integer::try_from(d.limit()).ok()?);
+        if policy.is_in_flight() {
+            // A quota of requests in progress has no window: the draft's quota unit says so.
+            item.parameter(
+                KeyRef::constant("qu"),
+                StringRef::constant("concurrent-requests"),
+            );
+        } else {
+            let window_secs = policy.window_millis().div_ceil(1000).max(1);
+            item.parameter(w, Integer::try_from(window_secs).ok()?);
+        }
         let reset = if d.is_allowed() {
             d.reset_after_millis().div_ceil(1000)
         } else {

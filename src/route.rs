@@ -89,6 +89,8 @@ pub struct Route {
     pub(crate) policies: Vec<Policy>,
     pub(crate) tiers: Vec<(String, Vec<Policy>)>,
     pub(crate) cost: Cost,
+    /// The metered policies (by name) and how each is estimated and settled.
+    pub(crate) meters: Vec<(String, Meter)>,
 }
 
 impl Route {
@@ -145,7 +147,20 @@ impl Route {
         self
     }
 
-    /// Charges `cost` to every policy of the route.
+    /// Adds a policy whose cost is known only after the response (tokens generated, rows
+    /// exported): the [`Meter`]'s estimate is charged when the request arrives, together with
+    /// the route's other policies and all or nothing, and the actual cost is settled when the
+    /// response is known — the difference refunded, or the extra charged (see
+    /// [`Store::settle`](crate::store::Store::settle) for the bound on what an extra charge
+    /// can do). The other policies keep their own cost. See [`Meter`] for an example.
+    pub fn metered(mut self, policy: Policy, meter: Meter) -> Self {
+        self.meters.push((policy.name().to_owned(), meter));
+        self.policies.push(policy);
+        self
+    }
+
+    /// Charges `cost` to every policy of the route (metered and in-flight policies keep
+    /// their own: an estimate, one slot).
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = Cost::Fixed(cost);
         self
@@ -169,5 +184,224 @@ impl Route {
     {
         self.cost = Cost::Computed(Arc::new(f));
         self
+    }
+}
+
+/// Computes a metered policy's estimate from a request.
+pub type EstimateFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
+
+/// Counts a streamed response's cost from its data frames (tokens in a server-sent-events
+/// stream, rows in an export): called once per frame, the results summed.
+pub type FrameCostFn = dyn Fn(&bytes::Bytes) -> u64 + Send + Sync;
+
+/// How a [metered](Route::metered) policy's cost is reserved on arrival and settled after the
+/// response.
+///
+/// **The estimate**, charged when the request arrives: a fixed number, a function of the
+/// request head, or the [`CostEstimate`] that
+/// [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer) read from a field of the JSON body.
+/// An estimate above the policy's capacity is refused like any cost that could never fit.
+///
+/// **The actual cost**, settled when the response is known, by default from an
+/// [`ActualCost`] the handler puts in the response's extensions; or from a response header
+/// (removed before the response is sent); or counted over the response body's frames as they
+/// are sent, and settled when the body ends. When no actual cost comes (a handler that sets
+/// none, a client gone before a streamed body ended, a panic), the reservation stands: the
+/// estimate stays charged.
+///
+/// ```
+/// use tollgate::route::{Meter, Route};
+/// use tollgate::{Limiter, Policy, Rate};
+///
+/// // 60 requests and 90 000 tokens per minute; a completion reserves its `max_tokens` and
+/// // settles the tokens it streamed.
+/// let route = Route::new()
+///     .policy(Policy::new("requests", Rate::per_minute(60))?)
+///     .metered(
+///         Policy::new("tokens", Rate::per_minute(90_000))?,
+///         Meter::from_body(1_000)
+///             .settle_from_stream(|frame| frame.split(|&b| b == b'\n').filter(|l| l.starts_with(b"data:")).count() as u64),
+///     );
+/// let limiter = Limiter::builder().route("POST /v1/completions", route).default_route(Route::exempt()).build()?;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct Meter {
+    pub(crate) estimate: Estimate,
+    pub(crate) actual: Actual,
+}
+
+#[derive(Clone)]
+pub(crate) enum Estimate {
+    Fixed(u64),
+    Computed(Arc<EstimateFn>),
+    /// The request's [`CostEstimate`] extension, or this when it has none.
+    Body(u64),
+}
+
+#[derive(Clone)]
+pub(crate) enum Actual {
+    Extension,
+    Header(http::HeaderName),
+    Stream(Arc<FrameCostFn>),
+}
+
+impl fmt::Debug for Meter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let estimate = match &self.estimate {
+            Estimate::Fixed(n) => format!("Fixed({n})"),
+            Estimate::Computed(_) => "Computed(..)".to_owned(),
+            Estimate::Body(n) => format!("Body(default {n})"),
+        };
+        let actual = match &self.actual {
+            Actual::Extension => "Extension".to_owned(),
+            Actual::Header(h) => format!("Header({h})"),
+            Actual::Stream(_) => "Stream(..)".to_owned(),
+        };
+        f.debug_struct("Meter")
+            .field("estimate", &estimate)
+            .field("actual", &actual)
+            .finish()
+    }
+}
+
+impl Meter {
+    /// Reserves `estimate` units per request.
+    pub fn fixed(estimate: u64) -> Self {
+        Self::with(Estimate::Fixed(estimate))
+    }
+
+    /// Reserves what `f` computes from the request head (a header, a query parameter).
+    ///
+    /// ```
+    /// use tollgate::route::Meter;
+    ///
+    /// let meter = Meter::from_fn(|req| req.headers().get("x-max-rows")
+    ///     .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///     .unwrap_or(100));
+    /// ```
+    pub fn from_fn<F>(f: F) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
+    {
+        Self::with(Estimate::Computed(Arc::new(f)))
+    }
+
+    /// Reserves the request's [`CostEstimate`] (put there by
+    /// [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer), or by your own layer), or
+    /// `default` when it has none.
+    pub fn from_body(default: u64) -> Self {
+        Self::with(Estimate::Body(default))
+    }
+
+    fn with(estimate: Estimate) -> Self {
+        Self {
+            estimate,
+            actual: Actual::Extension,
+        }
+    }
+
+    /// Settles with the [`ActualCost`] the handler puts in the response extensions (the
+    /// default).
+    pub fn settle_from_extension(mut self) -> Self {
+        self.actual = Actual::Extension;
+        self
+    }
+
+    /// Settles with the number in response header `name`, which is removed before the
+    /// response is sent (a backend reports its cost to the gateway, not to the client). A
+    /// header that is not a whole number leaves the reservation standing.
+    pub fn settle_from_header(mut self, name: http::HeaderName) -> Self {
+        self.actual = Actual::Header(name);
+        self
+    }
+
+    /// Settles when the response body ends with the sum of `count` over its data frames. The
+    /// headers then describe the reservation (they are sent before the body).
+    pub fn settle_from_stream<F>(mut self, count: F) -> Self
+    where
+        F: Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
+    {
+        self.actual = Actual::Stream(Arc::new(count));
+        self
+    }
+
+    /// The estimate for `request`.
+    pub(crate) fn estimate(&self, request: &RequestView<'_>) -> u64 {
+        match &self.estimate {
+            Estimate::Fixed(n) => *n,
+            Estimate::Computed(f) => f(request),
+            Estimate::Body(default) => request
+                .extensions()
+                .get::<CostEstimate>()
+                .map_or(*default, |e| e.0),
+        }
+    }
+}
+
+/// A request's estimated cost for its [metered](Route::metered) policies, in its extensions:
+/// what [`Meter::from_body`] reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostEstimate(pub u64);
+
+/// The actual cost of a request, put in the response extensions by the handler, for the
+/// route's [metered](Route::metered) policies that settle from the extension (the default).
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use tollgate::route::ActualCost;
+///
+/// async fn export() -> impl IntoResponse {
+///     let rows = 1_250; // what the export produced
+///     let mut res = "...".into_response();
+///     res.extensions_mut().insert(ActualCost::new(rows));
+///     res
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActualCost {
+    all: Option<u64>,
+    named: smallvec::SmallVec<[(Arc<str>, u64); 1]>,
+}
+
+impl ActualCost {
+    /// `cost` for every metered policy of the route.
+    pub fn new(cost: u64) -> Self {
+        Self {
+            all: Some(cost),
+            named: smallvec::SmallVec::new(),
+        }
+    }
+
+    /// `cost` for the metered policy named `policy` only (others take [`new`](Self::new)'s
+    /// cost, if any, or keep their reservation).
+    ///
+    /// ```
+    /// use tollgate::route::ActualCost;
+    ///
+    /// let cost = ActualCost::new(1).with("input_tokens", 812).with("output_tokens", 95);
+    /// assert_eq!(cost.for_policy("output_tokens"), Some(95));
+    /// assert_eq!(cost.for_policy("anything_else"), Some(1));
+    /// ```
+    pub fn with(mut self, policy: &str, cost: u64) -> Self {
+        self.named.push((Arc::from(policy), cost));
+        self
+    }
+
+    /// An actual cost with no cost for every policy, only named ones.
+    pub fn named(policy: &str, cost: u64) -> Self {
+        Self {
+            all: None,
+            named: smallvec::smallvec![(Arc::from(policy), cost)],
+        }
+    }
+
+    /// The cost for `policy`, if this says one.
+    pub fn for_policy(&self, policy: &str) -> Option<u64> {
+        self.named
+            .iter()
+            .find(|(name, _)| &**name == policy)
+            .map(|(_, c)| *c)
+            .or(self.all)
     }
 }

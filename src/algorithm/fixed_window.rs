@@ -105,6 +105,18 @@ pub fn decide(
     (d, state)
 }
 
+/// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
+/// never beyond the limit: the window is then used up, and the next one starts afresh, so
+/// the key waits at most until its window ends.
+pub fn overcharge(state: &mut FixedWindowState, now: u64, policy: &Policy, extra: u64) {
+    let idx = now / policy.window_millis();
+    let count = current(state, idx);
+    *state = FixedWindowState {
+        window: idx,
+        count: (count + extra).min(count.max(policy.limit())),
+    };
+}
+
 /// When the state stops mattering (ms since the epoch): the end of its window.
 #[inline]
 pub fn expires_at(state: &FixedWindowState, policy: &Policy) -> u64 {

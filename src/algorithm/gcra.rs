@@ -170,6 +170,23 @@ pub fn decide(
     (d, state)
 }
 
+/// Charges `extra` units whether or not they fit (a cost settled above its reservation): the
+/// TAT may move past the tolerance, but never by more than the tolerance less one interval,
+/// so one unit fits again within the time the burst takes to refill (`capacity × W / N`).
+pub fn overcharge(state: &mut GcraState, now: u64, policy: &Policy, extra: u64) {
+    let n = policy.limit();
+    let w = policy.window_millis();
+    let backlog = backlog(state, now, n);
+    let most = (2 * policy.capacity() - 1) * w;
+    let after = backlog
+        .saturating_add(extra.saturating_mul(w))
+        .min(backlog.max(most));
+    *state = GcraState {
+        tat: now + after / n,
+        frac: after % n,
+    };
+}
+
 /// When the state stops mattering (ms since the epoch): when the TAT is reached.
 #[inline]
 pub fn expires_at(state: &GcraState, _policy: &Policy) -> u64 {

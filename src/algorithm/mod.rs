@@ -1,4 +1,4 @@
-//! The five algorithms as pure decision functions.
+//! The five rate algorithms, and the in-flight count, as pure decision functions.
 //!
 //! Each module holds one algorithm: a small state type and three functions over
 //! `(state, now, policy, cost)`, with `now` in milliseconds since the Unix epoch:
@@ -45,12 +45,14 @@ use std::time::Duration;
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod in_flight;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
 pub use fixed_window::FixedWindowState;
 pub use gcra::GcraState;
+pub use in_flight::InFlightState;
 pub use sliding_window_counter::SlidingWindowCounterState;
 pub use sliding_window_log::SlidingWindowLogState;
 pub use token_bucket::TokenBucketState;
@@ -179,6 +181,7 @@ pub(crate) enum AnyState {
     Bucket(TokenBucketState),
     Fixed(FixedWindowState),
     Gcra(GcraState),
+    InFlight(InFlightState),
 }
 
 impl AnyState {
@@ -190,6 +193,7 @@ impl AnyState {
             A::TokenBucket => AnyState::Bucket(Default::default()),
             A::FixedWindow => AnyState::Fixed(Default::default()),
             A::Gcra => AnyState::Gcra(Default::default()),
+            A::InFlight => AnyState::InFlight(Default::default()),
         }
     }
 
@@ -201,6 +205,7 @@ impl AnyState {
             AnyState::Bucket(_) => A::TokenBucket,
             AnyState::Fixed(_) => A::FixedWindow,
             AnyState::Gcra(_) => A::Gcra,
+            AnyState::InFlight(_) => A::InFlight,
         }
     }
 
@@ -211,6 +216,7 @@ impl AnyState {
             AnyState::Bucket(s) => token_bucket::evaluate(s, now, policy, cost),
             AnyState::Fixed(s) => fixed_window::evaluate(s, now, policy, cost),
             AnyState::Gcra(s) => gcra::evaluate(s, now, policy, cost),
+            AnyState::InFlight(s) => in_flight::evaluate(s, now, policy, cost),
         }
     }
 
@@ -221,6 +227,20 @@ impl AnyState {
             AnyState::Bucket(s) => token_bucket::refund(s, now, policy, cost),
             AnyState::Fixed(s) => fixed_window::refund(s, now, policy, cost),
             AnyState::Gcra(s) => gcra::refund(s, now, policy, cost),
+            AnyState::InFlight(s) => in_flight::refund(s, now, policy, cost),
+        }
+    }
+
+    /// Charges `extra` units whether or not they fit, within each algorithm's bound (see its
+    /// `overcharge`): a cost settled above its reservation.
+    pub(crate) fn overcharge(&mut self, now: u64, policy: &crate::Policy, extra: u64) {
+        match self {
+            AnyState::Counter(s) => sliding_window_counter::overcharge(s, now, policy, extra),
+            AnyState::Log(s) => sliding_window_log::overcharge(s, now, policy, extra),
+            AnyState::Bucket(s) => token_bucket::overcharge(s, now, policy, extra),
+            AnyState::Fixed(s) => fixed_window::overcharge(s, now, policy, extra),
+            AnyState::Gcra(s) => gcra::overcharge(s, now, policy, extra),
+            AnyState::InFlight(s) => in_flight::overcharge(s, now, policy, extra),
         }
     }
 
@@ -231,6 +251,7 @@ impl AnyState {
             AnyState::Bucket(s) => token_bucket::commit(s, now, policy, cost),
             AnyState::Fixed(s) => fixed_window::commit(s, now, policy, cost),
             AnyState::Gcra(s) => gcra::commit(s, now, policy, cost),
+            AnyState::InFlight(s) => in_flight::commit(s, now, policy, cost),
         }
     }
 
@@ -272,6 +293,7 @@ impl AnyState {
                 Some(done) => done,
                 None => run!(gcra, s),
             },
+            AnyState::InFlight(s) => run!(in_flight, s),
         }
     }
 
@@ -282,6 +304,7 @@ impl AnyState {
             AnyState::Bucket(s) => token_bucket::expires_at(s, policy),
             AnyState::Fixed(s) => fixed_window::expires_at(s, policy),
             AnyState::Gcra(s) => gcra::expires_at(s, policy),
+            AnyState::InFlight(s) => in_flight::expires_at(s, policy),
         }
     }
 }

@@ -228,6 +228,19 @@ pub fn decide(
     (d, state)
 }
 
+/// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
+/// never beyond the limit in the current window: the key is then at worst as if its whole
+/// limit had been used at `now`, so one unit fits again within one window plus `W / N`.
+pub fn overcharge(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, extra: u64) {
+    let idx = now / policy.window_millis();
+    let (previous, current) = counts(state, idx);
+    *state = SlidingWindowCounterState {
+        window: idx,
+        current: (current + extra).min(current.max(policy.limit())),
+        previous,
+    };
+}
+
 /// When the state stops mattering (ms since the epoch): the end of the window after its own.
 #[inline]
 pub fn expires_at(state: &SlidingWindowCounterState, policy: &Policy) -> u64 {

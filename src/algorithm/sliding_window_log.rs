@@ -151,6 +151,13 @@ pub fn decide(
     (d, state)
 }
 
+/// Logs `extra` units at `now` whether or not they fit (a cost settled above its
+/// reservation), at most the limit at a time. Every entry leaves the log one window after it
+/// was made, so the key waits at most one window.
+pub fn overcharge(state: &mut SlidingWindowLogState, now: u64, policy: &Policy, extra: u64) {
+    commit(state, now, policy, extra.min(policy.limit()));
+}
+
 /// When the state stops mattering (ms since the epoch): when its newest entry leaves.
 pub fn expires_at(state: &SlidingWindowLogState, policy: &Policy) -> u64 {
     state

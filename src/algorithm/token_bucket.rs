@@ -113,6 +113,22 @@ pub fn decide(
     (d, state)
 }
 
+/// Takes `extra` tokens whether or not the bucket holds them (a cost settled above its
+/// reservation): the bucket may go into debt, but never by more than a whole bucket less one
+/// token, so one token is back within the time the bucket takes to refill from empty
+/// (`capacity × W / N`).
+pub fn overcharge(state: &mut TokenBucketState, now: u64, policy: &Policy, extra: u64) {
+    let w = policy.window_millis();
+    let deficit = deficit_at(state, now, policy.limit());
+    let most = (2 * policy.capacity() - 1) * w;
+    *state = TokenBucketState {
+        deficit: deficit
+            .saturating_add(extra.saturating_mul(w))
+            .min(deficit.max(most)),
+        updated_at: now.max(state.updated_at),
+    };
+}
+
 /// When the state stops mattering (ms since the epoch): when the bucket is full again.
 #[inline]
 pub fn expires_at(state: &TokenBucketState, policy: &Policy) -> u64 {

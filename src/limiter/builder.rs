@@ -11,7 +11,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
 use crate::policy::Policy;
-use crate::route::{Cost, Route, TierFn};
+use crate::route::{Cost, Meter, Route, TierFn};
 use crate::store::{MemoryStore, Store};
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
@@ -431,7 +431,7 @@ fn compile_route(
         (&join(field, "policies"), &label),
         &cost_field,
         &route.policies,
-        &route.cost,
+        (&route.cost, &route.meters),
         sets,
         names,
     )?;
@@ -456,7 +456,7 @@ fn compile_route(
             (&tier_field, &label),
             &cost_field,
             policies,
-            &route.cost,
+            (&route.cost, &route.meters),
             sets,
             names,
         )?;
@@ -474,11 +474,22 @@ fn compile_set(
     at: (&str, &Arc<str>),
     cost_field: &str,
     policies: &[Policy],
-    cost: &Cost,
+    (cost, meters): (&Cost, &[(String, Meter)]),
     sets: &mut Vec<PolicySet>,
     names: &mut PolicyNames,
 ) -> Result<usize, ConfigError> {
     let (field, route) = at;
+    for (name, _) in meters {
+        if let Some(p) = policies.iter().find(|p| p.name() == name) {
+            if p.is_in_flight() || p.is_shadow() {
+                return Err(ConfigError::new(
+                    format!("{field}.metered"),
+                    format_args!("{name:?}"),
+                    "a metered policy must be an enforced rate policy (not in_flight, not shadow)",
+                ));
+            }
+        }
+    }
     for (i, p) in policies.iter().enumerate() {
         let at = format!("{field}[{i}]");
         if policies[..i].iter().any(|q| q.name() == p.name()) {
@@ -496,8 +507,9 @@ fn compile_set(
         .cloned()
         .collect();
     let shadow: Box<[Policy]> = policies.iter().filter(|p| p.is_shadow()).cloned().collect();
+    let metered = |p: &Policy| meters.iter().any(|(name, _)| name == p.name());
     if let Cost::Fixed(c) = cost {
-        for p in enforced.iter() {
+        for p in enforced.iter().filter(|p| !p.is_in_flight() && !metered(p)) {
             if *c == 0 || *c > p.capacity() {
                 return Err(ConfigError::new(
                     cost_field,
@@ -517,9 +529,26 @@ fn compile_set(
         .filter_map(|(i, p)| p.penalty_policy().map(|pp| (i, pp)))
         .unzip();
     let id = sets.len();
+    let set_meters: Box<[(usize, Meter)]> = enforced
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            meters
+                .iter()
+                .find(|(name, _)| name == p.name())
+                .map(|(_, m)| (i, m.clone()))
+        })
+        .collect();
+    let in_flight: Arc<[Policy]> = enforced
+        .iter()
+        .filter(|p| p.is_in_flight())
+        .cloned()
+        .collect();
     sets.push(PolicySet {
         id,
         route: Arc::clone(route),
+        in_flight,
+        meters: set_meters,
         default_costs: enforced.iter().map(Policy::cost).collect(),
         shadow_costs: shadow.iter().map(Policy::cost).collect(),
         enforced,

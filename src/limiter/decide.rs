@@ -23,19 +23,29 @@ pub(crate) enum Prepared<F> {
     /// Refused before asking the store (missing key, deny list, a cost that never fits).
     Refuse(Refusal),
     /// The store answered at once ([`Store::check_now`]) for policy set `set`. `key` is
-    /// kept only when decisions are traced.
+    /// kept only when decisions are traced; `hold` only when the set holds slots or settles
+    /// costs after the response.
     Decided {
         set: usize,
         outcome: Result<Decision, StoreError>,
         key: Option<Key>,
+        hold: Option<Box<HoldSeed>>,
     },
     /// The store's answer to wait for, for policy set `set`. `key` is kept only when
-    /// decisions are traced.
+    /// decisions are traced; `hold` as for `Decided`.
     Check {
         set: usize,
         future: CheckFuture<F>,
         key: Option<Key>,
+        hold: Option<Box<HoldSeed>>,
     },
+}
+
+/// What a request of a set with in-flight or metered policies needs after its decision: its
+/// key, and the units charged to each enforced policy (for the settlement).
+pub(crate) struct HoldSeed {
+    pub(crate) key: Key,
+    pub(crate) reserved: SmallVec<[u64; 2]>,
 }
 
 pin_project_lite::pin_project! {
@@ -99,12 +109,46 @@ impl<S: Store> Limiter<S> {
             return Prepared::Refuse(refusal);
         };
         // A computed cost is asked of the request once, for shadow and enforced policies alike.
-        let cost = match &self.inner.sets[set_id].cost {
+        let set = &self.inner.sets[set_id];
+        let cost = match &set.cost {
             Cost::PolicyDefault => None,
             Cost::Fixed(c) => Some(*c),
             Cost::Computed(f) => Some(f(request)),
         };
-        self.prepare_key(set_id, key, cost)
+        if set.meters.is_empty() {
+            return self.prepare_key(set_id, key, cost, None);
+        }
+        let estimates: SmallVec<[u64; 2]> = set
+            .meters
+            .iter()
+            .map(|(_, m)| m.estimate(request))
+            .collect();
+        self.prepare_key(set_id, key, cost, Some(&estimates))
+    }
+
+    /// The units a request charges each enforced policy of `set_id`: its own cost, or the
+    /// given `cost`, or a metered policy's estimate; an in-flight policy always one slot.
+    pub(crate) fn charged_costs(
+        &self,
+        set_id: usize,
+        cost: Option<u64>,
+        estimates: Option<&[u64]>,
+    ) -> SmallVec<[u64; 2]> {
+        let set = &self.inner.sets[set_id];
+        set.enforced
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if p.is_in_flight() {
+                    return 1;
+                }
+                let metered = set.meters.iter().position(|(m, _)| *m == i);
+                match (metered, estimates) {
+                    (Some(j), Some(e)) => e.get(j).copied().unwrap_or(p.cost()),
+                    _ => cost.unwrap_or(p.cost()),
+                }
+            })
+            .collect()
     }
 
     /// Everything before the store answers, for a key: deny and allow lists, shadow
@@ -115,6 +159,7 @@ impl<S: Store> Limiter<S> {
         set_id: usize,
         key: Key,
         cost: Option<u64>,
+        estimates: Option<&[u64]>,
     ) -> Prepared<S::CheckFuture> {
         let inner = &*self.inner;
         let common = &*inner.common;
@@ -135,15 +180,15 @@ impl<S: Store> Limiter<S> {
         }
         // The policies' own costs are borrowed, not copied: the common case, on every request.
         let given: SmallVec<[u64; 2]>;
-        let costs: &[u64] = match cost {
-            None => &set.default_costs,
-            Some(c) => {
-                given = set.enforced.iter().map(|_| c).collect();
-                &given
-            }
+        let own = cost.is_none() && estimates.is_none();
+        let costs: &[u64] = if own {
+            &set.default_costs
+        } else {
+            given = self.charged_costs(set_id, cost, estimates);
+            &given
         };
         // Policies' own costs were checked when they were built; a given one is checked here.
-        if cost.is_some() {
+        if !own {
             if let Some((p, &c)) = too_costly(&set.enforced, costs) {
                 let refusal = Refusal::cost_exceeds_capacity(p, c);
                 refusal.log(Some(&key));
@@ -155,12 +200,19 @@ impl<S: Store> Limiter<S> {
         let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG)
             || telemetry::span_wants_key();
         let traced_key = traced.then(|| key.clone());
+        let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {
+            Box::new(HoldSeed {
+                key: key.clone(),
+                reserved: SmallVec::from_slice(costs),
+            })
+        });
         let future = if set.penalties.is_empty() {
             if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
                 return Prepared::Decided {
                     set: set_id,
                     outcome,
                     key: traced_key,
+                    hold,
                 };
             }
             CheckFuture::Direct {
@@ -179,6 +231,7 @@ impl<S: Store> Limiter<S> {
             set: set_id,
             future,
             key: traced_key,
+            hold,
         }
     }
 

@@ -9,12 +9,15 @@
 mod access;
 mod builder;
 mod decide;
+mod hold;
 mod penalty;
 mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
-pub(crate) use decide::{CheckFuture, Prepared};
+pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
+pub(crate) use hold::{drive, Slots};
+pub use hold::{Permit, Reservation};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,7 +30,7 @@ use crate::error::{CheckError, ConfigError};
 use crate::key::{Key, KeyExtractor, RequestView};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
-use crate::route::{Cost, Route, TierFn};
+use crate::route::{Cost, Meter, Route, TierFn};
 use crate::store::{MemoryStore, Store};
 
 use access::AccessList;
@@ -126,6 +129,10 @@ pub(crate) struct PolicySet {
     /// [`ATTACHED_ROUTE`]; never a request's path.
     pub(crate) route: Arc<str>,
     pub(crate) enforced: Arc<[Policy]>,
+    /// The in-flight policies among `enforced`: their slots are held until the response ends.
+    pub(crate) in_flight: Arc<[Policy]>,
+    /// The metered policies (their index in `enforced`) and how each is settled.
+    pub(crate) meters: Box<[(usize, Meter)]>,
     shadow: Box<[Policy]>,
     /// Penalty policies, for the enforced policies that have a penalty (in that order).
     penalties: Box<[Policy]>,
@@ -252,7 +259,7 @@ impl<S: Store> Limiter<S> {
         let Some(set) = self.default_set() else {
             return Ok(Decision::pass());
         };
-        self.settle(self.prepare_key(set, key.clone(), Some(cost)))
+        self.finish_direct(self.prepare_key(set, key.clone(), Some(cost), None))
             .await
     }
 
@@ -315,8 +322,12 @@ impl<S: Store> Limiter<S> {
         match self.prepare(request) {
             Prepared::Pass => Ok(Decision::pass()),
             Prepared::Refuse(refusal) => Err(refusal),
-            Prepared::Decided { set, outcome, key } => self.conclude(set, key.as_ref(), outcome),
-            Prepared::Check { set, future, key } => {
+            Prepared::Decided {
+                set, outcome, key, ..
+            } => self.conclude(set, key.as_ref(), outcome),
+            Prepared::Check {
+                set, future, key, ..
+            } => {
                 let outcome = future.await;
                 self.conclude(set, key.as_ref(), outcome)
             }
@@ -324,7 +335,10 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Awaits a prepared direct check, in the direct API's terms.
-    async fn settle(&self, prepared: Prepared<S::CheckFuture>) -> Result<Decision, CheckError> {
+    async fn finish_direct(
+        &self,
+        prepared: Prepared<S::CheckFuture>,
+    ) -> Result<Decision, CheckError> {
         let (set, outcome) = match prepared {
             Prepared::Pass => return Ok(Decision::pass()),
             Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),

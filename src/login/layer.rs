@@ -520,7 +520,7 @@ where
 
 /// Reads a body of at most `max` bytes; a larger one is refused with 413, an unreadable one
 /// with 400.
-async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, RefusalKind>
+pub(crate) async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, RefusalKind>
 where
     B: Body<Data = Bytes>,
 {

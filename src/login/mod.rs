@@ -144,6 +144,7 @@
 
 mod layer;
 mod username;
+pub(crate) use layer::read_capped;
 
 pub use layer::{LoginLayer, LoginOutcome, LoginService};
 pub use username::normalise_username;

@@ -1,11 +1,13 @@
 //! The response body of [`RateLimitService`](crate::RateLimitService).
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use super::held::BodyHold;
 
 pin_project! {
     /// Either the inner service's body or a body tollgate wrote (a 429, 400 or 503).
@@ -22,6 +24,9 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
+        // The inner body, and what the request holds until it ends: in-flight slots (given
+        // back when this is dropped), frames to count for a settlement.
+        Held { #[pin] body: B, hold: Box<BodyHold> },
     }
 }
 
@@ -29,6 +34,15 @@ impl<B> RateLimitBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn held(body: B, hold: BodyHold) -> Self {
+        Self {
+            kind: Kind::Held {
+                body,
+                hold: Box::new(hold),
+            },
         }
     }
 
@@ -55,19 +69,35 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Held { mut body, hold } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                match &frame {
+                    Some(Ok(f)) => {
+                        if let Some(data) = f.data_ref() {
+                            hold.frame(data);
+                        }
+                        if body.is_end_stream() {
+                            hold.end();
+                        }
+                    }
+                    None => hold.end(),
+                    Some(Err(_)) => {}
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Held { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body } | Kind::Held { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -12,9 +12,10 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
+use super::held::Held;
 use super::layer::{Kept, Shared};
 use crate::key::Key;
-use crate::limiter::CheckFuture;
+use crate::limiter::{CheckFuture, HoldSeed};
 use crate::store::Store;
 
 pin_project! {
@@ -43,6 +44,7 @@ pin_project! {
             check: CheckFuture<St::CheckFuture>,
             set: usize,
             key: Option<Key>,
+            hold: Option<Box<HoldSeed>>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             // Moved (not cloned) into the next state: one reference count per request.
@@ -55,6 +57,7 @@ pin_project! {
             request: Option<Request<ReqBody>>,
             // Kept only when the response gets quota headers or a `RateLimitInfo`.
             decision: Option<Kept>,
+            held: Option<Box<Held>>,
             // Moved (not cloned) into the next state: one reference count per request.
             shared: Option<Arc<Shared<St>>>,
         },
@@ -64,6 +67,8 @@ pin_project! {
             set: usize,
             // Kept only when the response gets quota headers or a `RateLimitInfo`.
             decision: Option<Kept>,
+            // Slots and settlement, when the route has in-flight or metered policies.
+            held: Option<Box<Held>>,
             shared: Arc<Shared<St>>,
         },
         Early {
@@ -100,6 +105,7 @@ where
         future: Inner::Future,
         set: usize,
         decision: Option<Kept>,
+        held: Option<Box<Held>>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -107,6 +113,7 @@ where
                 future,
                 set,
                 decision,
+                held,
                 shared,
             },
         }
@@ -118,7 +125,7 @@ where
         set: usize,
         inner: Inner,
         request: Request<ReqBody>,
-        decision: Option<Kept>,
+        (decision, held): (Option<Kept>, Option<Box<Held>>),
         shared: Arc<Shared<St>>,
     ) -> Self {
         Self {
@@ -128,6 +135,7 @@ where
                 inner: Some(inner),
                 request: Some(request),
                 decision,
+                held,
                 shared: Some(shared),
             },
         }
@@ -136,7 +144,7 @@ where
     pub(crate) fn checking(
         check: CheckFuture<St::CheckFuture>,
         set: usize,
-        key: Option<Key>,
+        (key, hold): (Option<Key>, Option<Box<HoldSeed>>),
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
@@ -146,6 +154,7 @@ where
                 check,
                 set,
                 key,
+                hold,
                 inner: Some(inner),
                 request: Some(request),
                 shared: Some(shared),
@@ -181,6 +190,7 @@ where
                     check,
                     set,
                     key,
+                    hold,
                     inner,
                     request,
                     shared,
@@ -201,12 +211,15 @@ where
                         }
                         Ok(decision) => {
                             let mut request = request.take().expect("polled after completion");
+                            let held = hold
+                                .take()
+                                .and_then(|seed| shared.limiter.held(set, seed, &decision));
                             let (delay, decision) = shared.proceed(set, decision, &mut request);
                             let mut inner = inner.take().expect("polled after completion");
                             let next = if delay.is_zero() {
-                                Self::calling(inner.call(request), set, decision, shared)
+                                Self::calling(inner.call(request), set, decision, held, shared)
                             } else {
-                                Self::waiting(delay, set, inner, request, decision, shared)
+                                Self::waiting(delay, set, inner, request, (decision, held), shared)
                             };
                             this.state.set(next.state);
                         }
@@ -218,26 +231,43 @@ where
                     inner,
                     request,
                     decision,
+                    held,
                     shared,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let shared = shared.take().expect("polled after completion");
-                    let next = Self::calling(inner.call(request), *set, decision.take(), shared);
+                    let next = Self::calling(
+                        inner.call(request),
+                        *set,
+                        decision.take(),
+                        held.take(),
+                        shared,
+                    );
                     this.state.set(next.state);
                 }
                 StateProj::Calling {
                     future,
                     set,
                     decision,
+                    held,
                     shared,
                 } => {
                     let mut res = ready!(future.poll(cx))?;
+                    // Settled first, so that the headers report the state after it.
+                    let body_hold = held.take().map(|h| {
+                        h.on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
+                    });
                     if let Some(kept) = decision.take() {
                         shared.finish(*set, kept, &mut res);
                     }
-                    return Poll::Ready(Ok(res.map(RateLimitBody::inner)));
+                    return Poll::Ready(Ok(match body_hold {
+                        Some(hold) if !hold.is_empty() => {
+                            res.map(|body| RateLimitBody::held(body, hold))
+                        }
+                        _ => res.map(RateLimitBody::inner),
+                    }));
                 }
             }
         }

@@ -98,7 +98,7 @@ impl<St: Store> Shared<St> {
 
 /// The decision of a request that went ahead, kept for its response.
 pub(crate) struct Kept {
-    decision: Decision,
+    pub(crate) decision: Decision,
     /// Whether the response gets quota headers.
     headers: bool,
 }

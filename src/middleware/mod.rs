@@ -8,12 +8,15 @@
 //! [`Refusal`](crate::Refusal), rendered for HTTP or gRPC.
 
 mod body;
+mod estimate;
 mod future;
+mod held;
 mod info;
 mod layer;
 mod service;
 
 pub use body::RateLimitBody;
+pub use estimate::{EstimateFromJson, EstimateFromJsonLayer, DEFAULT_MAX_ESTIMATE_BODY};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
 pub use layer::RateLimitLayer;

@@ -96,24 +96,39 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let (set, concluded) = match shared.limiter.prepare(&RequestView::new(&req)) {
+        let (set, concluded, held) = match shared.limiter.prepare(&RequestView::new(&req)) {
             Prepared::Pass => return ResponseFuture::pass(self.inner.call(req)),
             Prepared::Refuse(refusal) => {
                 let grpc = crate::grpc::content_type(req.headers());
                 return ResponseFuture::early(shared.refuse(refusal, grpc));
             }
-            Prepared::Check { set, future, key } => {
+            Prepared::Check {
+                set,
+                future,
+                key,
+                hold,
+            } => {
                 return ResponseFuture::checking(
                     future,
                     set,
-                    key,
+                    (key, hold),
                     self.take_ready_inner(),
                     req,
                     shared,
                 )
             }
-            Prepared::Decided { set, outcome, key } => {
-                (set, shared.limiter.conclude(set, key.as_ref(), outcome))
+            Prepared::Decided {
+                set,
+                outcome,
+                key,
+                hold,
+            } => {
+                let concluded = shared.limiter.conclude(set, key.as_ref(), outcome);
+                let held = match (&concluded, hold) {
+                    (Ok(decision), Some(seed)) => shared.limiter.held(set, seed, decision),
+                    _ => None,
+                };
+                (set, concluded, held)
             }
         };
         match concluded {
@@ -126,14 +141,14 @@ where
                 // readiness by `poll_ready`) is called right here, and the future only adds
                 // the headers.
                 (delay, decision) if delay.is_zero() => {
-                    ResponseFuture::calling(self.inner.call(req), set, decision, shared)
+                    ResponseFuture::calling(self.inner.call(req), set, decision, held, shared)
                 }
                 (delay, decision) => ResponseFuture::waiting(
                     delay,
                     set,
                     self.take_ready_inner(),
                     req,
-                    decision,
+                    (decision, held),
                     shared,
                 ),
             },

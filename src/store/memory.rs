@@ -328,22 +328,115 @@ impl MemoryStore {
     /// Gives back up to `costs[i]` units to the key's state for `policies[i]`; a key or policy
     /// with no state is left alone (nothing is inserted). See [`Store::refund`].
     fn refund_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        self.adjust_now(key, policies, costs, false, AnyState::refund);
+    }
+
+    /// Settles each policy: refunds what was reserved above the actual cost, overcharges
+    /// what the actual cost exceeds it by. See [`Store::settle`].
+    fn settle_now(&self, key: &Key, policies: &[Policy], reserved: &[u64], actual: &[u64]) {
+        let (mut back, mut extra): (SmallVec<[u64; 2]>, SmallVec<[u64; 2]>) =
+            (SmallVec::new(), SmallVec::new());
+        for (&r, &a) in reserved.iter().zip(actual) {
+            back.push(r.saturating_sub(a));
+            extra.push(a.saturating_sub(r));
+        }
+        if back.iter().any(|&b| b > 0) {
+            self.adjust_now(key, policies, &back, false, AnyState::refund);
+        }
+        if extra.iter().any(|&e| e > 0) {
+            self.charge_now(key, policies, &extra);
+        }
+    }
+
+    /// Charges `costs` whether or not they fit (within each algorithm's overcharge bound),
+    /// creating the key's state when it has none.
+    fn charge_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        let inner = &self.inner;
+        let hash = hash_key(&inner.hasher, key);
+        let mut shard = inner.shard(hash).lock();
+        if shard.find(hash, key).is_none() {
+            let room = if shard.entries.len() >= inner.max_keys_per_shard {
+                shard.evict_one(inner.clock.now_millis(), &inner.hasher)
+            } else {
+                None
+            };
+            let entry = Entry {
+                key: key.clone(),
+                expires_at: 0,
+                slots: SmallVec::new(),
+            };
+            match room {
+                Some(i) => shard.put_at(i, hash, entry, &inner.hasher),
+                None => {
+                    if shard.insert(hash, entry, &inner.hasher).is_err() {
+                        return;
+                    }
+                }
+            }
+            shard.remember(policies);
+        }
+        drop(shard);
+        self.adjust_now(key, policies, costs, true, |state, now, p, c| {
+            if c > 0 {
+                state.overcharge(now, p, c);
+            }
+        });
+    }
+
+    /// Applies `change` to the key's state for each policy (with `create`, to a fresh state
+    /// for a policy it has none of; otherwise such a policy is left alone), then moves the
+    /// entry's expiry to what its states now need.
+    fn adjust_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        create: bool,
+        change: impl Fn(&mut AnyState, u64, &Policy, u64),
+    ) {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
         let hash = hash_key(&inner.hasher, key);
-        let mut shard = inner.shard(hash).lock();
+        let mut guard = inner.shard(hash).lock();
+        let shard = &mut *guard;
         if let Some(i) = shard.find(hash, key) {
             let entry = &mut shard.entries[i];
             for (p, &c) in policies.iter().zip(costs) {
-                if let Some(slot) = entry
-                    .slots
-                    .iter_mut()
-                    .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
-                {
-                    // The entry's expiry stays: it can only have moved earlier.
-                    slot.state.refund(now, p, c);
+                if c == 0 {
+                    continue;
                 }
+                let at = match entry
+                    .slots
+                    .iter()
+                    .position(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
+                {
+                    Some(at) => at,
+                    None if !create => continue,
+                    None => {
+                        entry.slots.push(Slot {
+                            policy: p.id(),
+                            state: AnyState::fresh(p.algorithm()),
+                        });
+                        entry.slots.len() - 1
+                    }
+                };
+                change(&mut entry.slots[at].state, now, p, c);
             }
+            // A refund can only move the expiry earlier, an overcharge later, and a slot given
+            // back frees its entry: recomputed from the states this store knows.
+            let known = &shard.known;
+            let entry = &mut shard.entries[i];
+            entry.expires_at = entry
+                .slots
+                .iter()
+                .map(|s| {
+                    known
+                        .iter()
+                        .find(|k| k.id() == s.policy && k.algorithm() == s.state.algorithm())
+                        .map_or(entry.expires_at, |p| s.state.expires_at(p))
+                })
+                .max()
+                .unwrap_or(0);
         }
     }
 
@@ -569,6 +662,13 @@ impl Shard {
             else {
                 continue;
             };
+            if let AnyState::InFlight(held) = &slot.state {
+                // Forgetting slots in use would admit that many more: such an entry is kept
+                // like a full one.
+                if held.held() > 0 {
+                    return (1, 1);
+                }
+            }
             let d = slot.state.evaluate(now, policy, 0);
             let limit = d.limit().max(1);
             let used = limit.saturating_sub(d.remaining());
@@ -771,6 +871,17 @@ impl Store for MemoryStore {
         costs: &[u64],
     ) -> BoxFuture<Result<(), StoreError>> {
         self.refund_now(key, policies, costs);
+        Box::pin(ready(Ok(())))
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.settle_now(key, policies, reserved, actual);
         Box::pin(ready(Ok(())))
     }
 

@@ -29,6 +29,8 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
+use smallvec::SmallVec;
+
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -123,6 +125,68 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         costs: &[u64],
     ) -> BoxFuture<Result<(), StoreError>>;
 
+    /// Settles costs known only after the response: `reserved[i]` units were charged to
+    /// `policies[i]` by [`check`](Store::check), and the request turned out to cost
+    /// `actual[i]`. The difference is refunded when the actual cost is lower (as
+    /// [`refund`](Store::refund) does) or charged when it is higher, whether or not it fits,
+    /// all in one atomic step. An extra charge may push a state past its limit (later requests
+    /// wait), but never further than each algorithm's `overcharge` allows: at worst as if the
+    /// whole limit had been used at that moment, so one unit fits again within one window
+    /// (the sliding window counter: one window plus `window / limit`; the token bucket and
+    /// GCRA: the time the bucket takes to refill from empty).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{MemoryStore, Store};
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let store = MemoryStore::new();
+    /// let tokens = [Policy::new("tokens", Rate::per_minute(1000))?];
+    /// let key = Key::new("user", "client-1");
+    /// assert_eq!(store.check(&key, &tokens, &[500]).await?.remaining(), 500);
+    /// store.settle(&key, &tokens, &[500], &[120]).await?; // 380 units back
+    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 880);
+    /// store.settle(&key, &tokens, &[0], &[5000]).await?;  // charged up to the limit
+    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>>;
+
+    /// Gives back the slot a request held under each of `policies` (all
+    /// [in-flight](crate::Algorithm::InFlight)); `slot` is the request's
+    /// [`Decision::slot`]. The default gives back one unit of each, which is exact for stores
+    /// that count slots rather than name them.
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let _ = slot;
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        self.refund(key, policies, &ones)
+    }
+
+    /// Extends the lease of a held slot (see [`release`](Store::release)), for stores whose
+    /// slots expire unless refreshed (Redis); `None`, the default, when slots never expire.
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let _ = (key, policies, slot);
+        None
+    }
+
     /// Forgets the key's state for these policies: its next request starts afresh.
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
 
@@ -195,6 +259,25 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         costs: &[u64],
     ) -> BoxFuture<Result<(), StoreError>>;
     fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
+    fn settle_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>>;
+    fn release_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>>;
+    fn refresh_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
     fn store_generation(&self) -> u64;
@@ -235,6 +318,31 @@ impl<S: Store> ErasedStore for S {
     }
     fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
         self.reset(key, policies)
+    }
+    fn settle_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.settle(key, policies, reserved, actual)
+    }
+    fn release_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.release(key, policies, slot)
+    }
+    fn refresh_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        self.refresh(key, policies, slot)
     }
     fn now(&self) -> u64 {
         self.now_millis()
@@ -292,6 +400,34 @@ impl Store for DynStore {
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
         self.inner.reset_boxed(key, policies)
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.settle_boxed(key, policies, reserved, actual)
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.release_boxed(key, policies, slot)
+    }
+
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        self.inner.refresh_boxed(key, policies, slot)
     }
 
     fn now_millis(&self) -> u64 {

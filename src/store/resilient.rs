@@ -788,27 +788,77 @@ impl<S: Store> Store for ResilientStore<S> {
                     .refund(key, &fallback_policies, &fallback_costs),
             );
         }
-        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
-            // The store is skipped while the circuit is open, as checks are.
-            Gate::Skip => return Box::pin(std::future::ready(Ok(()))),
-            Gate::Probe => true,
-            Gate::Call => false,
-        };
-        let call = inner.primary.refund(key, policies, costs);
-        let this = Arc::clone(inner);
-        Box::pin(async move {
-            let result = tokio::time::timeout(this.timeout, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout));
-            match &result {
-                Ok(()) => this.breaker.success(),
-                Err(error) => {
-                    telemetry::store_error(error);
-                    this.breaker.failure(this.clock.now_millis(), probe);
-                }
-            }
-            result
-        })
+        self.guarded(|primary| Some(primary.refund(key, policies, costs)))
+            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
+    }
+
+    /// Settles the store and the local fallback (each fallback policy with the costs
+    /// clamped to its capacity, as its checks were).
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.deny_cache {
+            cache.forget(key);
+        }
+        let (idx, fallback_policies, _) = inner.fallback_parts(policies, reserved);
+        if !fallback_policies.is_empty() {
+            let cap = |i: usize, v: &[u64], fp: &Policy| v[i].min(fp.capacity());
+            let r: SmallVec<[u64; 2]> = idx
+                .iter()
+                .zip(&fallback_policies)
+                .map(|(&i, fp)| cap(i, reserved, fp))
+                .collect();
+            let a: SmallVec<[u64; 2]> = idx
+                .iter()
+                .zip(&fallback_policies)
+                .map(|(&i, fp)| cap(i, actual, fp))
+                .collect();
+            // The memory store settles at call time; its future only reports success.
+            drop(inner.fallback.settle(key, &fallback_policies, &r, &a));
+        }
+        self.guarded(|primary| Some(primary.settle(key, policies, reserved, actual)))
+            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
+    }
+
+    /// Gives the slot back to the store (when it named one) and to the local fallback.
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let inner = &self.inner;
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, &ones);
+        if !fallback_policies.is_empty() {
+            drop(
+                inner
+                    .fallback
+                    .refund(key, &fallback_policies, &fallback_costs),
+            );
+        }
+        if slot == 0 {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        self.guarded(|primary| Some(primary.release(key, policies, slot)))
+            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
+    }
+
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        if slot == 0 {
+            return None;
+        }
+        self.guarded(|primary| primary.refresh(key, policies, slot))
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
@@ -843,6 +893,39 @@ impl<S: Store> Store for ResilientStore<S> {
 
     fn name(&self) -> &'static str {
         self.inner.primary.name()
+    }
+}
+
+impl<S: Store> ResilientStore<S> {
+    /// A call of the store that is not a decision (a refund, settlement, release or
+    /// refresh) under the same timeout and circuit breaker as decisions: skipped (`None`)
+    /// while the circuit is open; its errors counted and fed to the breaker.
+    fn guarded(
+        &self,
+        call: impl FnOnce(&S) -> Option<BoxFuture<Result<(), StoreError>>>,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let inner = &self.inner;
+        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
+            // The store is skipped while the circuit is open, as checks are.
+            Gate::Skip => return None,
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = call(&inner.primary)?;
+        let this = Arc::clone(inner);
+        Some(Box::pin(async move {
+            let result = tokio::time::timeout(this.timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            match &result {
+                Ok(()) => this.breaker.success(),
+                Err(error) => {
+                    telemetry::store_error(error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                }
+            }
+            result
+        }))
     }
 }
 

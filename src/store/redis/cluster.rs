@@ -166,7 +166,7 @@ impl Store for RedisClusterStore {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        self.core.decide(key, policies, costs, Mode::Charge)
+        self.core.charge(key, policies, costs)
     }
 
     fn peek(
@@ -185,6 +185,34 @@ impl Store for RedisClusterStore {
         costs: &[u64],
     ) -> BoxFuture<Result<(), StoreError>> {
         self.core.refund(key, policies, costs)
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.core.settle(key, policies, reserved, actual)
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.core.slot(key, policies, slot, Mode::Refund)
+    }
+
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        Some(self.core.slot(key, policies, slot, Mode::Refresh))
     }
 
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {

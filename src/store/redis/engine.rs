@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use smallvec::SmallVec;
 
 use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
 use super::keys::{state_key, validate_prefix, ALL_ALGORITHMS, DEFAULT_PREFIX};
@@ -366,6 +367,66 @@ impl<C: Connector> Core<C> {
         results
     }
 
+    /// A charge that takes an in-flight slot: the request names its slot (see
+    /// [`next_slot`]) in place of the cost of each in-flight policy, and an allowed decision
+    /// carries it for the release.
+    pub(crate) fn charge(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        if !policies.iter().any(Policy::is_in_flight) {
+            return self.decide(key, policies, costs, Mode::Charge);
+        }
+        let slot = next_slot();
+        let named: SmallVec<[u64; 2]> = policies
+            .iter()
+            .zip(costs)
+            .map(|(p, &c)| if p.is_in_flight() { slot } else { c })
+            .collect();
+        let call = self.decide(key, policies, &named, Mode::Charge);
+        Box::pin(async move {
+            call.await
+                .map(|d| if d.is_allowed() { d.with_slot(slot) } else { d })
+        })
+    }
+
+    /// See [`Store::settle`](crate::store::Store::settle): one request in settle mode, with
+    /// the signed difference per policy.
+    pub(crate) fn settle(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let deltas: SmallVec<[u64; 2]> = reserved
+            .iter()
+            .zip(actual)
+            .map(|(&r, &a)| (a as i64).wrapping_sub(r as i64) as u64)
+            .collect();
+        let call = self.decide(key, policies, &deltas, Mode::Settle);
+        Box::pin(async move { call.await.map(drop) })
+    }
+
+    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`.
+    pub(crate) fn slot(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+        mode: Mode,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if slot == 0 {
+            // The decision took no slot here (a failure mode decided it).
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let slots: SmallVec<[u64; 2]> = policies.iter().map(|_| slot).collect();
+        let call = self.decide(key, policies, &slots, mode);
+        Box::pin(async move { call.await.map(drop) })
+    }
+
     /// See [`Store::refund`](crate::store::Store::refund): a request of the decision script in
     /// refund mode, batched like any other, so one atomic script call.
     pub(crate) fn refund(
@@ -618,6 +679,34 @@ mod tests {
         for bad in [0.5, -0.5, f64::NAN, f64::INFINITY, 1e300] {
             let bad_reply = packed(1, &[(1, [bad, 1_000.0, 0.0, 0.0])]);
             assert!(protocol(&bad_reply, &batch[..1]), "{bad}");
+        }
+    }
+}
+
+/// A name for an in-flight slot, unique among the slots held at once: 32 random bits per
+/// process, then a 21-bit counter, so below 2^53 (exact as a Lua number) and never 0. Two
+/// processes collide only if they drew the same 32 bits; a counter wraps after two million
+/// slots, long after any slot of its first round has been given back or has expired.
+pub(crate) fn next_slot() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        h.write_u64(nanos);
+        (h.finish() & 0xFFFF_FFFF) << 21
+    });
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0x1F_FFFF;
+        if n != 0 {
+            return base | n;
         }
     }
 }

@@ -15,15 +15,17 @@ fn algorithm_part(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "tb",
         Algorithm::FixedWindow => "fw",
         Algorithm::Gcra => "gcra",
+        Algorithm::InFlight => "inf",
     }
 }
 
-pub(crate) const ALL_ALGORITHMS: [Algorithm; 5] = [
+pub(crate) const ALL_ALGORITHMS: [Algorithm; 6] = [
     Algorithm::SlidingWindowCounter,
     Algorithm::SlidingWindowLog,
     Algorithm::TokenBucket,
     Algorithm::FixedWindow,
     Algorithm::Gcra,
+    Algorithm::InFlight,
 ];
 
 /// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.

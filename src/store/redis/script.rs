@@ -22,6 +22,7 @@ const LOG: &str = include_str!("../../../lua/sliding_window_log.lua");
 const BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const FIXED: &str = include_str!("../../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../../lua/gcra.lua");
+const IN_FLIGHT: &str = include_str!("../../../lua/in_flight.lua");
 const DRIVER: &str = include_str!("../../../lua/decide.lua");
 
 /// The whole decision script, as sent to Redis.
@@ -32,7 +33,24 @@ pub(crate) fn source() -> &'static str {
             "local TTL_MARGIN_MS = 1000",
             &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
         );
-        [prelude.as_str(), COUNTER, LOG, BUCKET, FIXED, GCRA, DRIVER].join("\n")
+        let prelude = prelude.replace(
+            "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
+            &format!(
+                "local IN_FLIGHT_RETRY_AFTER_MS = {}",
+                crate::algorithm::in_flight::RETRY_AFTER_MS
+            ),
+        );
+        [
+            prelude.as_str(),
+            COUNTER,
+            LOG,
+            BUCKET,
+            FIXED,
+            GCRA,
+            IN_FLIGHT,
+            DRIVER,
+        ]
+        .join("\n")
     })
 }
 
@@ -50,6 +68,7 @@ pub(crate) fn algorithm_id(algorithm: Algorithm) -> u8 {
         Algorithm::TokenBucket => 3,
         Algorithm::FixedWindow => 4,
         Algorithm::Gcra => 5,
+        Algorithm::InFlight => 6,
     }
 }
 
@@ -60,7 +79,7 @@ mod tests {
     #[test]
     fn the_script_is_one_text_with_every_algorithm() {
         let s = source();
-        for id in 1..=5 {
+        for id in 1..=6 {
             assert!(
                 s.contains(&format!("ALG[{id}] =")),
                 "algorithm {id} missing"

@@ -39,8 +39,14 @@ pub(crate) enum Mode {
     Peek = 0,
     /// Evaluate, and charge when every policy allows.
     Charge = 1,
-    /// Give back up to each cost (see [`Store::refund`](crate::store::Store::refund)).
+    /// Give back up to each cost (see [`Store::refund`](crate::store::Store::refund)), or
+    /// the slot named by the cost of an in-flight policy.
     Refund = 2,
+    /// Charge each cost whether or not it fits, or refund it when negative (see
+    /// [`Store::settle`](crate::store::Store::settle)); costs are sent as signed.
+    Settle = 3,
+    /// Extend the lease of the in-flight slot named by each cost.
+    Refresh = 4,
 }
 
 /// The parameters of `policy` as the script takes them.
@@ -155,8 +161,13 @@ impl<'a> Builder<'a> {
             };
             self.requests.extend_from_slice(&state.to_le_bytes());
             // Lua numbers are doubles: a cost above 2^53 was never exact in the script.
-            self.requests
-                .extend_from_slice(&(cost as f64).to_le_bytes());
+            // A settlement's costs are signed (two's complement in the u64).
+            let cost = if request.mode == Mode::Settle {
+                cost as i64 as f64
+            } else {
+                cost as f64
+            };
+            self.requests.extend_from_slice(&cost.to_le_bytes());
         }
     }
 

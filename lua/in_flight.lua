@@ -1,0 +1,85 @@
+-- In flight: one sorted set per (key, policy) of the slots held. Member = the slot id the
+-- client chose for the request (a whole number), score = when its lease ends (ms). The
+-- arithmetic is src/algorithm/in_flight.rs; the "cost" a request sends for this policy is its
+-- slot id (0: no slot asked, only a look), because a request always takes exactly one slot.
+-- Slots whose lease has ended (their holder crashed) are dropped when the set is read.
+ALG[6] = function()
+  local inf = { zset = true }
+
+  function inf.load(key, now, p)
+    local ok = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
+    if type(ok) == 'table' and ok.err then
+      return nil, ok.err
+    end
+    return { held = redis.call('ZCARD', key), add = {}, drop = {}, keep = {} }
+  end
+
+  function inf.evaluate(s, now, p, slot, charge)
+    local n = p.limit
+    local asked = 0
+    if slot ~= 0 then
+      asked = 1
+    end
+    local allowed = s.held + asked <= n
+    local after = s.held
+    if allowed then
+      after = s.held + asked
+      if charge and asked == 1 then
+        inf.commit(s, now, p, slot)
+      end
+    end
+    local retry_after = 0
+    if not allowed then
+      retry_after = IN_FLIGHT_RETRY_AFTER_MS
+    end
+    return allowed, max(n - after, 0), 0, retry_after, 0
+  end
+
+  function inf.commit(s, now, p, slot)
+    if slot ~= 0 then
+      s.held = s.held + 1
+      s.add[#s.add + 1] = slot
+    end
+  end
+
+  -- Gives the slot back; true when the state changed.
+  function inf.refund(s, now, p, slot)
+    if slot == 0 then
+      return false
+    end
+    s.drop[#s.drop + 1] = slot
+    s.held = max(s.held - 1, 0)
+    return true
+  end
+
+  -- Extends the slot's lease (it exists: a slot already gone is not brought back).
+  function inf.refresh(s, now, p, slot)
+    if slot == 0 then
+      return false
+    end
+    s.keep[#s.keep + 1] = slot
+    return true
+  end
+
+  function inf.overcharge(s, now, p, extra)
+    return false
+  end
+
+  function inf.store(key, s, now, p)
+    local lease_end = now + p.window
+    for i = 1, #s.drop do
+      redis.call('ZREM', key, int(s.drop[i]))
+    end
+    for i = 1, #s.keep do
+      redis.call('ZADD', key, 'XX', lease_end, int(s.keep[i]))
+    end
+    for i = 1, #s.add do
+      redis.call('ZADD', key, lease_end, int(s.add[i]))
+    end
+    if #s.add > 0 or #s.keep > 0 then
+      redis.call('PEXPIRE', key, ttl(lease_end, now))
+    end
+  end
+
+  return inf
+end

@@ -1,0 +1,125 @@
+//! In flight: how many requests of a key are in progress at once, not how many arrived.
+//!
+//! A request takes one slot when it is admitted and gives it back when its response has been
+//! sent or dropped (the layer ties the slot to the response body; the direct API to a
+//! [`Permit`](crate::limiter::Permit)). It is allowed when fewer than `N` slots are held.
+//! Stripe's concurrent-requests limiter, nginx's `limit_conn` and Traefik's `inFlightReq`
+//! work the same way.
+//!
+//! * `remaining`: the slots still free after this decision.
+//! * `reset_after`: 0 (there is no window: a slot comes back when a request ends).
+//! * `retry_after`: [`RETRY_AFTER_MS`] when refused. When a slot frees up cannot be known
+//!   in advance; one second is short enough for a client to come back soon and long
+//!   enough not to turn a full key into a busy loop.
+//!
+//! The "window" of an in-flight policy is the **slot lease** of a shared store: a slot held in
+//! Redis expires that long after it was taken or last refreshed, so slots held by an
+//! instance that crashed come back by themselves. The holder refreshes its slots every third
+//! of the lease while the request runs. In memory a slot is held until it is given back;
+//! the lease plays no part.
+//!
+//! A release ([`refund`]) of a slot never held, or held by a state that has since been
+//! forgotten, changes nothing: the count never goes below zero.
+
+use super::PolicyDecision;
+use crate::policy::Policy;
+
+/// The `Retry-After` of a refusal by an in-flight policy, in milliseconds.
+pub const RETRY_AFTER_MS: u64 = 1_000;
+
+/// The slots held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct InFlightState {
+    held: u64,
+}
+
+impl InFlightState {
+    /// The slots held now.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+}
+
+/// What a request asking for `slots` slots (1, or 0 to only look) would get, changing
+/// nothing.
+#[inline]
+pub fn evaluate(state: &InFlightState, _now: u64, policy: &Policy, slots: u64) -> PolicyDecision {
+    let n = policy.limit();
+    let allowed = state.held + slots <= n;
+    let after = if allowed {
+        state.held + slots
+    } else {
+        state.held
+    };
+    PolicyDecision::from_parts(allowed, n, n.saturating_sub(after), 0, RETRY_AFTER_MS, 0)
+}
+
+/// Takes the slots of an allowed request.
+#[inline]
+pub fn commit(state: &mut InFlightState, _now: u64, _policy: &Policy, slots: u64) {
+    state.held += slots;
+}
+
+/// Gives `slots` slots back (a request ended), never below zero.
+pub fn refund(state: &mut InFlightState, _now: u64, _policy: &Policy, slots: u64) {
+    state.held = state.held.saturating_sub(slots);
+}
+
+/// Nothing to settle: a request holds one slot whatever it costs.
+pub fn overcharge(_state: &mut InFlightState, _now: u64, _policy: &Policy, _extra: u64) {}
+
+/// [`evaluate`] and, when allowed, [`commit`].
+pub fn decide(
+    mut state: InFlightState,
+    now: u64,
+    policy: &Policy,
+    slots: u64,
+) -> (PolicyDecision, InFlightState) {
+    let d = evaluate(&state, now, policy, slots);
+    if d.is_allowed() {
+        commit(&mut state, now, policy, slots);
+    }
+    (d, state)
+}
+
+/// While slots are held, never: forgetting the state would free them. Once every slot is
+/// back, at once.
+pub fn expires_at(state: &InFlightState, _policy: &Policy) -> u64 {
+    if state.held > 0 {
+        u64::MAX / 2
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, Rate};
+
+    fn two() -> Policy {
+        Policy::in_flight("uploads", 2).unwrap()
+    }
+
+    #[test]
+    fn holds_at_most_n_and_frees_on_release() {
+        let p = two();
+        let s = InFlightState::default();
+        let (d, s) = decide(s, 0, &p, 1);
+        assert!(d.is_allowed() && d.remaining() == 1);
+        let (d, s) = decide(s, 0, &p, 1);
+        assert!(d.is_allowed() && d.remaining() == 0);
+        let (d, mut s) = decide(s, 0, &p, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after_millis(), RETRY_AFTER_MS);
+        assert_eq!(expires_at(&s, &p), u64::MAX / 2);
+        refund(&mut s, 5, &p, 1);
+        let (d, mut s) = decide(s, 5, &p, 1);
+        assert!(d.is_allowed());
+        refund(&mut s, 5, &p, 5);
+        assert_eq!(s.held(), 0);
+        assert_eq!(expires_at(&s, &p), 0);
+        assert_eq!(p.algorithm(), Algorithm::InFlight);
+        assert_eq!(p.rate(), Rate::new(2, crate::policy::DEFAULT_SLOT_LEASE));
+    }
+}
