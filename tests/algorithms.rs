@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::algorithm::{
-    fixed_window, gcra, sliding_window_counter, sliding_window_log, token_bucket, PolicyDecision,
+    fixed_window, gcra, in_flight, sliding_window_counter, sliding_window_log, token_bucket,
+    PolicyDecision,
 };
 use tollgate::{Algorithm, Policy, Rate};
 
@@ -20,6 +21,7 @@ enum State {
     Bucket(tollgate::algorithm::TokenBucketState),
     Fixed(tollgate::algorithm::FixedWindowState),
     Gcra(tollgate::algorithm::GcraState),
+    InFlight(tollgate::algorithm::InFlightState),
 }
 
 impl State {
@@ -30,6 +32,7 @@ impl State {
             Algorithm::TokenBucket => State::Bucket(Default::default()),
             Algorithm::FixedWindow => State::Fixed(Default::default()),
             Algorithm::Gcra => State::Gcra(Default::default()),
+            Algorithm::InFlight => State::InFlight(Default::default()),
         }
     }
 
@@ -40,6 +43,7 @@ impl State {
             State::Bucket(s) => token_bucket::evaluate(s, now, p, cost),
             State::Fixed(s) => fixed_window::evaluate(s, now, p, cost),
             State::Gcra(s) => gcra::evaluate(s, now, p, cost),
+            State::InFlight(s) => in_flight::evaluate(s, now, p, cost),
         }
     }
 
@@ -64,6 +68,10 @@ impl State {
             State::Gcra(s) => {
                 let (d, s) = gcra::decide(s, now, p, cost);
                 (d, State::Gcra(s))
+            }
+            State::InFlight(s) => {
+                let (d, s) = in_flight::decide(s, now, p, cost);
+                (d, State::InFlight(s))
             }
         }
     }

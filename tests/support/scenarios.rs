@@ -54,6 +54,7 @@ pub fn differential_policies(algorithm: Algorithm) -> Vec<Policy> {
             ),
         ],
         Algorithm::FixedWindow => vec![policy("small", Rate::new(6, ms(900)), algorithm)],
+        Algorithm::InFlight => vec![policy("slots", Rate::new(3, ms(30_000)), algorithm)],
         Algorithm::Gcra => vec![
             Policy::builder("shaped", Rate::new(7, ms(1_000)).with_burst(3))
                 .algorithm(algorithm)

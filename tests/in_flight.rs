@@ -1,0 +1,444 @@
+//! In-flight limits: requests in progress per key, held until the response body is sent or
+//! dropped, across instances sharing a real Redis, through real axum servers.
+
+mod common;
+mod support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use tollgate::key::{Global, Key};
+use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::{Algorithm, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
+
+use support::RedisServer;
+
+/// Requests in the handler now, and the most seen at once.
+#[derive(Clone, Default)]
+struct Gauge {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+    }
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn redis_store(server: &RedisServer, prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .build_with_url(&server.url())
+        .unwrap()
+}
+
+fn in_flight(n: u64, lease: Duration) -> Policy {
+    Policy::builder("in_flight", Rate::new(n, lease))
+        .algorithm(Algorithm::InFlight)
+        .build()
+        .unwrap()
+}
+
+fn slow_app<S: Store + Clone>(limiter: Limiter<S>, gauge: Gauge) -> Router
+where
+    S::CheckFuture: Send,
+{
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let gauge = gauge.clone();
+                async move {
+                    gauge.enter();
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    gauge.leave();
+                    "done"
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_requests_on_two_instances_hold_exactly_n() {
+    let server = RedisServer::start();
+    let gauge = Gauge::default();
+    let mut addrs = vec![];
+    for _ in 0..2 {
+        let limiter = Limiter::builder()
+            .store(redis_store(&server, "inflight64"))
+            .policy(in_flight(5, Duration::from_secs(30)))
+            .extractor(Global::new())
+            .build()
+            .unwrap();
+        addrs.push(common::serve(slow_app(limiter, gauge.clone())).await);
+    }
+    let client = reqwest::Client::new();
+    let mut tasks = vec![];
+    for i in 0..64 {
+        let url = format!("http://{}/", addrs[i % 2]);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let res = client.get(&url).send().await.unwrap();
+            let status = res.status().as_u16();
+            let retry = res
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let policy = res
+                .headers()
+                .get("ratelimit-policy")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (status, retry, policy)
+        }));
+    }
+    let mut allowed = 0;
+    for t in tasks {
+        let (status, retry, policy) = t.await.unwrap();
+        match status {
+            200 => allowed += 1,
+            429 => {
+                assert_eq!(retry.as_deref(), Some("1"));
+                assert_eq!(
+                    policy.as_deref(),
+                    Some("\"in_flight\";q=5;qu=\"concurrent-requests\"")
+                );
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(
+        gauge.max.load(Ordering::SeqCst),
+        5,
+        "exactly n in flight at the peak"
+    );
+    assert!(allowed >= 5, "at least n were served ({allowed})");
+    // Every slot came back: n more fit at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let keys = server.scan("inflight64:*");
+    let held: u64 = keys
+        .iter()
+        .map(|k| server.query::<u64>(&["ZCARD", k]).unwrap())
+        .sum();
+    assert_eq!(held, 0, "no slot left behind in Redis");
+}
+
+/// A response body that sends `chunks` chunks `every` apart, then ends — or, with
+/// `endless`, never ends (until the client goes away and the server drops it).
+struct Drip {
+    left: usize,
+    endless: bool,
+    every: Duration,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Drip {
+    fn body(chunks: usize, every: Duration, endless: bool) -> Body {
+        Body::new(Drip {
+            left: chunks,
+            endless,
+            every,
+            sleep: None,
+        })
+    }
+}
+
+impl http_body::Body for Drip {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if self.left == 0 && !self.endless {
+            return Poll::Ready(None);
+        }
+        let every = self.every;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.sleep = None;
+                self.left = self.left.saturating_sub(1);
+                Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                    b"data: chunk\n\n",
+                )))))
+            }
+        }
+    }
+}
+
+fn one_at_a_time<S: Store>(store: S) -> Limiter<S> {
+    Limiter::builder()
+        .store(store)
+        .policy(in_flight(1, Duration::from_secs(30)))
+        .extractor(Global::new())
+        .build()
+        .unwrap()
+}
+
+async fn status(client: &reqwest::Client, url: &str) -> u16 {
+    client.get(url).send().await.unwrap().status().as_u16()
+}
+
+/// Polls until a request is served (a slot came back), or fails after `within`.
+async fn eventually_served(client: &reqwest::Client, url: &str, within: Duration) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        if status(client, url).await == 200 {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "the slot did not come back within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn streaming_holds_the_slot_until_the_stream_ends<S: Store + Clone>(store: S)
+where
+    S::CheckFuture: Send,
+{
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(|| async { Drip::body(5, Duration::from_millis(80), false) }),
+        )
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(one_at_a_time(store)));
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    let res = client
+        .get(format!("http://{addr}/stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Headers are in; the body is still streaming: the slot is held.
+    assert_eq!(status(&client, &format!("http://{addr}/")).await, 429);
+    let body = res.bytes().await.unwrap();
+    assert_eq!(body.len(), 5 * b"data: chunk\n\n".len());
+    eventually_served(&client, &format!("http://{addr}/"), Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn a_stream_holds_its_slot_until_it_ends_memory() {
+    streaming_holds_the_slot_until_the_stream_ends(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn a_stream_holds_its_slot_until_it_ends_redis() {
+    let server = RedisServer::start();
+    streaming_holds_the_slot_until_the_stream_ends(redis_store(&server, "stream")).await;
+}
+
+async fn a_client_that_disconnects_frees_its_slot<S: Store + Clone>(store: S)
+where
+    S::CheckFuture: Send,
+{
+    let app = Router::new()
+        .route(
+            "/endless",
+            get(|| async { Drip::body(0, Duration::from_millis(50), true) }),
+        )
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(one_at_a_time(store)));
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    let res = client
+        .get(format!("http://{addr}/endless"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let url = format!("http://{addr}/");
+    assert_eq!(status(&reqwest::Client::new(), &url).await, 429);
+    drop(res); // the client goes away mid-body
+    drop(client);
+    eventually_served(&reqwest::Client::new(), &url, Duration::from_secs(3)).await;
+}
+
+#[tokio::test]
+async fn a_disconnect_frees_the_slot_memory() {
+    a_client_that_disconnects_frees_its_slot(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn a_disconnect_frees_the_slot_redis() {
+    let server = RedisServer::start();
+    a_client_that_disconnects_frees_its_slot(redis_store(&server, "disconnect")).await;
+}
+
+async fn a_panicking_handler_frees_its_slot<S: Store + Clone>(store: S)
+where
+    S::CheckFuture: Send,
+{
+    let app = Router::new()
+        .route(
+            "/panic",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if true {
+                    panic!("the handler failed");
+                }
+                "never"
+            }),
+        )
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(one_at_a_time(store)));
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    // The connection is dropped when the handler panics: the client sees an error.
+    assert!(client
+        .get(format!("http://{addr}/panic"))
+        .send()
+        .await
+        .is_err());
+    eventually_served(&client, &format!("http://{addr}/"), Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn a_panic_frees_the_slot_memory() {
+    a_panicking_handler_frees_its_slot(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn a_panic_frees_the_slot_redis() {
+    let server = RedisServer::start();
+    a_panicking_handler_frees_its_slot(redis_store(&server, "panic")).await;
+}
+
+#[test]
+fn slots_of_a_crashed_instance_come_back_after_their_lease() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(1_500);
+    let make = || {
+        Limiter::builder()
+            .store(redis_store(&server, "crash"))
+            .policy(in_flight(2, lease))
+            .build()
+            .unwrap()
+    };
+    let key = Key::new("tenant", "acme");
+    // The "crashed" instance: takes both slots, never gives them back, and its runtime (with
+    // the tasks that refresh the leases) goes away.
+    let crashed = tokio::runtime::Runtime::new().unwrap();
+    crashed.block_on(async {
+        let limiter = make();
+        for _ in 0..2 {
+            let permit = limiter.acquire(&key).await.unwrap();
+            assert!(permit.is_allowed() && permit.holds_slots());
+            std::mem::forget(permit);
+        }
+        // Refreshed while the instance lives: still held after more than a lease.
+        tokio::time::sleep(lease + Duration::from_millis(500)).await;
+        assert!(!limiter.acquire(&key).await.unwrap().is_allowed());
+    });
+    crashed.shutdown_background();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let limiter = make();
+        assert!(!limiter.acquire(&key).await.unwrap().is_allowed());
+        let start = std::time::Instant::now();
+        loop {
+            if limiter.acquire(&key).await.unwrap().is_allowed() {
+                break;
+            }
+            assert!(
+                start.elapsed() < lease * 2,
+                "the crashed instance's slots must come back within a lease"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+#[tokio::test]
+async fn in_flight_and_rate_policies_are_decided_together() {
+    // A request refused by the rate policy takes no slot, and one refused for want of a slot
+    // is not charged to the rate.
+    for store in [None, Some(RedisServer::start())] {
+        let rate = Policy::new("rate", Rate::per_minute(2)).unwrap();
+        let key = Key::new("tenant", "both");
+        macro_rules! run {
+            ($store:expr) => {{
+                let limiter = Limiter::builder()
+                    .store($store)
+                    .policy(in_flight(1, Duration::from_secs(30)))
+                    .policy(rate.clone())
+                    .build()
+                    .unwrap();
+                let first = limiter.acquire(&key).await.unwrap();
+                assert!(first.is_allowed());
+                let busy = limiter.acquire(&key).await.unwrap();
+                assert!(!busy.is_allowed() && !busy.holds_slots());
+                assert_eq!(busy.retry_after(), Some(Duration::from_secs(1)));
+                drop(busy);
+                drop(first);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The refused request was not charged: one unit of the rate is left.
+                let second = limiter.acquire(&key).await.unwrap();
+                assert!(second.is_allowed());
+                drop(second);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The rate is used up: refused, and no slot taken (the next look finds it free).
+                assert!(!limiter.acquire(&key).await.unwrap().is_allowed());
+                let look = limiter
+                    .store()
+                    .peek(&key, &limiter.policies()[..1], &[1])
+                    .await
+                    .unwrap();
+                assert!(
+                    look.is_allowed(),
+                    "a request refused by the rate took no slot"
+                );
+            }};
+        }
+        match &store {
+            None => run!(MemoryStore::new()),
+            Some(server) => run!(redis_store(server, "together")),
+        }
+    }
+}
+
+#[test]
+fn in_flight_policies_refuse_settings_nothing_would_read() {
+    let b = || {
+        Policy::builder("p", Rate::new(3, Duration::from_secs(30))).algorithm(Algorithm::InFlight)
+    };
+    assert_eq!(b().cost(2).build().unwrap_err().field(), "cost");
+    assert_eq!(b().shadow(true).build().unwrap_err().field(), "shadow");
+    assert_eq!(
+        b().penalty(Duration::from_secs(1))
+            .build()
+            .unwrap_err()
+            .field(),
+        "penalty"
+    );
+    assert_eq!(
+        Policy::builder("p", Rate::new(3, Duration::from_secs(30)).with_burst(4))
+            .algorithm(Algorithm::InFlight)
+            .build()
+            .unwrap_err()
+            .field(),
+        "burst"
+    );
+    assert_eq!(Policy::in_flight("p", 0).unwrap_err().field(), "limit");
+}
