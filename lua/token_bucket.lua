@@ -28,7 +28,7 @@ ALG[3] = function()
     else
       retry_after = ceil_div(deficit + cost * w - full, n)
     end
-    return allowed, idiv(full - after, w), ceil_div(after, n), retry_after, 0
+    return allowed, idiv(max(full - after, 0), w), ceil_div(after, n), retry_after, 0
   end
 
   function bucket.commit(s, now, p, cost)

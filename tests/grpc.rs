@@ -215,6 +215,16 @@ impl Store for FailsAfterFirst {
         self.inner.refund(key, policies, costs)
     }
 
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
+        self.inner.settle(key, policies, reserved, actual)
+    }
+
     fn reset(
         &self,
         key: &Key,

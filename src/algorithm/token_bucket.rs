@@ -52,7 +52,7 @@ pub fn evaluate(state: &TokenBucketState, now: u64, policy: &Policy, cost: u64) 
     PolicyDecision::from_parts(
         allowed,
         policy.capacity(),
-        (full - after) / w,
+        full.saturating_sub(after) / w,
         ceil_div(after, n),
         retry_after,
         0,

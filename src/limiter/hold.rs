@@ -257,15 +257,10 @@ impl<S: Store> Limiter<S> {
         &self,
         set: usize,
         reserved: &[u64],
-    ) -> (
-        SmallVec<[Policy; 2]>,
-        SmallVec<[u64; 2]>,
-        SmallVec<[usize; 2]>,
-    ) {
+    ) -> (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) {
         let set = &self.inner.sets[set];
         let mut policies = SmallVec::new();
         let mut costs = SmallVec::new();
-        let mut at = SmallVec::new();
         for (i, p) in set.enforced.iter().enumerate() {
             let settled = if set.meters.is_empty() {
                 !p.is_in_flight()
@@ -275,10 +270,9 @@ impl<S: Store> Limiter<S> {
             if settled {
                 policies.push(p.clone());
                 costs.push(reserved.get(i).copied().unwrap_or(0));
-                at.push(i);
             }
         }
-        (policies, costs, at)
+        (policies, costs)
     }
 
     /// Settles a reservation made under `set`: `actual(policy)` is each settled policy's
@@ -290,7 +284,7 @@ impl<S: Store> Limiter<S> {
         reserved: &[u64],
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let (policies, charged, _) = self.settled_policies(set, reserved);
+        let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();
         let mut acts: SmallVec<[u64; 2]> = SmallVec::new();

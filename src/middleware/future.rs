@@ -257,7 +257,7 @@ where
                     let mut res = ready!(future.poll(cx))?;
                     // Settled first, so that the headers report the state after it.
                     let body_hold = held.take().map(|h| {
-                        h.on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
+                        (*h).on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
                     });
                     if let Some(kept) = decision.take() {
                         shared.finish(*set, kept, &mut res);

@@ -112,11 +112,11 @@ impl Held {
     /// which is removed), adjusts `decision` to the state after the settlement, and returns
     /// what the body keeps: the slots and the frame counters.
     pub(crate) fn on_response<B>(
-        self: Box<Self>,
+        self,
         res: &mut Response<B>,
         decision: Option<&mut Decision>,
     ) -> BodyHold {
-        let Held { slots, settlement } = *self;
+        let Held { slots, settlement } = self;
         let mut stream = None;
         if let Some(settlement) = settlement {
             let mut now: SmallVec<[(usize, u64); 2]> = SmallVec::new();

@@ -484,6 +484,34 @@ impl<C: Connector> Runner<C::Lane> for Core<C> {
     }
 }
 
+/// A name for an in-flight slot, unique among the slots held at once: 32 random bits per
+/// process, then a 21-bit counter, so below 2^53 (exact as a Lua number) and never 0. Two
+/// processes collide only if they drew the same 32 bits; a counter wraps after two million
+/// slots, long after any slot of its first round has been given back or has expired.
+pub(crate) fn next_slot() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        h.write_u64(nanos);
+        (h.finish() & 0xFFFF_FFFF) << 21
+    });
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0x1F_FFFF;
+        if n != 0 {
+            return base | n;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -679,34 +707,6 @@ mod tests {
         for bad in [0.5, -0.5, f64::NAN, f64::INFINITY, 1e300] {
             let bad_reply = packed(1, &[(1, [bad, 1_000.0, 0.0, 0.0])]);
             assert!(protocol(&bad_reply, &batch[..1]), "{bad}");
-        }
-    }
-}
-
-/// A name for an in-flight slot, unique among the slots held at once: 32 random bits per
-/// process, then a 21-bit counter, so below 2^53 (exact as a Lua number) and never 0. Two
-/// processes collide only if they drew the same 32 bits; a counter wraps after two million
-/// slots, long after any slot of its first round has been given back or has expired.
-pub(crate) fn next_slot() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-
-    static BASE: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let base = *BASE.get_or_init(|| {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        h.write_u64(nanos);
-        (h.finish() & 0xFFFF_FFFF) << 21
-    });
-    loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0x1F_FFFF;
-        if n != 0 {
-            return base | n;
         }
     }
 }

@@ -1,0 +1,349 @@
+//! Reserve, then settle: costs known only after the response, on the memory store and a
+//! real Redis, through the direct API and real axum servers.
+
+mod common;
+mod support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use tollgate::clock::ManualClock;
+use tollgate::key::{Global, Key};
+use tollgate::route::{ActualCost, Meter, Route};
+use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::{
+    Algorithm, EstimateFromJsonLayer, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer,
+};
+
+use support::RedisServer;
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::Gcra,
+];
+
+fn policy(algorithm: Algorithm, limit: u64, window: Duration) -> Policy {
+    Policy::builder(format!("tokens_{algorithm}"), Rate::new(limit, window))
+        .algorithm(algorithm)
+        .build()
+        .unwrap()
+}
+
+/// The units a key has used under `policy`: its capacity minus what a zero-cost look reports.
+async fn used<S: Store>(store: &S, key: &Key, policy: &Policy) -> u64 {
+    let d = store
+        .peek(key, std::slice::from_ref(policy), &[0])
+        .await
+        .unwrap();
+    policy.capacity() - d.remaining()
+}
+
+fn memory(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder().clock(clock.clone()).build()
+}
+
+fn redis(server: &RedisServer, prefix: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .clock(clock.clone())
+        .build_with_url(&server.url())
+        .unwrap()
+}
+
+async fn refund_and_extra_are_exact<S: Store + Clone>(store: S) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, 1_000, Duration::from_secs(60));
+        let key = Key::new("user", format!("exact-{algorithm}"));
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .policy(p.clone())
+            .build()
+            .unwrap();
+        let r = limiter.reserve(&key, 400).await.unwrap();
+        assert!(r.decision().is_allowed());
+        assert_eq!(used(&store, &key, &p).await, 400, "{algorithm}: reserved");
+        r.settle(150).await.unwrap();
+        assert_eq!(used(&store, &key, &p).await, 150, "{algorithm}: refunded");
+        let r = limiter.reserve(&key, 100).await.unwrap();
+        r.settle(300).await.unwrap();
+        assert_eq!(
+            used(&store, &key, &p).await,
+            450,
+            "{algorithm}: extra charged"
+        );
+        // Far above the limit: the key is at worst as if it had used its whole limit now.
+        let r = limiter.reserve(&key, 10).await.unwrap();
+        r.settle(1_000_000).await.unwrap();
+        let after = used(&store, &key, &p).await;
+        assert_eq!(
+            after, 1_000,
+            "{algorithm}: an overcharge stops at the limit"
+        );
+        // A refused reservation charges nothing, and settling it changes nothing.
+        let refused = limiter.reserve(&key, 5).await.unwrap();
+        assert!(!refused.decision().is_allowed());
+        refused.settle(500).await.unwrap();
+        assert_eq!(used(&store, &key, &p).await, after, "{algorithm}: refused");
+    }
+}
+
+#[tokio::test]
+async fn refunds_and_extra_charges_are_exact_memory() {
+    refund_and_extra_are_exact(memory(&ManualClock::new(1_000_000))).await;
+}
+
+#[tokio::test]
+async fn refunds_and_extra_charges_are_exact_redis() {
+    let server = RedisServer::start();
+    refund_and_extra_are_exact(redis(&server, "exact", &ManualClock::new(1_000_000))).await;
+}
+
+/// An extra charge never locks a key out for longer than one window (the sliding window
+/// counter: one window plus `window / limit`; the buckets: their refill time, which is one
+/// window when the burst equals the limit).
+async fn an_overcharge_locks_out_for_at_most_a_window<S: Store + Clone>(
+    store: S,
+    clock: &ManualClock,
+) {
+    let window = Duration::from_secs(10);
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, 10, window);
+        let key = Key::new("user", format!("lockout-{algorithm}"));
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .policy(p.clone())
+            .build()
+            .unwrap();
+        clock.set_millis(1_000_000_000);
+        let r = limiter.reserve(&key, 1).await.unwrap();
+        r.settle(u64::MAX / 4).await.unwrap();
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            !limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{algorithm}: pushed past its limit"
+        );
+        clock.advance(window + window / 10);
+        assert!(
+            limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{algorithm}: one unit fits again within one window plus window/limit"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_overcharge_locks_out_for_at_most_a_window_memory() {
+    let clock = ManualClock::new(0);
+    an_overcharge_locks_out_for_at_most_a_window(memory(&clock), &clock).await;
+}
+
+#[tokio::test]
+async fn an_overcharge_locks_out_for_at_most_a_window_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(0);
+    an_overcharge_locks_out_for_at_most_a_window(redis(&server, "lockout", &clock), &clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_reserve_settle_pairs_sum_to_the_actual_costs_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(5_000_000);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let p = policy(algorithm, 1_000_000, Duration::from_secs(3_600));
+        let store = redis(&server, "pairs", &clock);
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .policy(p.clone())
+            .build()
+            .unwrap();
+        let key = Key::new("user", format!("pairs-{algorithm}"));
+        let mut tasks = vec![];
+        let mut total = 0;
+        for i in 0..200u64 {
+            let estimate = 50 + i % 50;
+            let actual = (i * 37) % 160; // below and above the estimate
+            total += actual;
+            let limiter = limiter.clone();
+            let key = key.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = limiter.reserve(&key, estimate).await.unwrap();
+                assert!(r.decision().is_allowed());
+                tokio::task::yield_now().await;
+                r.settle(actual).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(used(&store, &key, &p).await, total, "{algorithm}");
+    }
+}
+
+/// An SSE body of `events` events, one per frame (a stand-in for a model's output stream).
+fn sse(events: usize) -> Body {
+    Body::new(Frames(
+        (0..events)
+            .map(|i| Bytes::from(format!("data: token{i}\n\n")))
+            .collect(),
+    ))
+}
+
+struct Frames(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+fn count_events(frame: &Bytes) -> u64 {
+    frame
+        .split(|&b| b == b'\n')
+        .filter(|line| line.starts_with(b"data:"))
+        .count() as u64
+}
+
+struct Api {
+    addr: std::net::SocketAddr,
+    requests: Policy,
+    tokens: Policy,
+}
+
+/// `POST /extension`, `/header` and `/stream`, each with 60 requests and 90 000 tokens per
+/// minute, the tokens reserved from `max_tokens` and settled three ways.
+async fn api<S: Store + Clone>(store: S) -> Api
+where
+    S::CheckFuture: Send,
+{
+    let requests = Policy::new("requests", Rate::per_minute(60)).unwrap();
+    let tokens = Policy::new("tokens", Rate::per_minute(90_000)).unwrap();
+    let route = |meter: Meter| {
+        Route::new()
+            .policy(requests.clone())
+            .metered(tokens.clone(), meter)
+    };
+    let limiter = Limiter::builder()
+        .store(store)
+        .route("POST /extension", route(Meter::from_body(1_000)))
+        .route(
+            "POST /header",
+            route(Meter::from_body(1_000).settle_from_header("x-tokens-used".parse().unwrap())),
+        )
+        .route(
+            "POST /stream",
+            route(Meter::from_body(1_000).settle_from_stream(count_events)),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/extension",
+            post(|| async {
+                let mut res = "120 tokens".into_response();
+                res.extensions_mut().insert(ActualCost::new(120));
+                res
+            }),
+        )
+        .route(
+            "/header",
+            post(|| async { ([("x-tokens-used", "75")], "75 tokens") }),
+        )
+        .route(
+            "/stream",
+            post(|| async { ([("content-type", "text/event-stream")], sse(7)) }),
+        )
+        .layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Structured))
+        .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
+    Api {
+        addr: common::serve(app).await,
+        requests,
+        tokens,
+    }
+}
+
+async fn settles_through_http<S: Store + Clone>(store: S)
+where
+    S::CheckFuture: Send,
+{
+    let api = api(store.clone()).await;
+    let client = reqwest::Client::new();
+    let key = Key::global("all");
+    let post = |path: &str, body: &str| {
+        client
+            .post(format!("http://{}{path}", api.addr))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    // From the extension: 500 reserved, 120 settled; the headers say so.
+    let res = post("/extension", r#"{"max_tokens":500}"#).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let ratelimit = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(
+        ratelimit.contains("\"tokens\";r=89880"),
+        "headers after settlement: {ratelimit}"
+    );
+    assert_eq!(used(&store, &key, &api.tokens).await, 120);
+    assert_eq!(used(&store, &key, &api.requests).await, 1);
+
+    // From a header, which the client never sees.
+    let res = post("/header", r#"{"max_tokens":400}"#).await.unwrap();
+    assert!(res.headers().get("x-tokens-used").is_none());
+    assert_eq!(used(&store, &key, &api.tokens).await, 195);
+
+    // Counted over a stream, settled when it ends.
+    let res = post("/stream", r#"{"max_tokens":300}"#).await.unwrap();
+    let body = res.text().await.unwrap();
+    assert_eq!(body.matches("data:").count(), 7);
+    let mut settled = 0;
+    for _ in 0..100 {
+        settled = used(&store, &key, &api.tokens).await;
+        if settled == 202 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(settled, 202, "settled at the stream's 7 events");
+
+    // No field: the meter's default is reserved; no actual cost: it stands.
+    let res = post("/header", "{}").await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(used(&store, &key, &api.tokens).await, 202 + 75);
+
+    // An estimate above the capacity can never fit: refused, nothing charged.
+    let res = post("/extension", r#"{"max_tokens":100000}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(used(&store, &key, &api.tokens).await, 277);
+
+    // A body above the cap is refused before anything is charged.
+    let big = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(2048));
+    let res = post("/extension", &big).await.unwrap();
+    assert_eq!(res.status(), 413);
+    assert_eq!(used(&store, &key, &api.requests).await, 4);
+}
+
+#[tokio::test]
+async fn settles_through_http_memory() {
+    settles_through_http(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn settles_through_http_redis() {
+    let server = RedisServer::start();
+    settles_through_http(RedisStore::builder().build_with_url(&server.url()).unwrap()).await;
+}
