@@ -108,6 +108,36 @@ async fn quickstart_limits_five_per_ten_seconds() {
     );
 }
 
+#[tokio::test]
+async fn llm_tokens_settles_the_streamed_tokens() {
+    let (_server, base) = start("llm_tokens", &[]);
+    let client = reqwest::Client::new();
+    let complete = || {
+        client
+            .post(format!("{base}/v1/completions"))
+            .header("content-type", "application/json")
+            .body(r#"{"prompt":"hi","max_tokens":200}"#)
+            .send()
+    };
+    let first = complete().await.unwrap();
+    assert_eq!(first.status(), 200);
+    // Sent before the stream: the reservation of 200 tokens.
+    let ratelimit = first.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(ratelimit.contains("\"tokens\";r=1800"), "{ratelimit}");
+    let body = first.text().await.unwrap();
+    let tokens = body.matches("data:").count() - 1; // without [DONE]
+    assert_eq!(tokens, 24);
+    // The stream settled at 24 tokens: 176 came back before the next reservation.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let second = complete().await.unwrap();
+    let ratelimit = second.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(
+        ratelimit.contains(&format!("\"tokens\";r={}", 2000 - 24 - 200)),
+        "{ratelimit}"
+    );
+    second.text().await.unwrap();
+}
+
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn metrics_labels_decisions_by_policy_and_route() {
