@@ -146,7 +146,9 @@ pub struct PolicyConfig {
     pub name: String,
     /// Units per window.
     pub limit: u64,
-    /// The window, e.g. `"1s"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`, `"500ms"`.
+    /// The window, e.g. `"1s"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`, `"500ms"` (for
+    /// `algorithm = "in_flight"`, the slot lease in shared stores; `limit` is then the number
+    /// of requests in progress at once).
     pub window: String,
     /// The algorithm (default `sliding_window_counter`).
     #[serde(default)]
