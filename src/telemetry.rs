@@ -141,6 +141,10 @@ mod counting {
                 "The share of its limit each evicted memory-store entry had used."
             );
             describe_counter!(
+                "tollgate_plan_reloads_total",
+                "Plan reloads, by result (ok, or refused: the plan in force stayed)."
+            );
+            describe_counter!(
                 "tollgate_fallback_overadmitted_total",
                 "Requests the local fallback admitted that the store, answering late, refused."
             );
@@ -216,6 +220,12 @@ mod counting {
         describe();
         metrics::counter!("tollgate_fallback_overadmitted_total").increment(1);
     }
+
+    pub(crate) fn plan_reload(ok: bool) {
+        describe();
+        let result = if ok { "ok" } else { "refused" };
+        metrics::counter!("tollgate_plan_reloads_total", "result" => result).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -243,6 +253,8 @@ mod counting {
     pub(crate) fn memory_eviction(_: f64) {}
     #[inline(always)]
     pub(crate) fn fallback_overadmitted() {}
+    #[inline(always)]
+    pub(crate) fn plan_reload(_: bool) {}
 }
 
 pub(crate) use counting::*;

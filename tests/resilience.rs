@@ -193,7 +193,7 @@ async fn script_errors_are_typed_and_the_mode_applies() {
     let raw = limiter
         .store()
         .primary()
-        .check(&key, limiter.policies(), &[1])
+        .check(&key, &limiter.policies(), &[1])
         .await;
     assert!(
         matches!(raw, Err(tollgate::StoreError::Backend(_))),

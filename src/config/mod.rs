@@ -91,9 +91,12 @@
 
 pub mod audit;
 mod build;
+mod reload;
 mod schema;
 
 pub use build::{BuiltPlan, OnAuditFailure};
+#[cfg(feature = "watch")]
+pub use reload::PlanWatcher;
 pub use schema::{
     DefaultRouteConfig, FailureModeName, KeyConfig, KeyKind, LoginConfig, Plan, PolicyConfig,
     RouteConfig, RouteKind, StoreConfig, StoreKind, TierConfig,

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use super::{
-    AccessList, Common, CompiledRoute, Limiter, LimiterInner, MissingKey, PolicyNames, PolicySet,
-    RouteTable, ShadowCounts, ATTACHED_ROUTE, DEFAULT_ROUTE,
+    AccessList, Common, CompiledPlan, CompiledRoute, Limiter, Lists, MissingKey, PolicyNames,
+    PolicySet, RouteTable, ShadowCounts, ATTACHED_ROUTE, DEFAULT_ROUTE,
 };
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
@@ -308,23 +308,27 @@ impl<S: Store> LimiterBuilder<S> {
                 return Err(ConfigError::new("store", "none", "a limiter needs a store"));
             }
         };
-        Ok(Limiter {
-            inner: Arc::new(LimiterInner {
-                common: Arc::new(Common {
-                    store,
-                    extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
-                    missing_key: self.missing_key,
-                    tier_fn: self.tier_fn,
-                    allow,
-                    deny,
-                    shadow: ShadowCounts::default(),
-                    names: Mutex::new(names),
-                }),
-                sets,
+        let common = Arc::new(Common {
+            store,
+            shadow: ShadowCounts::default(),
+            names: Mutex::new(names),
+        });
+        let lists = Arc::new(Lists {
+            extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
+            missing_key: self.missing_key,
+            tier_fn: self.tier_fn,
+            allow,
+            deny,
+        });
+        Ok(Limiter::from_parts(
+            common,
+            CompiledPlan {
+                sets: sets.into_iter().map(Arc::new).collect(),
                 routes,
                 table,
-            }),
-        })
+                lists,
+            },
+        ))
     }
 }
 
@@ -332,10 +336,11 @@ impl<S: Store> LimiterBuilder<S> {
 /// [`Limiter::for_route`].
 pub(super) fn attach<S: Store>(
     common: &Arc<Common<S>>,
+    lists: &Arc<Lists>,
     route: Route,
 ) -> Result<Limiter<S>, ConfigError> {
     let mut sets = vec![];
-    let has_tier_fn = common.tier_fn.is_some();
+    let has_tier_fn = lists.tier_fn.is_some();
     // Checked against a copy: a route refused for its names leaves no trace of them.
     let mut names = common.names.lock().unwrap_or_else(|e| e.into_inner());
     let mut trial = PolicyNames {
@@ -350,14 +355,15 @@ pub(super) fn attach<S: Store>(
         &mut trial,
     )?;
     *names = trial;
-    Ok(Limiter {
-        inner: Arc::new(LimiterInner {
-            common: Arc::clone(common),
-            sets,
+    Ok(Limiter::from_parts(
+        Arc::clone(common),
+        CompiledPlan {
+            sets: sets.into_iter().map(Arc::new).collect(),
             routes: vec![compiled],
             table: None,
-        }),
-    })
+            lists: Arc::clone(lists),
+        },
+    ))
 }
 
 /// `field.rest`, or `rest` alone for the default route (whose field is empty).
@@ -545,7 +551,6 @@ fn compile_set(
         .cloned()
         .collect();
     sets.push(PolicySet {
-        id,
         route: Arc::clone(route),
         in_flight,
         meters: set_meters,

@@ -2,11 +2,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
-use super::Limiter;
+use super::{Limiter, Lists, PolicySet};
 use crate::decision::{Decision, Outcome};
 use crate::error::StoreError;
 use crate::key::{Key, RequestView};
@@ -26,7 +27,7 @@ pub(crate) enum Prepared<F> {
     /// kept only when decisions are traced; `hold` only when the set holds slots or settles
     /// costs after the response.
     Decided {
-        set: usize,
+        set: Arc<PolicySet>,
         outcome: Result<Decision, StoreError>,
         key: Option<Key>,
         hold: Option<Box<HoldSeed>>,
@@ -34,7 +35,7 @@ pub(crate) enum Prepared<F> {
     /// The store's answer to wait for, for policy set `set`. `key` is kept only when
     /// decisions are traced; `hold` as for `Decided`.
     Check {
-        set: usize,
+        set: Arc<PolicySet>,
         future: CheckFuture<F>,
         key: Option<Key>,
         hold: Option<Box<HoldSeed>>,
@@ -73,68 +74,48 @@ where
 }
 
 impl<S: Store> Limiter<S> {
-    /// Resolves a request to the policy set that applies, or `None` when it is exempt.
-    fn resolve(&self, request: &RequestView<'_>) -> Option<usize> {
-        let inner = &*self.inner;
-        let route_idx = inner
-            .table
-            .as_ref()
-            .and_then(|t| t.lookup(request.method(), request.uri().path()))
-            .unwrap_or(inner.routes.len() - 1);
-        let route = &inner.routes[route_idx];
-        if route.exempt {
-            return None;
-        }
-        if !route.tiers.is_empty() {
-            let tier_fn = inner.common.tier_fn.as_ref();
-            if let Some(tier) = tier_fn.and_then(|f| f(request)) {
-                if let Some((_, set)) = route.tiers.iter().find(|(t, _)| t == tier) {
-                    return Some(*set);
-                }
-            }
-        }
-        route.default_set
-    }
-
     /// Everything before the store answers, for a request: route, tier, key, cost, then
-    /// [`prepare_key`](Self::prepare_key).
+    /// [`prepare_key`](Self::prepare_key). The request is decided by the plan in force now
+    /// to its end, whatever a reload does meanwhile.
     pub(crate) fn prepare(&self, request: &RequestView<'_>) -> Prepared<S::CheckFuture> {
-        let Some(set_id) = self.resolve(request) else {
+        let plan = self.inner.plan.load();
+        let Some(set) = plan.resolve(request) else {
             return Prepared::Pass;
         };
-        let Some(key) = self.key_for(request) else {
+        let set = Arc::clone(set);
+        let Some(key) = plan.lists.key_for(request) else {
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
             refusal.log(None);
             return Prepared::Refuse(refusal);
         };
         // A computed cost is asked of the request once, for shadow and enforced policies alike.
-        let set = &self.inner.sets[set_id];
         let cost = match &set.cost {
             Cost::PolicyDefault => None,
             Cost::Fixed(c) => Some(*c),
             Cost::Computed(f) => Some(f(request)),
         };
         if set.meters.is_empty() {
-            return self.prepare_key(set_id, key, cost, None);
+            return self.prepare_key(set, &plan.lists, key, cost, None);
         }
         let estimates: SmallVec<[u64; 2]> = set
             .meters
             .iter()
             .map(|(_, m)| m.estimate(request))
             .collect();
-        self.prepare_key(set_id, key, cost, Some(&estimates))
+        self.prepare_key(set, &plan.lists, key, cost, Some(&estimates))
     }
+}
 
-    /// The units a request charges each enforced policy of `set_id`: its own cost, or the
-    /// given `cost`, or a metered policy's estimate; an in-flight policy always one slot.
+impl PolicySet {
+    /// The units a request charges each enforced policy: its own cost, or the given `cost`,
+    /// or a metered policy's estimate; an in-flight policy always one slot.
     pub(crate) fn charged_costs(
         &self,
-        set_id: usize,
         cost: Option<u64>,
         estimates: Option<&[u64]>,
     ) -> SmallVec<[u64; 2]> {
-        let set = &self.inner.sets[set_id];
+        let set = self;
         set.enforced
             .iter()
             .enumerate()
@@ -150,30 +131,31 @@ impl<S: Store> Limiter<S> {
             })
             .collect()
     }
+}
 
+impl<S: Store> Limiter<S> {
     /// Everything before the store answers, for a key: deny and allow lists, shadow
     /// policies, the cost (`None`: each policy's own), penalties, and the store call.
     #[inline]
     pub(crate) fn prepare_key(
         &self,
-        set_id: usize,
+        set: Arc<PolicySet>,
+        lists: &Lists,
         key: Key,
         cost: Option<u64>,
         estimates: Option<&[u64]>,
     ) -> Prepared<S::CheckFuture> {
-        let inner = &*self.inner;
-        let common = &*inner.common;
-        if common.deny.contains(&key) {
+        let common = &*self.inner.common;
+        if lists.deny.contains(&key) {
             let refusal = Refusal::of_kind(RefusalKind::Forbidden);
             refusal.log(Some(&key));
             return Prepared::Refuse(refusal);
         }
-        if common.allow.contains(&key) {
+        if lists.allow.contains(&key) {
             return Prepared::Pass;
         }
-        let set = &inner.sets[set_id];
         if !set.shadow.is_empty() {
-            self.spawn_shadow_check(&key, set, cost);
+            self.spawn_shadow_check(&key, &set, cost);
         }
         if set.enforced.is_empty() {
             return Prepared::Pass;
@@ -184,7 +166,7 @@ impl<S: Store> Limiter<S> {
         let costs: &[u64] = if own {
             &set.default_costs
         } else {
-            given = self.charged_costs(set_id, cost, estimates);
+            given = set.charged_costs(cost, estimates);
             &given
         };
         // Policies' own costs were checked when they were built; a given one is checked here.
@@ -209,7 +191,7 @@ impl<S: Store> Limiter<S> {
         let future = if set.penalties.is_empty() {
             if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
                 return Prepared::Decided {
-                    set: set_id,
+                    set,
                     outcome,
                     key: traced_key,
                     hold,
@@ -222,13 +204,13 @@ impl<S: Store> Limiter<S> {
             CheckFuture::Boxed {
                 future: Box::pin(self.clone().check_with_penalties(
                     key,
-                    set_id,
+                    Arc::clone(&set),
                     SmallVec::from_slice(costs),
                 )),
             }
         };
         Prepared::Check {
-            set: set_id,
+            set,
             future,
             key: traced_key,
             hold,
@@ -239,13 +221,12 @@ impl<S: Store> Limiter<S> {
     #[inline]
     pub(crate) fn record(
         &self,
-        set: usize,
+        set: &PolicySet,
         key: Option<&Key>,
         outcome: &Result<Decision, StoreError>,
     ) {
         // Store errors are counted by the store (or its resilience wrapper), not here.
         if let Ok(decision) = outcome {
-            let set = &self.inner.sets[set];
             let store = self.inner.common.store.name();
             telemetry::decision(decision, store, &set.enforced, &set.route);
             if let Some(key) = key {
@@ -259,7 +240,7 @@ impl<S: Store> Limiter<S> {
     #[inline]
     pub(crate) fn conclude(
         &self,
-        set: usize,
+        set: &PolicySet,
         key: Option<&Key>,
         outcome: Result<Decision, StoreError>,
     ) -> Result<Decision, Refusal> {
@@ -272,7 +253,7 @@ impl<S: Store> Limiter<S> {
             Ok(decision) if decision.is_allowed() => {
                 // A refusal is recorded on the span by `log`, below.
                 if let Some(span) = telemetry::current_span() {
-                    let policies = &self.inner.sets[set].enforced;
+                    let policies = &set.enforced;
                     span_decision(&span, key, &decision, policies);
                 }
                 return Ok(decision);
@@ -280,7 +261,7 @@ impl<S: Store> Limiter<S> {
             Ok(decision) => {
                 // The policies of the route's set, not the default route's: the message,
                 // headers and sensitivity must match the decision.
-                let policies = self.inner.sets[set].enforced.clone();
+                let policies = set.enforced.clone();
                 let now = self.inner.common.store.now_millis();
                 Refusal::rate_limited(decision, policies, now)
             }

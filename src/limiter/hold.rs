@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::Limiter;
+use super::{Limiter, PolicySet};
 use crate::decision::{Decision, Outcome};
 use crate::error::{CheckError, StoreError};
 use crate::key::Key;
@@ -124,8 +124,13 @@ impl<S: Store> Limiter<S> {
     /// The slots a request admitted under set `set` holds, if any: an allowed decision whose
     /// set has in-flight policies and whose store (or local fallback) took them. A failure
     /// mode that let the request through without a store took none.
-    pub(crate) fn hold_slots(&self, set: usize, key: &Key, decision: &Decision) -> Option<Slots> {
-        let policies = &self.inner.sets[set].in_flight;
+    pub(crate) fn hold_slots(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        decision: &Decision,
+    ) -> Option<Slots> {
+        let policies = &set.in_flight;
         if policies.is_empty()
             || !decision.is_allowed()
             || decision.policies().is_empty()
@@ -194,9 +199,15 @@ impl<S: Store> Limiter<S> {
             });
         };
         let decision = self
-            .finish_direct(self.prepare_key(set, key.clone(), None, None))
+            .finish_direct(self.prepare_key(
+                Arc::clone(&set),
+                &self.lists(),
+                key.clone(),
+                None,
+                None,
+            ))
             .await?;
-        let slots = self.hold_slots(set, key, &decision);
+        let slots = self.hold_slots(&set, key, &decision);
         Ok(Permit { decision, slots })
     }
 
@@ -227,24 +238,29 @@ impl<S: Store> Limiter<S> {
     /// As for [`check`](Self::check): [`CheckError::CostExceedsCapacity`] when the estimate
     /// can never fit.
     pub async fn reserve(&self, key: &Key, estimate: u64) -> Result<Reservation<S>, CheckError> {
-        let Some(set_id) = self.default_set() else {
+        let Some(set) = self.default_set() else {
             return Ok(Reservation::empty(self.clone(), key.clone()));
         };
-        let set = &self.inner.sets[set_id];
         let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
             (Some(estimate), SmallVec::new())
         } else {
             (None, set.meters.iter().map(|_| estimate).collect())
         };
-        let reserved = self.charged_costs(set_id, cost, Some(&estimates));
+        let reserved = set.charged_costs(cost, Some(&estimates));
         let decision = self
-            .finish_direct(self.prepare_key(set_id, key.clone(), cost, Some(&estimates)))
+            .finish_direct(self.prepare_key(
+                Arc::clone(&set),
+                &self.lists(),
+                key.clone(),
+                cost,
+                Some(&estimates),
+            ))
             .await?;
-        let slots = self.hold_slots(set_id, key, &decision);
+        let slots = self.hold_slots(&set, key, &decision);
         Ok(Reservation {
             limiter: self.clone(),
             key: key.clone(),
-            set: Some(set_id),
+            set: Some(set),
             reserved,
             decision,
             slots,
@@ -255,10 +271,9 @@ impl<S: Store> Limiter<S> {
     /// the metered ones, or every rate policy when the set has none.
     pub(crate) fn settled_policies(
         &self,
-        set: usize,
+        set: &PolicySet,
         reserved: &[u64],
     ) -> (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) {
-        let set = &self.inner.sets[set];
         let mut policies = SmallVec::new();
         let mut costs = SmallVec::new();
         for (i, p) in set.enforced.iter().enumerate() {
@@ -279,7 +294,7 @@ impl<S: Store> Limiter<S> {
     /// actual cost, `None` to leave its reservation standing.
     pub(crate) fn settle_call(
         &self,
-        set: usize,
+        set: &PolicySet,
         key: &Key,
         reserved: &[u64],
         actual: impl Fn(&Policy) -> Option<u64>,
@@ -311,7 +326,7 @@ pub struct Reservation<S = MemoryStore> {
     limiter: Limiter<S>,
     key: Key,
     /// `None` when nothing was charged (an exempt default route).
-    set: Option<usize>,
+    set: Option<Arc<PolicySet>>,
     /// The units charged to each enforced policy of the set.
     reserved: SmallVec<[u64; 2]>,
     decision: Decision,
@@ -355,11 +370,11 @@ impl<S: Store> Reservation<S> {
     /// [`CheckError::Store`] when the store fails (the reservation then stands).
     pub async fn settle(mut self, actual: u64) -> Result<(), CheckError> {
         let slots = self.slots.take();
-        if let (Some(set), true) = (self.set, self.decision.is_allowed()) {
+        if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
             if !self.decision.policies().is_empty() {
-                if let Some(call) = self
-                    .limiter
-                    .settle_call(set, &self.key, &self.reserved, |_| Some(actual))
+                if let Some(call) =
+                    self.limiter
+                        .settle_call(&set, &self.key, &self.reserved, |_| Some(actual))
                 {
                     call.await?;
                 }

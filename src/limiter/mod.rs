@@ -11,6 +11,7 @@ mod builder;
 mod decide;
 mod hold;
 mod penalty;
+mod reload;
 mod route_table;
 mod shadow;
 
@@ -23,6 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
@@ -97,18 +99,13 @@ pub struct Limiter<S = MemoryStore> {
 /// What every limiter made from one builder shares, [`Limiter::for_route`] ones included.
 pub(crate) struct Common<S> {
     pub(crate) store: S,
-    extractor: Box<dyn KeyExtractor>,
-    missing_key: MissingKey,
-    tier_fn: Option<Arc<TierFn>>,
-    allow: AccessList,
-    deny: AccessList,
     shadow: ShadowCounts,
     /// Every policy by name, with the place it was first declared: one name, one policy.
     names: Mutex<PolicyNames>,
 }
 
 /// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct PolicyNames {
     declared: BTreeMap<String, (Policy, String)>,
     shared_usage: Vec<String>,
@@ -116,15 +113,77 @@ pub(crate) struct PolicyNames {
 
 struct LimiterInner<S> {
     common: Arc<Common<S>>,
-    sets: Vec<PolicySet>,
+    /// The plan in force: swapped whole by [`Limiter::reload`]; a request keeps the policy
+    /// set it started with.
+    plan: ArcSwap<CompiledPlan>,
+}
+
+/// Routes, policy sets, lists and the key: everything a reload replaces.
+pub(crate) struct CompiledPlan {
+    sets: Vec<Arc<PolicySet>>,
     /// The routes of the table, then the default route last.
     routes: Vec<CompiledRoute>,
     table: Option<RouteTable>,
+    lists: Arc<Lists>,
+}
+
+/// How a request becomes a key, and the keys that skip the policies.
+pub(crate) struct Lists {
+    extractor: Box<dyn KeyExtractor>,
+    missing_key: MissingKey,
+    tier_fn: Option<Arc<TierFn>>,
+    pub(crate) allow: AccessList,
+    pub(crate) deny: AccessList,
+}
+
+impl Lists {
+    /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
+    /// the request must be refused for want of a key.
+    pub(crate) fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
+        match self.extractor.extract(request) {
+            Some(key) => Some(key),
+            None => match self.missing_key {
+                MissingKey::Reject => None,
+                MissingKey::Shared => Some(Key::new("anonymous", "")),
+            },
+        }
+    }
+}
+
+impl CompiledPlan {
+    /// The policy set that applies to a request, or `None` when it is exempt.
+    fn resolve(&self, request: &RequestView<'_>) -> Option<&Arc<PolicySet>> {
+        let route_idx = self
+            .table
+            .as_ref()
+            .and_then(|t| t.lookup(request.method(), request.uri().path()))
+            .unwrap_or(self.routes.len() - 1);
+        let route = &self.routes[route_idx];
+        if route.exempt {
+            return None;
+        }
+        if !route.tiers.is_empty() {
+            let tier_fn = self.lists.tier_fn.as_ref();
+            if let Some(tier) = tier_fn.and_then(|f| f(request)) {
+                if let Some((_, set)) = route.tiers.iter().find(|(t, _)| t == tier) {
+                    return Some(&self.sets[*set]);
+                }
+            }
+        }
+        route.default_set.map(|s| &self.sets[s])
+    }
+
+    /// The default route's policy set, `None` when it is exempt.
+    fn default_set(&self) -> Option<&Arc<PolicySet>> {
+        self.routes
+            .last()
+            .and_then(|r| r.default_set)
+            .map(|s| &self.sets[s])
+    }
 }
 
 /// The policies one request is checked against (a route, or a route's tier).
 pub(crate) struct PolicySet {
-    id: usize,
     /// The route's label in metrics: its pattern as declared, [`DEFAULT_ROUTE`] or
     /// [`ATTACHED_ROUTE`]; never a request's path.
     pub(crate) route: Arc<str>,
@@ -165,13 +224,13 @@ impl<S> Clone for Limiter<S> {
 
 impl<S: fmt::Debug> fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let common = &self.inner.common;
+        let plan = self.inner.plan.load();
         f.debug_struct("Limiter")
-            .field("store", &common.store)
-            .field("policy_sets", &self.inner.sets.len())
-            .field("routes", &self.inner.routes.len())
-            .field("extractor", &common.extractor)
-            .field("missing_key", &common.missing_key)
+            .field("store", &self.inner.common.store)
+            .field("policy_sets", &plan.sets.len())
+            .field("routes", &plan.routes.len())
+            .field("extractor", &plan.lists.extractor)
+            .field("missing_key", &plan.lists.missing_key)
             .finish_non_exhaustive()
     }
 }
@@ -185,8 +244,14 @@ impl Limiter<MemoryStore> {
 }
 
 impl<S> Limiter<S> {
-    pub(crate) fn set(&self, id: usize) -> &PolicySet {
-        &self.inner.sets[id]
+    /// A limiter around `plan`, sharing `common`.
+    fn from_parts(common: Arc<Common<S>>, plan: CompiledPlan) -> Self {
+        Self {
+            inner: Arc::new(LimiterInner {
+                common,
+                plan: ArcSwap::from_pointee(plan),
+            }),
+        }
     }
 
     /// The store.
@@ -198,14 +263,19 @@ impl<S> Limiter<S> {
 impl<S: Store> Limiter<S> {
     /// The default route's policies (for requests of no tier), in order; empty when the
     /// default route is exempt.
-    pub fn policies(&self) -> &[Policy] {
+    pub fn policies(&self) -> Arc<[Policy]> {
         self.default_set()
-            .map_or(&[], |id| &self.inner.sets[id].enforced)
+            .map_or_else(|| Arc::from([]), |set| Arc::clone(&set.enforced))
     }
 
-    /// The default route's policy set, `None` when it is exempt.
-    fn default_set(&self) -> Option<usize> {
-        self.inner.routes.last().and_then(|r| r.default_set)
+    /// The default route's policy set in the plan in force, `None` when it is exempt.
+    fn default_set(&self) -> Option<Arc<PolicySet>> {
+        self.inner.plan.load().default_set().cloned()
+    }
+
+    /// The allow and deny lists, extractor and tier function in force.
+    fn lists(&self) -> Arc<Lists> {
+        Arc::clone(&self.inner.plan.load().lists)
     }
 
     /// How many shadow-policy checks would have allowed and denied so far (shared by every
@@ -233,14 +303,7 @@ impl<S: Store> Limiter<S> {
     /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
     /// the request must be rejected for want of a key.
     pub fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
-        let common = &self.inner.common;
-        match common.extractor.extract(request) {
-            Some(key) => Some(key),
-            None => match common.missing_key {
-                MissingKey::Reject => None,
-                MissingKey::Shared => Some(Key::new("anonymous", "")),
-            },
-        }
+        self.inner.plan.load().lists.key_for(request)
     }
 
     /// Checks `key` against the default route's policies, charging `cost` units to each —
@@ -259,7 +322,8 @@ impl<S: Store> Limiter<S> {
         let Some(set) = self.default_set() else {
             return Ok(Decision::pass());
         };
-        self.finish_direct(self.prepare_key(set, key.clone(), Some(cost), None))
+        let lists = self.lists();
+        self.finish_direct(self.prepare_key(set, &lists, key.clone(), Some(cost), None))
             .await
     }
 
@@ -270,18 +334,18 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`CheckError::Forbidden`] or [`CheckError::Store`], as for `check`.
     pub async fn peek(&self, key: &Key) -> Result<Decision, CheckError> {
-        let Some(set_id) = self.default_set() else {
+        let Some(set) = self.default_set() else {
             return Ok(Decision::pass());
         };
         let common = &self.inner.common;
-        if common.deny.contains(key) {
+        let lists = self.lists();
+        if lists.deny.contains(key) {
             return Err(CheckError::Forbidden);
         }
-        if common.allow.contains(key) {
+        if lists.allow.contains(key) {
             return Ok(Decision::pass());
         }
-        let set = &self.inner.sets[set_id];
-        if let Some(blocked) = self.running_block(key, set, &set.default_costs).await? {
+        if let Some(blocked) = self.running_block(key, &set, &set.default_costs).await? {
             return Ok(blocked);
         }
         Ok(common
@@ -324,12 +388,12 @@ impl<S: Store> Limiter<S> {
             Prepared::Refuse(refusal) => Err(refusal),
             Prepared::Decided {
                 set, outcome, key, ..
-            } => self.conclude(set, key.as_ref(), outcome),
+            } => self.conclude(&set, key.as_ref(), outcome),
             Prepared::Check {
                 set, future, key, ..
             } => {
                 let outcome = future.await;
-                self.conclude(set, key.as_ref(), outcome)
+                self.conclude(&set, key.as_ref(), outcome)
             }
         }
     }
@@ -345,7 +409,7 @@ impl<S: Store> Limiter<S> {
             Prepared::Decided { set, outcome, .. } => (set, outcome),
             Prepared::Check { set, future, .. } => (set, future.await),
         };
-        self.record(set, None, &outcome);
+        self.record(&set, None, &outcome);
         Ok(outcome?)
     }
 
@@ -379,14 +443,14 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`CheckError::Store`] when the store fails (the charge may then stand).
     pub async fn refund(&self, key: &Key, cost: u64) -> Result<(), CheckError> {
-        let Some(set_id) = self.default_set() else {
+        let Some(set) = self.default_set() else {
             return Ok(());
         };
         let common = &self.inner.common;
-        if common.deny.contains(key) || common.allow.contains(key) {
+        let lists = self.lists();
+        if lists.deny.contains(key) || lists.allow.contains(key) {
             return Ok(());
         }
-        let set = &self.inner.sets[set_id];
         let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
         if !set.enforced.iter().any(|p| cost > p.capacity()) {
@@ -410,7 +474,8 @@ impl<S: Store> Limiter<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
         let mut all: Vec<Policy> = vec![];
-        for set in &self.inner.sets {
+        let plan = self.inner.plan.load();
+        for set in &plan.sets {
             for p in set
                 .enforced
                 .iter()
@@ -439,7 +504,7 @@ impl<S: Store> Limiter<S> {
     /// A [`ConfigError`] as for [`LimiterBuilder::build`]: a route without policies, tiers
     /// without a tier function, a policy name already used for another definition.
     pub fn for_route(&self, route: Route) -> Result<Limiter<S>, ConfigError> {
-        builder::attach(&self.inner.common, route)
+        builder::attach(&self.inner.common, &self.lists(), route)
     }
 }
 

@@ -3,6 +3,8 @@
 //! A block is itself state in the store: a one-per-penalty GCRA policy named
 //! `<policy>~penalty`, charged when the policy denies and peeked before every check.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
 use super::{Limiter, PolicySet};
@@ -18,10 +20,10 @@ impl<S: Store> Limiter<S> {
     pub(super) async fn check_with_penalties(
         self,
         key: Key,
-        set_id: usize,
+        set: Arc<PolicySet>,
         costs: SmallVec<[u64; 2]>,
     ) -> Result<Decision, StoreError> {
-        let set = &self.inner.sets[set_id];
+        let set = &*set;
         let store = &self.inner.common.store;
         if let Some(blocked) = self.running_block(&key, set, &costs).await? {
             return Ok(blocked);

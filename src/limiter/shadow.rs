@@ -28,7 +28,12 @@ impl<S: Store> Limiter<S> {
     /// Checks `key` against the set's shadow policies in the background (the request does
     /// not wait for it), counting and logging what they would have done. Outside a tokio
     /// runtime the check runs to completion on the spot only when the store answers at once.
-    pub(super) fn spawn_shadow_check(&self, key: &Key, set: &PolicySet, cost: Option<u64>) {
+    pub(super) fn spawn_shadow_check(
+        &self,
+        key: &Key,
+        set: &std::sync::Arc<PolicySet>,
+        cost: Option<u64>,
+    ) {
         let costs: SmallVec<[u64; 2]> = match cost {
             None => set.shadow_costs.clone(),
             Some(c) => set.shadow.iter().map(|p| c.min(p.capacity())).collect(),
@@ -48,10 +53,10 @@ impl<S: Store> Limiter<S> {
         let future = common.store.check(key, &set.shadow, &costs);
         let this = self.clone();
         let key = key.clone();
-        let set_id = set.id;
+        let set = std::sync::Arc::clone(set);
         handle.spawn(async move {
             let outcome = future.await;
-            this.record_shadow(&key, &this.inner.sets[set_id], outcome);
+            this.record_shadow(&key, &set, outcome);
         });
     }
 

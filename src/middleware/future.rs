@@ -15,7 +15,7 @@ use super::body::RateLimitBody;
 use super::held::Held;
 use super::layer::{Kept, Shared};
 use crate::key::Key;
-use crate::limiter::{CheckFuture, HoldSeed};
+use crate::limiter::{CheckFuture, HoldSeed, PolicySet};
 use crate::store::Store;
 
 pin_project! {
@@ -42,7 +42,7 @@ pin_project! {
         Checking {
             #[pin]
             check: CheckFuture<St::CheckFuture>,
-            set: usize,
+            set: Arc<PolicySet>,
             key: Option<Key>,
             hold: Option<Box<HoldSeed>>,
             inner: Option<Inner>,
@@ -52,7 +52,7 @@ pin_project! {
         },
         Waiting {
             sleep: Pin<Box<Sleep>>,
-            set: usize,
+            set: Arc<PolicySet>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             // Kept only when the response gets quota headers or a `RateLimitInfo`.
@@ -64,7 +64,7 @@ pin_project! {
         Calling {
             #[pin]
             future: Inner::Future,
-            set: usize,
+            set: Arc<PolicySet>,
             // Kept only when the response gets quota headers or a `RateLimitInfo`.
             decision: Option<Kept>,
             // Slots and settlement, when the route has in-flight or metered policies.
@@ -103,7 +103,7 @@ where
     /// The inner service was called from `call`: only the headers are left to add.
     pub(crate) fn calling(
         future: Inner::Future,
-        set: usize,
+        set: Arc<PolicySet>,
         decision: Option<Kept>,
         held: Option<Box<Held>>,
         shared: Arc<Shared<St>>,
@@ -122,7 +122,7 @@ where
     /// A shaping policy delays the request: sleep, then call `inner`.
     pub(crate) fn waiting(
         delay: std::time::Duration,
-        set: usize,
+        set: Arc<PolicySet>,
         inner: Inner,
         request: Request<ReqBody>,
         (decision, held): (Option<Kept>, Option<Box<Held>>),
@@ -143,7 +143,7 @@ where
 
     pub(crate) fn checking(
         check: CheckFuture<St::CheckFuture>,
-        set: usize,
+        set: Arc<PolicySet>,
         (key, hold): (Option<Key>, Option<Box<HoldSeed>>),
         inner: Inner,
         request: Request<ReqBody>,
@@ -195,10 +195,10 @@ where
                     request,
                     shared,
                 } => {
-                    let set = *set;
                     let outcome = ready!(check.poll(cx));
+                    let set = Arc::clone(set);
                     let shared = shared.take().expect("polled after completion");
-                    match shared.limiter.conclude(set, key.as_ref(), outcome) {
+                    match shared.limiter.conclude(&set, key.as_ref(), outcome) {
                         Err(refusal) => {
                             // A refusal must be in gRPC terms for a gRPC call.
                             let grpc = request
@@ -213,8 +213,8 @@ where
                             let mut request = request.take().expect("polled after completion");
                             let held = hold
                                 .take()
-                                .and_then(|seed| shared.limiter.held(set, seed, &decision));
-                            let (delay, decision) = shared.proceed(set, decision, &mut request);
+                                .and_then(|seed| shared.limiter.held(&set, seed, &decision));
+                            let (delay, decision) = shared.proceed(&set, decision, &mut request);
                             let mut inner = inner.take().expect("polled after completion");
                             let next = if delay.is_zero() {
                                 Self::calling(inner.call(request), set, decision, held, shared)
@@ -240,7 +240,7 @@ where
                     let shared = shared.take().expect("polled after completion");
                     let next = Self::calling(
                         inner.call(request),
-                        *set,
+                        Arc::clone(set),
                         decision.take(),
                         held.take(),
                         shared,
@@ -260,7 +260,7 @@ where
                         (*h).on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
                     });
                     if let Some(kept) = decision.take() {
-                        shared.finish(*set, kept, &mut res);
+                        shared.finish(set, kept, &mut res);
                     }
                     return Poll::Ready(Ok(match body_hold {
                         Some(hold) if !hold.is_empty() => {

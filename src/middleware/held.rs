@@ -17,7 +17,7 @@ use http::Response;
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
-use crate::limiter::{drive, HoldSeed, Limiter, Slots};
+use crate::limiter::{drive, HoldSeed, Limiter, PolicySet, Slots};
 use crate::policy::Policy;
 use crate::route::{Actual, ActualCost, FrameCostFn};
 use crate::store::Store;
@@ -63,7 +63,7 @@ impl<S: Store> Limiter<S> {
     /// What an admitted request of set `set` keeps until its response ends, if anything.
     pub(crate) fn held(
         &self,
-        set: usize,
+        set: &Arc<PolicySet>,
         seed: Box<HoldSeed>,
         decision: &Decision,
     ) -> Option<Box<Held>> {
@@ -71,9 +71,9 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         let slots = self.hold_slots(set, &seed.key, decision);
-        let meters = &self.set(set).meters;
+        let meters = &set.meters;
         let settlement = (!meters.is_empty()).then(|| {
-            let policies = &self.set(set).enforced;
+            let policies = &set.enforced;
             let metered = meters
                 .iter()
                 .map(|(i, meter)| Metered {
@@ -84,14 +84,15 @@ impl<S: Store> Limiter<S> {
                 })
                 .collect();
             let limiter = self.clone();
+            let set = Arc::clone(set);
             let HoldSeed { key, reserved } = *seed;
             let settle: Arc<SettleFn> = Arc::new(move |actual: &[(usize, u64)]| {
-                let policies = &limiter.set(set).enforced;
+                let policies = &set.enforced;
                 let lookup = |p: &Policy| {
                     let i = policies.iter().position(|q| q.name() == p.name())?;
                     actual.iter().find(|(j, _)| *j == i).map(|(_, a)| *a)
                 };
-                if let Some(call) = limiter.settle_call(set, &key, &reserved, lookup) {
+                if let Some(call) = limiter.settle_call(&set, &key, &reserved, lookup) {
                     drive("settle", call);
                 }
             });

@@ -13,6 +13,7 @@ use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
+use crate::limiter::PolicySet;
 use crate::refusal::Refusal;
 use crate::response::{write_quota_headers, HeaderStyle, ResponseConfig};
 use crate::route::Route;
@@ -64,12 +65,12 @@ impl<St: Store> Shared<St> {
     #[inline]
     pub(crate) fn proceed<B>(
         &self,
-        set: usize,
+        set: &PolicySet,
         decision: Decision,
         request: &mut Request<B>,
     ) -> (Duration, Option<Kept>) {
         let delay = decision.delay();
-        let policies = &self.limiter.set(set).enforced;
+        let policies = &set.enforced;
         let headers = self.response.decorates(&decision, policies);
         if self.response.info {
             let info = RateLimitInfo::from_decision(&decision, policies);
@@ -82,8 +83,8 @@ impl<St: Store> Shared<St> {
 
     /// Finishes the response of a request that went ahead: the quota headers of the decision
     /// (made with policy set `set`), and its [`RateLimitInfo`].
-    pub(crate) fn finish<B>(&self, set: usize, kept: Kept, res: &mut Response<B>) {
-        let policies = &self.limiter.set(set).enforced;
+    pub(crate) fn finish<B>(&self, set: &PolicySet, kept: Kept, res: &mut Response<B>) {
+        let policies = &set.enforced;
         if kept.headers {
             let now = self.limiter.store().now_millis();
             let style = self.response.style;

@@ -123,9 +123,9 @@ where
                 key,
                 hold,
             } => {
-                let concluded = shared.limiter.conclude(set, key.as_ref(), outcome);
+                let concluded = shared.limiter.conclude(&set, key.as_ref(), outcome);
                 let held = match (&concluded, hold) {
-                    (Ok(decision), Some(seed)) => shared.limiter.held(set, seed, decision),
+                    (Ok(decision), Some(seed)) => shared.limiter.held(&set, seed, decision),
                     _ => None,
                 };
                 (set, concluded, held)
@@ -136,7 +136,7 @@ where
                 let grpc = crate::grpc::content_type(req.headers());
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
-            Ok(decision) => match shared.proceed(set, decision, &mut req) {
+            Ok(decision) => match shared.proceed(&set, decision, &mut req) {
                 // The common path: decided without waiting, so the inner service (driven to
                 // readiness by `poll_ready`) is called right here, and the future only adds
                 // the headers.

@@ -1,0 +1,74 @@
+//! [`Limiter::reload`]: a new plan in force while requests are in flight, no counter lost.
+
+use super::Limiter;
+use crate::store::Store;
+use crate::telemetry;
+
+impl<S: Store> Limiter<S> {
+    /// Puts `next`'s plan in force on this limiter and every clone of it (the layers made
+    /// from it included): its routes, policies, tiers, costs, allow and deny lists, key
+    /// extractor and tier function, swapped in one step. A request already being decided
+    /// finishes with the plan it started with; no request sees half of one. The store stays
+    /// this limiter's: build `next` on a clone of [`store`](Self::store), or on the same
+    /// settings, so that both read the same state.
+    ///
+    /// **Counters survive.** State is kept per key, policy name and algorithm, so a policy
+    /// whose definition did not change keeps its usage exactly. A policy whose rate changed
+    /// keeps its state, read under the new rate:
+    ///
+    /// | algorithm | a changed limit | a changed window |
+    /// |---|---|---|
+    /// | sliding window counter | the counts of the current and previous windows stay: 80 used of 100 is 80 used of 50 (refused until they slide out) or of 200 (120 left) | the window index changes: the counts start afresh |
+    /// | sliding window log | every logged request stays and counts against the new limit | the entries still in the new window count (Redis may already have expired those older than the old window) |
+    /// | token bucket | the missing tokens stay; the refill runs at the new rate from now | the stored deficit is missing tokens × window, so it is rescaled by new/old window |
+    /// | fixed window | the count of the current window stays | the window index changes: the count starts afresh |
+    /// | GCRA | the time until the TAT stays: the backlog in units scales with the new rate | as for a changed limit |
+    /// | in flight | held slots stay; a lower maximum refuses new requests until enough end | the new lease applies from the next refresh |
+    ///
+    /// A policy renamed, or given another algorithm, starts afresh (its state is kept under
+    /// another name); a removed policy's state expires by itself. Limiters made earlier with
+    /// [`for_route`](Self::for_route) keep the plan they were made with.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, store::MemoryStore, Limiter, Policy, Rate};
+    ///
+    /// let store = MemoryStore::new();
+    /// let limiter = Limiter::builder()
+    ///     .store(store.clone())
+    ///     .policy(Policy::new("api", Rate::per_minute(2))?)
+    ///     .build()?;
+    /// let key = Key::new("user", "42");
+    /// limiter.check(&key, 1).await?;
+    ///
+    /// // A higher limit for everyone, without a restart: the request already counted stays.
+    /// let next = Limiter::builder()
+    ///     .store(store.clone())
+    ///     .policy(Policy::new("api", Rate::per_minute(5))?)
+    ///     .build()?;
+    /// limiter.reload(&next);
+    /// assert_eq!(limiter.check(&key, 1).await?.remaining(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn reload(&self, next: &Limiter<S>) {
+        let plan = next.inner.plan.load_full();
+        let names = next
+            .inner
+            .common
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        // The names first: a `for_route` made meanwhile is checked against the new plan.
+        *self
+            .inner
+            .common
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = names;
+        self.inner.plan.store(plan);
+        telemetry::plan_reload(true);
+        tracing::info!(target: "tollgate::reload", "a new rate-limit plan is in force");
+    }
+}

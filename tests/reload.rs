@@ -1,0 +1,171 @@
+//! Changing limits while the service runs: plan swaps under load through a real axum server,
+//! and a plan file watched and reloaded, with broken versions refused.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use axum::Router;
+use tollgate::clock::ManualClock;
+use tollgate::config::{Plan, PlanWatcher};
+use tollgate::key::{Global, Key};
+use tollgate::store::{MemoryStore, Store};
+use tollgate::{HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
+
+fn plan(store: &MemoryStore, varying: u64) -> Limiter<MemoryStore> {
+    Limiter::builder()
+        .store(store.clone())
+        .policy(Policy::new("steady", Rate::per_hour(1_000_000)).unwrap())
+        .policy(Policy::new("varying", Rate::per_minute(varying)).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_swaps_under_load_lose_no_request_and_no_count() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let a = plan(&store, 100_000);
+    let b = plan(&store, 200_000);
+    let limiter = plan(&store, 100_000);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter.clone()).header_style(HeaderStyle::Structured));
+    let addr = common::serve(app).await;
+    let expected = [
+        "\"steady\";q=1000000;w=3600, \"varying\";q=100000;w=60",
+        "\"steady\";q=1000000;w=3600, \"varying\";q=200000;w=60",
+    ];
+
+    let done = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (limiter, done) = (limiter.clone(), Arc::clone(&done));
+        tokio::spawn(async move {
+            for i in 0..100 {
+                limiter.reload(if i % 2 == 0 { &b } else { &a });
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let client = reqwest::Client::new();
+    let mut workers = vec![];
+    for _ in 0..4 {
+        let (client, done) = (client.clone(), Arc::clone(&done));
+        workers.push(tokio::spawn(async move {
+            let mut seen = vec![];
+            let mut sent = 0u64;
+            while !done.load(Ordering::SeqCst) || sent < 50 {
+                let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+                assert_eq!(res.status(), 200, "no request fails because of a swap");
+                seen.push(
+                    res.headers()["ratelimit-policy"]
+                        .to_str()
+                        .unwrap()
+                        .to_owned(),
+                );
+                sent += 1;
+            }
+            (sent, seen)
+        }));
+    }
+    swapper.await.unwrap();
+    let mut total = 0;
+    let mut kinds = std::collections::BTreeSet::new();
+    for w in workers {
+        let (sent, seen) = w.await.unwrap();
+        total += sent;
+        for s in seen {
+            assert!(
+                expected.contains(&s.as_str()),
+                "a header of neither plan: {s}"
+            );
+            kinds.insert(s);
+        }
+    }
+    assert_eq!(kinds.len(), 2, "both plans answered requests");
+    // The clock never moved: every admitted request is still counted, by both policies.
+    let key = Key::global("all");
+    for (name, policy) in [
+        (
+            "steady",
+            Policy::new("steady", Rate::per_hour(1_000_000)).unwrap(),
+        ),
+        (
+            "varying",
+            Policy::new("varying", Rate::per_minute(200_000)).unwrap(),
+        ),
+    ] {
+        let d = store
+            .peek(&key, std::slice::from_ref(&policy), &[0])
+            .await
+            .unwrap();
+        assert_eq!(
+            policy.limit() - d.remaining(),
+            total,
+            "{name}: no count lost across 100 swaps"
+        );
+    }
+}
+
+fn toml(limit: u64) -> String {
+    format!(
+        "[key]\nkind = \"global\"\n\n[[policies]]\nname = \"api\"\nlimit = {limit}\nwindow = \"1m\"\n\n[default]\npolicies = [\"api\"]\n"
+    )
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_plan_file_reloads_and_a_broken_one_is_refused() {
+    let dir = std::env::temp_dir().join(format!("tollgate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.toml");
+    std::fs::write(&path, toml(3)).unwrap();
+    let limiter = Limiter::from_config(&Plan::from_file(&path).unwrap()).unwrap();
+    let watcher = PlanWatcher::spawn(&path, limiter.clone()).unwrap();
+    let key = Key::global("all");
+    assert_eq!(limiter.check(&key, 1).await.unwrap().remaining(), 2);
+
+    // A new limit, written in place: in force, and the request already counted stays.
+    std::fs::write(&path, toml(5)).unwrap();
+    wait_for("the new plan", || limiter.policies()[0].limit() == 5);
+    assert_eq!(limiter.check(&key, 1).await.unwrap().remaining(), 3);
+    assert_eq!(watcher.reloaded(), 1);
+
+    // A broken file (as an editor might leave it half-written): refused, old limits enforced.
+    std::fs::write(&path, "[[policies]]\nname = \"api\"\nlimit = ").unwrap();
+    wait_for("the refusal", || watcher.refused() >= 1);
+    assert!(watcher.last_error().is_some());
+    assert_eq!(limiter.policies()[0].limit(), 5);
+    for _ in 0..3 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+
+    // One that parses but would not be enforced as written: refused too.
+    std::fs::write(&path, toml(0)).unwrap();
+    wait_for("the second refusal", || watcher.refused() >= 2);
+    assert_eq!(limiter.policies()[0].limit(), 5);
+
+    // Replaced by a rename, as deployment tools do: seen and applied.
+    let next = dir.join("plan.toml.new");
+    std::fs::write(&next, toml(50)).unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    wait_for("the renamed plan", || limiter.policies()[0].limit() == 50);
+    drop(watcher);
+    let _ = std::fs::remove_dir_all(&dir);
+}
