@@ -528,7 +528,9 @@ window = "1m"
 #[test]
 fn every_target_refuses_what_it_cannot_express() {
     use EdgeTarget::*;
-    let cases: &[(&[(&str, &str)], EdgeTarget, bool, &str, &str)] = &[
+    // (edits, target, round toward stricter, field, words of the reason)
+    type Case<'a> = (&'a [(&'a str, &'a str)], EdgeTarget, bool, &'a str, &'a str);
+    let cases: &[Case<'_>] = &[
         // AWS WAF: windows, the minimum limit.
         (
             &[(

@@ -24,7 +24,7 @@ fn quoted(s: &str) -> String {
 
 /// A protobuf JSON duration: `3s`, `0.600s`.
 fn duration(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{}.{:03}s", ms / 1000, ms % 1000)
@@ -176,7 +176,7 @@ pub(super) fn export(
         };
         routes.push((order, text));
     }
-    routes.sort_by(|a, b| a.0.cmp(&b.0));
+    routes.sort_by_key(|a| a.0);
     let mut out = comments;
     out.push_str(&format!(
         "http_filters:\n- name: {FILTER}\n  typed_config:\n    \"@type\": {}\n    stat_prefix: \"tollgate_edge\"\n- name: envoy.filters.http.router\n  typed_config:\n    \"@type\": \"type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\"\n",

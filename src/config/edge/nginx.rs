@@ -20,11 +20,11 @@ fn rate(
     let n = u128::from(rule.limit);
     let w = u128::from(rule.window_ms);
     let narrow = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
-    if (n * 1000) % w == 0 {
+    if (n * 1000).is_multiple_of(w) {
         let per_s = narrow(n * 1000 / w);
         return Ok((format!("{per_s}r/s"), per_s, 1000));
     }
-    if (n * 60_000) % w == 0 {
+    if (n * 60_000).is_multiple_of(w) {
         let per_m = narrow(n * 60_000 / w);
         return Ok((format!("{per_m}r/m"), per_m, 60_000));
     }
@@ -77,7 +77,7 @@ fn limit_req_params(
     // Requests that may wait: as many as the rate serves within max_delay.
     let scaled = u128::from(delay_ms) * u128::from(count);
     let queued = u64::try_from(scaled / u128::from(per_ms)).unwrap_or(u64::MAX);
-    if scaled % u128::from(per_ms) != 0 || queued == 0 {
+    if !scaled.is_multiple_of(u128::from(per_ms)) || queued == 0 {
         let refusal = rule.refuse(
             "max_delay",
             format_args!("{delay_ms}ms"),
@@ -219,7 +219,7 @@ pub(super) fn export(
             rule.describe(),
             rule.burst
         ));
-        if per_ms == 60_000 && (count * 1000) % 60 != 0 {
+        if per_ms == 60_000 && !(count * 1000).is_multiple_of(60) {
             notes.push(format!(
                 "edge.rules[{}] {:?}: nginx keeps rates in thousandths of a request per second, so {rate_text} runs as {}.{:03} r/s",
                 rule.index,

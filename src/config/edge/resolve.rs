@@ -167,7 +167,8 @@ impl EdgeRule {
                 "requests beyond the limit are refused instead of delayed".to_owned(),
             )?;
         }
-        let exact = self.window_ms % 1000 == 0 && periods.contains(&(self.window_ms / 1000));
+        let exact =
+            self.window_ms.is_multiple_of(1000) && periods.contains(&(self.window_ms / 1000));
         let (period, requests) = if exact {
             (self.window_ms / 1000, limit)
         } else {
@@ -326,7 +327,7 @@ fn window_text(ms: u64) -> String {
         ("m", 60_000),
         ("s", 1000),
     ] {
-        if ms % size == 0 {
+        if ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -337,7 +338,7 @@ fn window_text(ms: u64) -> String {
 fn millis(field: &str, text: &str) -> Result<u64, ConfigError> {
     let d = parse_duration(field, text)?;
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 || d.as_nanos() % 1_000_000 != 0 || ms > 366 * 86_400_000 {
+    if ms == 0 || !d.as_nanos().is_multiple_of(1_000_000) || ms > 366 * 86_400_000 {
         return Err(ConfigError::new(
             field,
             format_args!("{text:?}"),
