@@ -500,7 +500,7 @@ kind = "client_ip"
 trusted_proxies = ["10.0.0.0/8"]
 [[policies]]
 name = "api"
-limit = 100000
+limit = 100
 window = "1m"
 [[routes]]
 pattern = "/api/{*rest}"
@@ -1125,4 +1125,51 @@ async fn nginx_drops_excess_before_the_origin_which_still_limits_per_user() {
     assert_eq!((status, body.as_str()), (200, format!("ip:{b}").as_str()));
     assert_eq!(reached.load(Ordering::SeqCst), 7);
     assert_eq!(handled.load(Ordering::SeqCst), 6);
+}
+
+/// The README's worked example: its plan exports exactly the nginx file it shows.
+#[test]
+fn the_readme_example_is_what_the_exporter_writes() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = &readme[readme.find("## Edge and origin").unwrap()..];
+    let block = |fence: &str| {
+        let start = section.find(fence).unwrap() + fence.len();
+        section[start..start + section[start..].find("```").unwrap()].to_owned()
+    };
+    let plan = Plan::from_toml(&block("```toml\n")).unwrap();
+    assert!(tollgate::audit(&plan).pass);
+    let text = plan
+        .export_edge(EdgeTarget::Nginx, &ExportOptions::new().listen("8080"))
+        .unwrap()
+        .into_text();
+    let body: String = text
+        .lines()
+        .skip_while(|l| l.starts_with('#') || l.is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(body, block("```nginx\n"));
+}
+
+/// An `[edge]` that does not resolve fails the audit, naming the field.
+#[test]
+fn a_broken_edge_section_fails_the_audit() {
+    let plan = one_rule(&[("routes = [\"/api/{*rest}\"]", "routes = [\"/nope\"]")]).unwrap();
+    let report = tollgate::audit(&plan);
+    assert!(!report.pass);
+    let f = report.findings.iter().find(|f| f.rule == "TG000").unwrap();
+    assert_eq!(f.field.as_deref(), Some("edge.rules[0].routes[0]"));
+    assert_eq!(f.value.as_deref(), Some("\"/nope\""));
+    // /other is unauthenticated and uncovered; the edge's 600 a minute leaves the origin's
+    // 100 alive, until the origin's limit is the looser one.
+    let plan = one_rule(&[]).unwrap();
+    let rules = |plan: &Plan| -> Vec<&'static str> {
+        tollgate::audit(plan)
+            .findings
+            .iter()
+            .map(|f| f.rule)
+            .collect()
+    };
+    assert_eq!(rules(&plan), ["TG012"]);
+    let dead = one_rule(&[("limit = 100\n", "limit = 1000\n")]).unwrap();
+    assert_eq!(rules(&dead), ["TG012", "TG013"]);
 }
