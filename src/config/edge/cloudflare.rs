@@ -54,6 +54,12 @@ fn rule_json(
         rule.name,
         rule.describe()
     );
+    if let Key::Header(h) = &rule.key {
+        notes.push(format!(
+            "edge.rules[{}] {:?}: Cloudflare advises against a header ({h}) as a rule's only characteristic besides cf.colo.id; it is used as the plan says",
+            rule.index, rule.name
+        ));
+    }
     for note in &notes[before..] {
         description.push_str(&format!("; note: {note}"));
     }

@@ -19,9 +19,11 @@
 //! targets = ["nginx", "cloudflare", "aws-waf"]   # default: every target
 //! ```
 //!
-//! A rule means: at most `limit` requests per `window` per key, across all of the rule's
-//! routes together, and at most `burst` at once. Each target expresses that in its own
-//! terms, or refuses:
+//! A rule means: `limit` requests per `window` per key, across all of the rule's routes
+//! together, and at most `burst` at once. Each target expresses that in its own terms, or
+//! refuses. Cloudflare and AWS WAF count requests per window; nginx and Envoy run a bucket of
+//! `burst` refilled at `limit` per `window`, which admits up to `burst + limit` in one window
+//! (the bound of tollgate's own token bucket).
 //!
 //! | target | what it writes | the rule's numbers become |
 //! |---|---|---|
