@@ -78,7 +78,7 @@ enum Command {
 
 /// The text after `tollgate edge --help`.
 const EDGE_HELP: &str = "Examples:
-  tollgate edge nginx plan.toml --listen 8080 --origin 127.0.0.1:3000 > /etc/nginx/conf.d/edge.conf
+  tollgate edge nginx plan.toml --listen 8080 --origin 127.0.0.1:3000 > edge.conf   # include it in http {}
   tollgate edge cloudflare plan.toml > ratelimit.json   # PUT .../rulesets/phases/http_ratelimit/entrypoint
   tollgate edge aws-waf plan.toml > rules.json          # aws wafv2 update-web-acl --rules file://rules.json ...
   tollgate edge envoy plan.toml > edge.yaml
