@@ -39,7 +39,9 @@
 //! [`ExportOptions::round_stricter`], a conversion that must round picks the nearest
 //! *stricter* limit instead (a shorter supported window with proportionally fewer requests,
 //! a lower nginx rate, a block instead of a challenge) and says so in the output, as a comment
-//! (nginx, Envoy) or in the rule's description (Cloudflare), and in [`EdgeExport::notes`].
+//! (nginx, Envoy) or in the rule's description (Cloudflare), and in [`EdgeExport::notes`]
+//! (the only place for AWS WAF, whose rule has no free-text field; the CLI prints the notes
+//! on stderr).
 //!
 //! # Examples
 //!
