@@ -101,7 +101,7 @@ fn help_lists_commands_rules_and_exit_codes() {
         let out = tollgate(&[flag]);
         assert_eq!(out.status.code(), Some(0), "{flag}");
         let text = stdout(&out);
-        assert!(text.contains("audit"), "{text}");
+        assert!(text.contains("audit") && text.contains("edge"), "{text}");
         for rule in tollgate::audit::rules() {
             assert!(text.contains(rule.id) && text.contains(rule.name), "{text}");
         }
@@ -135,5 +135,80 @@ fn bad_arguments_exit_2_with_usage() {
             String::from_utf8_lossy(&out.stderr).contains("Usage"),
             "{args:?}"
         );
+    }
+}
+
+#[test]
+fn the_cli_exports_the_edge_and_names_what_a_target_cannot_express() {
+    for (target, golden) in [
+        ("nginx", "plan.nginx.conf"),
+        ("cloudflare", "plan.cloudflare.json"),
+        ("aws-waf", "plan.aws-waf.json"),
+        ("envoy", "plan.envoy.yaml"),
+    ] {
+        let out = tollgate(&["edge", target, "examples/plan.toml"]);
+        assert_eq!(out.status.code(), Some(0), "{target}");
+        let golden = std::fs::read_to_string(format!("tests/data/edge/golden/{golden}")).unwrap();
+        assert_eq!(stdout(&out), golden, "{target}");
+    }
+    // nginx's notes also go to stderr; listen and origin are options.
+    let out = tollgate(&[
+        "edge",
+        "nginx",
+        "examples/plan.toml",
+        "--listen",
+        "127.0.0.1:8080",
+        "--origin",
+        "10.0.0.5:3000",
+    ]);
+    assert!(
+        stdout(&out).contains("listen 127.0.0.1:8080;")
+            && stdout(&out).contains("server 10.0.0.5:3000;")
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("note: "));
+
+    let hourly = plan_file(
+        "hourly.toml",
+        &std::fs::read_to_string("examples/plan.toml")
+            .unwrap()
+            .replace(
+                "limit = 1200\nwindow = \"1m\"",
+                "limit = 1000\nwindow = \"1h\"",
+            ),
+    );
+    let out = tollgate(&["edge", "aws-waf", hourly.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("edge.rules[0].window") && err.contains("60, 120, 300 or 600"),
+        "{err}"
+    );
+    let out = tollgate(&[
+        "edge",
+        "aws-waf",
+        hourly.to_str().unwrap(),
+        "--round-stricter",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("\"Limit\": 166,"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("166 per 600 s instead of 1000 per 1h"));
+
+    let out = tollgate(&["edge", "haproxy", "examples/plan.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = tollgate(&["edge", "nginx", "no/such/plan.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = tollgate(&["edge", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    for word in [
+        "nginx",
+        "cloudflare",
+        "aws-waf",
+        "envoy",
+        "--round-stricter",
+        "--listen",
+        "--origin",
+        "Exit codes",
+    ] {
+        assert!(stdout(&out).contains(word), "{word}: {}", stdout(&out));
     }
 }

@@ -225,8 +225,21 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
         (
             "TG011",
             with(&[(
-                "[key]\nkind = \"peer_ip\"",
-                "[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"0.0.0.0/0\"]",
+                "trusted_proxies = [\"10.0.0.0/8\"]",
+                "trusted_proxies = [\"10.0.0.0/8\", \"0.0.0.0/0\"]",
+            )]),
+        ),
+        (
+            "TG012",
+            with(&[("unauthenticated = true", "routes = [\"POST /login\"]")]),
+        ),
+        // 60 a minute per IP is stricter than "daily" (about 69 a minute), not the others.
+        ("TG013", with(&[("limit = 1200", "limit = 60")])),
+        (
+            "TG014",
+            with(&[(
+                "kind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]",
+                "kind = \"peer_ip\"",
             )]),
         ),
     ];
@@ -245,7 +258,7 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
         listed,
         [
             "TG000", "TG001", "TG002", "TG003", "TG005", "TG006", "TG007", "TG008", "TG009",
-            "TG011"
+            "TG011", "TG012", "TG013", "TG014"
         ]
     );
 }

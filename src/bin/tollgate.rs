@@ -1,6 +1,6 @@
 //! `tollgate`: the command-line tool. `tollgate audit plan.toml [--json]` builds a rate-limit
-//! plan and reviews it; `tollgate --help` lists the commands, the audit rules and the exit
-//! codes.
+//! plan and reviews it; `tollgate edge nginx|cloudflare|aws-waf|envoy plan.toml` exports its
+//! `[edge]` rules; `tollgate --help` lists the commands, the audit rules and the exit codes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,12 +25,12 @@ fn after_help() -> String {
         ));
     }
     out.push_str(&format!(
-        "\nExit codes:\n  {PASS}  the plan builds and passes the audit; --help, --version\n  {FAIL}  the plan does not build or fails the audit (FAIL)\n  {INVALID}  the arguments, the file or its TOML are unreadable or invalid\n"
+        "\nExit codes:\n  {PASS}  the plan builds and passes the audit; --help, --version\n  {FAIL}  the plan does not build or fails the audit (FAIL); edge: the rules cannot be exported\n  {INVALID}  the arguments, the file or its TOML are unreadable or invalid\n"
     ));
     out
 }
 
-/// Rate-limit plans for tollgate: build them and audit them.
+/// Rate-limit plans for tollgate: build them, audit them, export their edge limits.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, after_help = after_help())]
 struct Cli {
@@ -50,7 +50,44 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Export the plan's [edge] rules to an edge: nginx (limit_req and real_ip, a server
+    /// block to include in http {}), cloudflare (a Rulesets API body for the http_ratelimit
+    /// phase), aws-waf (a web ACL's Rules list of rate-based rules) or envoy (the local rate
+    /// limit filter and its per-route token buckets, YAML). The configuration goes to stdout,
+    /// notes on rounding and target differences to stderr; a limit the target cannot express
+    /// fails, naming the field and the target's constraint.
+    #[command(after_help = EDGE_HELP)]
+    Edge {
+        /// The edge to export to.
+        #[arg(value_parser = ["nginx", "cloudflare", "aws-waf", "envoy"])]
+        target: String,
+        /// The plan file (TOML, or JSON when it ends in .json).
+        plan: PathBuf,
+        /// Where a conversion must round, round toward the stricter limit (and say so)
+        /// instead of failing.
+        #[arg(long)]
+        round_stricter: bool,
+        /// nginx: the server's `listen` parameter.
+        #[arg(long, default_value = "80")]
+        listen: String,
+        /// nginx: the origin to proxy to (host:port).
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        origin: String,
+    },
 }
+
+/// The text after `tollgate edge --help`.
+const EDGE_HELP: &str = "Examples:
+  tollgate edge nginx plan.toml --listen 8080 --origin 127.0.0.1:3000 > edge.conf   # include it in http {}
+  tollgate edge cloudflare plan.toml > ratelimit.json   # PUT .../rulesets/phases/http_ratelimit/entrypoint
+  tollgate edge aws-waf plan.toml > rules.json          # aws wafv2 update-web-acl --rules file://rules.json ...
+  tollgate edge envoy plan.toml > edge.yaml
+
+Exit codes:
+  0  the configuration is on stdout
+  1  the plan's [edge] rules cannot be exported to this target (the field and the constraint are named)
+  2  the arguments, the file or its TOML/JSON are unreadable or invalid
+";
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -64,6 +101,53 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Audit { plan, json } => audit(&plan, json),
+        Command::Edge {
+            target,
+            plan,
+            round_stricter,
+            listen,
+            origin,
+        } => edge(&target, &plan, round_stricter, listen, origin),
+    }
+}
+
+fn edge(
+    target: &str,
+    path: &std::path::Path,
+    round_stricter: bool,
+    listen: String,
+    origin: String,
+) -> ExitCode {
+    let target = match target.parse::<tollgate::config::edge::EdgeTarget>() {
+        Ok(target) => target,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(INVALID);
+        }
+    };
+    let plan = match tollgate::config::Plan::from_file(path) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::from(INVALID);
+        }
+    };
+    let options = tollgate::config::edge::ExportOptions::new()
+        .round_stricter(round_stricter)
+        .listen(listen)
+        .origin(origin);
+    match plan.export_edge(target, &options) {
+        Ok(export) => {
+            for note in export.notes() {
+                eprintln!("note: {note}");
+            }
+            print!("{}", export.text());
+            ExitCode::from(PASS)
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            ExitCode::from(FAIL)
+        }
     }
 }
 

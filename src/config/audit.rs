@@ -18,6 +18,14 @@
 //! | `TG008` ip-only-key-for-authenticated-route | warning | an `authenticated` customer route keyed by IP only |
 //! | `TG009` policy-shared-by-auth-and-read | error | one policy on both an `auth` route and a `read` route |
 //! | `TG011` trust-everything-proxies | error | a trusted-proxy range that is `/0`, or shorter than /8 (IPv4) or /16 (IPv6) outside private space |
+//! | `TG012` unauthenticated-route-without-edge | warning | with an `[edge]` section, a customer-facing route without `authenticated = true` that no edge rule covers |
+//! | `TG013` edge-stricter-than-origin | warning | an edge rule at least as strict (rate and burst) as an origin policy on the same route and key: the origin limit is dead |
+//! | `TG014` edge-key-unseen-by-origin | error | an edge rule keyed by client IP while the origin's `[key]` reads the TCP peer, or trusts no proxy: behind the edge every client shares one key |
+//!
+//! `TG000` also reports an `[edge]` section that does not resolve (see
+//! [`edge`](crate::config::edge)). `TG012` grades the gate "edge-layer rate limiting in place
+//! for unauthenticated traffic" only for plans that describe their edge: a plan without
+//! `[edge]` says nothing about it.
 //!
 //! `TG004` (fail open without telemetry) and `TG010` (a Cluster key template without a hash
 //! tag) are retired with the settings they graded, `telemetry` and `store.key_template`,
@@ -244,6 +252,15 @@ const RULES: &[Rule] = &[
     rule("TG011", "trust-everything-proxies", Severity::Error,
         "a trusted-proxy range that is `/0`, or shorter than /8 (IPv4) or /16 (IPv6) outside private space",
         "Trust only your own proxies' addresses (private ranges, or your CDN's published ranges): every address in a trusted range can choose its own rate-limit key."),
+    rule("TG012", "unauthenticated-route-without-edge", Severity::Warning,
+        "with an `[edge]` section, a customer-facing route without `authenticated = true` that no edge rule covers",
+        "Cover every unauthenticated route with an [[edge.rules]] entry (or unauthenticated = true): the edge drops abuse before the origin pays for it."),
+    rule("TG013", "edge-stricter-than-origin", Severity::Warning,
+        "an edge rule at least as strict (rate and burst) as an origin policy on the same route and key: the origin limit is dead",
+        "Keep the edge coarse: its limit on a key should be looser than the origin's, which decides with full context."),
+    rule("TG014", "edge-key-unseen-by-origin", Severity::Error,
+        "an edge rule keyed by client IP while the origin's `[key]` reads the TCP peer, or trusts no proxy: behind the edge every client shares one key",
+        "Behind an edge, key the origin with kind = \"client_ip\" and the edge's (and load balancers') addresses in trusted_proxies, so it sees the client the edge saw."),
 ];
 
 /// Every rule of the audit, in id order.
@@ -489,6 +506,11 @@ pub fn audit(plan: &Plan) -> AuditReport {
                 );
             }
         }
+    }
+
+    // TG000 (edge), TG012, TG013, TG014
+    for (id, message, at) in crate::config::edge::audit_findings(plan) {
+        push(id, message, at);
     }
 
     findings.sort_by(|a, b| a.rule.cmp(b.rule).then_with(|| a.message.cmp(&b.message)));

@@ -91,6 +91,8 @@
 
 pub mod audit;
 mod build;
+pub mod edge;
+mod json;
 mod reload;
 mod schema;
 

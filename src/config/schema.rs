@@ -378,6 +378,9 @@ pub struct Plan {
     /// Client networks refused with 403 (IP keys).
     #[serde(default)]
     pub deny_cidrs: Vec<String>,
+    /// The coarse limits the edge (nginx, Cloudflare, AWS WAF, Envoy) enforces in front of
+    /// the origin; see [`edge`](super::edge).
+    pub edge: Option<super::edge::EdgeConfig>,
 }
 
 pub(crate) fn parse_duration(field: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -463,11 +466,12 @@ impl Plan {
         Ok(plan)
     }
 
-    /// Reads and parses a plan file.
+    /// Reads and parses a plan file: JSON when its name ends in `.json`, else TOML.
     ///
     /// # Errors
     ///
-    /// As for [`from_toml`](Self::from_toml), or when the file cannot be read.
+    /// As for [`from_toml`](Self::from_toml) (or [`from_json`](Self::from_json)), or when the
+    /// file cannot be read.
     ///
     /// ```
     /// use tollgate::config::Plan;
@@ -483,6 +487,12 @@ impl Plan {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("(file)", path.display(), format!("cannot be read: {e}"))
         })?;
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        {
+            return Self::from_json(&text);
+        }
         Self::from_toml(&text)
     }
 }

@@ -36,6 +36,8 @@ use crate::route::{Cost, Meter, Route, TierFn};
 use crate::store::{MemoryStore, Store};
 
 use access::AccessList;
+#[cfg(feature = "config")]
+pub(crate) use route_table::parse_pattern;
 pub(crate) use route_table::RouteTable;
 use shadow::ShadowCounts;
 

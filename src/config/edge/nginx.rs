@@ -1,0 +1,330 @@
+//! nginx: `limit_req_zone` / `limit_req` per rule, `limit_req_status 429`, and the
+//! `real_ip` settings that make nginx see the client the origin's `[key]` sees.
+
+use std::collections::BTreeMap;
+
+use super::resolve::{EdgeRule, Key, PathMatch};
+use super::{EdgeTarget, ExportOptions};
+use crate::config::{KeyConfig, KeyKind, Plan};
+use crate::error::ConfigError;
+
+const TARGET: EdgeTarget = EdgeTarget::Nginx;
+
+/// `rate=` in nginx's units (integer requests per second or per minute) and its size in
+/// requests per millisecond as (count, per_ms).
+fn rate(
+    rule: &EdgeRule,
+    round_stricter: bool,
+    notes: &mut Vec<String>,
+) -> Result<(String, u64, u64), ConfigError> {
+    let n = u128::from(rule.limit);
+    let w = u128::from(rule.window_ms);
+    let narrow = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
+    if (n * 1000).is_multiple_of(w) {
+        let per_s = narrow(n * 1000 / w);
+        return Ok((format!("{per_s}r/s"), per_s, 1000));
+    }
+    if (n * 60_000).is_multiple_of(w) {
+        let per_m = narrow(n * 60_000 / w);
+        return Ok((format!("{per_m}r/m"), per_m, 60_000));
+    }
+    let per_m = narrow(n * 60_000 / w);
+    let refusal = rule.refuse(
+        "window",
+        format_args!("{:?}", rule.window_text),
+        TARGET,
+        format!(
+            "rates are whole requests per second or per minute (r/s, r/m), and {} per {} is {}.{:03} per minute",
+            rule.limit,
+            rule.window_text,
+            per_m,
+            narrow((n * 60_000_000 / w) % 1000)
+        ),
+    );
+    if per_m == 0 {
+        return Err(ConfigError::new(
+            refusal.field(),
+            refusal.value(),
+            format!("{}; nginx's slowest rate is 1r/m", refusal.reason()),
+        ));
+    }
+    rule.stricter_or_refuse(
+        round_stricter,
+        notes,
+        refusal,
+        format!("rate rounded down to {per_m}r/m"),
+    )?;
+    Ok((format!("{per_m}r/m"), per_m, 60_000))
+}
+
+/// The `limit_req` parameters: `burst` and `nodelay` or `delay`.
+fn limit_req_params(
+    rule: &EdgeRule,
+    count: u64,
+    per_ms: u64,
+    round_stricter: bool,
+    notes: &mut Vec<String>,
+) -> Result<String, ConfigError> {
+    // nginx's burst counts the requests beyond the first one of an instant.
+    let at_once = rule.burst - 1;
+    let Some(delay_ms) = rule.max_delay_ms else {
+        return Ok(if at_once == 0 {
+            " nodelay".to_owned()
+        } else {
+            format!(" burst={at_once} nodelay")
+        });
+    };
+    // Requests that may wait: as many as the rate serves within max_delay.
+    let scaled = u128::from(delay_ms) * u128::from(count);
+    let queued = u64::try_from(scaled / u128::from(per_ms)).unwrap_or(u64::MAX);
+    if !scaled.is_multiple_of(u128::from(per_ms)) || queued == 0 {
+        let refusal = rule.refuse(
+            "max_delay",
+            format_args!("{delay_ms}ms"),
+            TARGET,
+            "nginx delays a whole number of requests, and this max_delay at this rate is not a whole number",
+        );
+        rule.stricter_or_refuse(
+            round_stricter,
+            notes,
+            refusal,
+            format!("{queued} request(s) may wait instead of a fraction more"),
+        )?;
+    }
+    let burst = at_once.saturating_add(queued);
+    Ok(match (burst, at_once) {
+        (0, _) => " nodelay".to_owned(),
+        (b, 0) => format!(" burst={b}"),
+        (b, d) => format!(" burst={b} delay={d}"),
+    })
+}
+
+/// The first section of the `[key]` chain that reads a client address behind proxies.
+fn client_ip_section(key: &KeyConfig, path: String) -> Option<(&KeyConfig, String)> {
+    if matches!(key.kind, KeyKind::ClientIp | KeyKind::IpUserAgent) {
+        return Some((key, path));
+    }
+    key.fallback
+        .as_deref()
+        .and_then(|next| client_ip_section(next, format!("{path}.fallback")))
+}
+
+/// `real_ip` directives matching the plan's trusted proxies.
+fn real_ip(plan: &Plan, out: &mut String) -> Result<(), ConfigError> {
+    let Some((key, path)) = client_ip_section(&plan.key, "key".to_owned()) else {
+        out.push_str(
+            "    # The plan's [key] reads the TCP peer: nginx keys on the connection's address too.\n",
+        );
+        return Ok(());
+    };
+    if key.trusted_proxies.is_empty() {
+        return Ok(());
+    }
+    crate::key::TrustedProxies::parse(key.trusted_proxies.iter().map(String::as_str))
+        .map_err(|e| e.within(&path))?;
+    let header = key.header.as_deref().unwrap_or("x-forwarded-for").trim();
+    if header.eq_ignore_ascii_case("forwarded") {
+        return Err(ConfigError::new(
+            format!("{path}.header"),
+            format_args!("{header:?}"),
+            "nginx: the real_ip module cannot read the RFC 7239 Forwarded header; have the proxies send X-Forwarded-For",
+        ));
+    }
+    if !header
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err(ConfigError::new(
+            format!("{path}.header"),
+            format_args!("{header:?}"),
+            "nginx: real_ip_header takes a header name of letters, digits and `-`",
+        ));
+    }
+    out.push_str(&format!(
+        "    # The client address, read as the origin's {path} reads it: from {header}, past the trusted proxies.\n"
+    ));
+    if header.eq_ignore_ascii_case("x-forwarded-for") {
+        out.push_str("    real_ip_header X-Forwarded-For;\n    real_ip_recursive on;\n");
+    } else {
+        out.push_str(&format!("    real_ip_header {header};\n"));
+    }
+    for net in &key.trusted_proxies {
+        out.push_str(&format!("    set_real_ip_from {};\n", net.trim()));
+    }
+    Ok(())
+}
+
+/// Refuses what would not be one nginx token.
+fn plain_option(field: &str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".:[]_-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            format_args!("{value:?}"),
+            "nginx: an address or port of letters, digits, `.`, `:`, `[`, `]`, `_` and `-`",
+        ))
+    }
+}
+
+fn key_expression(key: &Key) -> String {
+    match key {
+        Key::Ip => "$binary_remote_addr".to_owned(),
+        Key::Header(h) => format!("$http_{}", h.replace('-', "_")),
+        Key::Global => "global".to_owned(),
+    }
+}
+
+fn location_line(path: &PathMatch) -> String {
+    match path {
+        PathMatch::Exact(p) => format!("location = {p}"),
+        PathMatch::Prefix(p) => format!("location {p}"),
+        PathMatch::Regex(r) => format!("location ~ \"{r}\""),
+    }
+}
+
+pub(super) fn export(
+    plan: &Plan,
+    rules: &[EdgeRule],
+    options: &ExportOptions,
+    notes: &mut Vec<String>,
+) -> Result<String, ConfigError> {
+    plain_option("listen", &options.listen)?;
+    plain_option("origin", &options.origin)?;
+    let round = options.round_stricter;
+    let mut header = String::from(
+        "# nginx edge limits generated by `tollgate edge nginx` from the plan's [edge] section.\n\
+         # Include this file inside nginx's `http { }` block: it defines the server in front of the origin.\n",
+    );
+    let mut zones = String::new();
+    let mut maps = String::new();
+    let mut limit_lines: BTreeMap<usize, String> = BTreeMap::new();
+    let ipv6_prefix = plan
+        .key
+        .ipv6_prefix
+        .unwrap_or(crate::key::DEFAULT_IPV6_PREFIX);
+    for rule in rules {
+        let before = notes.len();
+        rule.block_only(TARGET, round, notes)?;
+        let (rate_text, count, per_ms) = rate(rule, round, notes)?;
+        let params = limit_req_params(rule, count, per_ms, round, notes)?;
+        header.push_str(&format!(
+            "#\n# edge.rules[{}] {:?}: {}\n#   rate={rate_text},{params} (a leaky bucket: {} at once, then {rate_text})\n",
+            rule.index,
+            rule.name,
+            rule.describe(),
+            rule.burst
+        ));
+        if per_ms == 60_000 && !(count * 1000).is_multiple_of(60) {
+            notes.push(format!(
+                "edge.rules[{}] {:?}: nginx keeps rates in thousandths of a request per second, so {rate_text} runs as {}.{:03} r/s",
+                rule.index,
+                rule.name,
+                count * 1000 / 60 / 1000,
+                (count * 1000 / 60) % 1000
+            ));
+        }
+        if rule.key == Key::Ip {
+            notes.push(format!(
+                "edge.rules[{}] {:?}: nginx counts each IPv6 address alone, where the origin groups IPv6 clients by /{ipv6_prefix}",
+                rule.index, rule.name
+            ));
+        }
+        for note in &notes[before..] {
+            header.push_str(&format!("#   note: {note}\n"));
+        }
+        zones.push_str(&format!(
+            "limit_req_zone $tollgate_edge_{i} zone=tollgate_edge_{i}:10m rate={rate_text};\n",
+            i = rule.index
+        ));
+        limit_lines.insert(
+            rule.index,
+            format!("limit_req zone=tollgate_edge_{}{params};", rule.index),
+        );
+    }
+
+    // Each path gets one location; a rule over several methods of it counts them together.
+    let mut locations: BTreeMap<PathMatch, BTreeMap<usize, Option<Vec<String>>>> = BTreeMap::new();
+    for rule in rules {
+        for route in &rule.routes {
+            let at = locations.entry(route.path.clone()).or_default();
+            match at.entry(rule.index) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(route.methods.clone());
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    let merged = match (o.get().clone(), &route.methods) {
+                        (Some(mut a), Some(b)) => {
+                            a.extend(b.iter().cloned());
+                            a.sort();
+                            a.dedup();
+                            Some(a)
+                        }
+                        _ => None,
+                    };
+                    o.insert(merged);
+                }
+            }
+        }
+    }
+    let mut server = format!(
+        "upstream tollgate_origin {{\n    server {};\n}}\n\nserver {{\n    listen {};\n    limit_req_status 429;\n",
+        options.origin, options.listen
+    );
+    real_ip(plan, &mut server)?;
+    server.push_str(
+        "    proxy_set_header Host $host;\n    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n",
+    );
+    let mut declared_maps = std::collections::BTreeSet::new();
+    for (path, by_rule) in &locations {
+        server.push_str(&format!("\n    {} {{\n", location_line(path)));
+        for (index, methods) in by_rule {
+            let Some(rule) = rules.iter().find(|r| r.index == *index) else {
+                continue;
+            };
+            let key = key_expression(&rule.key);
+            let value = match methods {
+                None => key,
+                Some(methods) => {
+                    let var = format!(
+                        "tollgate_edge_{index}_{}",
+                        methods.join("_").to_ascii_lowercase()
+                    );
+                    if declared_maps.insert(var.clone()) {
+                        maps.push_str(&format!("map $request_method ${var} {{\n"));
+                        for m in methods {
+                            maps.push_str(&format!("    {m} {key};\n"));
+                        }
+                        maps.push_str("    default \"\";\n}\n");
+                    }
+                    format!("${var}")
+                }
+            };
+            server.push_str(&format!(
+                "        set $tollgate_edge_{index} {value};\n        {}\n",
+                limit_lines.get(index).map_or("", String::as_str)
+            ));
+        }
+        server.push_str("        proxy_pass http://tollgate_origin;\n    }\n");
+    }
+    if !locations.contains_key(&PathMatch::Prefix("/".to_owned())) {
+        server.push_str("\n    location / {\n        proxy_pass http://tollgate_origin;\n    }\n");
+    }
+    server.push_str("}\n");
+    let mut out = header;
+    out.push('\n');
+    out.push_str(&zones);
+    if !maps.is_empty() {
+        out.push_str(
+            "\n# Requests of other methods get an empty key, which limit_req does not count.\n",
+        );
+        out.push_str(&maps);
+    }
+    out.push('\n');
+    out.push_str(&server);
+    Ok(out)
+}
