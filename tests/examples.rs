@@ -35,18 +35,22 @@ impl Drop for Running {
 }
 
 fn start(name: &str, envs: &[(&str, String)]) -> (Running, String) {
+    start_with_args(name, &[], envs)
+}
+
+fn start_with_args(name: &str, args: &[&str], envs: &[(&str, String)]) -> (Running, String) {
     // The port is free when chosen but not held: something else can take it before the
     // example binds (then the example exits before saying it listens), so a lost race is
     // retried on a new port.
     for _ in 0..3 {
-        if let Some(started) = try_start(name, envs) {
+        if let Some(started) = try_start(name, args, envs) {
             return started;
         }
     }
     panic!("{name} exited before listening, three times");
 }
 
-fn try_start(name: &str, envs: &[(&str, String)]) -> Option<(Running, String)> {
+fn try_start(name: &str, args: &[&str], envs: &[(&str, String)]) -> Option<(Running, String)> {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -54,6 +58,7 @@ fn try_start(name: &str, envs: &[(&str, String)]) -> Option<(Running, String)> {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let child = Command::new(example(name))
+        .args(args)
         .env("ADDR", &addr)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::piped())
@@ -136,6 +141,43 @@ async fn llm_tokens_settles_the_streamed_tokens() {
         "{ratelimit}"
     );
     second.text().await.unwrap();
+}
+
+#[cfg(feature = "watch")]
+#[tokio::test]
+async fn reload_applies_an_edited_plan_file() {
+    let dir = std::env::temp_dir().join(format!("tollgate-example-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.toml");
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/reload.toml"))
+            .unwrap();
+    std::fs::write(&plan, &text).unwrap();
+    let (_server, base) = start_with_args("reload", &[plan.to_str().unwrap()], &[]);
+    let client = reqwest::Client::new();
+    let limit = |res: &reqwest::Response| {
+        res.headers()["ratelimit-limit"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let res = client.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(limit(&res), "10");
+    std::fs::write(&plan, text.replace("limit = 10", "limit = 100")).unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let res = client.get(format!("{base}/")).send().await.unwrap();
+        if limit(&res) == "100" {
+            // The two requests before the edit still count.
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "the edit was not applied"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(feature = "metrics")]
