@@ -22,15 +22,13 @@ pub(crate) enum Prepared<F> {
     Pass,
     /// Refused before asking the store (missing key, deny list, a cost that never fits).
     Refuse(Refusal),
-    /// The store answered at once ([`Store::check_now`]) for policy set `set`. `key` is
-    /// kept only when decisions are traced.
+    /// The store answered at once ([`Store::check_now`]) for policy set `set`, about `key`.
     Decided {
         set: usize,
         outcome: Result<Decision, StoreError>,
         key: Option<Key>,
     },
-    /// The store's answer to wait for, for policy set `set`. `key` is kept only when
-    /// decisions are traced.
+    /// The store's answer to wait for, for policy set `set`, about `key`.
     Check {
         set: usize,
         future: CheckFuture<F>,
@@ -64,7 +62,7 @@ where
 
 impl<S: Store> Limiter<S> {
     /// Resolves a request to the policy set that applies, or `None` when it is exempt.
-    fn resolve(&self, request: &RequestView<'_>) -> Option<usize> {
+    pub(super) fn resolve(&self, request: &RequestView<'_>) -> Option<usize> {
         let inner = &*self.inner;
         let route_idx = inner
             .table
@@ -150,17 +148,14 @@ impl<S: Store> Limiter<S> {
                 return Prepared::Refuse(refusal);
             }
         }
-        // The key is kept for its digest only when something will read it: the decision
-        // event, or the current span.
-        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG)
-            || telemetry::span_wants_key();
-        let traced_key = traced.then(|| key.clone());
+        // The key goes along (moved, not copied) for the decision event, the span and the
+        // top refused keys; each reads it only when it is wanted.
         let future = if set.penalties.is_empty() {
             if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
                 return Prepared::Decided {
                     set: set_id,
                     outcome,
-                    key: traced_key,
+                    key: Some(key),
                 };
             }
             CheckFuture::Direct {
@@ -169,7 +164,7 @@ impl<S: Store> Limiter<S> {
         } else {
             CheckFuture::Boxed {
                 future: Box::pin(self.clone().check_with_penalties(
-                    key,
+                    key.clone(),
                     set_id,
                     SmallVec::from_slice(costs),
                 )),
@@ -178,7 +173,7 @@ impl<S: Store> Limiter<S> {
         Prepared::Check {
             set: set_id,
             future,
-            key: traced_key,
+            key: Some(key),
         }
     }
 
@@ -196,7 +191,9 @@ impl<S: Store> Limiter<S> {
             let store = self.inner.common.store.name();
             telemetry::decision(decision, store, &set.enforced, &set.route);
             if let Some(key) = key {
-                trace_decision(key, decision, &set.enforced, store);
+                if tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG) {
+                    trace_decision(key, decision, &set.enforced, store);
+                }
             }
         }
     }
@@ -220,6 +217,7 @@ impl<S: Store> Limiter<S> {
                 // A refusal is recorded on the span by `log`, below.
                 if let Some(span) = telemetry::current_span() {
                     let policies = &self.inner.sets[set].enforced;
+                    let key = key.filter(|_| telemetry::span_takes_key(&span));
                     span_decision(&span, key, &decision, policies);
                 }
                 return Ok(decision);
@@ -229,6 +227,9 @@ impl<S: Store> Limiter<S> {
                 // headers and sensitivity must match the decision.
                 let policies = self.inner.sets[set].enforced.clone();
                 let now = self.inner.common.store.now_millis();
+                if let Some(key) = key {
+                    self.note_refused(key);
+                }
                 Refusal::rate_limited(decision, policies, now)
             }
         };

@@ -9,12 +9,18 @@
 mod access;
 mod builder;
 mod decide;
+mod heavy_hitters;
+mod inspect;
 mod penalty;
 mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
 pub(crate) use decide::{CheckFuture, Prepared};
+#[cfg(feature = "admin")]
+pub(crate) use heavy_hitters::shown as shown_key;
+pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
+pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,6 +108,8 @@ pub(crate) struct Common<S> {
     shadow: ShadowCounts,
     /// Every policy by name, with the place it was first declared: one name, one policy.
     names: Mutex<PolicyNames>,
+    /// The keys refused most often, when kept ([`Limiter::top_refused`]).
+    top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
 }
 
 /// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
@@ -252,8 +260,13 @@ impl<S: Store> Limiter<S> {
         let Some(set) = self.default_set() else {
             return Ok(Decision::pass());
         };
-        self.settle(self.prepare_key(set, key.clone(), Some(cost)))
-            .await
+        let decision = self
+            .settle(self.prepare_key(set, key.clone(), Some(cost)))
+            .await?;
+        if !decision.is_allowed() && decision.outcome() != crate::Outcome::FailClosed {
+            self.note_refused(key);
+        }
+        Ok(decision)
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging
