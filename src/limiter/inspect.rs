@@ -51,7 +51,8 @@ pub struct PolicyState {
     pub allowed: bool,
     /// The limit per window (the capacity for the token bucket and GCRA).
     pub limit: u64,
-    /// Units left now.
+    /// Units left now, before any request (a request of its own cost takes them down by
+    /// that cost).
     pub remaining: u64,
     /// Milliseconds until the policy is back to its full limit.
     pub reset_after_ms: u64,
@@ -126,13 +127,20 @@ impl PolicyView {
 }
 
 impl PolicyState {
-    fn new(policy: &Policy, shadow: bool, d: &PolicyDecision) -> Self {
+    /// From a peek with `cost`, which answers as a request of that cost would: what is left
+    /// after it when allowed.
+    fn new(policy: &Policy, shadow: bool, d: &PolicyDecision, cost: u64) -> Self {
+        let remaining = if d.is_allowed() {
+            d.remaining().saturating_add(cost).min(d.limit())
+        } else {
+            d.remaining()
+        };
         Self {
             policy: policy.name().to_owned(),
             shadow,
             allowed: d.is_allowed(),
             limit: d.limit(),
-            remaining: d.remaining(),
+            remaining,
             reset_after_ms: d.reset_after_millis(),
             retry_after_ms: d.retry_after_millis(),
         }
@@ -213,7 +221,8 @@ impl<S: Store> Limiter<S> {
                 set.enforced
                     .iter()
                     .zip(decision.policies())
-                    .map(|(p, d)| PolicyState::new(p, false, d)),
+                    .zip(set.default_costs.iter())
+                    .map(|((p, d), &cost)| PolicyState::new(p, false, d, cost)),
             );
         }
         if !set.shadow.is_empty() {
@@ -225,7 +234,8 @@ impl<S: Store> Limiter<S> {
                 set.shadow
                     .iter()
                     .zip(shadow.policies())
-                    .map(|(p, d)| PolicyState::new(p, true, d)),
+                    .zip(set.shadow_costs.iter())
+                    .map(|((p, d), &cost)| PolicyState::new(p, true, d, cost)),
             );
         }
         Ok(state)
