@@ -94,7 +94,7 @@ use serde::Serialize;
 
 use crate::key::{Key, RequestView};
 use crate::store::Store;
-use crate::{CheckError, EffectivePlan, Limiter, RefusedKey};
+use crate::{CheckError, EffectivePlan, KeyState, Limiter, RefusedKey};
 
 /// How many keys `GET /top` lists unless asked.
 const DEFAULT_TOP: usize = 20;
@@ -204,7 +204,7 @@ async fn key_state<S: Store>(
     State(admin): Shared<S>,
     Path((source, material)): Path<(String, String)>,
     Query(params): Params,
-) -> Result<Json<crate::KeyState>, Failure> {
+) -> Result<Json<KeyState>, Failure> {
     let key = Key::new(&source, &material);
     let method = params.get("method").map_or("GET", String::as_str);
     let path = params.get("route").map_or("/", String::as_str);

@@ -228,11 +228,15 @@ fn state_text(state: &KeyState) -> String {
         } else {
             secs(p.retry_after_ms)
         };
-        out.push_str(&format!(
-            "{name:<24} {:>10} {:>10} {:>10} {retry:>10}\n",
-            p.limit,
-            p.remaining,
+        // Nothing used: nothing to reset.
+        let reset = if p.remaining >= p.limit {
+            "-".to_owned()
+        } else {
             secs(p.reset_after_ms)
+        };
+        out.push_str(&format!(
+            "{name:<24} {:>10} {:>10} {reset:>10} {retry:>10}\n",
+            p.limit, p.remaining
         ));
     }
     out
