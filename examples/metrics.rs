@@ -19,14 +19,33 @@
 //! The app listens on `ADDR` (default `127.0.0.1:3000`), the exporter on `METRICS_ADDR`
 //! (default `127.0.0.1:9000`). The store-latency histogram appears once a `ResilientStore`
 //! wraps a network store (Redis); its buckets are set here, as the exporter would otherwise
-//! render it as a summary.
+//! render it as a summary. With the `redis` feature and `REDIS_URL` set, the limits live in
+//! that Redis behind a fail-open `ResilientStore` (what `observability/render_chart.py` runs
+//! to draw the README's chart).
 
 use std::net::SocketAddr;
 
 use axum::{routing::get, Extension, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tollgate::route::Route;
+use tollgate::store::{DynStore, MemoryStore};
 use tollgate::{Limiter, Policy, Rate, RateLimitInfo, RateLimitLayer};
+
+/// A fail-open `ResilientStore` over the Redis at `REDIS_URL`, when set (feature `redis`);
+/// else a memory store.
+fn store() -> Result<DynStore, Box<dyn std::error::Error>> {
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        use tollgate::store::{FailureMode, RedisStore, ResilientStore};
+        let redis = RedisStore::builder()
+            .prefix("metrics-example")
+            .build_with_url(&url)?;
+        return Ok(DynStore::new(
+            ResilientStore::builder(redis, FailureMode::FailOpen).build(),
+        ));
+    }
+    Ok(DynStore::new(MemoryStore::new()))
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,6 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .install()?;
 
     let limiter = Limiter::builder()
+        .store(store()?)
         .route(
             "GET /search",
             Route::new().policy(Policy::new("search", Rate::per_minute(1))?),

@@ -106,6 +106,8 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 pub mod algorithm;
 pub mod clock;
 #[cfg(feature = "config")]
@@ -136,7 +138,10 @@ pub use config::audit;
 pub use config::audit::{audit, AuditReport};
 pub use decision::{Decision, Outcome};
 pub use error::{CheckError, ConfigError, StoreError};
-pub use limiter::{Limiter, LimiterBuilder, MissingKey, Permit, Reservation};
+pub use limiter::{
+    EffectivePlan, KeyState, Limiter, LimiterBuilder, MissingKey, Permit, PolicyState, PolicyView,
+    RefusedKey, Reservation, RouteView, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW,
+};
 pub use middleware::{
     EstimateFromJson, EstimateFromJsonLayer, RateLimitBody, RateLimitInfo, RateLimitLayer,
     RateLimitService, ResponseFuture,

@@ -127,6 +127,14 @@
 //! # fn main() {}
 //! ```
 //!
+//! # Alerts, a dashboard and operator tools
+//!
+//! The repository's `observability/` directory holds Prometheus alert rules over these
+//! metrics (fail-open, fallback and fail-closed rates, breaker open, store errors and
+//! latency, a policy refusing an unusual share of its route) with their `promtool test rules`
+//! unit tests, and a Grafana dashboard. To see *which* keys are refused, use
+//! [`Limiter::top_refused`] or, with the `admin` feature, the admin API's `GET /top`.
+//!
 //! # Log events
 //!
 //! Each refusal is an event on target `tollgate::refusal` at the level the [`refusal`
@@ -139,6 +147,7 @@
 //! [`RateLimitLayer::info_extensions`]: crate::RateLimitLayer::info_extensions
 //! [`RateLimitInfo`]: crate::RateLimitInfo
 //! [`Limiter::decide`]: crate::Limiter::decide
+//! [`Limiter::top_refused`]: crate::Limiter::top_refused
 //! [`key::digest`]: crate::key::digest
 //! [`Outcome`]: crate::Outcome
 //! [`RefusalKind::error_code`]: crate::RefusalKind::error_code

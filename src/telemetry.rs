@@ -25,11 +25,11 @@ pub(crate) fn current_span() -> Option<Span> {
     (!span.is_disabled()).then_some(span)
 }
 
-/// Whether the current span takes the key's digest: it declares `ratelimit.key`, or (feature
+/// Whether `span` takes the key's digest: it declares `ratelimit.key`, or (feature
 /// `opentelemetry`) it may be an OpenTelemetry span. The digest is only computed then.
 #[inline]
-pub(crate) fn span_wants_key() -> bool {
-    current_span().is_some_and(|span| cfg!(feature = "opentelemetry") || span.has_field(KEY))
+pub(crate) fn span_takes_key(span: &Span) -> bool {
+    cfg!(feature = "opentelemetry") || span.has_field(KEY)
 }
 
 /// A field's value, recorded as a `tracing` value or an OpenTelemetry attribute.

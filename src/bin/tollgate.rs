@@ -1,6 +1,11 @@
 //! `tollgate`: the command-line tool. `tollgate audit plan.toml [--json]` builds a rate-limit
 //! plan and reviews it; `tollgate edge nginx|cloudflare|aws-waf|envoy plan.toml` exports its
-//! `[edge]` rules; `tollgate --help` lists the commands, the audit rules and the exit codes.
+//! `[edge]` rules; `tollgate inspect` and `tollgate reset` look at and reset a key in the
+//! shared store, `tollgate top` asks an application's admin API for the keys refused most;
+//! `tollgate --help` lists the commands, the audit rules and the exit codes.
+
+#[path = "tollgate/ops.rs"]
+mod ops;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +31,9 @@ fn after_help() -> String {
     }
     out.push_str(&format!(
         "\nExit codes:\n  {PASS}  the plan builds and passes the audit; --help, --version\n  {FAIL}  the plan does not build or fails the audit (FAIL); edge: the rules cannot be exported\n  {INVALID}  the arguments, the file or its TOML are unreadable or invalid\n"
+    ));
+    out.push_str(&format!(
+        "\ninspect, reset and top exit with {PASS} when done, {FAIL} when the store or the admin API fails,\n{INVALID} for invalid arguments or plans.\n"
     ));
     out
 }
@@ -74,6 +82,15 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:3000")]
         origin: String,
     },
+    /// Show a key's state under each policy of a route, in the shared store (Redis), charging
+    /// nothing: `tollgate inspect plan.toml ip:203.0.113.5 --route /search`.
+    Inspect(ops::InspectArgs),
+    /// Forget a key's state under every policy of the plan, in the shared store (Redis): its
+    /// next request starts afresh on every instance.
+    Reset(ops::StoreArgs),
+    /// List the keys an application refused most often lately, through its admin API
+    /// (feature `admin`): `tollgate top http://127.0.0.1:3000/admin/ratelimit`.
+    Top(ops::TopArgs),
 }
 
 /// The text after `tollgate edge --help`.
@@ -108,6 +125,9 @@ fn main() -> ExitCode {
             listen,
             origin,
         } => edge(&target, &plan, round_stricter, listen, origin),
+        Command::Inspect(args) => ops::inspect(&args),
+        Command::Reset(args) => ops::reset(&args),
+        Command::Top(args) => ops::top(&args),
     }
 }
 

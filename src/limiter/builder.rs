@@ -3,7 +3,9 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use super::heavy_hitters::{HeavyHitters, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 use super::{
     AccessList, Common, CompiledPlan, CompiledRoute, Limiter, Lists, MissingKey, PolicyNames,
     PolicySet, RouteTable, ShadowCounts, ATTACHED_ROUTE, DEFAULT_ROUTE,
@@ -29,6 +31,7 @@ pub struct LimiterBuilder<S> {
     allow_cidrs: Vec<String>,
     deny_cidrs: Vec<String>,
     shared_usage: Vec<String>,
+    top_refused: (usize, Duration),
 }
 
 impl<S: fmt::Debug> fmt::Debug for LimiterBuilder<S> {
@@ -58,6 +61,7 @@ impl LimiterBuilder<MemoryStore> {
             allow_cidrs: Vec::new(),
             deny_cidrs: Vec::new(),
             shared_usage: Vec::new(),
+            top_refused: (DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW),
         }
     }
 }
@@ -78,6 +82,7 @@ impl<S> LimiterBuilder<S> {
             allow_cidrs: self.allow_cidrs,
             deny_cidrs: self.deny_cidrs,
             shared_usage: self.shared_usage,
+            top_refused: self.top_refused,
         }
     }
 
@@ -235,6 +240,45 @@ impl<S> LimiterBuilder<S> {
         self.shared_usage.push(name.into());
         self
     }
+
+    /// How many keys the sketch behind [`Limiter::top_refused`] tracks per period (default
+    /// [`DEFAULT_TOP_REFUSED_SLOTS`], 64); 0 turns it off. Memory is bounded by the slots,
+    /// whatever the traffic; see `top_refused` for the bounds on counts.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("api", Rate::per_minute(100))?)
+    ///     .top_refused(256)
+    ///     .build()?;
+    /// assert!(limiter.top_refused(10).is_empty());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn top_refused(mut self, slots: usize) -> Self {
+        self.top_refused.0 = slots;
+        self
+    }
+
+    /// How long a period of [`Limiter::top_refused`] lasts (default
+    /// [`DEFAULT_TOP_REFUSED_WINDOW`], 5 minutes): counts cover the current period and the
+    /// previous one, so a key that stopped being refused drops off within two periods.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("api", Rate::per_minute(100))?)
+    ///     .top_refused_window(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = limiter;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn top_refused_window(mut self, window: Duration) -> Self {
+        self.top_refused.1 = window;
+        self
+    }
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -312,6 +356,7 @@ impl<S: Store> LimiterBuilder<S> {
             store,
             shadow: ShadowCounts::default(),
             names: Mutex::new(names),
+            top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),

@@ -23,17 +23,16 @@ pub(crate) enum Prepared<F> {
     Pass,
     /// Refused before asking the store (missing key, deny list, a cost that never fits).
     Refuse(Refusal),
-    /// The store answered at once ([`Store::check_now`]) for policy set `set`. `key` is
-    /// kept only when decisions are traced; `hold` only when the set holds slots or settles
-    /// costs after the response.
+    /// The store answered at once ([`Store::check_now`]) for policy set `set`, about `key`;
+    /// `hold` only when the set holds slots or settles costs after the response.
     Decided {
         set: Arc<PolicySet>,
         outcome: Result<Decision, StoreError>,
         key: Option<Key>,
         hold: Option<Box<HoldSeed>>,
     },
-    /// The store's answer to wait for, for policy set `set`. `key` is kept only when
-    /// decisions are traced; `hold` as for `Decided`.
+    /// The store's answer to wait for, for policy set `set`, about `key`; `hold` as for
+    /// `Decided`.
     Check {
         set: Arc<PolicySet>,
         future: CheckFuture<F>,
@@ -177,11 +176,8 @@ impl<S: Store> Limiter<S> {
                 return Prepared::Refuse(refusal);
             }
         }
-        // The key is kept for its digest only when something will read it: the decision
-        // event, or the current span.
-        let traced = tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG)
-            || telemetry::span_wants_key();
-        let traced_key = traced.then(|| key.clone());
+        // The key goes along (moved, not copied) for the decision event, the span and the
+        // top refused keys; each reads it only when it is wanted.
         let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {
             Box::new(HoldSeed {
                 key: key.clone(),
@@ -193,7 +189,7 @@ impl<S: Store> Limiter<S> {
                 return Prepared::Decided {
                     set,
                     outcome,
-                    key: traced_key,
+                    key: Some(key),
                     hold,
                 };
             }
@@ -203,7 +199,7 @@ impl<S: Store> Limiter<S> {
         } else {
             CheckFuture::Boxed {
                 future: Box::pin(self.clone().check_with_penalties(
-                    key,
+                    key.clone(),
                     Arc::clone(&set),
                     SmallVec::from_slice(costs),
                 )),
@@ -212,7 +208,7 @@ impl<S: Store> Limiter<S> {
         Prepared::Check {
             set,
             future,
-            key: traced_key,
+            key: Some(key),
             hold,
         }
     }
@@ -230,7 +226,9 @@ impl<S: Store> Limiter<S> {
             let store = self.inner.common.store.name();
             telemetry::decision(decision, store, &set.enforced, &set.route);
             if let Some(key) = key {
-                trace_decision(key, decision, &set.enforced, store);
+                if tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG) {
+                    trace_decision(key, decision, &set.enforced, store);
+                }
             }
         }
     }
@@ -254,6 +252,7 @@ impl<S: Store> Limiter<S> {
                 // A refusal is recorded on the span by `log`, below.
                 if let Some(span) = telemetry::current_span() {
                     let policies = &set.enforced;
+                    let key = key.filter(|_| telemetry::span_takes_key(&span));
                     span_decision(&span, key, &decision, policies);
                 }
                 return Ok(decision);
@@ -263,6 +262,9 @@ impl<S: Store> Limiter<S> {
                 // headers and sensitivity must match the decision.
                 let policies = set.enforced.clone();
                 let now = self.inner.common.store.now_millis();
+                if let Some(key) = key {
+                    self.note_refused(key);
+                }
                 Refusal::rate_limited(decision, policies, now)
             }
         };

@@ -9,7 +9,9 @@
 mod access;
 mod builder;
 mod decide;
+mod heavy_hitters;
 mod hold;
+mod inspect;
 mod penalty;
 mod reload;
 mod route_table;
@@ -17,8 +19,12 @@ mod shadow;
 
 pub use builder::LimiterBuilder;
 pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
+#[cfg(feature = "admin")]
+pub(crate) use heavy_hitters::shown as shown_key;
+pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 pub(crate) use hold::{drive, Slots};
 pub use hold::{Permit, Reservation};
+pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -104,6 +110,8 @@ pub(crate) struct Common<S> {
     shadow: ShadowCounts,
     /// Every policy by name, with the place it was first declared: one name, one policy.
     names: Mutex<PolicyNames>,
+    /// The keys refused most often, when kept ([`Limiter::top_refused`]).
+    top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
 }
 
 /// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
@@ -154,7 +162,7 @@ impl Lists {
 
 impl CompiledPlan {
     /// The policy set that applies to a request, or `None` when it is exempt.
-    fn resolve(&self, request: &RequestView<'_>) -> Option<&Arc<PolicySet>> {
+    pub(crate) fn resolve(&self, request: &RequestView<'_>) -> Option<&Arc<PolicySet>> {
         let route_idx = self
             .table
             .as_ref()
@@ -325,8 +333,13 @@ impl<S: Store> Limiter<S> {
             return Ok(Decision::pass());
         };
         let lists = self.lists();
-        self.finish_direct(self.prepare_key(set, &lists, key.clone(), Some(cost), None))
-            .await
+        let decision = self
+            .finish_direct(self.prepare_key(set, &lists, key.clone(), Some(cost), None))
+            .await?;
+        if !decision.is_allowed() && decision.outcome() != crate::Outcome::FailClosed {
+            self.note_refused(key);
+        }
+        Ok(decision)
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging

@@ -1,0 +1,289 @@
+//! An admin API for operators (feature `admin`): an axum [`Router`] that shows a key's state,
+//! resets a key, lists the keys refused most often and shows the effective plan.
+//!
+//! **It has no authentication of its own.** Resetting a key lifts its limits, and the
+//! answers describe your limits and who hits them: mount it behind your application's own
+//! authentication and authorisation (an auth layer on the nested router, an internal-only
+//! listener), never on a public route.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /keys/{source}/{material}?route=/search&method=GET` | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would |
+//! | `DELETE /keys/{source}/{material}` | forgets the key's state under every policy of the limiter ([`Limiter::reset`]): its next request starts afresh |
+//! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
+//! | `GET /plan` | the policies enforced, route by route (`limiter`: [`EffectivePlan`]), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
+//!
+//! A key is its source and raw material, as [`Key::new`] builds it: `/keys/ip/203.0.113.5`,
+//! `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key that [`ApiKey`](crate::key::ApiKey)
+//! makes. The material may contain `/`. Keys are shown back only as a short prefix and a
+//! digest, as in logs and spans. Errors are JSON `{"error": code, "message": text}`: 400 for
+//! a bad parameter (naming it and its value), 503 when the store fails. A reset is logged at
+//! `INFO` on target `tollgate::admin` with the key's digest.
+//!
+//! The data lives where the limiter runs: `top` counts the refusals of this process only
+//! (ask each instance), while key state and resets go to the store every instance shares.
+//! A reset also empties this instance's deny cache for the key (see
+//! [`ResilientStore`](crate::store::ResilientStore)); other instances' caches hold their
+//! denials for at most their `deny_cache_max_age` (1 s by default).
+//!
+//! # Examples
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use axum::{body::Body, http::{Request, StatusCode}, Router};
+//! use tower::ServiceExt;
+//! use tollgate::{admin::Admin, key::Key, Limiter, Policy, Rate};
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("api", Rate::per_minute(1))?)
+//!     .build()?;
+//! let key = Key::new("user", "42");
+//! limiter.check(&key, 1).await?;
+//! limiter.check(&key, 1).await?; // refused
+//!
+//! // Nest it where only operators reach it (add your auth layer to this router).
+//! let app: Router = Router::new().nest("/admin/ratelimit", Admin::new(limiter.clone()).router());
+//!
+//! let res = app.clone().oneshot(Request::get("/admin/ratelimit/keys/user/42").body(Body::empty())?).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! let body = axum::body::to_bytes(res.into_body(), 1 << 20).await?;
+//! let state: tollgate::KeyState = serde_json::from_slice(&body)?;
+//! assert!(!state.allowed);
+//! assert_eq!(state.policies[0].remaining, 0);
+//!
+//! let res = app.clone().oneshot(Request::get("/admin/ratelimit/top").body(Body::empty())?).await?;
+//! let body = axum::body::to_bytes(res.into_body(), 1 << 20).await?;
+//! let top: serde_json::Value = serde_json::from_slice(&body)?;
+//! assert_eq!(top["keys"][0]["key"], "user:42");
+//!
+//! let res = app.oneshot(Request::delete("/admin/ratelimit/keys/user/42").body(Body::empty())?).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert!(limiter.check(&key, 1).await?.is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! With the plan the limiter was built from (feature `config`), `GET /plan` shows it too:
+//!
+//! ```
+//! # #[cfg(feature = "config")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::{admin::Admin, config::Plan};
+//!
+//! let plan = Plan::from_toml(
+//!     "[[policies]]\nname = \"api\"\nlimit = 100\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]",
+//! )?;
+//! let built = plan.build()?;
+//! let admin: axum::Router = Admin::new(built.limiter().clone()).plan(&plan).router();
+//! # let _ = admin;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "config"))]
+//! # fn main() {}
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::key::{Key, RequestView};
+use crate::store::Store;
+use crate::{CheckError, EffectivePlan, KeyState, Limiter, RefusedKey};
+
+/// How many keys `GET /top` lists unless asked.
+const DEFAULT_TOP: usize = 20;
+/// The most keys `GET /top` lists.
+const MAX_TOP: usize = 1000;
+
+/// Builds the admin [`Router`] for a limiter. See the [module docs](self) for the endpoints
+/// and examples.
+#[must_use]
+pub struct Admin<S> {
+    limiter: Limiter<S>,
+    plan: Option<serde_json::Value>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Admin<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("limiter", &self.limiter)
+            .field("plan", &self.plan.is_some())
+            .finish()
+    }
+}
+
+impl<S: Store> Admin<S> {
+    /// The admin API of `limiter` (and of every limiter made from it with
+    /// [`Limiter::for_route`], which share its store and its top refused keys).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn new(limiter: Limiter<S>) -> Self {
+        Self {
+            limiter,
+            plan: None,
+        }
+    }
+
+    /// Shows `plan` in `GET /plan`, next to what the limiter enforces.
+    ///
+    /// See the [module docs](self) for an example.
+    #[cfg(feature = "config")]
+    pub fn plan(mut self, plan: &crate::config::Plan) -> Self {
+        self.plan = serde_json::to_value(plan).ok();
+        self
+    }
+
+    /// The router: nest it under a path of your choice, behind your own authentication.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn router(self) -> Router {
+        let state = Arc::new(self);
+        Router::new()
+            .route(
+                "/keys/{source}/{*material}",
+                get(key_state::<S>).delete(reset::<S>),
+            )
+            .route("/top", get(top::<S>))
+            .route("/plan", get(plan::<S>))
+            .with_state(state)
+    }
+}
+
+/// An error answer: `{"error": code, "message": text}`.
+struct Failure {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn bad(parameter: &str, value: &str, why: &str) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            code: "bad_request",
+            message: format!("{parameter} = {value:?}: {why}"),
+        }
+    }
+}
+
+impl From<CheckError> for Failure {
+    fn from(e: CheckError) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "store_unavailable",
+            message: e.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            error: &'a str,
+            message: &'a str,
+        }
+        let body = Body {
+            error: self.code,
+            message: &self.message,
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+type Shared<S> = State<Arc<Admin<S>>>;
+type Params = Query<HashMap<String, String>>;
+
+async fn key_state<S: Store>(
+    State(admin): Shared<S>,
+    Path((source, material)): Path<(String, String)>,
+    Query(params): Params,
+) -> Result<Json<KeyState>, Failure> {
+    let key = Key::new(&source, &material);
+    let method = params.get("method").map_or("GET", String::as_str);
+    let path = params.get("route").map_or("/", String::as_str);
+    let method: axum::http::Method = method
+        .parse()
+        .map_err(|_| Failure::bad("method", method, "not an HTTP method"))?;
+    if !path.starts_with('/') {
+        return Err(Failure::bad("route", path, "a request path starts with /"));
+    }
+    let request = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(())
+        .map_err(|e| Failure::bad("route", path, &e.to_string()))?;
+    let state = admin
+        .limiter
+        .inspect(&RequestView::new(&request), &key)
+        .await?;
+    Ok(Json(state))
+}
+
+#[derive(Serialize)]
+struct Reset {
+    reset: bool,
+    key: String,
+    digest: String,
+}
+
+async fn reset<S: Store>(
+    State(admin): Shared<S>,
+    Path((source, material)): Path<(String, String)>,
+) -> Result<Json<Reset>, Failure> {
+    let key = Key::new(&source, &material);
+    admin.limiter.reset(&key).await?;
+    let state = Reset {
+        reset: true,
+        key: crate::limiter::shown_key(&key),
+        digest: crate::key::digest(&key),
+    };
+    tracing::event!(
+        target: "tollgate::admin",
+        tracing::Level::INFO,
+        ratelimit.key = state.digest.as_str(),
+        "rate-limit state of a key reset through the admin API"
+    );
+    Ok(Json(state))
+}
+
+#[derive(Serialize)]
+struct Top {
+    keys: Vec<RefusedKey>,
+}
+
+async fn top<S: Store>(
+    State(admin): Shared<S>,
+    Query(params): Params,
+) -> Result<Json<Top>, Failure> {
+    let n = match params.get("n") {
+        None => DEFAULT_TOP,
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=MAX_TOP).contains(&n) => n,
+            _ => return Err(Failure::bad("n", text, "a number from 1 to 1000")),
+        },
+    };
+    Ok(Json(Top {
+        keys: admin.limiter.top_refused(n),
+    }))
+}
+
+#[derive(Serialize)]
+struct PlanAnswer<'a> {
+    limiter: EffectivePlan,
+    plan: Option<&'a serde_json::Value>,
+}
+
+async fn plan<S: Store>(State(admin): Shared<S>) -> Response {
+    Json(PlanAnswer {
+        limiter: admin.limiter.effective_plan(),
+        plan: admin.plan.as_ref(),
+    })
+    .into_response()
+}

@@ -1,0 +1,350 @@
+//! The operator commands: `inspect` and `reset` against the shared store (Redis or Redis
+//! Cluster) with a plan file, `top` through a running application's admin API.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use tollgate::config::{Plan, StoreKind};
+use tollgate::key::{Key, RequestView};
+use tollgate::store::DynStore;
+use tollgate::{KeyState, Limiter, RefusedKey};
+
+use super::{FAIL, INVALID, PASS};
+
+/// Where the shared store is: the plan's `[store]` unless given here.
+#[derive(Debug, Args)]
+pub(crate) struct StoreArgs {
+    /// The plan file (TOML): its policies, routes and `store.prefix`.
+    plan: PathBuf,
+    /// The key: its source and material, `source:material` (`ip:203.0.113.5`, `user:42`,
+    /// `apikey:<hash>`), as the application's extractor builds it.
+    key: String,
+    /// A Redis server (`redis://host:port`), instead of the plan's `store.url`.
+    #[arg(long, conflicts_with = "cluster")]
+    redis: Option<String>,
+    /// Redis Cluster seed nodes, comma-separated, instead of the plan's `store.urls`.
+    #[arg(long, value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `tollgate inspect`'s own arguments.
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The path of a request on the route to look at (default `/`: the default route unless
+    /// a route matches it).
+    #[arg(long, default_value = "/")]
+    route: String,
+    /// The request's method.
+    #[arg(long, default_value = "GET")]
+    method: String,
+}
+
+/// `tollgate top`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct TopArgs {
+    /// The admin API's base URL, where the application nests it
+    /// (`http://127.0.0.1:3000/admin/ratelimit`).
+    url: String,
+    /// How many keys.
+    #[arg(short, default_value_t = 20)]
+    n: usize,
+    /// A header for the application's auth, `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A failure: the message and the exit status.
+type Failure = (String, u8);
+
+fn invalid(message: impl Into<String>) -> Failure {
+    (message.into(), INVALID)
+}
+
+fn finish(result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::from(PASS),
+        Err((message, code)) => {
+            eprintln!("{message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| (format!("cannot start the runtime: {e}"), FAIL))
+}
+
+/// `source:material` as a key.
+fn parse_key(text: &str) -> Result<Key, Failure> {
+    match text.split_once(':') {
+        Some((source, material)) if !source.is_empty() => Ok(Key::new(source, material)),
+        _ => Err(invalid(format!(
+            "KEY = {text:?}: write the key as source:material, e.g. ip:203.0.113.5 or user:42"
+        ))),
+    }
+}
+
+/// The plan's limiter on the shared store itself (no failure mode: a store error is an
+/// error here).
+fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Failure> {
+    let path: &Path = &args.plan;
+    let plan = Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    let prefix = plan
+        .store
+        .prefix
+        .clone()
+        .unwrap_or_else(|| "tollgate".to_owned());
+    let built = |e: tollgate::ConfigError| invalid(format!("{}: {e}", path.display()));
+    let store = if let Some(url) = &args.redis {
+        redis_store(url, &prefix).map_err(|e| invalid(format!("--redis: {e}")))?
+    } else if !args.cluster.is_empty() {
+        cluster_store(&args.cluster, &prefix).map_err(|e| invalid(format!("--cluster: {e}")))?
+    } else {
+        match plan.store.kind {
+            StoreKind::Redis => {
+                let url = plan.store.url.as_deref().unwrap_or_default();
+                redis_store(url, &prefix).map_err(built)?
+            }
+            StoreKind::RedisCluster => cluster_store(&plan.store.urls, &prefix).map_err(built)?,
+            _ => {
+                return Err(invalid(format!(
+                    "{}: store.kind = \"memory\": the state lives in each process; give --redis or \
+                     --cluster, or ask the application's admin API",
+                    path.display()
+                )))
+            }
+        }
+    };
+    let limiter = plan
+        .builder_with_store(store)
+        .and_then(|b| b.build())
+        .map_err(built)?;
+    Ok((plan, limiter))
+}
+
+fn redis_store(url: &str, prefix: &str) -> Result<DynStore, tollgate::ConfigError> {
+    let store = tollgate::store::RedisStore::builder()
+        .prefix(prefix)
+        .build_with_url(url)?;
+    Ok(DynStore::new(store))
+}
+
+fn cluster_store(urls: &[String], prefix: &str) -> Result<DynStore, tollgate::ConfigError> {
+    let store = tollgate::store::RedisClusterStore::builder()
+        .prefix(prefix)
+        .build_cluster_with_urls(urls.iter().map(String::as_str))?;
+    Ok(DynStore::new(store))
+}
+
+fn store_failed(e: impl std::fmt::Display) -> Failure {
+    (format!("the store failed: {e}"), FAIL)
+}
+
+pub(crate) fn inspect(args: &InspectArgs) -> ExitCode {
+    finish(run_inspect(args))
+}
+
+fn run_inspect(args: &InspectArgs) -> Result<(), Failure> {
+    let key = parse_key(&args.store.key)?;
+    let method: http::Method = args
+        .method
+        .parse()
+        .map_err(|_| invalid(format!("--method = {:?}: not an HTTP method", args.method)))?;
+    if !args.route.starts_with('/') {
+        return Err(invalid(format!(
+            "--route = {:?}: a request path starts with /",
+            args.route
+        )));
+    }
+    let request = http::Request::builder()
+        .method(method)
+        .uri(args.route.as_str())
+        .body(())
+        .map_err(|e| invalid(format!("--route = {:?}: {e}", args.route)))?;
+    let (_, limiter) = limiter(&args.store)?;
+    let state = runtime()?
+        .block_on(limiter.inspect(&RequestView::new(&request), &key))
+        .map_err(store_failed)?;
+    if args.store.json {
+        print_json(&state)
+    } else {
+        print!("{}", state_text(&state));
+        Ok(())
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| (format!("cannot render JSON: {e}"), FAIL))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Milliseconds as seconds with one decimal.
+fn secs(ms: u64) -> String {
+    format!("{}.{}s", ms / 1000, (ms % 1000) / 100)
+}
+
+fn state_text(state: &KeyState) -> String {
+    let mut out = format!("key     {} (digest {})\n", state.key, state.digest);
+    let Some(route) = &state.route else {
+        out.push_str("route   exempt: not limited\n");
+        return out;
+    };
+    out.push_str(&format!("route   {route}\n"));
+    if let Some(list) = &state.list {
+        out.push_str(&format!("list    {list}: not decided by the policies\n"));
+    }
+    let verdict = match (state.allowed, state.blocked) {
+        (true, _) => "allowed",
+        (false, true) => "REFUSED (a penalty's block runs)",
+        (false, false) => "REFUSED",
+    };
+    out.push_str(&format!("next    {verdict}\n"));
+    out.push_str(&format!(
+        "{:<24} {:>10} {:>10} {:>10} {:>10}\n",
+        "policy", "limit", "remaining", "reset in", "retry in"
+    ));
+    for p in &state.policies {
+        let name = if p.shadow {
+            format!("{} (shadow)", p.policy)
+        } else {
+            p.policy.clone()
+        };
+        let retry = if p.allowed {
+            "-".to_owned()
+        } else {
+            secs(p.retry_after_ms)
+        };
+        // Nothing used: nothing to reset.
+        let reset = if p.remaining >= p.limit {
+            "-".to_owned()
+        } else {
+            secs(p.reset_after_ms)
+        };
+        out.push_str(&format!(
+            "{name:<24} {:>10} {:>10} {reset:>10} {retry:>10}\n",
+            p.limit, p.remaining
+        ));
+    }
+    out
+}
+
+pub(crate) fn reset(args: &StoreArgs) -> ExitCode {
+    finish(run_reset(args))
+}
+
+fn run_reset(args: &StoreArgs) -> Result<(), Failure> {
+    let key = parse_key(&args.key)?;
+    let (_, limiter) = limiter(args)?;
+    runtime()?
+        .block_on(limiter.reset(&key))
+        .map_err(store_failed)?;
+    let mut policies: Vec<String> = limiter
+        .effective_plan()
+        .routes
+        .into_iter()
+        .flat_map(|r| r.policies.into_iter().map(|p| p.name))
+        .collect();
+    policies.sort();
+    policies.dedup();
+    let digest = tollgate::key::digest(&key);
+    if args.json {
+        print_json(&serde_json::json!({ "reset": true, "digest": digest, "policies": policies }))
+    } else {
+        println!(
+            "reset key with digest {digest} under {}",
+            policies.join(", ")
+        );
+        Ok(())
+    }
+}
+
+pub(crate) fn top(args: &TopArgs) -> ExitCode {
+    finish(run_top(args))
+}
+
+fn run_top(args: &TopArgs) -> Result<(), Failure> {
+    let url = format!("{}/top?n={}", args.url.trim_end_matches('/'), args.n);
+    let mut headers = reqwest::header::HeaderMap::new();
+    for h in &args.headers {
+        let parsed = h.split_once(':').and_then(|(name, value)| {
+            Some((
+                reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).ok()?,
+                reqwest::header::HeaderValue::from_str(value.trim()).ok()?,
+            ))
+        });
+        let (name, value) =
+            parsed.ok_or_else(|| invalid(format!("--header = {h:?}: write it as Name: value")))?;
+        headers.append(name, value);
+    }
+    let body = runtime()?.block_on(async {
+        let res = reqwest::Client::new()
+            .get(&url)
+            .headers(headers)
+            .send()
+            .await
+            .map_err(|e| (format!("{url}: {e}"), FAIL))?;
+        let status = res.status();
+        let bytes = res
+            .bytes()
+            .await
+            .map_err(|e| (format!("{url}: {e}"), FAIL))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err((format!("{url}: {status}: {text}"), FAIL));
+        }
+        Ok(bytes)
+    })?;
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct Top {
+        keys: Vec<RefusedKey>,
+    }
+    let top: Top = serde_json::from_slice(&body)
+        .map_err(|e| (format!("{url}: not the admin API's answer: {e}"), FAIL))?;
+    if args.json {
+        return print_json(&top);
+    }
+    if top.keys.is_empty() {
+        println!("no refused keys");
+        return Ok(());
+    }
+    println!("{:>10} {:>8}  {:<20} digest", "refused", "error", "key");
+    for k in &top.keys {
+        println!("{:>10} {:>8}  {:<20} {}", k.count, k.error, k.key, k.digest);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_source_and_material() {
+        assert_eq!(
+            parse_key("ip:2001:db8::1").unwrap(),
+            Key::new("ip", "2001:db8::1")
+        );
+        assert_eq!(parse_key("nokey").unwrap_err().1, INVALID);
+        assert_eq!(parse_key(":x").unwrap_err().1, INVALID);
+    }
+
+    #[test]
+    fn seconds_have_one_decimal() {
+        assert_eq!(secs(58_249), "58.2s");
+        assert_eq!(secs(0), "0.0s");
+    }
+}

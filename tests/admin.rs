@@ -1,0 +1,354 @@
+//! The operator tools end to end: two axum servers built from one plan share the Redis on
+//! 127.0.0.1:6379 (under a key prefix of this run's own); a key pushed over its limit shows
+//! as refused in `tollgate inspect` and in `top` (the admin API and `tollgate top`), and
+//! `tollgate reset` lets its next request through on both servers.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use axum::{routing::get, Router};
+use reqwest::StatusCode;
+use tollgate::admin::Admin;
+use tollgate::config::Plan;
+use tollgate::key::Key;
+use tollgate::KeyState;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+fn plan_text(prefix: &str) -> String {
+    format!(
+        r#"
+replicas = 2
+failure_mode = "fail_closed"
+
+[store]
+kind = "redis"
+url = "{REDIS}"
+prefix = "{prefix}"
+
+[key]
+kind = "header"
+header = "x-tenant"
+
+[[policies]]
+name = "search"
+limit = 2
+window = "1h"
+
+[[policies]]
+name = "api"
+limit = 100
+window = "1h"
+
+[[routes]]
+pattern = "GET /search"
+policies = ["search"]
+
+[default]
+policies = ["api"]
+"#
+    )
+}
+
+/// One instance: the plan's layer on two routes, the admin API under `/admin`.
+async fn instance(plan: &Plan) -> SocketAddr {
+    let built = plan.build().unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "home" }))
+        .route("/search", get(|| async { "results" }))
+        .layer(built.layer())
+        .nest(
+            "/admin",
+            Admin::new(built.limiter().clone()).plan(plan).router(),
+        );
+    common::serve(app).await
+}
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+async fn search(client: &reqwest::Client, addr: SocketAddr, tenant: &str) -> StatusCode {
+    client
+        .get(format!("http://{addr}/search"))
+        .header("x-tenant", tenant)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// The admin API's JSON answer. A peek goes through the plan's `ResilientStore`, whose 50 ms
+/// timeout a loaded machine can exceed: the API then answers 503 and an operator asks again.
+async fn get_json(client: &reqwest::Client, url: String) -> serde_json::Value {
+    for _ in 0..5 {
+        let res = client.get(&url).send().await.unwrap();
+        let status = res.status();
+        let body: serde_json::Value = res.json().await.unwrap();
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(status, StatusCode::OK, "{url}: {body}");
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url}: 503 five times");
+}
+
+fn redis_up() -> bool {
+    std::net::TcpStream::connect("127.0.0.1:6379").is_ok()
+}
+
+fn unique_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("admin-e2e-{}-{nanos}", std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() {
+    assert!(
+        redis_up(),
+        "these tests need redis-server on 127.0.0.1:6379 (.ci/run starts one)"
+    );
+    let prefix = unique_prefix();
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan_path: PathBuf = dir.join("plan.toml");
+    std::fs::write(&plan_path, plan_text(&prefix)).unwrap();
+    let plan_arg = plan_path.to_str().unwrap();
+    let plan = Plan::from_file(&plan_path).unwrap();
+    let (a, b) = (instance(&plan).await, instance(&plan).await);
+    let client = reqwest::Client::new();
+    let key = Key::new("header", "acme");
+    let digest = tollgate::key::digest(&key);
+
+    // Nothing charged yet: inspect shows the full quota and charges nothing itself.
+    for _ in 0..2 {
+        let out = tollgate(&[
+            "inspect",
+            plan_arg,
+            "header:acme",
+            "--route",
+            "/search",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(state.allowed);
+        assert_eq!(state.route.as_deref(), Some("GET /search"));
+        assert_eq!(
+            (
+                state.policies[0].policy.as_str(),
+                state.policies[0].remaining
+            ),
+            ("search", 2)
+        );
+    }
+
+    // Two searches through A, then the shared limit refuses on B and on A.
+    assert_eq!(search(&client, a, "acme").await, StatusCode::OK);
+    assert_eq!(search(&client, a, "acme").await, StatusCode::OK);
+    assert_eq!(
+        search(&client, b, "acme").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        search(&client, a, "acme").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        search(&client, a, "acme").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another tenant is refused too, but less often.
+    for _ in 0..3 {
+        search(&client, a, "globex").await;
+    }
+
+    // inspect: refused under the search policy, in JSON and in text.
+    let out = tollgate(&[
+        "inspect",
+        plan_arg,
+        "header:acme",
+        "--route",
+        "/search",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!state.allowed);
+    assert_eq!(state.digest, digest);
+    assert_eq!(state.policies[0].remaining, 0);
+    assert!(state.policies[0].retry_after_ms > 0);
+    let out = tollgate(&[
+        "inspect",
+        plan_arg,
+        "header:acme",
+        "--route",
+        "/search",
+        "--redis",
+        REDIS,
+    ]);
+    let shown = text(&out);
+    assert!(
+        out.status.success() && shown.contains("REFUSED") && shown.contains("search"),
+        "{shown}"
+    );
+    // The default route's policy is untouched.
+    let out = tollgate(&["inspect", plan_arg, "header:acme", "--json"]);
+    let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(state.allowed);
+    assert_eq!(
+        (
+            state.policies[0].policy.as_str(),
+            state.policies[0].remaining
+        ),
+        ("api", 100)
+    );
+
+    // The admin API agrees with the CLI.
+    let state = get_json(
+        &client,
+        format!("http://{a}/admin/keys/header/acme?route=/search"),
+    )
+    .await;
+    assert_eq!(state["allowed"], false);
+
+    // top: each instance counts its own refusals; acme leads on A.
+    let top = get_json(&client, format!("http://{a}/admin/top")).await;
+    assert_eq!(top["keys"][0]["digest"], digest.as_str(), "{top}");
+    assert_eq!(top["keys"][0]["key"], "header:acme");
+    assert_eq!(top["keys"][0]["count"], 2);
+    let top_b = get_json(&client, format!("http://{b}/admin/top")).await;
+    assert_eq!(top_b["keys"][0]["digest"], digest.as_str());
+    let out = tollgate(&["top", &format!("http://{a}/admin"), "-n", "5"]);
+    let shown = text(&out);
+    assert!(
+        out.status.success() && shown.contains("header:acme") && shown.contains(&digest),
+        "{shown}"
+    );
+    let out = tollgate(&["top", &format!("http://{a}/admin/"), "--json"]);
+    let top: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(top["keys"][0]["digest"], digest.as_str());
+
+    // The effective plan.
+    let plan_json = get_json(&client, format!("http://{b}/admin/plan")).await;
+    assert_eq!(plan_json["limiter"]["routes"][0]["route"], "GET /search");
+    assert_eq!(plan_json["plan"]["store"]["prefix"], prefix.as_str());
+
+    // reset from the command line, against the Redis both instances share.
+    let out = tollgate(&["reset", plan_arg, "header:acme"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(&digest));
+    // A plan-built Redis store keeps a deny cache: each instance may go on refusing a key it
+    // saw refused for at most deny_cache_max_age (1 s) after a reset made elsewhere.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(search(&client, a, "acme").await, StatusCode::OK);
+    assert_eq!(search(&client, b, "acme").await, StatusCode::OK);
+    assert_eq!(
+        search(&client, b, "acme").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // reset through the admin API: this instance's deny cache goes at once.
+    let res = client
+        .delete(format!("http://{b}/admin/keys/header/acme"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(search(&client, b, "acme").await, StatusCode::OK);
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_admin_api_names_bad_parameters() {
+    let limiter = tollgate::Limiter::builder()
+        .policy(tollgate::Policy::new("api", tollgate::Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let addr = common::serve(Admin::new(limiter).router()).await;
+    let client = reqwest::Client::new();
+    for (url, parameter) in [
+        (format!("http://{addr}/top?n=0"), "n = \"0\""),
+        (format!("http://{addr}/top?n=lots"), "n = \"lots\""),
+        (
+            format!("http://{addr}/keys/ip/1.2.3.4?method=G%20T"),
+            "method = \"G T\"",
+        ),
+        (
+            format!("http://{addr}/keys/ip/1.2.3.4?route=search"),
+            "route = \"search\"",
+        ),
+    ] {
+        let res = client.get(&url).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{url}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "bad_request");
+        assert!(
+            body["message"].as_str().unwrap().contains(parameter),
+            "{body}"
+        );
+    }
+    // Material may hold slashes and anything else: it is escaped into the key.
+    let res = client
+        .get(format!("http://{addr}/keys/user/a%2Fb/c%20d"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[test]
+fn the_cli_refuses_what_it_cannot_act_on() {
+    let dir = std::env::temp_dir().join(unique_prefix());
+    std::fs::create_dir_all(&dir).unwrap();
+    let memory = dir.join("memory.toml");
+    std::fs::write(
+        &memory,
+        "[[policies]]\nname = \"api\"\nlimit = 1\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let memory = memory.to_str().unwrap();
+
+    let out = tollgate(&["inspect", memory, "user:42"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("store.kind = \"memory\""),
+        "{}",
+        text(&out)
+    );
+    let out = tollgate(&["reset", memory, "no-colon", "--redis", REDIS]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("KEY = \"no-colon\""), "{}", text(&out));
+    let out = tollgate(&["inspect", memory, "user:42", "--redis", "nope://x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("--redis"), "{}", text(&out));
+    let out = tollgate(&[
+        "inspect", memory, "user:42", "--redis", REDIS, "--method", "G T",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // Nothing listens there: the admin API cannot be reached.
+    let port = common::free_port();
+    let out = tollgate(&["top", &format!("http://127.0.0.1:{port}/admin")]);
+    assert_eq!(out.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
