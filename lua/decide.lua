@@ -2,7 +2,9 @@
 -- or nothing per request. A batch of one is a plain decision. A request may also be a
 -- refund, which gives units back instead of deciding.
 --
--- KEYS[i]: state i (one per distinct (key, policy)); in a cluster all share one slot.
+-- KEYS[i]: state i (one per distinct (key, policy)), then KEYS[nk + i]: its per-key override
+-- (a string of two little-endian doubles: limit and capacity), if one is set; in a cluster
+-- all share one slot.
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch.
 -- ARGV[2]: the number of policies np; then per policy its algorithm id, limit, window ms,
 -- capacity and max delay ms.
@@ -21,7 +23,8 @@
 -- A refund, settlement or refresh answers like a request whose policies are evaluated at
 -- cost 0 after it.
 -- Returns one binary string (little-endian), per request: allowed (i8, 1 or 0) then per
--- policy allowed (i8), remaining, reset_after, retry_after and delay (f64 each); or -1 (i8),
+-- policy allowed (i8), remaining, reset_after, retry_after and delay (f64 each) — for a
+-- state with a per-key override, allowed + 2 and then its capacity (f64) too; or -1 (i8),
 -- a length (u32) and a message when a state the request names cannot be read (the key holds
 -- a value of another type), while the other requests of the batch are decided as usual.
 -- One string costs Redis less to send, and the client far less to parse, than an array of
@@ -54,7 +57,7 @@ for k = 1, np do
   }
 end
 
-local nk = #KEYS
+local nk = #KEYS / 2
 -- P: each state's policy; S: the state; E: why it cannot be read; X: when the state as read
 -- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
 local P, S, E, X = {}, {}, {}, {}
@@ -63,21 +66,42 @@ local state_policies, requests = ARGV[3 + np * 5], ARGV[4 + np * 5]
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end
+-- One MGET reads every string state and every override; a state with an override decides
+-- with a copy of its policy that has the override's limit and capacity.
 for i = 1, nk do
-  local p = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
-  P[i] = p
-  if p.a.zset then
-    S[i], E[i] = p.a.load(KEYS[i], now, p)
-  else
+  P[i] = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
+  if not P[i].a.zset then
     strings[#strings + 1] = KEYS[i]
     string_index[#string_index + 1] = i
   end
 end
+local ns = #strings
+local names = {}
+for j = 1, ns do
+  names[j] = strings[j]
+end
+for i = 1, nk do
+  names[ns + i] = KEYS[nk + i]
+end
+local values = redis.call('MGET', unpack(names))
+for i = 1, nk do
+  local v = values[ns + i]
+  if v and #v == 16 then
+    local limit, capacity = unpack_struct('<dd', v)
+    local p = P[i]
+    P[i] = { a = p.a, limit = limit, window = p.window, capacity = capacity, max_delay = p.max_delay, overridden = true }
+  end
+end
+for i = 1, nk do
+  local p = P[i]
+  if p.a.zset then
+    S[i], E[i] = p.a.load(KEYS[i], now, p)
+  end
+end
 
-if #strings > 0 then
+if ns > 0 then
   -- MGET answers nil both for a missing key and for a key of another type; the second must
   -- be an error, not a fresh state (writing would destroy somebody else's value).
-  local values = redis.call('MGET', unpack(strings))
   local missing = {}
   for j = 1, #string_index do
     local i, v = string_index[j], values[j]
@@ -137,7 +161,11 @@ while pos <= last do
         end
       end
       r = r + 1
-      replies[r] = pack('<bbdddd', allowed, allowed, remaining, reset_after, retry_after, delay)
+      if p.overridden then
+        replies[r] = pack('<bbddddd', allowed, allowed + 2, remaining, reset_after, retry_after, delay, p.capacity)
+      else
+        replies[r] = pack('<bbdddd', allowed, allowed, remaining, reset_after, retry_after, delay)
+      end
     end
   else
     local err
@@ -208,8 +236,13 @@ while pos <= last do
       replies[r] = pack('<b', all and 1 or 0)
       for j = 1, m do
         local o = (j - 1) * 5
+        local p = P[idx[j]]
         r = r + 1
-        replies[r] = pack('<bdddd', out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5])
+        if p.overridden then
+          replies[r] = pack('<bddddd', out[o + 1] + 2, out[o + 2], out[o + 3], out[o + 4], out[o + 5], p.capacity)
+        else
+          replies[r] = pack('<bdddd', out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5])
+        end
       end
     end
   end

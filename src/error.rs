@@ -131,6 +131,9 @@ pub enum CheckError {
     Forbidden,
     /// The store failed; see [`StoreError`].
     Store(StoreError),
+    /// What was asked is not valid (an [`Override`](crate::Override) of a policy the limiter
+    /// does not have, or with a zero limit); the error names the field and the value.
+    Invalid(ConfigError),
 }
 
 impl fmt::Display for CheckError {
@@ -146,6 +149,7 @@ impl fmt::Display for CheckError {
             ),
             CheckError::Forbidden => f.write_str("the key is on the deny list"),
             CheckError::Store(e) => e.fmt(f),
+            CheckError::Invalid(e) => e.fmt(f),
         }
     }
 }
@@ -154,6 +158,7 @@ impl std::error::Error for CheckError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CheckError::Store(e) => Some(e),
+            CheckError::Invalid(e) => Some(e),
             CheckError::CostExceedsCapacity { .. } | CheckError::Forbidden => None,
         }
     }

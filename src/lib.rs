@@ -120,6 +120,7 @@ mod limiter;
 pub mod login;
 pub mod middleware;
 pub mod observability;
+pub mod overrides;
 pub mod policy;
 pub mod refusal;
 pub mod response;
@@ -146,6 +147,7 @@ pub use middleware::{
     EstimateFromJson, EstimateFromJsonLayer, RateLimitBody, RateLimitInfo, RateLimitLayer,
     RateLimitService, ResponseFuture,
 };
+pub use overrides::Override;
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
 pub use refusal::{Refusal, RefusalKind};
 pub use response::HeaderStyle;

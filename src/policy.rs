@@ -431,6 +431,31 @@ impl Policy {
     pub fn failure_mode(&self) -> Option<FailureMode> {
         self.inner.failure_mode
     }
+
+    /// The same policy (name, algorithm, window, cost, every setting) with another limit and
+    /// burst: what a per-key [override](crate::Override) applies. Checked like any policy.
+    pub(crate) fn with_limit(&self, limit: u64, burst: Option<u64>) -> Result<Policy, ConfigError> {
+        // Without a burst of its own, the override's capacity is its limit.
+        let mut rate = Rate::new(limit, self.inner.rate.window);
+        if let Some(b) = burst {
+            rate = rate.with_burst(b);
+        }
+        let mut b = Policy::builder(self.name(), rate)
+            .algorithm(self.inner.algorithm)
+            .cost(self.inner.cost)
+            .sensitive(self.inner.sensitive)
+            .shadow(self.inner.shadow);
+        if let Some(d) = self.inner.max_delay {
+            b = b.shape(d);
+        }
+        if let Some(p) = self.inner.penalty {
+            b = b.penalty(p);
+        }
+        if let Some(m) = self.inner.failure_mode {
+            b = b.failure_mode(m);
+        }
+        b.build()
+    }
 }
 
 /// Builds a [`Policy`]; see the [module docs](crate::policy) for examples.

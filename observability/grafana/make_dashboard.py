@@ -63,6 +63,10 @@ PANELS = [
      "admitted that the store, answering late, refused.",
      [(rate_by("", "tollgate_memory_evictions_total"), "memory evictions"),
       (rate_by("", "tollgate_fallback_overadmitted_total"), "fallback over-admitted")]),
+    ("Plan reloads", "short", False,
+     "Plans put in force while the service runs (Limiter::reload_plan, PlanWatcher), and plans "
+     "refused (they failed to build or the audit): the plan in force stayed.",
+     [(rate_by("instance, result", "tollgate_plan_reloads_total", fn="increase"), "{{instance}} {{result}}")]),
 ]
 for title, unit, stack, desc, exprs in PANELS:
     ts(title, exprs, unit, desc, stack)

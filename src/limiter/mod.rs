@@ -12,6 +12,7 @@ mod decide;
 mod heavy_hitters;
 mod hold;
 mod inspect;
+mod overrides;
 mod penalty;
 mod reload;
 mod route_table;

@@ -77,9 +77,13 @@ use smallvec::SmallVec;
 use super::{BoxFuture, Store};
 use crate::algorithm::AnyState;
 use crate::clock::{Clock, SystemClock};
+use std::borrow::Cow;
+
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::overrides::ActiveOverride;
+use crate::policy::Algorithm;
 use crate::policy::Policy;
 use crate::telemetry;
 
@@ -116,6 +120,81 @@ struct Inner {
     clock: StoreClock,
     max_keys_per_shard: usize,
     sweep_interval_ms: u64,
+    overrides: Overrides,
+}
+
+/// Per-key overrides (see [`crate::overrides`]): the policy to decide a key with instead of
+/// the plan's, by (key, policy, algorithm), with its expiry. Decisions read `active` first, so
+/// a store with no override pays one atomic load per decision.
+#[derive(Default)]
+struct Overrides {
+    active: std::sync::atomic::AtomicUsize,
+    map: parking_lot::RwLock<OverrideMap>,
+}
+
+type OverrideMap = std::collections::HashMap<(Key, u32, Algorithm), (Policy, Option<u64>)>;
+
+impl Overrides {
+    /// `policies`, each replaced by `key`'s override of it where one is in force at `now`.
+    #[inline]
+    fn effective<'p>(&self, key: &Key, policies: &'p [Policy], now: u64) -> Cow<'p, [Policy]> {
+        if self.active.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return Cow::Borrowed(policies);
+        }
+        self.lookup(key, policies, now)
+    }
+
+    #[inline(never)]
+    fn lookup<'p>(&self, key: &Key, policies: &'p [Policy], now: u64) -> Cow<'p, [Policy]> {
+        let map = self.map.read();
+        let mut out: Option<Vec<Policy>> = None;
+        for (i, p) in policies.iter().enumerate() {
+            let found = map
+                .get(&(key.clone(), p.id(), p.algorithm()))
+                .filter(|(_, expires)| expires.is_none_or(|e| e > now));
+            if let Some((over, _)) = found {
+                out.get_or_insert_with(|| policies.to_vec())[i] = over.clone();
+            }
+        }
+        out.map_or(Cow::Borrowed(policies), Cow::Owned)
+    }
+
+    fn set(&self, key: &Key, policy: &Policy, expires: Option<u64>, now: u64) {
+        let mut map = self.map.write();
+        map.retain(|_, (_, e)| e.is_none_or(|e| e > now));
+        map.insert(
+            (key.clone(), policy.id(), policy.algorithm()),
+            (policy.clone(), expires),
+        );
+        self.active
+            .store(map.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn remove(&self, key: &Key, policy: &Policy) {
+        let mut map = self.map.write();
+        map.remove(&(key.clone(), policy.id(), policy.algorithm()));
+        self.active
+            .store(map.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn list(&self, key: &Key, policies: &[Policy], now: u64) -> Vec<ActiveOverride> {
+        let map = self.map.read();
+        policies
+            .iter()
+            .filter_map(|p| {
+                let (over, expires) = map.get(&(key.clone(), p.id(), p.algorithm()))?;
+                if expires.is_some_and(|e| e <= now) {
+                    return None;
+                }
+                Some(ActiveOverride::new(
+                    p.name().to_owned(),
+                    over.limit(),
+                    over.capacity(),
+                    expires.map(|e| Duration::from_millis(e - now)),
+                ))
+            })
+            .collect()
+    }
 }
 
 #[repr(align(128))]
@@ -243,6 +322,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys_per_shard: self.max_keys.div_ceil(shards).max(1),
             sweep_interval_ms,
+            overrides: Overrides::default(),
         });
         if self.background_sweep {
             spawn_sweeper(Arc::downgrade(&inner), self.sweep_interval);
@@ -396,6 +476,8 @@ impl MemoryStore {
     ) {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
+        let effective = inner.overrides.effective(key, policies, now);
+        let policies: &[Policy] = &effective;
         let hash = hash_key(&inner.hasher, key);
         let mut guard = inner.shard(hash).lock();
         let shard = &mut *guard;
@@ -513,6 +595,8 @@ impl Inner {
     ) -> Result<Decision, StoreError> {
         debug_assert_eq!(policies.len(), costs.len());
         let now = self.clock.now_millis();
+        let effective = self.overrides.effective(key, policies, now);
+        let policies: &[Policy] = &effective;
         let hash = hash_key(&self.hasher, key);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
@@ -888,6 +972,32 @@ impl Store for MemoryStore {
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
         self.remove(key, policies);
         Box::pin(ready(Ok(())))
+    }
+
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let now = self.inner.clock.now_millis();
+        let expires = ttl.map(|t| now.saturating_add(t.as_millis() as u64));
+        self.inner.overrides.set(key, policy, expires, now);
+        Box::pin(ready(Ok(())))
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.overrides.remove(key, policy);
+        Box::pin(ready(Ok(())))
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        let now = self.inner.clock.now_millis();
+        Box::pin(ready(Ok(self.inner.overrides.list(key, policies, now))))
     }
 
     fn now_millis(&self) -> u64 {

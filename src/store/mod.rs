@@ -34,6 +34,7 @@ use smallvec::SmallVec;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 
 /// A boxed future, for the store operations that are off the hot path.
@@ -190,6 +191,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Forgets the key's state for these policies: its next request starts afresh.
     fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
 
+    /// Decides `key`'s requests under `policy` (by name and algorithm) with `policy`'s
+    /// limit and capacity from now on — a per-key [override](crate::overrides) — until
+    /// `ttl` ends (`None`: until removed). The default, for stores that keep no overrides,
+    /// fails.
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let _ = (key, policy, ttl);
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
+
+    /// Removes `key`'s override of `policy`, if any: the plan's limit applies again.
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        let _ = (key, policy);
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
+
+    /// `key`'s overrides in force among `policies`.
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        let _ = (key, policies);
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
+
     /// The store's time in milliseconds since the Unix epoch, used to render absolute reset
     /// times in headers.
     fn now_millis(&self) -> u64;
@@ -210,6 +241,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn generation(&self) -> u64 {
         0
     }
+}
+
+/// The error of a store that keeps no overrides.
+fn no_overrides(store: &str) -> StoreError {
+    StoreError::Backend(format!("the {store} store keeps no per-key overrides"))
 }
 
 /// Any store behind one type, for limiters whose store is chosen at run time (a config file).
@@ -278,6 +314,22 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         slot: u64,
     ) -> Option<BoxFuture<Result<(), StoreError>>>;
+    fn set_override_boxed(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>>;
+    fn remove_override_boxed(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> BoxFuture<Result<(), StoreError>>;
+    fn overrides_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
     fn store_generation(&self) -> u64;
@@ -343,6 +395,28 @@ impl<S: Store> ErasedStore for S {
         slot: u64,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         self.refresh(key, policies, slot)
+    }
+    fn set_override_boxed(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.set_override(key, policy, ttl)
+    }
+    fn remove_override_boxed(
+        &self,
+        key: &Key,
+        policy: &Policy,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.remove_override(key, policy)
+    }
+    fn overrides_boxed(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.overrides(key, policies)
     }
     fn now(&self) -> u64 {
         self.now_millis()
@@ -428,6 +502,27 @@ impl Store for DynStore {
         slot: u64,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         self.inner.refresh_boxed(key, policies, slot)
+    }
+
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.set_override_boxed(key, policy, ttl)
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        self.inner.remove_override_boxed(key, policy)
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.inner.overrides_boxed(key, policies)
     }
 
     fn now_millis(&self) -> u64 {

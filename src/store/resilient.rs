@@ -887,6 +887,34 @@ impl<S: Store> Store for ResilientStore<S> {
         })
     }
 
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        // The store may now allow what it refused: this key's cached denials go.
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.set_override(key, policy, ttl))
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.remove_override(key, policy))
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
+        self.within_timeout(self.inner.primary.overrides(key, policies))
+    }
+
     fn now_millis(&self) -> u64 {
         self.inner.clock.now_millis()
     }
@@ -897,6 +925,19 @@ impl<S: Store> Store for ResilientStore<S> {
 }
 
 impl<S: Store> ResilientStore<S> {
+    /// An operator's call of the store (an override), under the store's timeout.
+    fn within_timeout<T: Send + 'static>(
+        &self,
+        call: BoxFuture<Result<T, StoreError>>,
+    ) -> BoxFuture<Result<T, StoreError>> {
+        let timeout = self.inner.timeout;
+        Box::pin(async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
     /// A call of the store that is not a decision (a refund, settlement, release or
     /// refresh) under the same timeout and circuit breaker as decisions: skipped (`None`)
     /// while the circuit is open; its errors counted and fed to the breaker.

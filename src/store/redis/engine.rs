@@ -22,6 +22,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
+use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::BoxFuture;
 
@@ -460,6 +461,79 @@ impl<C: Connector> Core<C> {
             let mut conn = core.connector.connection().await?;
             let _: i64 = cmd.query_async(&mut conn).await.map_err(store_error)?;
             Ok(())
+        })
+    }
+
+    /// See [`Store::set_override`](crate::store::Store::set_override): one `SET` of the
+    /// state's override key, with `PX` when it expires.
+    pub(crate) fn set_override(
+        self: &Arc<Self>,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(wire::override_key(&state))
+            .arg(wire::override_value(policy));
+        if let Some(ttl) = ttl {
+            cmd.arg("PX").arg((ttl.as_millis() as u64).max(1));
+        }
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let _: () = cmd.query_async(&mut conn).await.map_err(store_error)?;
+            Ok(())
+        })
+    }
+
+    /// See [`Store::remove_override`](crate::store::Store::remove_override): one `UNLINK`.
+    pub(crate) fn remove_override(
+        self: &Arc<Self>,
+        key: &Key,
+        policy: &Policy,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
+        let mut cmd = redis::cmd("UNLINK");
+        cmd.arg(wire::override_key(&state));
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let _: i64 = cmd.query_async(&mut conn).await.map_err(store_error)?;
+            Ok(())
+        })
+    }
+
+    /// See [`Store::overrides`](crate::store::Store::overrides): a `GET` and a `PTTL` per
+    /// policy, in one pipeline.
+    pub(crate) fn overrides(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        let mut pipe = redis::pipe();
+        for p in policies {
+            let k = wire::override_key(&state_key(&self.prefix, key, p.name(), p.algorithm()));
+            pipe.cmd("GET").arg(&k).cmd("PTTL").arg(&k);
+        }
+        let names: Vec<String> = policies.iter().map(|p| p.name().to_owned()).collect();
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            if names.is_empty() {
+                return Ok(vec![]);
+            }
+            let mut conn = core.connector.connection().await?;
+            let replies: Vec<(Option<Vec<u8>>, i64)> =
+                pipe.query_async(&mut conn).await.map_err(store_error)?;
+            Ok(names
+                .into_iter()
+                .zip(replies)
+                .filter_map(|(name, (value, pttl))| {
+                    let (limit, capacity) = wire::read_override(&value?)?;
+                    let expires = (pttl > 0).then(|| Duration::from_millis(pttl as u64));
+                    Some(ActiveOverride::new(name, limit, capacity, expires))
+                })
+                .collect())
         })
     }
 }

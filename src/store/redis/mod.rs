@@ -333,6 +333,27 @@ impl Store for RedisStore {
         self.core.reset(key, policies)
     }
 
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.core.set_override(key, policy, ttl)
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        self.core.remove_override(key, policy)
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
+        self.core.overrides(key, policies)
+    }
+
     fn now_millis(&self) -> u64 {
         self.core.now_millis()
     }

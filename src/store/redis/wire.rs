@@ -4,7 +4,8 @@
 //!
 //! Sent, per call:
 //!
-//! * `KEYS[i]`: state `i`, one per distinct (key, policy); in a cluster all share one slot.
+//! * `KEYS[i]`: state `i`, one per distinct (key, policy), then `KEYS[n + i]`: its override
+//!   key (see [`override_key`]); in a cluster all share one slot.
 //! * `ARGV[1]`: now in ms, or `""` for the script to read the server's `TIME`.
 //! * `ARGV[2]`: the number of policies `np`, then per policy its [`Params`].
 //! * Two binary strings (little-endian): per state the index of its policy (`u32`, from
@@ -49,6 +50,30 @@ pub(crate) enum Mode {
     Refresh = 4,
 }
 
+/// Where a per-key override of a state lives: the state key with `:ovr` appended, holding the
+/// override's limit and capacity as two little-endian doubles (see [`override_value`]).
+pub(crate) fn override_key(state_key: &str) -> String {
+    let mut k = String::with_capacity(state_key.len() + 4);
+    k.push_str(state_key);
+    k.push_str(":ovr");
+    k
+}
+
+/// The value of an override key for `policy` (the overriding policy).
+pub(crate) fn override_value(policy: &Policy) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&(policy.limit() as f64).to_le_bytes());
+    v.extend_from_slice(&(policy.capacity() as f64).to_le_bytes());
+    v
+}
+
+/// The limit and capacity an override key holds, if it reads as one.
+pub(crate) fn read_override(value: &[u8]) -> Option<(u64, u64)> {
+    let limit = f64::from_le_bytes(value.get(..8)?.try_into().ok()?);
+    let capacity = f64::from_le_bytes(value.get(8..16)?.try_into().ok()?);
+    (value.len() == 16).then_some((limit as u64, capacity as u64))
+}
+
 /// The parameters of `policy` as the script takes them.
 pub(crate) fn params(policy: &Policy) -> Params {
     [
@@ -79,6 +104,10 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptInvoc
     let mut inv = script().prepare_invoke();
     for &k in &batch.keys {
         inv.key(k);
+    }
+    // Each state's override key, in the same order (same hash tag: same slot).
+    for &k in &batch.keys {
+        inv.key(override_key(k));
     }
     match now {
         Some(now) => inv.arg(now),
@@ -293,15 +322,21 @@ impl<'a> Reader<'a> {
         };
         let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
         for p in params {
-            let allowed = unsigned(i64::from(self.byte()? as i8));
+            let flag = unsigned(i64::from(self.byte()? as i8));
             let remaining = unsigned(self.number()?);
             let reset_after = unsigned(self.number()?);
             let retry_after = unsigned(self.number()?);
             let delay = unsigned(self.number()?);
-            // The decision's limit is the policy's capacity.
+            // The decision's limit is the policy's capacity, or a per-key override's (sent
+            // after the numbers, flagged by `allowed + 2`).
+            let (allowed, capacity) = if flag >= 2 {
+                (flag - 2, unsigned(self.number()?))
+            } else {
+                (flag, p[3])
+            };
             decisions.push(PolicyDecision::from_parts(
                 allowed == 1,
-                p[3],
+                capacity,
                 remaining,
                 reset_after,
                 retry_after,

@@ -1,0 +1,207 @@
+//! Per-key overrides: set, applied, expired and removed, on the memory store and on two
+//! instances sharing a real Redis, through the direct API and a real axum server; still one
+//! script call per decision.
+
+mod common;
+mod support;
+
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use tollgate::clock::ManualClock;
+use tollgate::key::Key;
+use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::{Algorithm, CheckError, Limiter, Override, Policy, Rate, RateLimitLayer};
+
+use support::RedisServer;
+
+fn limiter<S: Store>(store: S, algorithm: Algorithm) -> Limiter<S> {
+    Limiter::builder()
+        .store(store)
+        .policy(
+            Policy::builder("api", Rate::per_minute(10))
+                .algorithm(algorithm)
+                .build()
+                .unwrap(),
+        )
+        .extractor(common::by_tenant())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn overrides_apply_expire_and_go_on_the_memory_store() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let limiter = limiter(store, Algorithm::SlidingWindowCounter);
+    let acme = Key::new("tenant", "acme");
+    let other = Key::new("tenant", "other");
+    for _ in 0..4 {
+        assert!(limiter.check(&acme, 1).await.unwrap().is_allowed());
+    }
+    limiter
+        .set_override(
+            &acme,
+            Override::new("api", 50).expires_in(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    // The usage so far carries on under the new limit; other keys keep the plan's.
+    let d = limiter.check(&acme, 1).await.unwrap();
+    assert_eq!((d.limit(), d.remaining()), (50, 45));
+    assert_eq!(limiter.check(&other, 1).await.unwrap().limit(), 10);
+    let listed = limiter.overrides(&acme).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].policy(), listed[0].limit()), ("api", 50));
+    assert_eq!(listed[0].expires_in(), Some(Duration::from_secs(30)));
+    assert!(limiter.overrides(&other).await.unwrap().is_empty());
+    // It expires.
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(limiter.check(&acme, 1).await.unwrap().limit(), 10);
+    assert!(limiter.overrides(&acme).await.unwrap().is_empty());
+    // Removal brings back the plan's limit at once.
+    limiter
+        .set_override(&acme, Override::new("api", 2))
+        .await
+        .unwrap();
+    assert_eq!(limiter.check(&acme, 1).await.unwrap().limit(), 2);
+    limiter.remove_override(&acme, "api").await.unwrap();
+    assert_eq!(limiter.check(&acme, 1).await.unwrap().limit(), 10);
+}
+
+#[tokio::test]
+async fn invalid_overrides_are_refused_naming_the_field() {
+    let limiter = limiter(MemoryStore::new(), Algorithm::TokenBucket);
+    let key = Key::new("tenant", "acme");
+    let field = |e: CheckError| match e {
+        CheckError::Invalid(e) => e.field().to_owned(),
+        other => panic!("not an invalid-input error: {other:?}"),
+    };
+    let e = limiter
+        .set_override(&key, Override::new("api", 0))
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "limit");
+    let e = limiter
+        .set_override(&key, Override::new("nope", 5))
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "policy");
+    let e = limiter
+        .set_override(&key, Override::new("api", 5).burst(0))
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "burst");
+    let e = limiter
+        .set_override(&key, Override::new("api", 5).expires_in(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "expires_in");
+    // A burst applies to the bucket.
+    limiter
+        .set_override(&key, Override::new("api", 5).burst(40))
+        .await
+        .unwrap();
+    assert_eq!(limiter.check(&key, 1).await.unwrap().limit(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_set_on_one_instance_applies_on_the_other_through_redis() {
+    let server = RedisServer::start();
+    let store = || {
+        RedisStore::builder()
+            .prefix("ovr")
+            .build_with_url(&server.url())
+            .unwrap()
+    };
+    for algorithm in [
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ] {
+        let a = limiter(store(), algorithm);
+        let b = limiter(store(), algorithm);
+        let key = Key::new("tenant", format!("acme-{algorithm}"));
+        assert_eq!(b.check(&key, 1).await.unwrap().limit(), 10);
+        a.set_override(&key, Override::new("api", 1_000))
+            .await
+            .unwrap();
+        let before = server.command_calls("evalsha");
+        let d = b.check(&key, 1).await.unwrap();
+        assert_eq!(
+            d.limit(),
+            1_000,
+            "{algorithm}: applied by the other instance"
+        );
+        // GCRA keeps a key's debt as time (its TAT): one request at 10 a minute is 6 s, which
+        // at 1 000 a minute is 100 requests.
+        let used = if algorithm == Algorithm::Gcra { 100 } else { 1 };
+        assert_eq!(
+            d.remaining(),
+            1_000 - used - 1,
+            "{algorithm}: usage carried on"
+        );
+        assert_eq!(
+            server.command_calls("evalsha") - before,
+            1,
+            "{algorithm}: still one script call per decision"
+        );
+        assert_eq!(b.overrides(&key).await.unwrap()[0].limit(), 1_000);
+        a.remove_override(&key, "api").await.unwrap();
+        assert_eq!(
+            b.check(&key, 1).await.unwrap().limit(),
+            10,
+            "{algorithm}: removed"
+        );
+    }
+    // Expiry, on Redis's own clock.
+    let a = limiter(store(), Algorithm::FixedWindow);
+    let key = Key::new("tenant", "expiring");
+    a.set_override(
+        &key,
+        Override::new("api", 77).expires_in(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.check(&key, 1).await.unwrap().limit(), 77);
+    let ttl = a.overrides(&key).await.unwrap()[0].expires_in().unwrap();
+    assert!(ttl <= Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(a.check(&key, 1).await.unwrap().limit(), 10);
+    // A lower limit than the usage already counted refuses at once.
+    let low = Key::new("tenant", "lowered");
+    for _ in 0..5 {
+        a.check(&low, 1).await.unwrap();
+    }
+    a.set_override(&low, Override::new("api", 3)).await.unwrap();
+    assert!(!a.check(&low, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn headers_show_the_effective_limit() {
+    let store = MemoryStore::new();
+    let limiter = limiter(store, Algorithm::SlidingWindowCounter);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter.clone()).header_style(tollgate::HeaderStyle::All));
+    let addr = common::serve(app).await;
+    let client = reqwest::Client::new();
+    let get = |tenant: &'static str| {
+        client
+            .get(format!("http://{addr}/"))
+            .header("x-tenant", tenant)
+            .send()
+    };
+    limiter
+        .set_override(&Key::new("tenant", "acme"), Override::new("api", 500))
+        .await
+        .unwrap();
+    let res = get("acme").await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-limit"], "500");
+    assert_eq!(res.headers()["ratelimit-policy"], "\"api\";q=500;w=60");
+    let res = get("other").await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-limit"], "10");
+}
