@@ -10,6 +10,9 @@
 //! |---|---|
 //! | `GET /keys/{source}/{material}?route=/search&method=GET` | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would |
 //! | `DELETE /keys/{source}/{material}` | forgets the key's state under every policy of the limiter ([`Limiter::reset`]): its next request starts afresh |
+//! | `GET /overrides/{source}/{material}` | the key's per-key [overrides](crate::overrides) in force: `{"overrides": [{"policy", "limit", "capacity", "expires_in_ms"}, …]}` |
+//! | `PUT /overrides/{source}/{material}?policy=api&limit=5000[&burst=…][&ttl_ms=…]` | sets an override ([`Limiter::set_override`]), answering the overrides in force; an invalid one is a 400 naming the field |
+//! | `DELETE /overrides/{source}/{material}?policy=api` | removes it: the plan's limit applies again |
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
 //! | `GET /plan` | the policies enforced, route by route (`limiter`: [`EffectivePlan`]), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
 //!
@@ -149,6 +152,12 @@ impl<S: Store> Admin<S> {
                 "/keys/{source}/{*material}",
                 get(key_state::<S>).delete(reset::<S>),
             )
+            .route(
+                "/overrides/{source}/{*material}",
+                get(list_overrides::<S>)
+                    .put(set_override::<S>)
+                    .delete(remove_override::<S>),
+            )
             .route("/top", get(top::<S>))
             .route("/plan", get(plan::<S>))
             .with_state(state)
@@ -174,10 +183,13 @@ impl Failure {
 
 impl From<CheckError> for Failure {
     fn from(e: CheckError) -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "store_unavailable",
-            message: e.to_string(),
+        match e {
+            CheckError::Invalid(e) => Self::bad(e.field(), e.value(), e.reason()),
+            e => Self {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "store_unavailable",
+                message: e.to_string(),
+            },
         }
     }
 }
@@ -251,6 +263,87 @@ async fn reset<S: Store>(
         "rate-limit state of a key reset through the admin API"
     );
     Ok(Json(state))
+}
+
+#[derive(Serialize)]
+struct OverrideView {
+    policy: String,
+    limit: u64,
+    capacity: u64,
+    expires_in_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Overrides {
+    key: String,
+    digest: String,
+    overrides: Vec<OverrideView>,
+}
+
+async fn list_overrides<S: Store>(
+    State(admin): Shared<S>,
+    Path((source, material)): Path<(String, String)>,
+) -> Result<Json<Overrides>, Failure> {
+    let key = Key::new(&source, &material);
+    let overrides = admin.limiter.overrides(&key).await?;
+    Ok(Json(Overrides {
+        key: crate::limiter::shown_key(&key),
+        digest: crate::key::digest(&key),
+        overrides: overrides
+            .into_iter()
+            .map(|o| OverrideView {
+                policy: o.policy().to_owned(),
+                limit: o.limit(),
+                capacity: o.capacity(),
+                expires_in_ms: o.expires_in().map(|d| d.as_millis() as u64),
+            })
+            .collect(),
+    }))
+}
+
+fn number(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, Failure> {
+    params
+        .get(name)
+        .map(|text| {
+            text.parse::<u64>()
+                .map_err(|_| Failure::bad(name, text, "a whole number"))
+        })
+        .transpose()
+}
+
+async fn set_override<S: Store>(
+    State(admin): Shared<S>,
+    Path((source, material)): Path<(String, String)>,
+    Query(params): Params,
+) -> Result<Json<Overrides>, Failure> {
+    let key = Key::new(&source, &material);
+    let policy = params
+        .get("policy")
+        .ok_or_else(|| Failure::bad("policy", "", "the policy to override is missing"))?;
+    let limit = number(&params, "limit")?
+        .ok_or_else(|| Failure::bad("limit", "", "the new limit is missing"))?;
+    let mut over = crate::Override::new(policy, limit);
+    if let Some(burst) = number(&params, "burst")? {
+        over = over.burst(burst);
+    }
+    if let Some(ms) = number(&params, "ttl_ms")? {
+        over = over.expires_in(std::time::Duration::from_millis(ms));
+    }
+    admin.limiter.set_override(&key, over).await?;
+    list_overrides(State(admin), Path((source, material))).await
+}
+
+async fn remove_override<S: Store>(
+    State(admin): Shared<S>,
+    Path((source, material)): Path<(String, String)>,
+    Query(params): Params,
+) -> Result<Json<Overrides>, Failure> {
+    let key = Key::new(&source, &material);
+    let policy = params
+        .get("policy")
+        .ok_or_else(|| Failure::bad("policy", "", "the policy whose override goes is missing"))?;
+    admin.limiter.remove_override(&key, policy).await?;
+    list_overrides(State(admin), Path((source, material))).await
 }
 
 #[derive(Serialize)]

@@ -205,3 +205,126 @@ async fn headers_show_the_effective_limit() {
     let res = get("other").await.unwrap();
     assert_eq!(res.headers()["x-ratelimit-limit"], "10");
 }
+
+#[cfg(feature = "admin")]
+#[tokio::test]
+async fn the_admin_api_sets_lists_and_removes_overrides() {
+    use axum::body::Body;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    let limiter = limiter(MemoryStore::new(), Algorithm::FixedWindow);
+    let app: Router = Router::new().nest(
+        "/admin",
+        tollgate::admin::Admin::new(limiter.clone()).router(),
+    );
+    let call = |method: &str, uri: &str| {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move {
+            let res = app.oneshot(req).await.unwrap();
+            let status = res.status();
+            let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            )
+        }
+    };
+    let (status, body) = call(
+        "PUT",
+        "/admin/overrides/tenant/acme?policy=api&limit=300&ttl_ms=60000",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["overrides"][0]["limit"], 300);
+    let key = Key::new("tenant", "acme");
+    assert_eq!(limiter.check(&key, 1).await.unwrap().limit(), 300);
+    let (status, body) = call("PUT", "/admin/overrides/tenant/acme?policy=api&limit=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["message"].as_str().unwrap().contains("limit"),
+        "{body}"
+    );
+    let (status, _) = call("PUT", "/admin/overrides/tenant/acme?policy=nope&limit=5").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, body) = call("GET", "/admin/overrides/tenant/acme").await;
+    assert_eq!(body["overrides"].as_array().unwrap().len(), 1);
+    let (status, body) = call("DELETE", "/admin/overrides/tenant/acme?policy=api").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["overrides"].as_array().unwrap().is_empty());
+    assert_eq!(limiter.check(&key, 1).await.unwrap().limit(), 10);
+}
+
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_cli_manages_overrides_in_redis() {
+    let server = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("tollgate-ovr-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.toml");
+    std::fs::write(
+        &plan,
+        "[store]\nkind = \"redis\"\nprefix = \"cliovr\"\n\n[[policies]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\n\n[default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let tollgate = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("override")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let url = server.url();
+    let plan = plan.to_str().unwrap();
+    let (code, out, err) = tollgate(&[
+        "set",
+        plan,
+        "tenant:acme",
+        "api",
+        "250",
+        "--ttl",
+        "1h",
+        "--redis",
+        &url,
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let app = Limiter::builder()
+        .store(
+            RedisStore::builder()
+                .prefix("cliovr")
+                .build_with_url(&url)
+                .unwrap(),
+        )
+        .policy(Policy::new("api", Rate::per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "acme");
+    assert_eq!(app.check(&key, 1).await.unwrap().limit(), 250);
+    let (code, out, _) = tollgate(&["list", plan, "tenant:acme", "--redis", &url, "--json"]);
+    assert_eq!(code, Some(0));
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["overrides"][0]["limit"], 250);
+    assert!(listed["overrides"][0]["expires_in_ms"].as_u64().unwrap() <= 3_600_000);
+    let (code, _, err) = tollgate(&["set", plan, "tenant:acme", "api", "0", "--redis", &url]);
+    assert_eq!(code, Some(2), "a zero limit is invalid input");
+    assert!(err.contains("limit"), "{err}");
+    let (code, _, err) = tollgate(&["set", plan, "tenant:acme", "nope", "5", "--redis", &url]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("policy"), "{err}");
+    let (code, _, _) = tollgate(&["remove", plan, "tenant:acme", "api", "--redis", &url]);
+    assert_eq!(code, Some(0));
+    assert_eq!(app.check(&key, 1).await.unwrap().limit(), 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,11 +1,14 @@
 //! `tollgate`: the command-line tool. `tollgate audit plan.toml [--json]` builds a rate-limit
 //! plan and reviews it; `tollgate edge nginx|cloudflare|aws-waf|envoy plan.toml` exports its
 //! `[edge]` rules; `tollgate inspect` and `tollgate reset` look at and reset a key in the
-//! shared store, `tollgate top` asks an application's admin API for the keys refused most;
+//! shared store, `tollgate override set|list|remove` manages per-key overrides there,
+//! `tollgate top` asks an application's admin API for the keys refused most;
 //! `tollgate --help` lists the commands, the audit rules and the exit codes.
 
 #[path = "tollgate/ops.rs"]
 mod ops;
+#[path = "tollgate/overrides.rs"]
+mod overrides;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,6 +94,10 @@ enum Command {
     /// List the keys an application refused most often lately, through its admin API
     /// (feature `admin`): `tollgate top http://127.0.0.1:3000/admin/ratelimit`.
     Top(ops::TopArgs),
+    /// Per-key overrides in the shared store (Redis): another limit for one key under one
+    /// policy, applied by every instance from its next request.
+    #[command(subcommand)]
+    Override(overrides::OverrideCommand),
 }
 
 /// The text after `tollgate edge --help`.
@@ -128,6 +135,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => ops::inspect(&args),
         Command::Reset(args) => ops::reset(&args),
         Command::Top(args) => ops::top(&args),
+        Command::Override(command) => overrides::run(&command),
     }
 }
 

@@ -16,10 +16,10 @@ use super::{FAIL, INVALID, PASS};
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
     /// The plan file (TOML): its policies, routes and `store.prefix`.
-    plan: PathBuf,
+    pub(super) plan: PathBuf,
     /// The key: its source and material, `source:material` (`ip:203.0.113.5`, `user:42`,
     /// `apikey:<hash>`), as the application's extractor builds it.
-    key: String,
+    pub(super) key: String,
     /// A Redis server (`redis://host:port`), instead of the plan's `store.url`.
     #[arg(long, conflicts_with = "cluster")]
     redis: Option<String>,
@@ -28,7 +28,7 @@ pub(crate) struct StoreArgs {
     cluster: Vec<String>,
     /// Print JSON.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 /// `tollgate inspect`'s own arguments.
@@ -63,13 +63,13 @@ pub(crate) struct TopArgs {
 }
 
 /// A failure: the message and the exit status.
-type Failure = (String, u8);
+pub(super) type Failure = (String, u8);
 
-fn invalid(message: impl Into<String>) -> Failure {
+pub(super) fn invalid(message: impl Into<String>) -> Failure {
     (message.into(), INVALID)
 }
 
-fn finish(result: Result<(), Failure>) -> ExitCode {
+pub(super) fn finish(result: Result<(), Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(PASS),
         Err((message, code)) => {
@@ -79,7 +79,7 @@ fn finish(result: Result<(), Failure>) -> ExitCode {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -87,7 +87,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 /// `source:material` as a key.
-fn parse_key(text: &str) -> Result<Key, Failure> {
+pub(super) fn parse_key(text: &str) -> Result<Key, Failure> {
     match text.split_once(':') {
         Some((source, material)) if !source.is_empty() => Ok(Key::new(source, material)),
         _ => Err(invalid(format!(
@@ -98,7 +98,7 @@ fn parse_key(text: &str) -> Result<Key, Failure> {
 
 /// The plan's limiter on the shared store itself (no failure mode: a store error is an
 /// error here).
-fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Failure> {
+pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Failure> {
     let path: &Path = &args.plan;
     let plan = Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     let prefix = plan
@@ -148,7 +148,7 @@ fn cluster_store(urls: &[String], prefix: &str) -> Result<DynStore, tollgate::Co
     Ok(DynStore::new(store))
 }
 
-fn store_failed(e: impl std::fmt::Display) -> Failure {
+pub(super) fn store_failed(e: impl std::fmt::Display) -> Failure {
     (format!("the store failed: {e}"), FAIL)
 }
 
@@ -185,7 +185,7 @@ fn run_inspect(args: &InspectArgs) -> Result<(), Failure> {
     }
 }
 
-fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
+pub(super) fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| (format!("cannot render JSON: {e}"), FAIL))?;
     println!("{text}");
