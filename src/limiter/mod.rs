@@ -150,6 +150,7 @@ pub(crate) struct Lists {
 impl Lists {
     /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
     /// the request must be refused for want of a key.
+    #[inline]
     pub(crate) fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
         match self.extractor.extract(request) {
             Some(key) => Some(key),
@@ -163,6 +164,7 @@ impl Lists {
 
 impl CompiledPlan {
     /// The policy set that applies to a request, or `None` when it is exempt.
+    #[inline]
     pub(crate) fn resolve(&self, request: &RequestView<'_>) -> Option<&Arc<PolicySet>> {
         let route_idx = self
             .table

@@ -833,6 +833,10 @@ impl<S: Store> Store for ResilientStore<S> {
         slot: u64,
     ) -> BoxFuture<Result<(), StoreError>> {
         let inner = &self.inner;
+        // A slot came back: the store may now allow what it refused for want of one.
+        if let Some(cache) = &inner.deny_cache {
+            cache.forget(key);
+        }
         let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
         let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, &ones);
         if !fallback_policies.is_empty() {
