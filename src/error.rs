@@ -81,13 +81,13 @@ impl std::error::Error for ConfigError {}
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached (connection refused, reset, DNS, pool exhausted).
-    Connection(String),
+    Connection(Cause),
     /// The store did not answer in time.
     Timeout,
     /// The store answered with an error (a failing script, a wrong-type key).
-    Backend(String),
+    Backend(Cause),
     /// The store answered, but not in the shape tollgate expects.
-    Protocol(String),
+    Protocol(Cause),
     /// The circuit breaker is open: the store is being skipped for a cool-down.
     CircuitOpen,
     /// The memory store is at its key cap and the new key's shard has nothing expired to
@@ -108,7 +108,94 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    /// The client library's own error (a `redis::RedisError`, a pool error), when there
+    /// is one: what [`Cause::source`] holds.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Connection(c) | StoreError::Backend(c) | StoreError::Protocol(c) => c
+                .source
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+            _ => None,
+        }
+    }
+}
+
+/// What a [`StoreError`] says happened: a message, and the underlying error when one caused
+/// it (kept, as hyper's errors keep theirs, so that `source()` reaches the client library's
+/// error). Compares by message.
+#[derive(Clone)]
+pub struct Cause {
+    message: String,
+    source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// A cause with `message` and the error behind it.
+    ///
+    /// ```
+    /// use std::error::Error;
+    /// use tollgate::{error::Cause, StoreError};
+    ///
+    /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+    /// let e = StoreError::Connection(Cause::with_source("redis at 10.0.0.5", io));
+    /// assert_eq!(e.to_string(), "rate-limit store unreachable: redis at 10.0.0.5");
+    /// assert_eq!(e.source().unwrap().to_string(), "refused");
+    /// ```
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{:?} (caused by {source:?})", self.message),
+            None => write!(f, "{:?}", self.message),
+        }
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for Cause {}
+
+impl From<String> for Cause {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
 
 /// Why [`crate::Limiter::check`] gave no decision.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -113,7 +113,7 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
-mod error;
+pub mod error;
 pub mod grpc;
 pub mod key;
 mod limiter;

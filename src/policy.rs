@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::store::FailureMode;
 
 /// The largest `capacity × window-in-milliseconds` a policy may have (2^50).
 ///
@@ -217,6 +216,24 @@ impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// What a [`ResilientStore`](crate::store::ResilientStore) does when its store cannot
+/// decide, for all policies or (with [`PolicyBuilder::failure_mode`]) for one. It lives here,
+/// beside the policies that name it, so that policies do not depend on the stores; it is also
+/// `tollgate::store::FailureMode`. See the [`resilient` module docs](crate::store::resilient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureMode {
+    /// Allow the request.
+    FailOpen,
+    /// Refuse it; the layer answers `503 Service Unavailable` with `Retry-After`.
+    FailClosed,
+    /// Decide with an in-memory limiter on this instance, each policy's limit (and burst)
+    /// divided by `replicas` (rounded up, at least 1).
+    LocalFallback {
+        /// How many instances share the limit normally.
+        replicas: u32,
+    },
 }
 
 /// A named rate with an algorithm: the unit that stores keep state for.

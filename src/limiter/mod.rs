@@ -538,7 +538,9 @@ impl CheckError {
                     capacity: policy.map_or(0, Policy::capacity),
                 }
             }
-            _ => CheckError::Store(crate::StoreError::Backend(refusal.to_string())),
+            _ => CheckError::Store(crate::StoreError::Backend(crate::error::Cause::from(
+                refusal.to_string(),
+            ))),
         }
     }
 }

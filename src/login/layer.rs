@@ -499,7 +499,7 @@ where
                 Err(error) => {
                     let error = match error {
                         CheckError::Store(e) => e,
-                        other => StoreError::Backend(other.to_string()),
+                        other => StoreError::Backend(crate::error::Cause::from(other.to_string())),
                     };
                     return early(Refusal::store_unavailable(Some(error), None), None);
                 }

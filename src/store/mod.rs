@@ -245,7 +245,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
 /// The error of a store that keeps no overrides.
 fn no_overrides(store: &str) -> StoreError {
-    StoreError::Backend(format!("the {store} store keeps no per-key overrides"))
+    StoreError::Backend(crate::error::Cause::from(format!(
+        "the {store} store keeps no per-key overrides"
+    )))
 }
 
 /// Any store behind one type, for limiters whose store is chosen at run time (a config file).

@@ -98,23 +98,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Outcome};
 use crate::error::StoreError;
 use crate::key::Key;
+pub use crate::policy::FailureMode;
 use crate::policy::{Policy, Rate};
 use crate::telemetry;
-
-/// What to do when the store cannot decide. See the [module docs](crate::store::resilient).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureMode {
-    /// Allow the request.
-    FailOpen,
-    /// Refuse it; the layer answers `503 Service Unavailable` with `Retry-After`.
-    FailClosed,
-    /// Decide with an in-memory limiter on this instance, each policy's limit (and burst)
-    /// divided by `replicas` (rounded up, at least 1).
-    LocalFallback {
-        /// How many instances share the limit normally.
-        replicas: u32,
-    },
-}
 
 /// A store that fails gracefully; see the [module docs](crate::store::resilient).
 pub struct ResilientStore<S> {

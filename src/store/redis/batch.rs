@@ -157,9 +157,9 @@ impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
                 }
                 Err(_) => {
                     for r in batch {
-                        r.answer(Err(StoreError::Connection(
-                            "no tokio runtime to send the decision from".into(),
-                        )));
+                        r.answer(Err(StoreError::Connection(crate::error::Cause::from(
+                            "no tokio runtime to send the decision from",
+                        ))));
                     }
                     // This place stays taken: the loop hands it to the next batch.
                 }
@@ -174,8 +174,8 @@ pub(crate) async fn queued_answer(
     rx: oneshot::Receiver<Result<Decision, StoreError>>,
 ) -> Result<Decision, StoreError> {
     rx.await.unwrap_or_else(|_| {
-        Err(StoreError::Connection(
-            "the batched script call was dropped before it answered".into(),
-        ))
+        Err(StoreError::Connection(crate::error::Cause::from(
+            "the batched script call was dropped before it answered",
+        )))
     })
 }

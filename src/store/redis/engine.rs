@@ -20,7 +20,7 @@ pub(crate) use super::wire::Mode;
 use super::wire::{assemble, parse_batch_reply, Assembled};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::{Cause, ConfigError, StoreError};
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
@@ -42,11 +42,11 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
                 | ErrorKind::InvalidClientConfig
         )
     {
-        StoreError::Connection(e.to_string())
+        StoreError::Connection(Cause::with_source(e.to_string(), e))
     } else if matches!(e.kind(), ErrorKind::Parse | ErrorKind::UnexpectedReturnType) {
-        StoreError::Protocol(e.to_string())
+        StoreError::Protocol(Cause::with_source(e.to_string(), e))
     } else {
-        StoreError::Backend(e.to_string())
+        StoreError::Backend(Cause::with_source(e.to_string(), e))
     }
 }
 
@@ -343,9 +343,9 @@ impl<C: Connector> Core<C> {
                     let result = core.call_ref(std::slice::from_ref(&request)).await.pop();
                     drop(place);
                     result.unwrap_or_else(|| {
-                        Err(StoreError::Protocol(
-                            "the decision script answered nothing".into(),
-                        ))
+                        Err(StoreError::Protocol(crate::error::Cause::from(
+                            "the decision script answered nothing",
+                        )))
                     })
                 })
             }
@@ -759,7 +759,7 @@ mod tests {
         assert!(first.is_allowed());
         assert_eq!(first.remaining(), 9);
         assert!(
-            matches!(&results[1], Err(StoreError::Backend(m)) if m.as_bytes() == message),
+            matches!(&results[1], Err(StoreError::Backend(m)) if m.message().as_bytes() == message),
             "{:?}",
             results[1]
         );

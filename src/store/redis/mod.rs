@@ -419,6 +419,6 @@ pub(crate) fn pool_error(e: deadpool_redis::PoolError) -> StoreError {
     match e {
         deadpool_redis::PoolError::Timeout(_) => StoreError::Timeout,
         deadpool_redis::PoolError::Backend(e) => store_error(e),
-        other => StoreError::Connection(other.to_string()),
+        other => StoreError::Connection(crate::error::Cause::from(other.to_string())),
     }
 }

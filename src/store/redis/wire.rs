@@ -245,17 +245,17 @@ pub(crate) fn parse_batch_reply(
         if status == -1 {
             let len = reader.u32()? as usize;
             let message = String::from_utf8_lossy(reader.take(len)?).into_owned();
-            results.push(Err(StoreError::Backend(message)));
+            results.push(Err(StoreError::Backend(crate::error::Cause::from(message))));
             continue;
         }
         results.push(reader.decision(status, &request.params)?);
     }
     if !reader.rest.is_empty() {
-        return Err(StoreError::Protocol(format!(
+        return Err(StoreError::Protocol(crate::error::Cause::from(format!(
             "the decision script's reply has {} bytes left over after {} requests",
             reader.rest.len(),
             requests.len()
-        )));
+        ))));
     }
     Ok(results)
 }
@@ -268,9 +268,9 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
         if self.rest.len() < n {
-            return Err(StoreError::Protocol(
-                "the decision script's reply is cut short".into(),
-            ));
+            return Err(StoreError::Protocol(crate::error::Cause::from(
+                "the decision script's reply is cut short",
+            )));
         }
         let (head, rest) = self.rest.split_at(n);
         self.rest = rest;
@@ -296,9 +296,9 @@ impl<'a> Reader<'a> {
         let v = f64::from_le_bytes(self.array()?);
         const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
         if v.fract() != 0.0 || !(-EXACT..=EXACT).contains(&v) {
-            return Err(StoreError::Protocol(format!(
+            return Err(StoreError::Protocol(crate::error::Cause::from(format!(
                 "the decision script's reply holds {v} where a whole number belongs"
-            )));
+            ))));
         }
         Ok(v as i64)
     }
@@ -344,15 +344,15 @@ impl<'a> Reader<'a> {
             ));
         }
         if let Some(v) = negative {
-            return Ok(Err(StoreError::Protocol(format!(
-                "negative value {v} in the script reply"
+            return Ok(Err(StoreError::Protocol(crate::error::Cause::from(
+                format!("negative value {v} in the script reply"),
             ))));
         }
         let decision = Decision::from_policies(decisions);
         if decision.is_allowed() != (status == 1) {
-            return Ok(Err(StoreError::Protocol(
-                "the script's overall answer disagrees with its per-policy answers".into(),
-            )));
+            return Ok(Err(StoreError::Protocol(crate::error::Cause::from(
+                "the script's overall answer disagrees with its per-policy answers",
+            ))));
         }
         Ok(Ok(decision))
     }
