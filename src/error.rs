@@ -110,7 +110,7 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {
     /// The client library's own error (a `redis::RedisError`, a pool error), when there
-    /// is one: what [`Cause::source`] holds.
+    /// is one: what [`Cause::with_source`] was given.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StoreError::Connection(c) | StoreError::Backend(c) | StoreError::Protocol(c) => c
