@@ -53,13 +53,9 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::engine::{store_error, Connector, Core, Mode, Options, PooledOrShared};
+use super::engine::{store_error, Connector, Core, Options, PooledOrShared};
 use super::{pool_error, RedisStoreBuilder};
-use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::key::Key;
-use crate::policy::Policy;
-use crate::store::{BoxFuture, Store};
 
 /// A store in a Redis Cluster. Cheap to clone: clones share the pool or connection. See the
 /// [module docs](crate::store::cluster).
@@ -162,92 +158,7 @@ impl RedisClusterStore {
     }
 }
 
-impl Store for RedisClusterStore {
-    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
-
-    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        self.core.charge(key, policies, costs)
-    }
-
-    fn peek(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.core.decide(key, policies, costs, Mode::Peek)
-    }
-
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.refund(key, policies, costs)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.settle(key, policies, reserved, actual)
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.slot(key, policies, slot, Mode::Refund)
-    }
-
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        Some(self.core.slot(key, policies, slot, Mode::Refresh))
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        self.core.reset(key, policies)
-    }
-
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.set_override(key, policy, ttl)
-    }
-
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.core.remove_override(key, policy)
-    }
-
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
-        self.core.overrides(key, policies)
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.core.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "redis-cluster"
-    }
-}
+super::store_impl::engine_store!(RedisClusterStore, "redis-cluster");
 
 /// How a cluster store reaches the cluster.
 pub(crate) enum Cluster {

@@ -1,12 +1,12 @@
 //! The Redis store: limits shared by every instance of a service.
 //!
-//! **One round trip per decision, or fewer.** [`check`](Store::check) and
-//! [`peek`](Store::peek) send a single `EVALSHA` of one Lua script that decides the request
+//! **One round trip per decision, or fewer.** [`check`](crate::store::Store::check) and
+//! [`peek`](crate::store::Store::peek) send a single `EVALSHA` of one Lua script that decides the request
 //! against *all* its policies. If Redis has forgotten the script (`NOSCRIPT`, after a restart
 //! or `SCRIPT FLUSH`), it is loaded and the call retried once, so that one decision costs
 //! three round trips. The first decision of a store built from a URL also opens its
-//! connection. [`refund`](Store::refund) is a request of the same script (in refund mode),
-//! so one atomic call too; [`reset`](Store::reset) is one `UNLINK`.
+//! connection. [`refund`](crate::store::Store::refund) is a request of the same script (in refund mode),
+//! so one atomic call too; [`reset`](crate::store::Store::reset) is one `UNLINK`.
 //!
 //! # Coalescing
 //!
@@ -32,7 +32,7 @@
 //!   differential test runs random traces through both.
 //! * **One clock**: the script reads the Redis server's `TIME`, so instances with skewed clocks
 //!   agree. A store given an injected clock (a [`ManualClock`](crate::clock::ManualClock) in
-//!   tests) passes that clock's time instead. ([`Store::now_millis`], used only to render
+//!   tests) passes that clock's time instead. ([`Store::now_millis`](crate::store::Store::now_millis), used only to render
 //!   absolute reset times in headers, reads the local clock.)
 //! * **Nothing left behind**: every key it writes gets a TTL that ends
 //!   [`TTL_MARGIN_MS`] after its state stops mattering.
@@ -89,6 +89,7 @@ pub mod cluster;
 mod engine;
 mod keys;
 mod script;
+mod store_impl;
 mod wire;
 
 #[cfg(feature = "cluster")]
@@ -105,12 +106,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use crate::clock::Clock;
-use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::key::Key;
-use crate::policy::Policy;
-use crate::store::{BoxFuture, Store};
-use engine::{store_error, Connector, Core, Mode, Options, PooledOrShared};
+use engine::{store_error, Connector, Core, Options, PooledOrShared};
 
 /// The Lua text of the decision script both Redis stores run, for inspection, auditing or
 /// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
@@ -276,96 +273,7 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
-
-    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        self.core.charge(key, policies, costs)
-    }
-
-    fn peek(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.core.decide(key, policies, costs, Mode::Peek)
-    }
-
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.refund(key, policies, costs)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.settle(key, policies, reserved, actual)
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.slot(key, policies, slot, Mode::Refund)
-    }
-
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        Some(self.core.slot(key, policies, slot, Mode::Refresh))
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        self.core.reset(key, policies)
-    }
-
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.core.set_override(key, policy, ttl)
-    }
-
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.core.remove_override(key, policy)
-    }
-
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
-        self.core.overrides(key, policies)
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.core.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    fn generation(&self) -> u64 {
-        self.core.generation()
-    }
-}
+store_impl::engine_store!(RedisStore, "redis");
 
 /// How a single-server store reaches Redis.
 pub(crate) enum Single {
