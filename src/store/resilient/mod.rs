@@ -84,13 +84,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use smallvec::SmallVec;
+
+mod breaker;
+mod deny_cache;
 
 use super::{BoxFuture, MemoryStore, Store};
 use crate::algorithm::PolicyDecision;
@@ -101,6 +103,8 @@ use crate::key::Key;
 pub use crate::policy::FailureMode;
 use crate::policy::{Policy, Rate};
 use crate::telemetry;
+use breaker::{Breaker, Gate};
+use deny_cache::DenyCache;
 
 /// A store that fails gracefully; see the [module docs](crate::store::resilient).
 pub struct ResilientStore<S> {
@@ -263,197 +267,6 @@ impl Clock for ClockRef {
     fn is_injected(&self) -> bool {
         self.0.is_injected()
     }
-}
-
-/// Consecutive-failure circuit breaker; lock-free on the happy path.
-struct Breaker {
-    threshold: u32,
-    cooldown_ms: u64,
-    failures: AtomicU32,
-    /// 0 while closed; otherwise when the cool-down ends.
-    open_until: AtomicU64,
-    probing: AtomicBool,
-    /// When the current probe started: a probe whose caller went away (its future dropped)
-    /// must not hold the breaker open forever.
-    probe_started: AtomicU64,
-}
-
-enum Gate {
-    Call,
-    Probe,
-    Skip,
-}
-
-impl Breaker {
-    fn gate(&self, now: u64) -> Gate {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return Gate::Call;
-        }
-        if now < until {
-            return Gate::Skip;
-        }
-        let stale = now
-            >= self
-                .probe_started
-                .load(Ordering::Acquire)
-                .saturating_add(self.cooldown_ms.max(1_000));
-        if self
-            .probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-            || (stale && self.probing.load(Ordering::Acquire))
-        {
-            self.probe_started.store(now, Ordering::Release);
-            tracing::info!(target: "tollgate::breaker", state = "half_open", "rate-limit store circuit half-open: probing");
-            telemetry::breaker("half_open");
-            Gate::Probe
-        } else {
-            Gate::Skip
-        }
-    }
-
-    fn success(&self) {
-        self.failures.store(0, Ordering::Release);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
-            self.probing.store(false, Ordering::Release);
-            tracing::info!(target: "tollgate::breaker", state = "closed", "rate-limit store circuit closed: store healthy again");
-            telemetry::breaker("closed");
-        }
-    }
-
-    fn failure(&self, now: u64, probe: bool) {
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if probe || (failures >= self.threshold && self.open_until.load(Ordering::Acquire) == 0) {
-            self.open_until
-                .store(now + self.cooldown_ms, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
-            tracing::warn!(target: "tollgate::breaker", state = "open", failures, cooldown_ms = self.cooldown_ms, "rate-limit store circuit open: skipping the store");
-            telemetry::breaker("open");
-        }
-    }
-}
-
-/// Current denials from the store, keyed by (key, policies, costs), each until its moment
-/// (at most `max_age_ms` after it was cached).
-struct DenyCache {
-    capacity: usize,
-    max_age_ms: u64,
-    hasher: foldhash::fast::RandomState,
-    /// slot → the denial.
-    entries: Mutex<HashMap<u64, Cached>>,
-    /// The store's generation the entries were cached under.
-    generation: AtomicU64,
-}
-
-struct Cached {
-    key: Key,
-    at: u64,
-    /// When the cache stops serving it: the store's moment, or the max age.
-    until: u64,
-    /// When the store said the request would be allowed.
-    store_until: u64,
-    decision: Decision,
-}
-
-impl DenyCache {
-    fn new(capacity: usize, max_age: Duration) -> Self {
-        Self {
-            capacity,
-            max_age_ms: max_age.as_millis().try_into().unwrap_or(u64::MAX),
-            hasher: foldhash::fast::RandomState::default(),
-            entries: Mutex::new(HashMap::new()),
-            generation: AtomicU64::new(0),
-        }
-    }
-
-    fn slot(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        for (p, c) in policies.iter().zip(costs) {
-            p.name().hash(&mut h);
-            c.hash(&mut h);
-        }
-        h.finish()
-    }
-
-    /// Drops every entry when the store's generation moved: it lost the state they stand for.
-    fn sync(&self, generation: u64) {
-        if self.generation.load(Ordering::Acquire) != generation
-            && self.generation.swap(generation, Ordering::AcqRel) != generation
-        {
-            self.entries.lock().clear();
-        }
-    }
-
-    fn get(&self, slot: u64, key: &Key, now: u64) -> Option<Decision> {
-        let mut entries = self.entries.lock();
-        let cached = entries.get(&slot)?;
-        if cached.key != *key {
-            return None;
-        }
-        if now >= cached.until {
-            entries.remove(&slot);
-            return None;
-        }
-        Some(shift(
-            &cached.decision,
-            now.saturating_sub(cached.at),
-            cached.store_until.saturating_sub(now),
-        ))
-    }
-
-    fn insert(&self, slot: u64, key: &Key, decision: Decision, now: u64, generation: u64) {
-        if self.generation.load(Ordering::Acquire) != generation {
-            return;
-        }
-        let store_until = now.saturating_add(decision.retry_after_millis());
-        let until = store_until.min(now.saturating_add(self.max_age_ms));
-        let mut entries = self.entries.lock();
-        if entries.len() >= self.capacity {
-            entries.retain(|_, c| c.until > now);
-            if entries.len() >= self.capacity {
-                return;
-            }
-        }
-        entries.insert(
-            slot,
-            Cached {
-                key: key.clone(),
-                at: now,
-                until,
-                store_until,
-                decision,
-            },
-        );
-    }
-
-    fn forget(&self, key: &Key) {
-        self.entries.lock().retain(|_, c| c.key != *key);
-    }
-}
-
-/// A cached denial as seen `elapsed` ms after it was cached, `left` ms before it ends.
-fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
-    let policies: SmallVec<[PolicyDecision; 2]> = decision
-        .policies()
-        .iter()
-        .map(|d| {
-            PolicyDecision::from_parts(
-                d.is_allowed(),
-                d.limit(),
-                d.remaining(),
-                d.reset_after_millis().saturating_sub(elapsed),
-                if d.is_allowed() {
-                    0
-                } else {
-                    d.retry_after_millis().saturating_sub(elapsed).min(left)
-                },
-                0,
-            )
-        })
-        .collect();
-    Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
 }
 
 /// A request's local-fallback policies: their indexes in the request, the scaled policies and
@@ -957,63 +770,5 @@ impl<S: Store> ResilientStore<S> {
             }
             result
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn breaker() -> Breaker {
-        Breaker {
-            threshold: 3,
-            cooldown_ms: 500,
-            failures: AtomicU32::new(0),
-            open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
-            probe_started: AtomicU64::new(0),
-        }
-    }
-
-    #[test]
-    fn opens_after_n_failures_then_probes_once_and_closes() {
-        let b = breaker();
-        for _ in 0..2 {
-            assert!(matches!(b.gate(1_000), Gate::Call));
-            b.failure(1_000, false);
-        }
-        assert!(matches!(b.gate(1_000), Gate::Call));
-        b.failure(1_000, false);
-        assert!(matches!(b.gate(1_001), Gate::Skip));
-        assert!(matches!(b.gate(1_499), Gate::Skip));
-        assert!(matches!(b.gate(1_500), Gate::Probe));
-        assert!(matches!(b.gate(1_500), Gate::Skip), "one probe at a time");
-        b.success();
-        assert!(matches!(b.gate(1_501), Gate::Call));
-    }
-
-    #[test]
-    fn a_failed_probe_reopens_and_a_lost_probe_is_replaced() {
-        let b = breaker();
-        for _ in 0..3 {
-            b.failure(0, false);
-        }
-        assert!(matches!(b.gate(500), Gate::Probe));
-        b.failure(500, true);
-        assert!(matches!(b.gate(999), Gate::Skip));
-        assert!(matches!(b.gate(1_000), Gate::Probe));
-        // That probe's caller went away without an answer: after a while another probe goes.
-        assert!(matches!(b.gate(1_500), Gate::Skip));
-        assert!(matches!(b.gate(2_000), Gate::Probe));
-    }
-
-    #[test]
-    fn cached_denials_count_down() {
-        let d = Decision::single(PolicyDecision::from_parts(false, 5, 0, 900, 700, 0));
-        let later = shift(&d, 200, 500);
-        assert_eq!(later.outcome(), Outcome::CachedDeny);
-        assert!(!later.is_allowed());
-        assert_eq!(later.retry_after_millis(), 500);
-        assert_eq!(later.reset_after().as_millis(), 700);
     }
 }

@@ -1,0 +1,124 @@
+//! The circuit breaker of a [`ResilientStore`](super::ResilientStore): after `threshold`
+//! consecutive failures the store is skipped for a cool-down, then one probe decides whether
+//! it closes again.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use crate::telemetry;
+
+/// Consecutive-failure circuit breaker; lock-free on the happy path.
+pub(super) struct Breaker {
+    pub(super) threshold: u32,
+    pub(super) cooldown_ms: u64,
+    pub(super) failures: AtomicU32,
+    /// 0 while closed; otherwise when the cool-down ends.
+    pub(super) open_until: AtomicU64,
+    pub(super) probing: AtomicBool,
+    /// When the current probe started: a probe whose caller went away (its future dropped)
+    /// must not hold the breaker open forever.
+    pub(super) probe_started: AtomicU64,
+}
+
+pub(super) enum Gate {
+    Call,
+    Probe,
+    Skip,
+}
+
+impl Breaker {
+    pub(super) fn gate(&self, now: u64) -> Gate {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Gate::Call;
+        }
+        if now < until {
+            return Gate::Skip;
+        }
+        let stale = now
+            >= self
+                .probe_started
+                .load(Ordering::Acquire)
+                .saturating_add(self.cooldown_ms.max(1_000));
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            || (stale && self.probing.load(Ordering::Acquire))
+        {
+            self.probe_started.store(now, Ordering::Release);
+            tracing::info!(target: "tollgate::breaker", state = "half_open", "rate-limit store circuit half-open: probing");
+            telemetry::breaker("half_open");
+            Gate::Probe
+        } else {
+            Gate::Skip
+        }
+    }
+
+    pub(super) fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            self.probing.store(false, Ordering::Release);
+            tracing::info!(target: "tollgate::breaker", state = "closed", "rate-limit store circuit closed: store healthy again");
+            telemetry::breaker("closed");
+        }
+    }
+
+    pub(super) fn failure(&self, now: u64, probe: bool) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if probe || (failures >= self.threshold && self.open_until.load(Ordering::Acquire) == 0) {
+            self.open_until
+                .store(now + self.cooldown_ms, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::warn!(target: "tollgate::breaker", state = "open", failures, cooldown_ms = self.cooldown_ms, "rate-limit store circuit open: skipping the store");
+            telemetry::breaker("open");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker {
+            threshold: 3,
+            cooldown_ms: 500,
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            probe_started: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn opens_after_n_failures_then_probes_once_and_closes() {
+        let b = breaker();
+        for _ in 0..2 {
+            assert!(matches!(b.gate(1_000), Gate::Call));
+            b.failure(1_000, false);
+        }
+        assert!(matches!(b.gate(1_000), Gate::Call));
+        b.failure(1_000, false);
+        assert!(matches!(b.gate(1_001), Gate::Skip));
+        assert!(matches!(b.gate(1_499), Gate::Skip));
+        assert!(matches!(b.gate(1_500), Gate::Probe));
+        assert!(matches!(b.gate(1_500), Gate::Skip), "one probe at a time");
+        b.success();
+        assert!(matches!(b.gate(1_501), Gate::Call));
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_a_lost_probe_is_replaced() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.failure(0, false);
+        }
+        assert!(matches!(b.gate(500), Gate::Probe));
+        b.failure(500, true);
+        assert!(matches!(b.gate(999), Gate::Skip));
+        assert!(matches!(b.gate(1_000), Gate::Probe));
+        // That probe's caller went away without an answer: after a while another probe goes.
+        assert!(matches!(b.gate(1_500), Gate::Skip));
+        assert!(matches!(b.gate(2_000), Gate::Probe));
+    }
+}
