@@ -670,10 +670,10 @@ mod tests {
         requests.extend(request(0, &[(1, 3.0)]));
         requests.extend(request(2, &[(3, 1.0)]));
         assert_eq!(assembled.requests, requests);
-        // redis-rs shows only the counts: three keys; the clock, np, ten parameters and the
-        // two binary strings.
+        // redis-rs shows only the counts: three state keys and their three override keys;
+        // the clock, np, ten parameters and the two binary strings.
         let dbg = format!("{:?}", core.invocation(assembled));
-        assert!(dbg.contains("keys: 3"), "{dbg}");
+        assert!(dbg.contains("keys: 6"), "{dbg}");
         assert!(dbg.contains("args: 14"), "{dbg}");
 
         // The same state key with other parameters starts a second call.
