@@ -128,7 +128,7 @@ pub fn refund(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
 /// returns the decision and the state's new expiry (when charged). `None` for every other
 /// request (denied, or delayed by shaping): those take `evaluate` and `commit`.
 #[inline(always)]
-pub(crate) fn decide_fitting(
+pub(crate) fn decide_common_case(
     state: &mut GcraState,
     now: u64,
     policy: &Policy,

@@ -281,7 +281,7 @@ impl AnyState {
         }
         match self {
             AnyState::Counter(s) => {
-                match sliding_window_counter::decide_allowed(s, now, policy, cost, charge) {
+                match sliding_window_counter::decide_common_case(s, now, policy, cost, charge) {
                     Some(done) => done,
                     None => run!(sliding_window_counter, s),
                 }
@@ -289,7 +289,7 @@ impl AnyState {
             AnyState::Log(s) => run!(sliding_window_log, s),
             AnyState::Bucket(s) => run!(token_bucket, s),
             AnyState::Fixed(s) => run!(fixed_window, s),
-            AnyState::Gcra(s) => match gcra::decide_fitting(s, now, policy, cost, charge) {
+            AnyState::Gcra(s) => match gcra::decide_common_case(s, now, policy, cost, charge) {
                 Some(done) => done,
                 None => run!(gcra, s),
             },

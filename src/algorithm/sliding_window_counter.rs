@@ -166,7 +166,7 @@ pub fn refund(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, 
 /// decision and the state's new expiry (when charged); `None` for a denied request, which
 /// takes `evaluate` (its `retry_after` search) instead.
 #[inline(always)]
-pub(crate) fn decide_allowed(
+pub(crate) fn decide_common_case(
     state: &mut SlidingWindowCounterState,
     now: u64,
     policy: &Policy,

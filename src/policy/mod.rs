@@ -98,6 +98,33 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in a fixed order: for tests, benchmarks and anything that must cover
+    /// them all (a store forgetting every state of a key).
+    ///
+    /// ```
+    /// use tollgate::Algorithm;
+    ///
+    /// assert_eq!(Algorithm::ALL.len(), 6);
+    /// assert!(Algorithm::ALL.contains(&Algorithm::default()));
+    /// ```
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+        Algorithm::InFlight,
+    ];
+
+    /// The rate algorithms: [`ALL`](Self::ALL) but [`InFlight`](Algorithm::InFlight).
+    pub const RATES: [Algorithm; 5] = [
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ];
+
     /// The stable short name used in Redis keys, config files and logs.
     pub const fn as_str(&self) -> &'static str {
         match self {

@@ -14,7 +14,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use smallvec::SmallVec;
 
 use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
-use super::keys::{state_key, validate_prefix, ALL_ALGORITHMS, DEFAULT_PREFIX};
+use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
 use super::wire;
 pub(crate) use super::wire::Mode;
 use super::wire::{assemble, parse_batch_reply, Assembled};
@@ -452,7 +452,7 @@ impl<C: Connector> Core<C> {
         }
         let mut cmd = redis::cmd("UNLINK");
         for p in policies {
-            for a in ALL_ALGORITHMS {
+            for a in crate::Algorithm::ALL {
                 cmd.arg(state_key(&self.prefix, key, p.name(), a));
             }
         }

@@ -19,15 +19,6 @@ fn algorithm_part(algorithm: Algorithm) -> &'static str {
     }
 }
 
-pub(crate) const ALL_ALGORITHMS: [Algorithm; 6] = [
-    Algorithm::SlidingWindowCounter,
-    Algorithm::SlidingWindowLog,
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::Gcra,
-    Algorithm::InFlight,
-];
-
 /// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.
 pub(crate) fn state_key(prefix: &str, key: &Key, policy: &str, algorithm: Algorithm) -> String {
     let key = key.as_str();
