@@ -60,6 +60,7 @@ impl Eq for Decision {}
 /// How a decision was reached: by the store, or by a failure mode while the store was
 /// unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The store decided.
     #[default]

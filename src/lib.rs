@@ -34,6 +34,21 @@
 //! request's span, a [`RateLimitInfo`] for handlers, metrics and log events — is in
 //! [`observability`].
 //!
+//! # Public dependencies
+//!
+//! These crates' types appear in tollgate's public API, so a major version of one of them is
+//! a major version of tollgate; the list is kept short on purpose, and every other dependency
+//! stays private:
+//!
+//! * [`http`] 1 (requests, responses, header names, status codes), [`http_body`] 1 (the
+//!   response bodies) and [`bytes`] 1 (refusal bodies, the frames a streamed meter counts);
+//! * `tower-layer` 0.3 and `tower-service` 0.3 (the layers and services);
+//! * [`serde`] 1 (plans, [`Algorithm`] and [`HeaderStyle`] deserialize and serialize);
+//! * [`ipnet`] 2 ([`key::TrustedProxies::with`] and [`key::TrustedProxies::nets`]);
+//! * with feature `axum` or `admin`, `axum` 0.8 (`IntoResponse` for [`Refusal`], the admin
+//!   router); with `tonic`, `tonic` 0.14 (statuses); with `redis` or `cluster`,
+//!   `deadpool-redis` 0.23 (the pools the Redis stores take).
+//!
 //! # Examples
 //!
 //! Five requests per ten seconds per client IP on an axum app:

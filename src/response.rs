@@ -48,6 +48,7 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Which quota headers to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum HeaderStyle {
     /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` and their `X-RateLimit-*`
     /// twins (the default: what most clients understand today).

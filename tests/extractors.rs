@@ -235,7 +235,7 @@ fn ipv6_clients_share_a_key_per_56() {
         peer("[2001:db8:aa:bb::1]:1"),
         peer("[2001:db8:aa:1bb::1]:1")
     );
-    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64), &request(addr, &[]));
+    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64).unwrap(), &request(addr, &[]));
     assert_ne!(
         per_64("[2001:db8:aa:bb::1]:1"),
         per_64("[2001:db8:aa:bc::1]:1")

@@ -60,7 +60,7 @@ impl KeyConfig {
             ));
         }
         let first: Box<dyn KeyExtractor> = match k.kind {
-            KeyKind::PeerIp => Box::new(PeerIp::new().ipv6_prefix(prefix)),
+            KeyKind::PeerIp => Box::new(PeerIp::new().ipv6_prefix(prefix).map_err(|e| e.within(path))?),
             KeyKind::Global => Box::new(Global::named(k.name.as_deref().unwrap_or("all"))),
             KeyKind::Header => {
                 let header = k.header.as_deref().ok_or_else(|| {
@@ -145,7 +145,9 @@ impl KeyConfig {
         let trusted =
             crate::key::TrustedProxies::parse(self.trusted_proxies.iter().map(String::as_str))
                 .map_err(|e| e.within(path))?;
-        let mut ip = crate::key::ClientIp::new(trusted).ipv6_prefix(ipv6_prefix);
+        let mut ip = crate::key::ClientIp::new(trusted)
+            .ipv6_prefix(ipv6_prefix)
+            .map_err(|e| e.within(path))?;
         if let Some(h) = &self.header {
             ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within(path))?);
         }
@@ -507,6 +509,13 @@ impl Plan {
 
     /// Store settings that the store kind would not read.
     fn store_settings(&self) -> Result<(), ConfigError> {
+        if self.replicas == Some(0) {
+            return Err(ConfigError::new(
+                "replicas",
+                0,
+                "must be at least 1: the number of instances that enforce this plan",
+            ));
+        }
         let s = &self.store;
         let (kind, ignored) = match s.kind {
             StoreKind::Memory => (
@@ -629,7 +638,7 @@ impl Plan {
                 Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
                 Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
                 Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
-                    replicas: self.replicas.unwrap_or(1).max(1),
+                    replicas: self.replicas.unwrap_or(1),
                 },
                 None => return Err(ConfigError::new(
                     "failure_mode",
@@ -916,6 +925,7 @@ fn warn_unapplied_login(plan: &Plan) {
 /// See [`RateLimitLayer::from_config_audited`](crate::RateLimitLayer::from_config_audited)
 /// for an example.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OnAuditFailure {
     /// Refuse to build: a [`ConfigError`] on `(audit)` listing the failed rules.
     Refuse,

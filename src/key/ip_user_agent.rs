@@ -116,7 +116,11 @@ mod tests {
 
     #[test]
     fn uses_trusted_proxy_walk_and_ipv6_grouping() {
-        let ex = IpUserAgent::new(ClientIp::new(TrustedProxies::loopback()).ipv6_prefix(56));
+        let ex = IpUserAgent::new(
+            ClientIp::new(TrustedProxies::loopback())
+                .ipv6_prefix(56)
+                .unwrap(),
+        );
         let k = key(
             &ex,
             &req("127.0.0.1:1", Some("x"), Some("2001:db8:0:ff::1")),

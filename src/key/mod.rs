@@ -12,7 +12,7 @@
 //! | --- | --- | --- |
 //! | [`User`] / [`User::from_fn`] | `user:42` | the principal an auth layer put in the extensions |
 //! | [`ApiKey`] | `apikey:<hash>` | `X-API-Key` or `Authorization: Bearer`, hashed |
-//! | [`ClientIp`] | `ip:203.0.113.5` | the client behind [`TrustedProxies`] (see [`forwarded`]) |
+//! | [`ClientIp`] | `ip:203.0.113.5` | the client behind [`TrustedProxies`] |
 //! | [`PeerIp`] | `ip:203.0.113.5` | the TCP peer, no headers read |
 //! | [`IpUserAgent`] | `ip+ua:…` | anonymous traffic, split by `User-Agent` behind one NAT |
 //! | [`Global`] | `global:all` | one budget for everyone (a per-endpoint backstop) |
@@ -41,6 +41,8 @@ mod api_key;
 mod chain;
 mod client_ip;
 mod extractor;
+// Public only for the fuzz targets; `ClientIp` is the supported interface.
+#[doc(hidden)]
 pub mod forwarded;
 mod ip_user_agent;
 mod user;

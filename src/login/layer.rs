@@ -31,6 +31,7 @@ use crate::store::{MemoryStore, Store};
 /// assert_eq!(LoginOutcome::from_status(StatusCode::BAD_REQUEST), LoginOutcome::Unknown);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LoginOutcome {
     /// The password was right: [`LoginGuard::record_success`].
     Success,

@@ -177,6 +177,7 @@ use crate::store::{MemoryStore, Store};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum LoginMode {
     /// Failures count, successes do not (the default): `check` reserves a unit of all three
     /// limits, `record_success` refunds the IP and username limits and clears the
