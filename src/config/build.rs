@@ -293,18 +293,29 @@ impl Plan {
             })
     }
 
-    /// Builds every policy, by name.
+    /// The former name of [`Plan::build_policies`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed to `build_policies`: it builds, not reads"
+    )]
+    pub fn policies(&self) -> Result<BTreeMap<String, Policy>, ConfigError> {
+        self.build_policies()
+    }
+
+    /// Builds and validates every policy, by name: the policies the plan's routes, default
+    /// and login guard refer to.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] on `policies[i].<field>`.
+    /// A [`ConfigError`] on `policies[i].<field>`, or on `policies[i].name` when two policies
+    /// share a name.
     ///
     /// ```
     /// let plan = tollgate::config::Plan::from_toml("[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1s\"")?;
-    /// assert_eq!(plan.policies()?["api"].limit(), 5);
+    /// assert_eq!(plan.build_policies()?["api"].limit(), 5);
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    pub fn policies(&self) -> Result<BTreeMap<String, Policy>, ConfigError> {
+    pub fn build_policies(&self) -> Result<BTreeMap<String, Policy>, ConfigError> {
         let mut out = BTreeMap::new();
         for (i, p) in self.policies.iter().enumerate() {
             let policy = self.policy(i)?;
@@ -458,7 +469,7 @@ impl Plan {
     }
 
     fn limiter_builder<S: Store>(&self, store: S) -> Result<LimiterBuilder<S>, ConfigError> {
-        let policies = self.policies()?;
+        let policies = self.build_policies()?;
         let default = if self.default.exempt {
             if !self.default.policies.is_empty() || !self.default.tiers.is_empty() {
                 return Err(ConfigError::new(
@@ -852,7 +863,7 @@ impl Plan {
     /// ```
     pub fn build_errors(&self) -> Vec<ConfigError> {
         let mut errors: Vec<ConfigError> = vec![];
-        if let Err(e) = self.policies() {
+        if let Err(e) = self.build_policies() {
             errors.push(e);
             return errors;
         }

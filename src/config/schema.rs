@@ -474,7 +474,7 @@ impl Plan {
             };
             ConfigError::new(field, value, reason)
         })?;
-        plan.policies()?;
+        plan.build_policies()?;
         Ok(plan)
     }
 

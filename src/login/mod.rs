@@ -386,14 +386,7 @@ impl<S: Store> LoginGuard<S> {
             h.update(secret);
         }
         h.update(normalised.as_bytes());
-        let digest = h.finalize();
-        let mut out = [0u8; 32];
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for (i, b) in digest[..16].iter().enumerate() {
-            out[2 * i] = HEX[usize::from(b >> 4)];
-            out[2 * i + 1] = HEX[usize::from(b & 15)];
-        }
-        out
+        crate::key::hex_128(&h.finalize())
     }
 
     /// Whether the attempt may go ahead. An allowed attempt is charged to all three limits,
