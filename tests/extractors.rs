@@ -1,6 +1,6 @@
 //! Key extractors against hostile input, and end to end behind a real axum server.
 
-mod common;
+mod support;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -322,7 +322,7 @@ async fn serve(extractor: impl KeyExtractor, missing: MissingKey) -> SocketAddr 
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter))
         .layer(axum::middleware::from_fn(fake_auth));
-    common::serve(app).await
+    support::serve(app).await
 }
 
 /// An HTTP client whose connections come from `local` (any 127.0.0.0/8 address works).
