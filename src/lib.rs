@@ -130,6 +130,7 @@ pub mod config;
 mod decision;
 mod error;
 pub mod grpc;
+pub mod guide;
 pub mod key;
 mod limiter;
 pub mod login;

@@ -231,7 +231,8 @@ impl RouteConfig {
     /// ```
     /// use tollgate::config::{RouteConfig, RouteKind};
     ///
-    /// let health = RouteConfig { kind: RouteKind::Internal, ..RouteConfig::default() };
+    /// let mut health = RouteConfig::default();
+    /// health.kind = RouteKind::Internal;
     /// assert!(!health.is_customer_facing());
     /// ```
     pub fn is_customer_facing(&self) -> bool {
