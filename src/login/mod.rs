@@ -94,7 +94,6 @@ mod decision;
 mod guard;
 mod layer;
 mod username;
-pub(crate) use layer::read_capped;
 
 pub use builder::LoginGuardBuilder;
 pub use decision::LoginDecision;
