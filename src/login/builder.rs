@@ -40,7 +40,7 @@ impl<S: fmt::Debug> fmt::Debug for LoginGuardBuilder<S> {
 }
 
 impl<S> LoginGuardBuilder<S> {
-    /// The store (default: a new [`MemoryStore`]). Share one store between instances (e.g.
+    /// The store (default: a new [`MemoryStore`](crate::store::MemoryStore)). Share one store between instances (e.g.
     /// Redis) so the limits hold across them.
     ///
     /// ```

@@ -10,7 +10,7 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::refusal::{Refusal, Rendering};
 
-/// The answer of [`LoginGuard::check`].
+/// The answer of [`LoginGuard::check`](super::LoginGuard::check).
 ///
 /// A refusal renders as a generic 429 (JSON body, `Retry-After`, `Cache-Control: no-store`,
 /// no counts and no hint of which limit tripped) with [`to_response`](Self::to_response),

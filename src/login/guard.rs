@@ -61,7 +61,7 @@ impl<S: fmt::Debug> fmt::Debug for LoginGuard<S> {
 }
 
 impl LoginGuard<MemoryStore> {
-    /// A builder with the defaults: a fresh [`MemoryStore`], [`PeerIp`], failures only, and
+    /// A builder with the defaults: a fresh [`MemoryStore`], [`PeerIp`](crate::key::PeerIp), failures only, and
     /// 5 / 50 / 20 failures per 15 minutes for (IP, username) / IP / username.
     ///
     /// ```
@@ -155,7 +155,7 @@ impl<S: Store> LoginGuard<S> {
     }
 
     /// The attempt of `username` from the client of `request`, or `None` when the IP source
-    /// finds no client address (with [`PeerIp`] and axum: serve the app with
+    /// finds no client address (with [`PeerIp`](crate::key::PeerIp) and axum: serve the app with
     /// `into_make_service_with_connect_info::<SocketAddr>()`).
     ///
     /// ```
@@ -178,7 +178,7 @@ impl<S: Store> LoginGuard<S> {
 
     /// The attempt of `username` from the client whose IP key is `ip` (for logins that do not
     /// arrive as HTTP requests). Use the same key form as the IP source, e.g.
-    /// `Key::new("ip", "192.0.2.7")` for [`PeerIp`].
+    /// `Key::new("ip", "192.0.2.7")` for [`PeerIp`](crate::key::PeerIp).
     ///
     /// See [`LoginAttempt`] for an example.
     pub fn attempt_with_ip_key(&self, ip: Key, username: &str) -> LoginAttempt {

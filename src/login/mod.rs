@@ -11,7 +11,7 @@
 //! | client IP | `login-ip:…` | one client spraying many usernames | 50 per 15 minutes |
 //! | username | `login-user:…` | many clients (a botnet) guessing one password | 20 per 15 minutes |
 //!
-//! The client IP comes from a [`KeyExtractor`] (default [`PeerIp`]), so a trusted-proxy
+//! The client IP comes from a [`KeyExtractor`](crate::key::KeyExtractor) (default [`PeerIp`](crate::key::PeerIp)), so a trusted-proxy
 //! extractor plugs in unchanged. Usernames are normalised with [`normalise_username`] (NFKC,
 //! full case folding, invisible code points removed), so `Alice`, `alice `, `ＡＬＩＣＥ` and
 //! `al\u{200B}ice` share one limit.
