@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Instructions per check = (refs at 200 000 − refs at 100 000) / 100 000, which cancels the
-//! set-up cost. `benches/callgrind.sh` also counts only inside [`measured`]
+//! set-up cost. `benches/scripts/callgrind.sh` also counts only inside [`measured`]
 //! (`--toggle-collect`), because start-up work such as the clock's calibration runs for a
 //! stretch of time rather than a number of instructions, and under valgrind that moved the
 //! difference by ±50 instructions per check.

@@ -9,7 +9,7 @@
 //! is left of a check's time after these is the part an implementation can still shrink.
 //!
 //! Sides run interleaved (A B C … A B C …, `ROUNDS` times); compare medians across rounds
-//! with `python3 benches/summarize.py fixed_costs`.
+//! with `python3 benches/scripts/summarize.py fixed_costs`.
 //!
 //! ```text
 //! cargo bench --bench fixed_costs

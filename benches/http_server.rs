@@ -1,6 +1,6 @@
 //! An axum hello-world for end-to-end load tests, with or without a rate limiter, that stops by
-//! itself (after `<seconds>`, or on SIGTERM). `benches/e2e.sh` runs it pinned to one core and
-//! `wrk` pinned to the other; `benches/e2e_instructions.sh` counts its instructions per request
+//! itself (after `<seconds>`, or on SIGTERM). `benches/scripts/e2e.sh` runs it pinned to one core and
+//! `wrk` pinned to the other; `benches/scripts/e2e_instructions.sh` counts its instructions per request
 //! under callgrind.
 //!
 //! ```text

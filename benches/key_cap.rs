@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! cargo bench --bench key_cap
-//! python3 benches/summarize.py key_cap
+//! python3 benches/scripts/summarize.py key_cap
 //! ```
 
 use std::hint::black_box;

@@ -7,12 +7,12 @@
 //! readiness, calls the service and polls the response future once (every side answers
 //! without waiting, so no runtime is involved) and drops the response. Scenarios: one peer
 //! and 10 000 peers, quotas so large that every request is allowed. The sides run interleaved
-//! (A B C … A B C …, `ROUNDS` times); `benches/summarize.py` prints medians across rounds and
+//! (A B C … A B C …, `ROUNDS` times); `benches/scripts/summarize.py` prints medians across rounds and
 //! ratios.
 //!
 //! ```text
 //! cargo bench --bench layer
-//! python3 benches/summarize.py layer
+//! python3 benches/scripts/summarize.py layer
 //! ```
 
 use std::convert::Infallible;

@@ -13,6 +13,10 @@ use crate::algorithm::PolicyDecision;
 /// per-policy answers are in [`policies`](Self::policies), in the order the policies were
 /// given.
 ///
+/// A decision may hold no policies at all: an exempt route, an allow-listed key, or a store
+/// asked about none. It is then allowed, [`governing`](Self::governing) is `None`, and
+/// `limit`, `remaining` and the times are 0; no accessor panics.
+///
 /// # Examples
 ///
 /// ```
@@ -60,6 +64,7 @@ impl Eq for Decision {}
 /// How a decision was reached: by the store, or by a failure mode while the store was
 /// unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The store decided.
     #[default]
@@ -88,7 +93,7 @@ impl Outcome {
 }
 
 impl Decision {
-    /// Combines per-policy answers (at least one) into one decision.
+    /// Combines per-policy answers into one decision.
     ///
     /// An empty list gives an allowed decision with no policies: what an exempt route or an
     /// allow-listed key gets (`limit`, `remaining` and the times are then 0).
@@ -209,7 +214,8 @@ impl Decision {
         self.allowed
     }
 
-    /// Index of the governing policy in [`policies`](Self::policies).
+    /// Index of the governing policy in [`policies`](Self::policies) (0, and no such
+    /// policy, when the decision holds none).
     pub fn governing_index(&self) -> usize {
         self.governing
     }

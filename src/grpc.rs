@@ -222,15 +222,12 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
 
 /// `grpc-message` encoding: bytes outside `0x20..=0x7E`, and `%`, become `%XX`.
 fn percent_encode(message: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(message.len());
     for &b in message.as_bytes() {
         if (0x20..=0x7e).contains(&b) && b != b'%' {
             out.push(b as char);
         } else {
-            out.push('%');
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 15)] as char);
+            out.extend(crate::key::percent_escaped(b));
         }
     }
     out

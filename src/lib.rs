@@ -34,6 +34,21 @@
 //! request's span, a [`RateLimitInfo`] for handlers, metrics and log events — is in
 //! [`observability`].
 //!
+//! # Public dependencies
+//!
+//! These crates' types appear in tollgate's public API, so a major version of one of them is
+//! a major version of tollgate; the list is kept short on purpose, and every other dependency
+//! stays private:
+//!
+//! * [`http`] 1 (requests, responses, header names, status codes), [`http_body`] 1 (the
+//!   response bodies) and [`bytes`] 1 (refusal bodies, the frames a streamed meter counts);
+//! * `tower-layer` 0.3 and `tower-service` 0.3 (the layers and services);
+//! * [`serde`] 1 (plans, [`Algorithm`] and [`HeaderStyle`] deserialize and serialize);
+//! * [`ipnet`] 2 ([`key::TrustedProxies::with`] and [`key::TrustedProxies::nets`]);
+//! * with feature `axum` or `admin`, `axum` 0.8 (`IntoResponse` for [`Refusal`], the admin
+//!   router); with `tonic`, `tonic` 0.14 (statuses); with `redis` or `cluster`,
+//!   `deadpool-redis` 0.23 (the pools the Redis stores take).
+//!
 //! # Examples
 //!
 //! Five requests per ten seconds per client IP on an axum app:
@@ -95,6 +110,111 @@
 //! same code. Algorithms ([`algorithm`]) are pure functions over a small state; the memory
 //! store runs them in Rust and the Redis stores run the same math as Lua scripts.
 //!
+//! A failure mode belongs to a [`ResilientStore`](store::ResilientStore) wrapped around a
+//! shared store, not to the limiter. Dependencies are meant to run one way, leaves first:
+//! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command
+//! (`.ci/module_cycles.py` prints the cycles between top-level modules that are left).
+//!
+//! ```text
+//! src/
+//! ├── lib.rs                 the public API, re-exports and these docs
+//! ├── error.rs               ConfigError, CheckError, StoreError
+//! ├── clock.rs               time sources: SystemClock, ManualClock for tests
+//! ├── key/                   who shares a limit
+//! │   ├── mod.rs             Key: one injective, hash-tag-safe encoding
+//! │   ├── extractor.rs       the KeyExtractor trait, RequestView, PeerIp, Global, from_fn
+//! │   ├── client_ip.rs       ClientIp behind TrustedProxies, ForwardedHeader
+//! │   ├── forwarded.rs       Forwarded / X-Forwarded-For parsers and the walk (public for fuzzing)
+//! │   ├── api_key.rs         ApiKey: a hashed API key or bearer token
+//! │   ├── user.rs            User: the principal an auth layer left in the extensions
+//! │   ├── ip_user_agent.rs   IpUserAgent: address plus User-Agent
+//! │   └── chain.rs           Chain (first key wins) and Composite (several keys as one)
+//! ├── policy.rs              Rate, Algorithm, Policy and its builder
+//! ├── algorithm/             the math, pure: one file per algorithm, no store
+//! │   ├── mod.rs             the decision functions and PolicyDecision
+//! │   ├── sliding_window_counter.rs   the default: two windows, the previous weighted
+//! │   ├── sliding_window_log.rs       every admitted request's time: exact
+//! │   ├── token_bucket.rs    a bucket refilled continuously
+//! │   ├── fixed_window.rs    one counter per aligned window
+//! │   ├── gcra.rs            a leaky bucket as a meter, with optional shaping
+//! │   └── in_flight.rs       requests in progress rather than arrivals
+//! ├── decision.rs            Decision and Outcome: every policy's answer for one request
+//! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
+//! ├── store/                 where counters live
+//! │   ├── mod.rs             the Store trait and DynStore
+//! │   ├── memory.rs          the in-process store: sharded, bounded, swept
+//! │   ├── resilient.rs       ResilientStore: timeout, breaker, deny cache, failure modes
+//! │   └── redis/             RedisStore and RedisClusterStore
+//! │       ├── mod.rs         the store and its builder
+//! │       ├── cluster.rs     the Redis Cluster store
+//! │       ├── engine.rs      what both stores share, generic over the connection
+//! │       ├── script.rs      the Lua decision script, hashed once
+//! │       ├── wire.rs        one script call's arguments and reply
+//! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
+//! │       └── batch.rs       concurrent decisions coalesced into one call
+//! ├── limiter/               Limiter: the one decision path
+//! │   ├── mod.rs             Limiter: check, peek, reset, decide
+//! │   ├── builder.rs         LimiterBuilder: routes and policies compiled into tables
+//! │   ├── decide.rs          route, key, lists, cost, penalties, shadow, store
+//! │   ├── route_table.rs     matching as axum's router does
+//! │   ├── access.rs          allow and deny lists
+//! │   ├── penalty.rs         blocks after a denial
+//! │   ├── shadow.rs          policies counted but never refusing
+//! │   ├── hold.rs            Permit and Reservation: in-flight slots, reserved costs
+//! │   ├── reload.rs          a new plan in force without losing counters
+//! │   ├── inspect.rs         a key's state, for operators
+//! │   └── heavy_hitters.rs   the keys refused most often (Space-Saving)
+//! ├── refusal.rs             Refusal and RefusalKind: every answer instead of the service's
+//! ├── response.rs            quota headers (classic, compact, structured) and HeaderStyle
+//! ├── grpc.rs                RESOURCE_EXHAUSTED with RetryInfo for gRPC calls
+//! ├── middleware/            the tower layer: adapts HTTP to the limiter, nothing more
+//! │   ├── mod.rs             docs and re-exports
+//! │   ├── layer.rs           RateLimitLayer
+//! │   ├── service.rs         RateLimitService
+//! │   ├── future.rs          ResponseFuture: polls the inner future, adds headers
+//! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
+//! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook
+//! │   ├── held.rs            what an admitted request holds until its response ends
+//! │   ├── info.rs            RateLimitInfo for handlers
+//! │   └── estimate.rs        EstimateFromJsonLayer: a metered cost from the JSON body
+//! ├── login/                 the login guard
+//! │   ├── mod.rs             docs, LoginMode
+//! │   ├── guard.rs           LoginGuard and LoginAttempt
+//! │   ├── builder.rs         LoginGuardBuilder
+//! │   ├── decision.rs        LoginDecision and its generic refusal
+//! │   ├── layer.rs           LoginLayer and LoginService
+//! │   └── username.rs        username normalisation
+//! ├── guide/                 guides, documentation only
+//! │   ├── mod.rs             the list
+//! │   └── login.rs           counting modes, lockouts, usernames, stores
+//! ├── observability.rs       what operators see: spans, metrics, logs (docs, latency buckets)
+//! ├── telemetry.rs           the metrics and span fields behind observability (private)
+//! ├── admin.rs               the admin API: an axum Router for operators (feature admin)
+//! ├── config/                plans (feature config)
+//! │   ├── mod.rs             docs and re-exports
+//! │   ├── schema.rs          Plan and its sections: plain data, parsed from TOML
+//! │   ├── json.rs            the same schema as JSON
+//! │   ├── build/             what a plan builds, through the code API's builders
+//! │   │   ├── mod.rs         BuiltPlan, Plan::build, from_config
+//! │   │   ├── key.rs         [key], its fallbacks and [login.ip_key]
+//! │   │   ├── policies.rs    policies, routes, tiers, settings nothing reads
+//! │   │   ├── store.rs       [store] and its failure mode
+//! │   │   └── login.rs       [login]
+//! │   ├── audit.rs           the audit: rules TG000 to TG014 over a built plan
+//! │   ├── reload.rs          reload_plan and PlanWatcher (feature watch)
+//! │   └── edge/              [edge]: coarse limits exported to the edge
+//! │       ├── mod.rs         EdgeConfig, ExportOptions, export_edge
+//! │       ├── resolve.rs     rules resolved against the plan's routes and key
+//! │       ├── audit.rs       TG012 to TG014
+//! │       ├── nginx.rs       limit_req zones and the real_ip settings
+//! │       ├── cloudflare.rs  an http_ratelimit rule
+//! │       ├── aws_waf.rs     RateBasedStatement rules
+//! │       └── envoy.rs       the local rate limit filter per route
+//! └── bin/                   the tollgate command (feature cli)
+//!     ├── tollgate.rs        audit, edge export, the operator commands
+//!     └── tollgate/ops.rs    inspect, reset and top
+//! ```
+//!
 //! [tower]: https://docs.rs/tower
 
 #![forbid(unsafe_code)]
@@ -115,6 +235,7 @@ pub mod config;
 mod decision;
 pub mod error;
 pub mod grpc;
+pub mod guide;
 pub mod key;
 mod limiter;
 pub mod login;

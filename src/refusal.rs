@@ -661,4 +661,4 @@ impl axum::response::IntoResponse for Refusal {
 
 /// Builds a custom response for a refusal; see
 /// [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal).
-pub type RefusalFn = dyn Fn(&Refusal) -> Response<Bytes> + Send + Sync;
+pub(crate) type RefusalFn = dyn Fn(&Refusal) -> Response<Bytes> + Send + Sync;

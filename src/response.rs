@@ -1,4 +1,4 @@
-//! Quota headers, and how the layer renders refusals.
+//! Quota headers, and what a refusal's response looks like.
 //!
 //! On a denial the layer answers `429 Too Many Requests` with:
 //!
@@ -25,16 +25,11 @@
 //! quota headers at all (only `Retry-After`), and its allowed responses carry none either:
 //! "4 attempts left" helps a brute-forcer.
 
-use std::fmt;
-use std::sync::Arc;
-
-use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Response};
+use http::HeaderMap;
 
 use crate::decision::Decision;
 use crate::policy::Policy;
-use crate::refusal::{Refusal, RefusalFn, Rendering};
 
 static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
@@ -48,6 +43,7 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Which quota headers to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum HeaderStyle {
     /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` and their `X-RateLimit-*`
     /// twins (the default: what most clients understand today).
@@ -70,65 +66,6 @@ pub enum HeaderStyle {
     Structured,
     /// Both sets.
     All,
-}
-
-/// How the layer renders responses.
-#[derive(Clone)]
-pub(crate) struct ResponseConfig {
-    pub(crate) style: HeaderStyle,
-    pub(crate) quota_on_success: bool,
-    pub(crate) retry_after: bool,
-    pub(crate) on_refusal: Option<Arc<RefusalFn>>,
-    /// Whether requests and responses carry a [`RateLimitInfo`](crate::RateLimitInfo).
-    pub(crate) info: bool,
-}
-
-impl Default for ResponseConfig {
-    fn default() -> Self {
-        Self {
-            style: HeaderStyle::Classic,
-            quota_on_success: true,
-            retry_after: true,
-            on_refusal: None,
-            info: false,
-        }
-    }
-}
-
-impl fmt::Debug for ResponseConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseConfig")
-            .field("style", &self.style)
-            .field("quota_on_success", &self.quota_on_success)
-            .field("retry_after", &self.retry_after)
-            .field("on_refusal", &self.on_refusal.is_some())
-            .field("info", &self.info)
-            .finish()
-    }
-}
-
-impl ResponseConfig {
-    /// The response for `refusal` (to a gRPC call when `grpc` is its content type): the
-    /// user's hook, or the refusal's own rendering with this layer's header settings.
-    pub(crate) fn render(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
-        let refusal = refusal.with_rendering(Rendering {
-            style: self.style,
-            retry_after: self.retry_after,
-            grpc: grpc.cloned(),
-        });
-        match &self.on_refusal {
-            Some(f) => f(&refusal),
-            None => refusal.default_response(),
-        }
-    }
-
-    /// Whether an allowed response gets quota headers: not when turned off or sensitive.
-    pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
-        // A fail-open decision knows nothing about the quota: say nothing rather than guess.
-        self.quota_on_success
-            && decision.outcome() != crate::decision::Outcome::FailOpen
-            && !policies.iter().any(Policy::is_sensitive)
-    }
 }
 
 /// Seconds until reset as sent in headers: on a denial the `Retry-After` moment, else the

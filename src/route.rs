@@ -52,14 +52,14 @@ use crate::key::RequestView;
 use crate::policy::Policy;
 
 /// Computes a request's cost.
-pub type CostFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
+pub(crate) type CostFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
 
 /// Resolves a request's tier (plan), e.g. `free`, `pro`, `internal`.
-pub type TierFn = dyn for<'a> Fn(&RequestView<'a>) -> Option<&'a str> + Send + Sync;
+pub(crate) type TierFn = dyn for<'a> Fn(&RequestView<'a>) -> Option<&'a str> + Send + Sync;
 
 /// How much a request costs.
 #[derive(Clone, Default)]
-pub enum Cost {
+pub(crate) enum Cost {
     /// Each policy's own [`cost`](crate::PolicyBuilder::cost) (default 1).
     #[default]
     PolicyDefault,
@@ -188,11 +188,11 @@ impl Route {
 }
 
 /// Computes a metered policy's estimate from a request.
-pub type EstimateFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
+pub(crate) type EstimateFn = dyn Fn(&RequestView<'_>) -> u64 + Send + Sync;
 
 /// Counts a streamed response's cost from its data frames (tokens in a server-sent-events
 /// stream, rows in an export): called once per frame, the results summed.
-pub type FrameCostFn = dyn Fn(&bytes::Bytes) -> u64 + Send + Sync;
+pub(crate) type FrameCostFn = dyn Fn(&bytes::Bytes) -> u64 + Send + Sync;
 
 /// How a [metered](Route::metered) policy's cost is reserved on arrival and settled after the
 /// response.

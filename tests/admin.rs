@@ -3,7 +3,7 @@
 //! as refused in `tollgate inspect` and in `top` (the admin API and `tollgate top`), and
 //! `tollgate reset` lets its next request through on both servers.
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,7 +65,7 @@ async fn instance(plan: &Plan) -> SocketAddr {
             "/admin",
             Admin::new(built.limiter().clone()).plan(plan).router(),
         );
-    common::serve(app).await
+    support::serve(app).await
 }
 
 fn tollgate(args: &[&str]) -> Output {
@@ -285,7 +285,7 @@ async fn the_admin_api_names_bad_parameters() {
         .policy(tollgate::Policy::new("api", tollgate::Rate::per_minute(1)).unwrap())
         .build()
         .unwrap();
-    let addr = common::serve(Admin::new(limiter).router()).await;
+    let addr = support::serve(Admin::new(limiter).router()).await;
     let client = reqwest::Client::new();
     for (url, parameter) in [
         (format!("http://{addr}/top?n=0"), "n = \"0\""),
@@ -347,7 +347,7 @@ fn the_cli_refuses_what_it_cannot_act_on() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     // Nothing listens there: the admin API cannot be reached.
-    let port = common::free_port();
+    let port = support::free_port();
     let out = tollgate(&["top", &format!("http://127.0.0.1:{port}/admin")]);
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&dir);

@@ -33,6 +33,7 @@ impl State {
             Algorithm::FixedWindow => State::Fixed(Default::default()),
             Algorithm::Gcra => State::Gcra(Default::default()),
             Algorithm::InFlight => State::InFlight(Default::default()),
+            other => panic!("no model state for {other:?} yet"),
         }
     }
 

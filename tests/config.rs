@@ -1,7 +1,7 @@
 //! The TOML plan: parsing errors, build errors, the audit rules, and plans (limiter and login
 //! guard) serving a real axum app.
 
-mod common;
+mod support;
 
 use axum::routing::{get, post};
 use axum::Router;
@@ -561,7 +561,7 @@ policies = ["reads"]
         .route("/health", get(|| async { "ok" }))
         .route("/", get(|| async { "home" }))
         .layer(RateLimitLayer::from_config(&plan).unwrap());
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let mut statuses = vec![];
     for _ in 0..3 {
@@ -610,7 +610,7 @@ policies = ["api"]
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::from_config(&plan).unwrap());
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let send = |key: Option<&'static str>, xff: &'static str| {
         let mut req = client
@@ -671,7 +671,7 @@ async fn serve_plan(
         .route("/", get(|| async { "home" }))
         .layer(built.login_layer().expect("the plan has [login]"))
         .layer(built.layer());
-    (common::serve(app).await, runs)
+    (support::serve(app).await, runs)
 }
 
 #[tokio::test]

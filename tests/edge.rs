@@ -2,7 +2,7 @@
 //! field by field, every refusal, `nginx -t` on every generated config, and a real nginx in
 //! front of a tollgate-limited axum origin.
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -1055,9 +1055,9 @@ async fn nginx_drops_excess_before_the_origin_which_still_limits_per_user() {
         .route("/api/{*rest}", get(handler))
         .layer(built.layer())
         .layer(counting);
-    let origin: SocketAddr = common::serve(app).await;
+    let origin: SocketAddr = support::serve(app).await;
 
-    let port = common::free_port();
+    let port = support::free_port();
     let options = ExportOptions::new()
         .listen(format!("127.0.0.1:{port}"))
         .origin(origin.to_string());

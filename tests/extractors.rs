@@ -1,6 +1,6 @@
 //! Key extractors against hostile input, and end to end behind a real axum server.
 
-mod common;
+mod support;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -235,7 +235,7 @@ fn ipv6_clients_share_a_key_per_56() {
         peer("[2001:db8:aa:bb::1]:1"),
         peer("[2001:db8:aa:1bb::1]:1")
     );
-    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64), &request(addr, &[]));
+    let per_64 = |addr: &str| key_of(&PeerIp::new().ipv6_prefix(64).unwrap(), &request(addr, &[]));
     assert_ne!(
         per_64("[2001:db8:aa:bb::1]:1"),
         per_64("[2001:db8:aa:bc::1]:1")
@@ -322,7 +322,7 @@ async fn serve(extractor: impl KeyExtractor, missing: MissingKey) -> SocketAddr 
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter))
         .layer(axum::middleware::from_fn(fake_auth));
-    common::serve(app).await
+    support::serve(app).await
 }
 
 /// An HTTP client whose connections come from `local` (any 127.0.0.0/8 address works).

@@ -1,6 +1,6 @@
 //! End to end: a real axum server on loopback, a real HTTP client.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -42,7 +42,7 @@ async fn the_request_over_the_limit_gets_a_complete_429() {
         )
         .build()
         .unwrap();
-    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for i in 0..5u64 {
         let res = client.get(format!("http://{addr}/")).send().await.unwrap();
@@ -103,7 +103,7 @@ async fn retry_after_is_never_zero_and_rounds_up() {
         .extractor(Global::new())
         .build()
         .unwrap();
-    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     assert!(client
         .get(format!("http://{addr}/"))
@@ -131,7 +131,7 @@ async fn sensitive_policies_leak_no_counts() {
         )
         .build()
         .unwrap();
-    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for _ in 0..2 {
         let res = client.get(format!("http://{addr}/")).send().await.unwrap();
@@ -181,7 +181,7 @@ async fn structured_fields_list_every_policy() {
         .build()
         .unwrap();
     let addr =
-        common::serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All)))
+        support::serve(hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::All)))
             .await;
     let client = reqwest::Client::new();
     let res = client.get(format!("http://{addr}/")).send().await.unwrap();
@@ -218,7 +218,7 @@ async fn shaping_delays_then_forwards() {
         .extractor(Global::new())
         .build()
         .unwrap();
-    let addr = common::serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     let started = Instant::now();
     let mut tasks = vec![];
@@ -271,7 +271,7 @@ async fn the_limit_holds_across_many_connections() {
                 .build()
                 .unwrap(),
         ));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let mut tasks = vec![];
     for _ in 0..64 {
         tasks.push(tokio::spawn(async move {
@@ -306,7 +306,7 @@ async fn route_layer_limits_only_its_routes() {
         .route("/login", get(|| async { "login" }))
         .route_layer(RateLimitLayer::new(limiter))
         .route("/health", get(|| async { "ok" }));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let get = |path: &'static str| {
         let client = client.clone();
@@ -359,7 +359,7 @@ async fn custom_refusal_and_quiet_success() {
             *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
             res
         });
-    let addr = common::serve(hello().layer(layer)).await;
+    let addr = support::serve(hello().layer(layer)).await;
     let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("ratelimit-limit").is_none());
@@ -381,7 +381,7 @@ async fn compact_headers_are_the_ratelimit_trio_without_twins() {
         )
         .build()
         .unwrap();
-    let addr = common::serve(
+    let addr = support::serve(
         hello().layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Compact)),
     )
     .await;

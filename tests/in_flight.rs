@@ -1,7 +1,6 @@
 //! In-flight limits: requests in progress per key, held until the response body is sent or
 //! dropped, across instances sharing a real Redis, through real axum servers.
 
-mod common;
 mod support;
 
 use std::convert::Infallible;
@@ -82,7 +81,7 @@ async fn sixty_four_concurrent_requests_on_two_instances_hold_exactly_n() {
             .extractor(Global::new())
             .build()
             .unwrap();
-        addrs.push(common::serve(slow_app(limiter, gauge.clone())).await);
+        addrs.push(support::serve(slow_app(limiter, gauge.clone())).await);
     }
     let client = reqwest::Client::new();
     let mut tasks = vec![];
@@ -223,7 +222,7 @@ where
         )
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(one_at_a_time(store)));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let res = client
         .get(format!("http://{addr}/stream"))
@@ -260,7 +259,7 @@ where
         )
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(one_at_a_time(store)));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let res = client
         .get(format!("http://{addr}/endless"))
@@ -303,7 +302,7 @@ where
         )
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(one_at_a_time(store)));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     // The connection is dropped when the handler panics: the client sees an error.
     assert!(client

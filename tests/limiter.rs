@@ -1,7 +1,7 @@
 //! The direct API decides exactly as the layer does: each feature is exercised through
 //! `Limiter::check` / `peek` / `decide` and through a real axum server, with the same answers.
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -57,7 +57,7 @@ async fn over_http(limiter: Limiter, requests: &[(&str, &str, Option<&str>)]) ->
         .route("/search", get(|| async { "results" }))
         .route("/login", post(|| async { "welcome" }))
         .layer(RateLimitLayer::new(limiter));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let mut out = vec![];
     for (method, path, user) in requests {
@@ -398,7 +398,7 @@ async fn a_store_that_fails_closed_is_the_same_refusal_on_both_paths() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let res = reqwest::get(format!("http://{addr}/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

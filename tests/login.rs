@@ -4,14 +4,14 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use common::serve;
 use reqwest::StatusCode;
+use support::serve;
 use tollgate::clock::ManualClock;
 use tollgate::login::LoginGuard;
 use tollgate::store::MemoryStore;
 use tollgate::Rate;
 
-mod common;
+mod support;
 
 #[allow(dead_code)]
 #[path = "../examples/login.rs"]

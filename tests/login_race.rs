@@ -3,7 +3,6 @@
 //! real `redis-server` and through `LoginLayer` on a real axum server; and successful logins
 //! still do not use up the IP and username limits.
 
-mod common;
 mod support;
 
 use std::net::SocketAddr;
@@ -93,7 +92,7 @@ async fn login_server<S: Store>(guard: LoginGuard<S>) -> (SocketAddr, Arc<Atomic
         "/login",
         post(handler).layer(LoginLayer::json_field(guard, "username")),
     );
-    (common::serve(app).await, calls)
+    (support::serve(app).await, calls)
 }
 
 async fn post_login(

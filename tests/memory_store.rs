@@ -1,25 +1,18 @@
 //! The memory store and the direct `Limiter` API.
 
+mod support;
+
 use std::time::Duration;
 
+use support::scenarios::ALGORITHMS;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{MemoryStore, Store};
 use tollgate::{Algorithm, CheckError, Limiter, Policy, Rate};
 
-fn all_algorithms() -> [Algorithm; 5] {
-    [
-        Algorithm::SlidingWindowCounter,
-        Algorithm::SlidingWindowLog,
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::Gcra,
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_on_one_key_admit_exactly_the_limit() {
-    for algorithm in all_algorithms() {
+    for algorithm in ALGORITHMS {
         let limiter = Limiter::builder()
             .policy(
                 Policy::builder("hot", Rate::per_hour(500))
@@ -164,7 +157,7 @@ fn charge(store: &MemoryStore, key: &Key, policies: &[Policy], units: u64) {
 
 #[test]
 fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() {
-    for algorithm in all_algorithms() {
+    for algorithm in ALGORITHMS {
         let clock = ManualClock::new(1_000_000);
         let store = MemoryStore::builder()
             .clock(clock.clone())

@@ -3,7 +3,6 @@
 //!
 //! One test in this binary: the `metrics` recorder is global to the process.
 
-mod common;
 mod support;
 
 use std::collections::BTreeMap;
@@ -98,7 +97,7 @@ fn has(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> bool {
 
 #[tokio::test]
 async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
-    let metrics_addr: SocketAddr = ([127, 0, 0, 1], common::free_port()).into();
+    let metrics_addr: SocketAddr = ([127, 0, 0, 1], support::free_port()).into();
     PrometheusBuilder::new()
         .with_http_listener(metrics_addr)
         .set_buckets_for_metric(
@@ -125,7 +124,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             )
             .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
             .deny_key(Key::new("tenant", "banned"))
-            .extractor(common::by_tenant())
+            .extractor(support::by_tenant())
             .build()
             .unwrap(),
     );
@@ -150,7 +149,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
                 .route("/login", post(|| async { AxumStatus::UNAUTHORIZED }))
                 .layer(LoginLayer::json_field(guard, "username")),
         );
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
 
     // 2. A healthy Redis behind a resilient store with a deny cache.
     let server = RedisServer::start();
@@ -166,10 +165,10 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
                 .build(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap();
-    let cached_addr = common::serve(
+    let cached_addr = support::serve(
         Router::new()
             .route("/", get(|| async { "home" }))
             .layer(RateLimitLayer::new(cached)),
@@ -179,7 +178,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // 3. A Redis store whose port nothing listens on, failing open.
     let dead = RedisStore::builder()
         .prefix("tollgate-metrics-dead")
-        .build_with_url(&format!("redis://127.0.0.1:{}", common::free_port()))
+        .build_with_url(&format!("redis://127.0.0.1:{}", support::free_port()))
         .unwrap();
     let open = Limiter::builder()
         .store(
@@ -188,10 +187,10 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
                 .build(),
         )
         .policy(Policy::new("shared-open", Rate::per_minute(1)).unwrap())
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap();
-    let open_addr = common::serve(
+    let open_addr = support::serve(
         Router::new()
             .route("/", get(|| async { "home" }))
             .layer(RateLimitLayer::new(open)),

@@ -1,7 +1,7 @@
 //! A server that does not record peer addresses answers 400 to every request keyed by peer
 //! IP; the server log must say why and how to fix it, once, not stay silent.
 
-mod common;
+mod support;
 
 use axum::routing::get;
 use axum::Router;
@@ -9,7 +9,7 @@ use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
 #[tokio::test]
 async fn a_forgotten_connect_info_is_logged_once_with_the_fix() {
-    let captured = common::Logs::default();
+    let captured = support::Logs::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)

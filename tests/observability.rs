@@ -4,7 +4,7 @@
 //! a `tracing` subscriber that only lets INFO through (so no debug event can stand in for the
 //! span fields).
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,7 +61,7 @@ impl Closed {
 fn traced_app(per_minute: u64, make_span: fn(&Request<Body>) -> tracing::Span) -> Router {
     let limiter = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(per_minute)).unwrap())
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap();
     Router::new()
@@ -122,7 +122,7 @@ async fn the_decision_fills_the_fields_a_trace_layer_span_declares() {
     // sees its spans.
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let addr = common::serve(traced_app(2, request_span)).await;
+    let addr = support::serve(traced_app(2, request_span)).await;
     let client = reqwest::Client::new();
     let get = |tenant: Option<&str>| {
         let mut req = client.get(format!("http://{addr}/"));
@@ -178,7 +178,7 @@ async fn a_span_that_declares_nothing_is_left_alone() {
     let subscriber = tracing_subscriber::registry().with(closed.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
     let bare = |_: &Request<Body>| tracing::info_span!("request");
-    let addr = common::serve(traced_app(1, bare)).await;
+    let addr = support::serve(traced_app(1, bare)).await;
     let res = reqwest::Client::new()
         .get(format!("http://{addr}/"))
         .header("x-tenant", "acme")
@@ -211,7 +211,7 @@ async fn the_handler_and_on_response_see_the_decision() {
             )
             .exempt("/health")
             .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
-            .extractor(common::by_tenant())
+            .extractor(support::by_tenant())
             .build()
             .unwrap(),
     )
@@ -238,7 +238,7 @@ async fn the_handler_and_on_response_see_the_decision() {
             )
             .layer(limits)
             .layer(TraceLayer::new_for_http().on_response(on_response));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let get = |path: &str| {
         client

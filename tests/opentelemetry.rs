@@ -4,7 +4,7 @@
 //! degraded case is a `ResilientStore` failing open over a Redis store whose port nothing
 //! listens on.
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -54,12 +54,12 @@ async fn allowed_refused_and_degraded_decisions_are_span_attributes() {
 
     let memory = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap();
     let redis = RedisStore::builder()
         .prefix("tollgate-otel-test")
-        .build_with_url(&format!("redis://127.0.0.1:{}", common::free_port()))
+        .build_with_url(&format!("redis://127.0.0.1:{}", support::free_port()))
         .unwrap();
     let degraded = Limiter::builder()
         .store(
@@ -68,11 +68,11 @@ async fn allowed_refused_and_degraded_decisions_are_span_attributes() {
                 .build(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap();
-    let memory_addr = common::serve(app(memory)).await;
-    let degraded_addr = common::serve(app(degraded)).await;
+    let memory_addr = support::serve(app(memory)).await;
+    let degraded_addr = support::serve(app(degraded)).await;
     let client = reqwest::Client::new();
     let get = |addr: std::net::SocketAddr| {
         client

@@ -9,14 +9,6 @@ use tollgate::clock::ManualClock;
 use tollgate::key::Key;
 use tollgate::store::{RedisClusterStore, Store};
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// One key per entry of `nodes`, each owned by that node.
 fn keys_on(cluster: &RedisCluster, nodes: &[usize]) -> Vec<Key> {
     let mut candidates = (0..).map(|i| Key::new("tenant", format!("c{i}")));
@@ -41,7 +33,7 @@ fn cluster_pool(cluster: &RedisCluster) -> deadpool_redis::cluster::Pool {
 #[test]
 fn cluster_store_end_to_end() {
     let cluster = RedisCluster::start();
-    let rt = runtime();
+    let rt = support::runtime();
     differential_on_the_cluster(&cluster, &rt);
     aggregate_enforcement_on_the_cluster(&cluster, &rt);
     noscript_on_every_node(&cluster, &rt);

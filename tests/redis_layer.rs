@@ -1,7 +1,6 @@
 //! The layer's per-route features against a real Redis: layered limits, penalties and shadow
 //! policies behave as with the memory store.
 
-mod common;
 mod support;
 
 use std::time::Duration;
@@ -43,7 +42,7 @@ async fn penalties_layered_limits_and_shadow_through_redis() {
         .default_route(Route::exempt())
         .build()
         .unwrap();
-    let addr = common::serve(
+    let addr = support::serve(
         Router::new()
             .route("/login", post(|| async { "ok" }))
             .layer(RateLimitLayer::new(limiter.clone())),

@@ -14,14 +14,6 @@ use tollgate::{Algorithm, Policy, Rate, StoreError};
 
 const T0: u64 = 1_700_000_000_123;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn manual_store(server: &RedisServer, clock: &ManualClock, tag: &str) -> RedisStore {
     RedisStore::builder()
         .prefix(scenarios::unique_prefix(tag))
@@ -33,7 +25,7 @@ fn manual_store(server: &RedisServer, clock: &ManualClock, tag: &str) -> RedisSt
 /// Random traces through the memory store and the Redis store give the same decisions.
 fn differential(policies: Vec<Policy>, cases: u32) {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let mut runner = TestRunner::new(Config {
         cases,
         max_shrink_iters: 64,
@@ -92,7 +84,7 @@ fn differential_mixed_policies_all_or_nothing() {
 #[test]
 fn aggregate_enforcement_four_instances_sixty_four_tasks_each() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let prefix = scenarios::unique_prefix("aggregate");
     // Four independent stores: two on their own pools, two on their own multiplexed
     // connections.
@@ -136,7 +128,7 @@ async fn admitted_at(
 #[test]
 fn no_double_burst_at_a_window_flip() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         // Ten at the last millisecond of a window, then ten at each of the next two.
         let flip = 1_700_000_001_000;
@@ -162,7 +154,7 @@ fn no_double_burst_at_a_window_flip() {
 #[test]
 fn interval_bounds_hold_through_redis() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let w = 1_000u64;
     let n = 10u64;
     let cases = [
@@ -221,7 +213,7 @@ fn interval_bounds_hold_through_redis() {
 #[test]
 fn noscript_after_script_flush_is_reloaded_transparently() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let cached = || -> String {
         let info: String = server.query(&["INFO", "memory"]).unwrap();
         info.lines()
@@ -254,7 +246,7 @@ fn noscript_after_script_flush_is_reloaded_transparently() {
 #[test]
 fn every_key_has_a_ttl_and_none_is_left_after_the_windows() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let prefix = scenarios::unique_prefix("leak");
     let store = RedisStore::builder()
         .prefix(prefix.clone())
@@ -323,7 +315,7 @@ impl Clock for Skewed {
 #[test]
 fn instances_with_skewed_clocks_share_one_limit() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let prefix = scenarios::unique_prefix("skew");
     let store = |offset: u64| {
         RedisStore::builder()
@@ -363,7 +355,7 @@ fn instances_with_skewed_clocks_share_one_limit() {
 #[test]
 fn multi_policy_denial_charges_nothing_and_peek_and_reset_work() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let clock = ManualClock::new(T0);
         let store = manual_store(&server, &clock, "multi");
@@ -404,7 +396,7 @@ fn multi_policy_denial_charges_nothing_and_peek_and_reset_work() {
 #[test]
 fn log_requests_in_one_millisecond_all_count() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let clock = ManualClock::new(T0);
         let store = manual_store(&server, &clock, "samems");
@@ -432,7 +424,7 @@ fn log_requests_in_one_millisecond_all_count() {
 #[test]
 fn failures_are_typed_store_errors() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     let p = [Policy::new("p", Rate::per_second(5)).unwrap()];
     let key = Key::new("user", "err");
     rt.block_on(async {
@@ -589,7 +581,7 @@ fn batched_decisions_equal_the_same_decisions_one_by_one() {
 #[test]
 fn a_hot_key_is_decided_in_batches_with_each_caller_its_own_answer() {
     let server = RedisServer::start();
-    runtime().block_on(async {
+    support::runtime().block_on(async {
         for algorithm in ALGORITHMS {
             let store = RedisStore::builder()
                 .prefix(scenarios::unique_prefix("hot"))
@@ -633,7 +625,7 @@ fn a_hot_key_is_decided_in_batches_with_each_caller_its_own_answer() {
 #[test]
 fn a_bad_key_fails_only_its_own_requests_in_a_batch() {
     let server = RedisServer::start();
-    runtime().block_on(async {
+    support::runtime().block_on(async {
         for algorithm in ALGORITHMS {
             let store = RedisStore::builder()
                 .prefix(scenarios::unique_prefix("badkey"))
@@ -691,7 +683,7 @@ fn batch_settings_are_checked_when_the_store_is_built() {
 #[test]
 fn no_policies_allow_without_a_call_like_the_memory_store() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let clock = ManualClock::new(T0);
         let redis = manual_store(&server, &clock, "empty");

@@ -1,7 +1,7 @@
 //! Changing limits while the service runs: plan swaps under load through a real axum server,
 //! and a plan file watched and reloaded, with broken versions refused.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ async fn a_hundred_swaps_under_load_lose_no_request_and_no_count() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter.clone()).header_style(HeaderStyle::Structured));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let expected = [
         "\"steady\";q=1000000;w=3600, \"varying\";q=100000;w=60",
         "\"steady\";q=1000000;w=3600, \"varying\";q=200000;w=60",

@@ -2,7 +2,6 @@
 //! errors, through a real axum app; the local fallback really limits; the deny cache saves
 //! round trips and never denies what Redis would allow.
 
-mod common;
 mod support;
 
 use std::sync::Arc;
@@ -75,7 +74,7 @@ async fn sigkill_then_restart_in_every_mode() {
     ] {
         let mut server = RedisServer::start();
         let limiter = limiter(resilient(&server, "kill", mode), Rate::per_hour(10_000));
-        let addr = common::serve(
+        let addr = support::serve(
             Router::new()
                 .route("/", get(|| async { "ok" }))
                 .layer(RateLimitLayer::new(limiter.clone())),
@@ -128,7 +127,7 @@ async fn a_stalled_redis_cannot_stall_requests() {
         resilient(&server, "stall", FailureMode::FailOpen),
         Rate::per_hour(10_000),
     );
-    let addr = common::serve(
+    let addr = support::serve(
         Router::new()
             .route("/", get(|| async { "ok" }))
             .layer(RateLimitLayer::new(limiter.clone())),
@@ -161,7 +160,7 @@ async fn a_stalled_redis_cannot_stall_requests() {
 
 #[tokio::test]
 async fn script_errors_are_typed_and_the_mode_applies() {
-    let logs = common::Logs::default();
+    let logs = support::Logs::default();
     let sink = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || sink.clone())

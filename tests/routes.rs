@@ -2,7 +2,7 @@
 //! attaching policies through axum's router agrees with the limiter's route table, and the
 //! response hook sees every refusal.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,7 +51,7 @@ async fn head_requests_count_against_the_get_route() {
             }),
         )
         .layer(RateLimitLayer::new(limiter));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/search");
     let mut statuses = vec![];
@@ -131,7 +131,7 @@ async fn attaching_through_axum_agrees_with_the_route_table() {
     ];
     let mut results = vec![];
     for app in [by_table, by_router] {
-        let addr = common::serve(app).await;
+        let addr = support::serve(app).await;
         let client = reqwest::Client::new();
         let mut statuses = vec![];
         for (method, path) in sequence {
@@ -176,7 +176,7 @@ async fn the_hook_sees_every_refusal() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/");
     let cases: [(&[(&str, &str)], u16); 5] = [
@@ -221,7 +221,7 @@ async fn a_refused_grpc_call_gets_the_grpc_code_of_its_refusal() {
     let app = Router::new()
         .route("/pkg.Svc/Call", axum::routing::post(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let res = reqwest::Client::new()
         .post(format!("http://{addr}/pkg.Svc/Call"))
         .header("content-type", "application/grpc")

@@ -1,7 +1,6 @@
 //! Reserve, then settle: costs known only after the response, on the memory store and a
 //! real Redis, through the direct API and real axum servers.
 
-mod common;
 mod support;
 
 use std::time::Duration;
@@ -19,15 +18,8 @@ use tollgate::{
     Algorithm, EstimateFromJsonLayer, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer,
 };
 
+use support::scenarios::ALGORITHMS;
 use support::RedisServer;
-
-const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::SlidingWindowCounter,
-    Algorithm::SlidingWindowLog,
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::Gcra,
-];
 
 fn policy(algorithm: Algorithm, limit: u64, window: Duration) -> Policy {
     Policy::builder(format!("tokens_{algorithm}"), Rate::new(limit, window))
@@ -268,7 +260,7 @@ where
         .layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Structured))
         .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
     Api {
-        addr: common::serve(app).await,
+        addr: support::serve(app).await,
         requests,
         tokens,
     }

@@ -105,6 +105,7 @@ use crate::store::{DynStore, MemoryStore};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Severity {
     /// Worth knowing.
     Info,

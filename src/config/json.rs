@@ -50,7 +50,7 @@ impl Plan {
                 e.to_string(),
             )
         })?;
-        plan.policies()?;
+        plan.build_policies()?;
         Ok(plan)
     }
 }

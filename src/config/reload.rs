@@ -29,8 +29,9 @@ impl<S: Store + Clone> Limiter<S> {
     /// limiter.reload_plan(&v2)?;
     /// assert_eq!(limiter.policies()[0].limit(), 500);
     ///
-    /// // A broken plan is refused; the one in force stays.
-    /// let broken = Plan::from_toml("[[policies]]\nname = \"api\"\nlimit = 0\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]")?;
+    /// // A plan that does not build (its default names no policy) is refused; the one in
+    /// // force stays.
+    /// let broken = Plan::from_toml("[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n[default]\npolicies = [\"nope\"]")?;
     /// assert!(limiter.reload_plan(&broken).is_err());
     /// assert_eq!(limiter.policies()[0].limit(), 500);
     /// # Ok::<(), tollgate::ConfigError>(())

@@ -22,6 +22,7 @@ use crate::response::HeaderStyle;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FailureModeName {
     /// Allow the request.
     FailOpen,
@@ -42,6 +43,7 @@ pub enum FailureModeName {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// `memory` (default), `redis` or `redis_cluster`.
     #[serde(default)]
@@ -62,6 +64,7 @@ pub struct StoreConfig {
 /// See [`StoreConfig`] for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StoreKind {
     /// In-process.
     #[default]
@@ -77,6 +80,7 @@ pub enum StoreKind {
 /// See [`KeyConfig::build`] for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct KeyConfig {
     /// `peer_ip` (default), `global`, `header`, `client_ip`, `user`, `api_key`,
     /// `ip_user_agent`.
@@ -106,6 +110,7 @@ pub struct KeyConfig {
 /// See [`KeyConfig::build`] for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum KeyKind {
     /// The TCP peer address.
     #[default]
@@ -141,6 +146,7 @@ impl KeyKind {
 /// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct PolicyConfig {
     /// The name.
     pub name: String,
@@ -174,6 +180,7 @@ pub struct PolicyConfig {
 /// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RouteKind {
     /// Login, sign-up, password reset, token endpoints.
     Auth,
@@ -193,6 +200,7 @@ pub enum RouteKind {
 /// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RouteConfig {
     /// `"POST /login"`, `"/api/{*rest}"`.
     pub pattern: String,
@@ -223,7 +231,8 @@ impl RouteConfig {
     /// ```
     /// use tollgate::config::{RouteConfig, RouteKind};
     ///
-    /// let health = RouteConfig { kind: RouteKind::Internal, ..RouteConfig::default() };
+    /// let mut health = RouteConfig::default();
+    /// health.kind = RouteKind::Internal;
     /// assert!(!health.is_customer_facing());
     /// ```
     pub fn is_customer_facing(&self) -> bool {
@@ -237,6 +246,7 @@ impl RouteConfig {
 /// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DefaultRouteConfig {
     /// Names of the default policies.
     #[serde(default)]
@@ -255,6 +265,7 @@ pub struct DefaultRouteConfig {
 /// See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TierConfig {
     /// Read the tier from this request header.
     pub header: Option<String>,
@@ -305,6 +316,7 @@ pub struct TierConfig {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LoginConfig {
     /// The login routes the guard checks, e.g. `["POST /login"]` (the patterns of
     /// `[[routes]]`); other requests pass through untouched.
@@ -337,6 +349,7 @@ pub struct LoginConfig {
 /// A whole rate-limit plan. See the [module docs](crate::config) for an example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Plan {
     /// How many replicas of the service run (default 1).
     pub replicas: Option<u32>,
@@ -462,7 +475,7 @@ impl Plan {
             };
             ConfigError::new(field, value, reason)
         })?;
-        plan.policies()?;
+        plan.build_policies()?;
         Ok(plan)
     }
 

@@ -72,7 +72,7 @@ impl KeyExtractor for Chain {
 ///
 /// Every part must yield a key, or the composite yields nothing (so does an empty one). A
 /// composite of one part yields that part's key unchanged. The keys of two or more parts,
-/// sources included, are joined with [`Key::from_parts`], which is injective: two different
+/// sources included, are joined with [`Key::from_materials`], which is injective: two different
 /// tuples never give one key, and a joined key never equals a single extractor's key. The source is the parts' sources joined with `+` (`composite` when that
 /// is longer than 32 characters), and long keys are hashed.
 ///
@@ -134,7 +134,7 @@ impl KeyExtractor for Composite {
             source = CompactString::const_new("composite");
         }
         let parts: SmallVec<[&str; 4]> = keys.iter().map(Key::as_str).collect();
-        Some(Key::from_parts(&source, &parts))
+        Some(Key::from_materials(&source, &parts))
     }
 }
 

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use http::HeaderName;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::extractor::{clamp_prefix, ip_key};
+use super::extractor::{checked_prefix, ip_key};
 use super::forwarded::{forwarded_hops, parse_node, resolve_client, xff_hops, Hop};
 use super::{Key, KeyExtractor, RequestView};
 use crate::ConfigError;
@@ -153,6 +153,7 @@ fn canonical_net(net: IpNet) -> IpNet {
 /// Configure the one your proxy sets, and only that one: a header your proxy does not
 /// overwrite or append to is written by the client.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (every instance, comma lists), walked from
     /// the right. The default.
@@ -209,7 +210,7 @@ impl ForwardedHeader {
 /// untrusted address is the client. A hop that is `unknown`, obfuscated or garbage stops
 /// the walk at the last good (trusted) address, and so does the hop limit (default 16): the
 /// key is never an address the client chose. The exact rule is
-/// [`resolve_client`](super::forwarded::resolve_client).
+/// `key::forwarded::resolve_client`.
 ///
 /// No peer address (the server does not record it) gives no key.
 ///
@@ -264,10 +265,22 @@ impl ClientIp {
         self
     }
 
-    /// Groups IPv6 clients by the first `bits` bits (clamped to 1..=128).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.ipv6_prefix = clamp_prefix(bits);
-        self
+    /// Groups IPv6 clients by the first `bits` bits.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `ipv6_prefix` unless `bits` is 1 to 128.
+    ///
+    /// ```
+    /// use tollgate::key::{ClientIp, TrustedProxies};
+    ///
+    /// let ip = ClientIp::new(TrustedProxies::loopback()).ipv6_prefix(64)?;
+    /// assert!(ip.clone().ipv6_prefix(129).is_err());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+        self.ipv6_prefix = checked_prefix(bits)?;
+        Ok(self)
     }
 
     /// Examines at most `hops` header entries (default 16); past them the last trusted
@@ -453,12 +466,12 @@ mod tests {
         assert_eq!(key(&ex, &a), key(&ex, &same_site));
         assert_eq!(key(&ex, &a), "ip:2001:db8::/56");
         assert_ne!(key(&ex, &a), key(&ex, &c));
-        let narrow = ex.clone().ipv6_prefix(64);
+        let narrow = ex.clone().ipv6_prefix(64).unwrap();
         assert_ne!(key(&narrow, &a), key(&narrow, &same_site));
-        let wide = ex.clone().ipv6_prefix(48);
+        let wide = ex.clone().ipv6_prefix(48).unwrap();
         assert_eq!(key(&wide, &a), key(&wide, &c));
         assert_eq!(key(&wide, &a), "ip:2001:db8::/48");
-        assert_eq!(ex.ipv6_prefix(0).ipv6_prefix_bits(), 1);
+        assert_eq!(ex.ipv6_prefix(0).unwrap_err().field(), "ipv6_prefix");
     }
 
     #[test]

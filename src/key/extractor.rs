@@ -154,8 +154,9 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 /// req.extensions_mut().insert("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>().unwrap());
 /// let key = PeerIp::new().extract(&RequestView::new(&req)).unwrap();
 /// assert_eq!(key.as_str(), "ip:2001:db8:1::/56");
-/// let narrow = PeerIp::new().ipv6_prefix(64).extract(&RequestView::new(&req)).unwrap();
+/// let narrow = PeerIp::new().ipv6_prefix(64)?.extract(&RequestView::new(&req)).unwrap();
 /// assert_eq!(narrow.as_str(), "ip:2001:db8:1:2::/64");
+/// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct PeerIp {
@@ -170,11 +171,21 @@ impl PeerIp {
         }
     }
 
-    /// Groups IPv6 addresses by the first `bits` bits (clamped to 1..=128; 128 keeps every
-    /// address apart).
-    pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.ipv6_prefix = clamp_prefix(bits);
-        self
+    /// Groups IPv6 addresses by the first `bits` bits (128 keeps every address apart).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`](crate::ConfigError) on `ipv6_prefix` unless `bits` is 1 to 128.
+    ///
+    /// ```
+    /// use tollgate::key::PeerIp;
+    ///
+    /// assert!(PeerIp::new().ipv6_prefix(64).is_ok());
+    /// assert_eq!(PeerIp::new().ipv6_prefix(0).unwrap_err().field(), "ipv6_prefix");
+    /// ```
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, crate::ConfigError> {
+        self.ipv6_prefix = checked_prefix(bits)?;
+        Ok(self)
     }
 }
 
@@ -191,14 +202,17 @@ impl KeyExtractor for PeerIp {
     }
 }
 
-/// Clamps an IPv6 grouping prefix to 1..=128.
-pub(crate) const fn clamp_prefix(bits: u8) -> u8 {
-    if bits == 0 {
-        1
-    } else if bits > 128 {
-        128
+/// An IPv6 grouping prefix, which must be 1 to 128 bits: a setter refuses anything else
+/// rather than quietly keying by some other prefix.
+pub(crate) fn checked_prefix(bits: u8) -> Result<u8, crate::ConfigError> {
+    if (1..=128).contains(&bits) {
+        Ok(bits)
     } else {
-        bits
+        Err(crate::ConfigError::new(
+            "ipv6_prefix",
+            bits,
+            "must be between 1 and 128",
+        ))
     }
 }
 
@@ -439,6 +453,7 @@ mod tests {
         assert_eq!(mapped.as_str(), "ip:1.2.3.4");
         let exact = PeerIp::new()
             .ipv6_prefix(128)
+            .unwrap()
             .extract(&RequestView::new(&with_peer("[2001:db8::1]:1")))
             .unwrap();
         assert_eq!(exact.as_str(), "ip:2001:db8::1");

@@ -40,6 +40,7 @@ pub const MAX_NODE_LEN: usize = 64;
 
 /// One hop of a forwarding chain, as parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Hop {
     /// An address; IPv4-mapped IPv6 addresses are turned into IPv4, ports are dropped.
     Addr(IpAddr),

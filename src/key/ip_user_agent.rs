@@ -11,7 +11,7 @@ use super::{Key, KeyExtractor, RequestView};
 /// browser or tool, so they stop sharing one limit.
 ///
 /// Key `ip+ua:<address>|<user agent>` (`ip+ua+path:…|<path>` with the path), hashed when long,
-/// as [`Key::from_parts`] does. A missing `User-Agent` counts as an empty one. The address is
+/// as [`Key::from_materials`] does. A missing `User-Agent` counts as an empty one. The address is
 /// taken exactly as the wrapped [`ClientIp`] takes it, trusted proxies included.
 ///
 /// The user agent is chosen by the client, so this only *splits* a client's budget when the
@@ -65,9 +65,9 @@ impl KeyExtractor for IpUserAgent {
             .map_or(&b""[..], |v| v.as_bytes());
         Some(if self.path {
             let path = request.uri().path().as_bytes();
-            Key::from_parts("ip+ua+path", &[ip.as_bytes(), ua, path])
+            Key::from_materials("ip+ua+path", &[ip.as_bytes(), ua, path])
         } else {
-            Key::from_parts("ip+ua", &[ip.as_bytes(), ua])
+            Key::from_materials("ip+ua", &[ip.as_bytes(), ua])
         })
     }
 }
@@ -116,7 +116,11 @@ mod tests {
 
     #[test]
     fn uses_trusted_proxy_walk_and_ipv6_grouping() {
-        let ex = IpUserAgent::new(ClientIp::new(TrustedProxies::loopback()).ipv6_prefix(56));
+        let ex = IpUserAgent::new(
+            ClientIp::new(TrustedProxies::loopback())
+                .ipv6_prefix(56)
+                .unwrap(),
+        );
         let k = key(
             &ex,
             &req("127.0.0.1:1", Some("x"), Some("2001:db8:0:ff::1")),

@@ -12,7 +12,7 @@
 //! | --- | --- | --- |
 //! | [`User`] / [`User::from_fn`] | `user:42` | the principal an auth layer put in the extensions |
 //! | [`ApiKey`] | `apikey:<hash>` | `X-API-Key` or `Authorization: Bearer`, hashed |
-//! | [`ClientIp`] | `ip:203.0.113.5` | the client behind [`TrustedProxies`] (see [`forwarded`]) |
+//! | [`ClientIp`] | `ip:203.0.113.5` | the client behind [`TrustedProxies`] |
 //! | [`PeerIp`] | `ip:203.0.113.5` | the TCP peer, no headers read |
 //! | [`IpUserAgent`] | `ip+ua:…` | anonymous traffic, split by `User-Agent` behind one NAT |
 //! | [`Global`] | `global:all` | one budget for everyone (a per-endpoint backstop) |
@@ -41,6 +41,8 @@ mod api_key;
 mod chain;
 mod client_ip;
 mod extractor;
+// Public only for the fuzz targets; `ClientIp` is the supported interface.
+#[doc(hidden)]
 pub mod forwarded;
 mod ip_user_agent;
 mod user;
@@ -129,6 +131,15 @@ impl Key {
         Self(out)
     }
 
+    /// The former name of [`Key::from_materials`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed to `from_materials`: it takes a tuple of materials, not request parts"
+    )]
+    pub fn from_parts<P: AsRef<[u8]>>(source: &str, parts: &[P]) -> Self {
+        Self::from_materials(source, parts)
+    }
+
     /// Encodes a tuple of materials from `source` into one key (see [`Composite`]).
     ///
     /// Each part is escaped as in [`Key::new`] and the parts are joined by `|`, which escaped
@@ -141,13 +152,13 @@ impl Key {
     /// ```
     /// use tollgate::key::Key;
     ///
-    /// let k = Key::from_parts("ip+ua", &["10.0.0.1", "curl/8.0"]);
+    /// let k = Key::from_materials("ip+ua", &["10.0.0.1", "curl/8.0"]);
     /// assert_eq!(k.as_str(), "ip+ua:10.0.0.1|curl/8.0");
     /// // The separator is escaped inside a part, so the tuples stay apart.
-    /// assert_ne!(Key::from_parts("t", &["a|b", "c"]), Key::from_parts("t", &["a", "b|c"]));
-    /// assert_eq!(Key::from_parts("t", &["x"]), Key::new("t", "x"));
+    /// assert_ne!(Key::from_materials("t", &["a|b", "c"]), Key::from_materials("t", &["a", "b|c"]));
+    /// assert_eq!(Key::from_materials("t", &["x"]), Key::new("t", "x"));
     /// ```
-    pub fn from_parts<P: AsRef<[u8]>>(source: &str, parts: &[P]) -> Self {
+    pub fn from_materials<P: AsRef<[u8]>>(source: &str, parts: &[P]) -> Self {
         if let [single] = parts {
             return Self::new(source, single);
         }
@@ -334,7 +345,8 @@ fn push_digest(out: &mut CompactString, digest: &[u8]) {
     }
 }
 
-/// The first 128 bits of `digest` (at least 16 bytes) in lowercase hex.
+/// The first 128 bits of `digest` (at least 16 bytes) in lowercase hex: the one hex encoding
+/// of digests in keys, API-key hashes and login usernames.
 pub(crate) fn hex_128(digest: &[u8]) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 32];
@@ -345,11 +357,19 @@ pub(crate) fn hex_128(digest: &[u8]) -> [u8; 32] {
     out
 }
 
-fn push_escaped(out: &mut CompactString, b: u8) {
+/// `b` as `%XX` with uppercase hex digits (RFC 3986 percent-encoding): the one escape of key
+/// material and of gRPC messages.
+pub(crate) fn percent_escaped(b: u8) -> [char; 3] {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    out.push('%');
-    out.push(HEX[usize::from(b >> 4)] as char);
-    out.push(HEX[usize::from(b & 15)] as char);
+    [
+        '%',
+        char::from(HEX[usize::from(b >> 4)]),
+        char::from(HEX[usize::from(b & 15)]),
+    ]
+}
+
+fn push_escaped(out: &mut CompactString, b: u8) {
+    out.extend(percent_escaped(b));
 }
 
 #[cfg(test)]
@@ -385,17 +405,20 @@ mod tests {
     #[test]
     fn part_forms_never_meet_plain_forms() {
         let long = "y".repeat(200);
-        assert_eq!(Key::from_parts::<&str>("t", &[]).as_str(), "t:!");
-        assert_eq!(Key::from_parts("t", &["", ""]).as_str(), "t:|");
-        assert_ne!(Key::from_parts("t", &[""]), Key::from_parts("t", &["", ""]));
-        assert_ne!(Key::from_parts("t", &["a", "b"]), Key::new("t", "a|b"));
-        assert!(Key::from_parts("t", &["x", &long])
+        assert_eq!(Key::from_materials::<&str>("t", &[]).as_str(), "t:!");
+        assert_eq!(Key::from_materials("t", &["", ""]).as_str(), "t:|");
+        assert_ne!(
+            Key::from_materials("t", &[""]),
+            Key::from_materials("t", &["", ""])
+        );
+        assert_ne!(Key::from_materials("t", &["a", "b"]), Key::new("t", "a|b"));
+        assert!(Key::from_materials("t", &["x", &long])
             .as_str()
             .starts_with("t:!"));
         assert!(Key::new("t", &long).as_str().starts_with("t:#"));
         assert_ne!(
-            Key::from_parts("t", &["x", &long]),
-            Key::from_parts("t", &[&long, "x"])
+            Key::from_materials("t", &["x", &long]),
+            Key::from_materials("t", &[&long, "x"])
         );
     }
 
@@ -420,8 +443,8 @@ mod tests {
             p2 in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
             plain in proptest::collection::vec(any::<u8>(), 0..140),
         ) {
-            let a = Key::from_parts("s", &p1);
-            let b = Key::from_parts("s", &p2);
+            let a = Key::from_materials("s", &p1);
+            let b = Key::from_materials("s", &p2);
             prop_assert_eq!(a == b, p1 == p2);
             // Only a one-part tuple can equal a plain key (and then only its own).
             let c = Key::new("s", &plain);

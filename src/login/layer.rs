@@ -1,12 +1,12 @@
 //! [`LoginLayer`]: the login guard as a tower layer on the login route.
 
 use std::fmt;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use tower_layer::Layer;
@@ -16,7 +16,7 @@ use super::LoginGuard;
 use crate::error::{CheckError, ConfigError, StoreError};
 use crate::key::RequestView;
 use crate::limiter::RouteTable;
-use crate::middleware::RateLimitBody;
+use crate::middleware::{read_capped, RateLimitBody};
 use crate::refusal::{Refusal, RefusalKind, Rendering};
 use crate::store::{MemoryStore, Store};
 
@@ -31,6 +31,7 @@ use crate::store::{MemoryStore, Store};
 /// assert_eq!(LoginOutcome::from_status(StatusCode::BAD_REQUEST), LoginOutcome::Unknown);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LoginOutcome {
     /// The password was right: [`LoginGuard::record_success`].
     Success,
@@ -516,31 +517,6 @@ where
             Ok(res.map(RateLimitBody::inner))
         })
     }
-}
-
-/// Reads a body of at most `max` bytes; a larger one is refused with 413, an unreadable one
-/// with 400.
-pub(crate) async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, RefusalKind>
-where
-    B: Body<Data = Bytes>,
-{
-    if body.size_hint().lower() > max as u64 {
-        return Err(RefusalKind::LoginBodyTooLarge);
-    }
-    let mut body = std::pin::pin!(body);
-    let mut buf = BytesMut::new();
-    while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-        let Ok(frame) = frame else {
-            return Err(RefusalKind::LoginBodyUnreadable);
-        };
-        if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > max {
-                return Err(RefusalKind::LoginBodyTooLarge);
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf.freeze())
 }
 
 /// The string value of `field` in a JSON object body: `Ok(None)` when the body is not a JSON

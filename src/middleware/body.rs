@@ -1,13 +1,16 @@
-//! The response body of [`RateLimitService`](crate::RateLimitService).
+//! The response body of [`RateLimitService`](crate::RateLimitService), and request bodies
+//! read whole under a cap (for the login layer and the estimate layer).
 
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::held::BodyHold;
+use crate::refusal::RefusalKind;
 
 pin_project! {
     /// Either the inner service's body or a body tollgate wrote (a 429, 400 or 503).
@@ -103,4 +106,29 @@ where
             }
         }
     }
+}
+
+/// Reads a body of at most `max` bytes; a larger one is refused with 413, an unreadable one
+/// with 400.
+pub(crate) async fn read_capped<B>(body: B, max: usize) -> Result<Bytes, RefusalKind>
+where
+    B: Body<Data = Bytes>,
+{
+    if body.size_hint().lower() > max as u64 {
+        return Err(RefusalKind::LoginBodyTooLarge);
+    }
+    let mut body = std::pin::pin!(body);
+    let mut buf = BytesMut::new();
+    while let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let Ok(frame) = frame else {
+            return Err(RefusalKind::LoginBodyUnreadable);
+        };
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(RefusalKind::LoginBodyTooLarge);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
 }

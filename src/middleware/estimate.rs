@@ -119,7 +119,7 @@ where
         let grpc = crate::grpc::content_type(req.headers()).cloned();
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
-            let bytes = match crate::login::read_capped(body, layer.max_body).await {
+            let bytes = match super::read_capped(body, layer.max_body).await {
                 Ok(bytes) => bytes,
                 Err(kind) => {
                     let refusal = Refusal::of_kind(kind);

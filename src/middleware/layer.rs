@@ -9,13 +9,14 @@ use http::{HeaderValue, Request, Response};
 use tower_layer::Layer;
 
 use super::info::RateLimitInfo;
+use super::rendering::ResponseConfig;
 use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::limiter::PolicySet;
 use crate::refusal::Refusal;
-use crate::response::{write_quota_headers, HeaderStyle, ResponseConfig};
+use crate::response::{write_quota_headers, HeaderStyle};
 use crate::route::Route;
 use crate::store::{MemoryStore, Store};
 

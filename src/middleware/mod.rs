@@ -13,8 +13,10 @@ mod future;
 mod held;
 mod info;
 mod layer;
+mod rendering;
 mod service;
 
+pub(crate) use body::read_capped;
 pub use body::RateLimitBody;
 pub use estimate::{EstimateFromJson, EstimateFromJsonLayer, DEFAULT_MAX_ESTIMATE_BODY};
 pub use future::ResponseFuture;

@@ -76,6 +76,7 @@ pub const MAX_LOG_LIMIT: u64 = 100_000;
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Two adjacent fixed windows, the previous one weighted by how much of it still overlaps
     /// the sliding window. See [`crate::algorithm::sliding_window_counter`].

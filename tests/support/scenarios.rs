@@ -68,6 +68,7 @@ pub fn differential_policies(algorithm: Algorithm) -> Vec<Policy> {
                 algorithm,
             ),
         ],
+        other => panic!("no differential policies for {other:?} yet"),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Helpers shared by the integration tests.
+//! Serving an axum app on loopback, reading what a test server logged, keying by tenant.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 
 /// Serves `app` on a free loopback port, recording peer addresses; returns the address.
-#[allow(dead_code)] // not every test binary serves an app this way
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -22,11 +21,9 @@ pub async fn serve(app: Router) -> SocketAddr {
 }
 
 /// Captures what a `tracing` subscriber writes, for tests that check log lines.
-#[allow(dead_code)] // not every test binary reads logs
 #[derive(Clone, Default)]
 pub struct Logs(pub Arc<Mutex<Vec<u8>>>);
 
-#[allow(dead_code)]
 impl Logs {
     /// Everything written so far.
     pub fn text(&self) -> String {
@@ -45,20 +42,9 @@ impl std::io::Write for Logs {
 }
 
 /// Keys requests by their `x-tenant` header (none: no key).
-#[allow(dead_code)] // not every test binary keys by tenant
 pub fn by_tenant() -> impl tollgate::key::KeyExtractor {
     tollgate::key::from_fn(|req: &tollgate::key::RequestView<'_>| {
         let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
         Some(tollgate::key::Key::new("tenant", tenant))
     })
-}
-
-/// A loopback port that was free when asked (for a server to bind, or for a store that must
-/// find nothing listening).
-#[allow(dead_code)] // not every test binary needs a port of its own
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }

@@ -6,11 +6,11 @@
 # cancels start-up and shutdown. Repeated REPEAT times; prints the median and min-max, and the
 # ratio of bare's count to each side's (the throughput ratio if time followed instructions).
 #
-#   bash benches/e2e_instructions.sh
-#   SIDES="bare tollgate" N=2000 REPEAT=1 bash benches/e2e_instructions.sh
-#   BIN=path/to/a/saved/http_server bash benches/e2e_instructions.sh  # a saved build (before/after)
+#   bash benches/scripts/e2e_instructions.sh
+#   SIDES="bare tollgate" N=2000 REPEAT=1 bash benches/scripts/e2e_instructions.sh
+#   BIN=path/to/a/saved/http_server bash benches/scripts/e2e_instructions.sh  # a saved build (before/after)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
 N=${N:-5000}
 REPEAT=${REPEAT:-3}

@@ -4,10 +4,10 @@
 # (A B C … A B C …) for ROUNDS rounds of SECS seconds; prints requests/s per run, then the
 # median (min-max) per side and the ratio to bare.
 #
-#   bash benches/e2e.sh                      # bare, tollgate, tollgate_no_headers, tower_governor
-#   SIDES="bare tollgate_redis" FEATURES=redis bash benches/e2e.sh
+#   bash benches/scripts/e2e.sh                      # bare, tollgate, tollgate_no_headers, tower_governor
+#   SIDES="bare tollgate_redis" FEATURES=redis bash benches/scripts/e2e.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
 SECS=${SECS:-5}
 CONNS=${CONNS:-32}

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Instructions executed inside Redis per decision, from `valgrind --tool=callgrind` on a
 # private redis-server: repeatable where decisions per second on a shared 2-core machine are
-# not. benches/redis_instructions.py sends B and then 2B batches (EVALSHA of REQUESTS
+# not. benches/scripts/redis_instructions.py sends B and then 2B batches (EVALSHA of REQUESTS
 # sliding-window-counter requests, on distinct keys or one hot key); per decision =
 # (refs at 2B - refs at B) / (B * REQUESTS), which cancels start-up and shutdown. The
 # `trivial` row sends the same keys and arguments to `return 1`.
 #
-#   bash benches/redis_instructions.sh
-#   REQUESTS="1 64" MODES=hot B=50 bash benches/redis_instructions.sh
+#   bash benches/scripts/redis_instructions.sh
+#   REQUESTS="1 64" MODES=hot B=50 bash benches/scripts/redis_instructions.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REQUESTS=${REQUESTS:-"1 64"}
 MODES=${MODES:-"distinct hot"}
 B=${B:-100}
@@ -31,7 +31,7 @@ refs() { # script batches requests mode
     redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
     sleep 0.2
   done
-  python3 benches/redis_instructions.py "$PORT" "$1" "$2" "$3" "$4"
+  python3 benches/scripts/redis_instructions.py "$PORT" "$1" "$2" "$3" "$4"
   redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
   wait "$server" || true
   awk '/refs/ {gsub(",", "", $4); print $4}' "$log"

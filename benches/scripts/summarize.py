@@ -5,10 +5,10 @@ Bench ids are `<group>/<side>/<scenario>/r<round>`. For each side and scenario t
 median of the rounds' median times with the min and max, and the ratio to the reference side
 of the same scenario (the first side named in REFERENCE that is present).
 
-    python3 benches/summarize.py memory_decision
-    python3 benches/summarize.py layer
-    python3 benches/summarize.py fixed_costs
-    python3 benches/summarize.py key_cap
+    python3 benches/scripts/summarize.py memory_decision
+    python3 benches/scripts/summarize.py layer
+    python3 benches/scripts/summarize.py fixed_costs
+    python3 benches/scripts/summarize.py key_cap
 
 Criterion's output folder is `$CARGO_TARGET_DIR/criterion` (default `target/criterion`).
 """

@@ -1,6 +1,6 @@
 //! Per-route policies end to end through a real axum app.
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -58,7 +58,7 @@ impl Client {
 
 async fn start(limiter: Limiter) -> Client {
     Client {
-        addr: common::serve(app().layer(RateLimitLayer::new(limiter))).await,
+        addr: support::serve(app().layer(RateLimitLayer::new(limiter))).await,
         http: reqwest::Client::new(),
     }
 }

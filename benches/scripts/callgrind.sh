@@ -4,11 +4,11 @@
 # median and min-max. Only the checks are counted (--toggle-collect, see decision_cost.rs);
 # counts still move a little between runs (the clock is read for real, so windows roll over).
 #
-#   bash benches/callgrind.sh                                  # memory store vs governor
-#   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/callgrind.sh
-#   BIN=path/to/a/saved/decision_cost bash benches/callgrind.sh  # count a saved build (before/after)
+#   bash benches/scripts/callgrind.sh                                  # memory store vs governor
+#   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/scripts/callgrind.sh
+#   BIN=path/to/a/saved/decision_cost bash benches/scripts/callgrind.sh  # count a saved build (before/after)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SIDES=${SIDES:-"governor tollgate_gcra tollgate_counter"}
 KEYS=${KEYS:-"1 10000"}
 N=${N:-100000}

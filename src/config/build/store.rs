@@ -1,0 +1,151 @@
+//! The store a plan names, wrapped in its failure mode when it is shared.
+
+use crate::config::schema::{Plan, StoreKind};
+use crate::error::ConfigError;
+use crate::store::{DynStore, MemoryStore};
+
+impl Plan {
+    /// Store settings that the store kind would not read.
+    pub(super) fn store_settings(&self) -> Result<(), ConfigError> {
+        if self.replicas == Some(0) {
+            return Err(ConfigError::new(
+                "replicas",
+                0,
+                "must be at least 1: the number of instances that enforce this plan",
+            ));
+        }
+        let s = &self.store;
+        let (kind, ignored) = match s.kind {
+            StoreKind::Memory => (
+                "memory",
+                [
+                    ("url", s.url.is_some(), format!("{:?}", s.url)),
+                    ("urls", !s.urls.is_empty(), format!("{:?}", s.urls)),
+                    ("prefix", s.prefix.is_some(), format!("{:?}", s.prefix)),
+                ],
+            ),
+            StoreKind::Redis => (
+                "redis",
+                [
+                    ("urls", !s.urls.is_empty(), format!("{:?}", s.urls)),
+                    (
+                        "max_keys",
+                        s.max_keys.is_some(),
+                        format!("{:?}", s.max_keys),
+                    ),
+                    ("", false, String::new()),
+                ],
+            ),
+            StoreKind::RedisCluster => (
+                "redis_cluster",
+                [
+                    ("url", s.url.is_some(), format!("{:?}", s.url)),
+                    (
+                        "max_keys",
+                        s.max_keys.is_some(),
+                        format!("{:?}", s.max_keys),
+                    ),
+                    ("", false, String::new()),
+                ],
+            ),
+        };
+        match ignored.into_iter().find(|(_, set, _)| *set) {
+            Some((field, _, value)) => Err(ConfigError::new(
+                format!("store.{field}"),
+                value.trim_start_matches("Some(").trim_end_matches(')'),
+                format!(
+                    "a {kind} store does not read this setting: delete it or change store.kind"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The store the plan names. Building a Redis store does not connect: its first decision
+    /// does.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `store.*` when the store is not available in this build, its
+    /// settings are incomplete, or it is given a setting it does not read.
+    ///
+    /// ```
+    /// let plan = tollgate::config::Plan::from_toml("[store]\nkind = \"memory\"\nurl = \"redis://x\"")?;
+    /// assert_eq!(plan.store().unwrap_err().field(), "store.url");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn store(&self) -> Result<DynStore, ConfigError> {
+        self.store_settings()?;
+        match self.store.kind {
+            StoreKind::Memory => {
+                let mut b = MemoryStore::builder();
+                if let Some(m) = self.store.max_keys {
+                    b = b.max_keys(m);
+                }
+                Ok(DynStore::new(b.build()))
+            }
+            #[cfg(feature = "redis")]
+            StoreKind::Redis => {
+                let url = self.store.url.clone().ok_or_else(|| {
+                    ConfigError::new("store.url", "(missing)", "a redis store needs a url")
+                })?;
+                let mut b = crate::store::RedisStore::builder();
+                if let Some(p) = &self.store.prefix {
+                    b = b.prefix(p.clone());
+                }
+                let store = b.build_with_url(&url).map_err(|e| e.within("store"))?;
+                Ok(DynStore::new(self.resilient(store)?))
+            }
+            #[cfg(feature = "cluster")]
+            StoreKind::RedisCluster => {
+                if self.store.urls.is_empty() {
+                    return Err(ConfigError::new(
+                        "store.urls",
+                        "[]",
+                        "a redis_cluster store needs seed urls",
+                    ));
+                }
+                let mut b = crate::store::RedisClusterStore::builder();
+                if let Some(p) = &self.store.prefix {
+                    b = b.prefix(p.clone());
+                }
+                let store = b
+                    .build_cluster_with_urls(self.store.urls.iter().map(String::as_str))
+                    .map_err(|e| e.within("store"))?;
+                Ok(DynStore::new(self.resilient(store)?))
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(ConfigError::new(
+                "store.kind",
+                format_args!("{other:?}"),
+                "this store needs a cargo feature this build lacks (redis, cluster)",
+            )),
+        }
+    }
+
+    /// Wraps a shared store in the plan's failure mode; the mode must be chosen.
+    #[cfg(feature = "redis")]
+    pub(super) fn resilient<S: crate::store::Store>(
+        &self,
+        store: S,
+    ) -> Result<crate::store::ResilientStore<S>, ConfigError> {
+        use crate::config::schema::FailureModeName;
+        use crate::store::{FailureMode, ResilientStore};
+        let mode =
+            match self.failure_mode {
+                Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
+                Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
+                Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
+                    replicas: self.replicas.unwrap_or(1),
+                },
+                None => return Err(ConfigError::new(
+                    "failure_mode",
+                    "(missing)",
+                    "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
+                )),
+            };
+        Ok(ResilientStore::builder(store, mode)
+            .deny_cache(10_000)
+            .build())
+    }
+}

@@ -1,0 +1,271 @@
+//! The guard's settings: rates, names, store, client address source, username secret.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::guard::GuardInner;
+use super::{LoginGuard, LoginMode, IP, IP_USER, USER};
+use crate::error::ConfigError;
+use crate::key::{KeyExtractor, PeerIp};
+use crate::limiter::Limiter;
+use crate::policy::{Algorithm, Policy, Rate};
+use crate::route::Route;
+use crate::store::Store;
+
+/// Builds a [`LoginGuard`]; see [`LoginGuard::builder`].
+#[must_use]
+pub struct LoginGuardBuilder<S> {
+    pub(super) store: Option<S>,
+    pub(super) make_store: Option<fn() -> S>,
+    pub(super) name: String,
+    pub(super) rates: [Rate; 3],
+    pub(super) algorithm: Algorithm,
+    pub(super) mode: LoginMode,
+    pub(super) ip_source: Option<Box<dyn KeyExtractor>>,
+    pub(super) username_secret: Option<Box<[u8]>>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for LoginGuardBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoginGuardBuilder")
+            .field("store", &self.store)
+            .field("name", &self.name)
+            .field("rates", &self.rates)
+            .field("algorithm", &self.algorithm)
+            .field("mode", &self.mode)
+            .field("ip_source", &self.ip_source)
+            .field("username_secret", &self.username_secret.is_some())
+            .finish()
+    }
+}
+
+impl<S> LoginGuardBuilder<S> {
+    /// The store (default: a new [`MemoryStore`](crate::store::MemoryStore)). Share one store between instances (e.g.
+    /// Redis) so the limits hold across them.
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, store::MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let guard = LoginGuard::builder().store(store.clone()).build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn store<S2: Store>(self, store: S2) -> LoginGuardBuilder<S2> {
+        LoginGuardBuilder {
+            store: Some(store),
+            make_store: None,
+            name: self.name,
+            rates: self.rates,
+            algorithm: self.algorithm,
+            mode: self.mode,
+            ip_source: self.ip_source,
+            username_secret: self.username_secret,
+        }
+    }
+
+    /// The prefix of the policy names (default `login`, giving `login.ip-user`, `login.ip`
+    /// and `login.user`). Give two guards sharing a store (login, password reset) different
+    /// names so their counts stay apart.
+    ///
+    /// ```
+    /// use tollgate::login::LoginGuard;
+    ///
+    /// let reset = LoginGuard::builder().name("password-reset").build()?;
+    /// assert_eq!(reset.policies()[2].name(), "password-reset.user");
+    /// assert_eq!(LoginGuard::builder().name("no spaces").build().unwrap_err().field(), "name");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Attempts per (client IP, username) (default 5 per 15 minutes).
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, Rate};
+    ///
+    /// let guard = LoginGuard::builder().ip_user_rate(Rate::per_hour(10)).build()?;
+    /// assert_eq!(guard.policies()[0].limit(), 10);
+    /// let err = LoginGuard::builder().ip_user_rate(Rate::per_hour(0)).build().unwrap_err();
+    /// assert_eq!(err.field(), "ip_user_rate.limit");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn ip_user_rate(mut self, rate: Rate) -> Self {
+        self.rates[IP_USER] = rate;
+        self
+    }
+
+    /// Attempts per client IP, whatever the username (default 50 per 15 minutes).
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, Rate};
+    ///
+    /// let guard = LoginGuard::builder().ip_rate(Rate::per_hour(100)).build()?;
+    /// assert_eq!(guard.policies()[1].limit(), 100);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn ip_rate(mut self, rate: Rate) -> Self {
+        self.rates[IP] = rate;
+        self
+    }
+
+    /// Attempts per username, from any client (default 20 per 15 minutes). Its window bounds
+    /// how long an attacker can lock a user out; see the [login guide](crate::guide::login).
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, Rate};
+    ///
+    /// let guard = LoginGuard::builder().user_rate(Rate::per_hour(30)).build()?;
+    /// assert_eq!(guard.policies()[2].limit(), 30);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn user_rate(mut self, rate: Rate) -> Self {
+        self.rates[USER] = rate;
+        self
+    }
+
+    /// The algorithm of all three limits (default [`Algorithm::SlidingWindowLog`]: exact, so
+    /// a lockout ends exactly one window after the last counted failure; its memory grows
+    /// with the limit, which is small for logins).
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, Algorithm};
+    ///
+    /// let guard = LoginGuard::builder().algorithm(Algorithm::FixedWindow).build()?;
+    /// assert_eq!(guard.policies()[0].algorithm(), Algorithm::FixedWindow);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Which attempts count (default [`LoginMode::FailuresOnly`]).
+    ///
+    /// See [`LoginMode`] for an example.
+    pub fn mode(mut self, mode: LoginMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Where the client IP comes from (default [`PeerIp`]). Behind a proxy, use an
+    /// extractor that trusts only your proxies' forwarding headers, such as
+    /// [`ClientIp`](crate::key::ClientIp).
+    ///
+    /// ```
+    /// use tollgate::key::{ClientIp, TrustedProxies};
+    /// use tollgate::login::LoginGuard;
+    ///
+    /// let guard = LoginGuard::builder()
+    ///     .ip_source(ClientIp::new(TrustedProxies::parse(["10.0.0.0/8"])?))
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn ip_source(mut self, extractor: impl KeyExtractor) -> Self {
+        self.ip_source = Some(Box::new(extractor));
+        self
+    }
+
+    /// Keys the username digest with `secret`, so store keys cannot be reversed by guessing
+    /// usernames. Every instance sharing a store must use the same secret, or their limits
+    /// stop adding up; changing it resets every username count.
+    ///
+    /// ```
+    /// use tollgate::{key::Key, login::LoginGuard};
+    ///
+    /// let plain = LoginGuard::builder().build()?;
+    /// let keyed = LoginGuard::builder().username_secret(b"from the secret store").build()?;
+    /// let ip = Key::new("ip", "192.0.2.1");
+    /// assert_ne!(
+    ///     plain.attempt_with_ip_key(ip.clone(), "alice").user_key(),
+    ///     keyed.attempt_with_ip_key(ip, "alice").user_key(),
+    /// );
+    /// assert_eq!(LoginGuard::builder().username_secret(b"").build().unwrap_err().field(), "username_secret");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn username_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.username_secret = Some(secret.as_ref().into());
+        self
+    }
+}
+
+impl<S: Store> LoginGuardBuilder<S> {
+    /// Builds the guard.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field: `name`, `ip_user_rate.*`, `ip_rate.*`,
+    /// `user_rate.*` (an invalid rate for the algorithm) or `username_secret` (empty).
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, Rate};
+    ///
+    /// let err = LoginGuard::builder().user_rate(Rate::per_day(200_000)).build().unwrap_err();
+    /// assert_eq!(err.field(), "user_rate.limit"); // too many for the sliding window log
+    /// ```
+    pub fn build(self) -> Result<LoginGuard<S>, ConfigError> {
+        if self
+            .username_secret
+            .as_deref()
+            .is_some_and(<[u8]>::is_empty)
+        {
+            return Err(ConfigError::new(
+                "username_secret",
+                "\"\"",
+                "an empty secret keys nothing; leave it unset instead",
+            ));
+        }
+        let name_ok = (1..=48).contains(&self.name.len())
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !name_ok {
+            return Err(ConfigError::new(
+                "name",
+                format_args!("{:?}", self.name),
+                "must be 1-48 ASCII letters, digits, '_', '-' or '.'",
+            ));
+        }
+        let build = |suffix: &str, field: &str, rate: Rate| {
+            Policy::builder(format!("{}.{suffix}", self.name), rate)
+                .algorithm(self.algorithm)
+                .sensitive(true)
+                .build()
+                .map_err(|e| e.within(field))
+        };
+        let policies = [
+            build("ip-user", "ip_user_rate", self.rates[IP_USER])?,
+            build("ip", "ip_rate", self.rates[IP])?,
+            build("user", "user_rate", self.rates[USER])?,
+        ];
+        let store = match (self.store, self.make_store) {
+            (Some(store), _) => store,
+            (None, Some(make)) => make(),
+            (None, None) => {
+                return Err(ConfigError::new(
+                    "store",
+                    "none",
+                    "a login guard needs a store",
+                ));
+            }
+        };
+        let [ip_user, ip, user] = policies;
+        let base = Limiter::builder()
+            .store(store)
+            .extractor(self.ip_source.unwrap_or_else(|| Box::new(PeerIp::new())))
+            .policy(ip_user.clone())
+            .build()?;
+        let ip_limiter = base.for_route(Route::new().policy(ip.clone()))?;
+        let user_limiter = base.for_route(Route::new().policy(user.clone()))?;
+        Ok(LoginGuard {
+            inner: Arc::new(GuardInner {
+                limiters: [base, ip_limiter, user_limiter],
+                policies: Arc::from([ip_user, ip, user]),
+                mode: self.mode,
+                username_secret: self.username_secret,
+            }),
+        })
+    }
+}
