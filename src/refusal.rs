@@ -589,7 +589,7 @@ impl Refusal {
     /// logs it at its documented level (see the [module docs](self)). Called once for each
     /// refusal tollgate answers with.
     pub(crate) fn log(&self, key: Option<&Key>) {
-        telemetry::refusal(self.inner.kind);
+        telemetry::refusal(self.inner.kind.as_str());
         let code = self.error_code();
         let policy = self.policy().map(Policy::name);
         let digest = key.map(crate::key::digest);

@@ -99,7 +99,6 @@ mod counting {
     use crate::decision::{Decision, Outcome};
     use crate::error::StoreError;
     use crate::policy::Policy;
-    use crate::refusal::RefusalKind;
 
     /// Describes every metric to the recorder, once (on the first metric recorded), so that
     /// an exposition has help text for each.
@@ -184,9 +183,10 @@ mod counting {
         .increment(1);
     }
 
-    pub(crate) fn refusal(kind: RefusalKind) {
+    /// A refusal of `kind` ([`RefusalKind::as_str`](crate::RefusalKind::as_str)).
+    pub(crate) fn refusal(kind: &'static str) {
         describe();
-        metrics::counter!("tollgate_refusals_total", "kind" => kind.as_str()).increment(1);
+        metrics::counter!("tollgate_refusals_total", "kind" => kind).increment(1);
     }
 
     pub(crate) fn outcome(outcome: Outcome) {
@@ -235,12 +235,11 @@ mod counting {
     use crate::decision::{Decision, Outcome};
     use crate::error::StoreError;
     use crate::policy::Policy;
-    use crate::refusal::RefusalKind;
 
     #[inline(always)]
     pub(crate) fn decision(_: &Decision, _: &'static str, _: &[Policy], _: &Arc<str>) {}
     #[inline(always)]
-    pub(crate) fn refusal(_: RefusalKind) {}
+    pub(crate) fn refusal(_: &'static str) {}
     #[inline(always)]
     pub(crate) fn outcome(_: Outcome) {}
     #[inline(always)]

@@ -2,7 +2,6 @@
 //! instances sharing a real Redis, through the direct API and a real axum server; still one
 //! script call per decision.
 
-mod common;
 mod support;
 
 use std::time::Duration;
@@ -25,7 +24,7 @@ fn limiter<S: Store>(store: S, algorithm: Algorithm) -> Limiter<S> {
                 .build()
                 .unwrap(),
         )
-        .extractor(common::by_tenant())
+        .extractor(support::by_tenant())
         .build()
         .unwrap()
 }
@@ -187,7 +186,7 @@ async fn headers_show_the_effective_limit() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter.clone()).header_style(tollgate::HeaderStyle::All));
-    let addr = common::serve(app).await;
+    let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let get = |tenant: &'static str| {
         client

@@ -51,6 +51,7 @@ use shadow::ShadowCounts;
 /// What to do with a request from which no key can be extracted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum MissingKey {
     /// Answer `400 Bad Request` (the default). With [`PeerIp`](crate::key::PeerIp) this
     /// happens only when the server does not record peer addresses — a setup mistake that

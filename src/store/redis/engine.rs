@@ -26,7 +26,8 @@ use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::BoxFuture;
 
-/// Turns a redis-rs error into the store error the limiter's failure mode understands.
+/// Turns a redis-rs error into the store error a `ResilientStore`'s failure mode acts on,
+/// keeping the redis-rs error as its source.
 pub(crate) fn store_error(e: RedisError) -> StoreError {
     use redis::ErrorKind;
     if e.is_timeout() {

@@ -44,8 +44,9 @@
 //!   share a hash tag, so the same script runs unchanged on
 //!   [`RedisClusterStore`].
 //!
-//! Connection failures, timeouts and script errors are [`StoreError`]s; the limiter's failure
-//! mode decides what a request gets then.
+//! Connection failures, timeouts and script errors are [`StoreError`]s (keeping the redis-rs
+//! error as their source); wrapped in a [`ResilientStore`](crate::store::ResilientStore), its
+//! failure mode decides what a request gets then.
 //!
 //! # Examples
 //!
