@@ -129,7 +129,11 @@
 //! │   ├── user.rs            User: the principal an auth layer left in the extensions
 //! │   ├── ip_user_agent.rs   IpUserAgent: address plus User-Agent
 //! │   └── chain.rs           Chain (first key wins) and Composite (several keys as one)
-//! ├── policy.rs              Rate, Algorithm, Policy and its builder
+//! ├── policy/                what a limit is
+//! │   ├── mod.rs             Policy, Algorithm, FailureMode
+//! │   ├── rate.rs            Rate: how much per how long
+//! │   └── builder.rs         PolicyBuilder: every setting checked at build time
+//! ├── overrides.rs           Override: another limit for one key under one policy
 //! ├── algorithm/             the math, pure: one file per algorithm, no store
 //! │   ├── mod.rs             the decision functions and PolicyDecision
 //! │   ├── sliding_window_counter.rs   the default: two windows, the previous weighted
@@ -142,12 +146,19 @@
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
 //! │   ├── mod.rs             the Store trait and DynStore
-//! │   ├── memory.rs          the in-process store: sharded, bounded, swept
-//! │   ├── resilient.rs       ResilientStore: timeout, breaker, deny cache, failure modes
+//! │   ├── memory/            the in-process store
+//! │   │   ├── mod.rs         MemoryStore: sharded, bounded, swept
+//! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
+//! │   │   └── overrides.rs   per-key overrides kept in the process
+//! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
+//! │   │   ├── mod.rs         the store and its builder
+//! │   │   ├── breaker.rs     the circuit breaker
+//! │   │   └── deny_cache.rs  denials answered again without a round trip
 //! │   └── redis/             RedisStore and RedisClusterStore
 //! │       ├── mod.rs         the store and its builder
 //! │       ├── cluster.rs     the Redis Cluster store
 //! │       ├── engine.rs      what both stores share, generic over the connection
+//! │       ├── store_impl.rs  the one Store implementation of both
 //! │       ├── script.rs      the Lua decision script, hashed once
 //! │       ├── wire.rs        one script call's arguments and reply
 //! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
@@ -162,6 +173,7 @@
 //! │   ├── shadow.rs          policies counted but never refusing
 //! │   ├── hold.rs            Permit and Reservation: in-flight slots, reserved costs
 //! │   ├── reload.rs          a new plan in force without losing counters
+//! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators
 //! │   └── heavy_hitters.rs   the keys refused most often (Space-Saving)
 //! ├── refusal.rs             Refusal and RefusalKind: every answer instead of the service's
