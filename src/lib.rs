@@ -112,8 +112,8 @@
 //!
 //! A failure mode belongs to a [`ResilientStore`](store::ResilientStore) wrapped around a
 //! shared store, not to the limiter. Dependencies are meant to run one way, leaves first:
-//! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command
-//! (`.ci/module_cycles.py` prints the cycles between top-level modules that are left).
+//! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command;
+//! CI fails on any cycle between top-level modules (`.ci/module_cycles.py`).
 //!
 //! ```text
 //! src/
