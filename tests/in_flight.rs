@@ -440,4 +440,10 @@ fn in_flight_policies_refuse_settings_nothing_would_read() {
         "burst"
     );
     assert_eq!(Policy::in_flight("p", 0).unwrap_err().field(), "limit");
+    // The login guard counts attempts over time: a slot per attempt would never come back.
+    let err = tollgate::login::LoginGuard::builder()
+        .algorithm(Algorithm::InFlight)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "algorithm");
 }

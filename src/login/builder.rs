@@ -228,6 +228,14 @@ impl<S: Store> LoginGuardBuilder<S> {
                 "must be 1-48 ASCII letters, digits, '_', '-' or '.'",
             ));
         }
+        if self.algorithm == crate::Algorithm::InFlight {
+            return Err(ConfigError::new(
+                "algorithm",
+                "in_flight",
+                "the login guard counts attempts over time: use a rate algorithm (a slot would \
+                 never be given back)",
+            ));
+        }
         let build = |suffix: &str, field: &str, rate: Rate| {
             Policy::builder(format!("{}.{suffix}", self.name), rate)
                 .algorithm(self.algorithm)
