@@ -158,6 +158,7 @@
 //! │       ├── mod.rs         the store and its builder
 //! │       ├── cluster.rs     the Redis Cluster store
 //! │       ├── engine.rs      what both stores share, generic over the connection
+//! │       ├── engine/tests.rs   its unit tests: batches assembled, replies read
 //! │       ├── store_impl.rs  the one Store implementation of both
 //! │       ├── script.rs      the Lua decision script, hashed once
 //! │       ├── wire.rs        one script call's arguments and reply
