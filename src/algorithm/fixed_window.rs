@@ -19,9 +19,21 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FixedWindowState {
     /// `⌊t / W⌋` of the last charged request.
-    pub window: u64,
+    pub(crate) window: u64,
     /// Units charged in that window.
-    pub count: u64,
+    pub(crate) count: u64,
+}
+
+impl FixedWindowState {
+    /// `⌊t / W⌋` of the last charged request.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Units charged in that window.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
 }
 
 fn current(state: &FixedWindowState, idx: u64) -> u64 {

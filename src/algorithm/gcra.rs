@@ -26,9 +26,16 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct GcraState {
     /// Whole milliseconds of the TAT.
-    pub tat: u64,
+    pub(crate) tat: u64,
     /// The TAT's remainder in units of `1/N` ms (always below `N`).
-    pub frac: u64,
+    pub(crate) frac: u64,
+}
+
+impl GcraState {
+    /// The theoretical arrival time, in whole ms.
+    pub fn tat(&self) -> u64 {
+        self.tat
+    }
 }
 
 /// `N · max(TAT − now, 0)`: how far ahead the meter runs, in `1/N` ms.

@@ -29,11 +29,28 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindowCounterState {
     /// `⌊t / W⌋` of the last charged request.
-    pub window: u64,
+    pub(crate) window: u64,
     /// Units charged in that window.
-    pub current: u64,
+    pub(crate) current: u64,
     /// Units charged in the window before it.
-    pub previous: u64,
+    pub(crate) previous: u64,
+}
+
+impl SlidingWindowCounterState {
+    /// `⌊t / W⌋` of the last charged request.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Units charged in that window.
+    pub fn current(&self) -> u64 {
+        self.current
+    }
+
+    /// Units charged in the window before it.
+    pub fn previous(&self) -> u64 {
+        self.previous
+    }
 }
 
 /// `(previous, current)` as seen from window `idx`.

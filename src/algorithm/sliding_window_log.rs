@@ -22,7 +22,19 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindowLogState {
     /// `(ms since the epoch, cost)`, oldest first.
-    pub entries: VecDeque<(u64, u64)>,
+    pub(crate) entries: VecDeque<(u64, u64)>,
+}
+
+impl SlidingWindowLogState {
+    /// The logged entries, `(ms since the epoch, cost)`, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// Whether nothing is logged.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// The live entries at `now`: those logged after `now − W`.
@@ -115,7 +127,7 @@ pub fn commit(state: &mut SlidingWindowLogState, now: u64, policy: &Policy, cost
 /// let (_, mut state) = swl::decide(SlidingWindowLogState::default(), 10_000, &policy, 1);
 /// assert!(!swl::evaluate(&state, 10_100, &policy, 1).is_allowed());
 /// swl::refund(&mut state, 10_100, &policy, 1);
-/// assert!(state.entries.is_empty());
+/// assert!(state.is_empty());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 pub fn refund(state: &mut SlidingWindowLogState, now: u64, policy: &Policy, cost: u64) {

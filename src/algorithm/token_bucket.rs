@@ -23,9 +23,21 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TokenBucketState {
     /// Missing tokens × window in ms; 0 is a full bucket.
-    pub deficit: u64,
+    pub(crate) deficit: u64,
     /// ms since the epoch of the last charge.
-    pub updated_at: u64,
+    pub(crate) updated_at: u64,
+}
+
+impl TokenBucketState {
+    /// Missing tokens × window in ms; 0 is a full bucket.
+    pub fn deficit(&self) -> u64 {
+        self.deficit
+    }
+
+    /// ms since the epoch of the last charge.
+    pub fn updated_at(&self) -> u64 {
+        self.updated_at
+    }
 }
 
 fn deficit_at(state: &TokenBucketState, now: u64, refill_per_ms: u64) -> u64 {
