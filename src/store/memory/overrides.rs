@@ -1,22 +1,39 @@
 //! Per-key overrides kept by the memory store (see [`crate::overrides`]).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use parking_lot::RwLock;
+use smallvec::SmallVec;
 
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::Policy;
 
-/// Per-key overrides (see [`crate::overrides`]): the policy to decide a key with instead of
-/// the plan's, by (key, policy, algorithm), with its expiry. Decisions read `active` first, so
-/// a store with no override pays one atomic load per decision.
+/// Per-key overrides (see [`crate::overrides`]): by key, the policies to decide it with
+/// instead of the plan's (matched by policy id and algorithm), each with its expiry. Decisions
+/// read `active` (the number of keys with overrides) first, so a store with none pays one
+/// atomic load per decision, and a store with some one lookup of the key (not one per policy).
 #[derive(Default)]
 pub(super) struct Overrides {
-    active: std::sync::atomic::AtomicUsize,
-    map: parking_lot::RwLock<OverrideMap>,
+    active: AtomicUsize,
+    map: RwLock<HashMap<Key, SmallVec<[Override; 1]>>>,
 }
 
-type OverrideMap = std::collections::HashMap<(Key, u32, Algorithm), (Policy, Option<u64>)>;
+/// The overriding policy and when it ends (ms), if it does.
+type Override = (Policy, Option<u64>);
+
+/// Whether `over` overrides `policy`.
+fn overrides(over: &Override, policy: &Policy) -> bool {
+    over.0.id() == policy.id() && over.0.algorithm() == policy.algorithm()
+}
+
+/// Whether `over` is still in force at `now`.
+fn in_force(over: &Override, now: u64) -> bool {
+    over.1.is_none_or(|e| e > now)
+}
 
 impl Overrides {
     /// `policies`, each replaced by `key`'s override of it where one is in force at `now`.
@@ -27,27 +44,22 @@ impl Overrides {
         policies: &'p [Policy],
         now: u64,
     ) -> Cow<'p, [Policy]> {
-        if self.active.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        if self.active.load(Ordering::Relaxed) == 0 {
             return Cow::Borrowed(policies);
         }
         self.lookup(key, policies, now)
     }
 
     #[inline(never)]
-    pub(super) fn lookup<'p>(
-        &self,
-        key: &Key,
-        policies: &'p [Policy],
-        now: u64,
-    ) -> Cow<'p, [Policy]> {
+    fn lookup<'p>(&self, key: &Key, policies: &'p [Policy], now: u64) -> Cow<'p, [Policy]> {
         let map = self.map.read();
+        let Some(held) = map.get(key) else {
+            return Cow::Borrowed(policies);
+        };
         let mut out: Option<Vec<Policy>> = None;
         for (i, p) in policies.iter().enumerate() {
-            let found = map
-                .get(&(key.clone(), p.id(), p.algorithm()))
-                .filter(|(_, expires)| expires.is_none_or(|e| e > now));
-            if let Some((over, _)) = found {
-                out.get_or_insert_with(|| policies.to_vec())[i] = over.clone();
+            if let Some(over) = held.iter().find(|o| overrides(o, p) && in_force(o, now)) {
+                out.get_or_insert_with(|| policies.to_vec())[i] = over.0.clone();
             }
         }
         out.map_or(Cow::Borrowed(policies), Cow::Owned)
@@ -55,36 +67,41 @@ impl Overrides {
 
     pub(super) fn set(&self, key: &Key, policy: &Policy, expires: Option<u64>, now: u64) {
         let mut map = self.map.write();
-        map.retain(|_, (_, e)| e.is_none_or(|e| e > now));
-        map.insert(
-            (key.clone(), policy.id(), policy.algorithm()),
-            (policy.clone(), expires),
-        );
-        self.active
-            .store(map.len(), std::sync::atomic::Ordering::Relaxed);
+        map.retain(|_, held| {
+            held.retain(|o| in_force(o, now));
+            !held.is_empty()
+        });
+        let held = map.entry(key.clone()).or_default();
+        held.retain(|o| !overrides(o, policy));
+        held.push((policy.clone(), expires));
+        self.active.store(map.len(), Ordering::Relaxed);
     }
 
     pub(super) fn remove(&self, key: &Key, policy: &Policy) {
         let mut map = self.map.write();
-        map.remove(&(key.clone(), policy.id(), policy.algorithm()));
-        self.active
-            .store(map.len(), std::sync::atomic::Ordering::Relaxed);
+        if let Some(held) = map.get_mut(key) {
+            held.retain(|o| !overrides(o, policy));
+            if held.is_empty() {
+                map.remove(key);
+            }
+        }
+        self.active.store(map.len(), Ordering::Relaxed);
     }
 
     pub(super) fn list(&self, key: &Key, policies: &[Policy], now: u64) -> Vec<ActiveOverride> {
         let map = self.map.read();
+        let Some(held) = map.get(key) else {
+            return vec![];
+        };
         policies
             .iter()
             .filter_map(|p| {
-                let (over, expires) = map.get(&(key.clone(), p.id(), p.algorithm()))?;
-                if expires.is_some_and(|e| e <= now) {
-                    return None;
-                }
+                let over = held.iter().find(|o| overrides(o, p) && in_force(o, now))?;
                 Some(ActiveOverride::new(
                     p.name().to_owned(),
-                    over.limit(),
-                    over.capacity(),
-                    expires.map(|e| Duration::from_millis(e - now)),
+                    over.0.limit(),
+                    over.0.capacity(),
+                    over.1.map(|e| Duration::from_millis(e - now)),
                 ))
             })
             .collect()
