@@ -447,3 +447,19 @@ fn in_flight_policies_refuse_settings_nothing_would_read() {
         .unwrap_err();
     assert_eq!(err.field(), "algorithm");
 }
+
+#[tokio::test]
+async fn a_plan_declares_an_in_flight_policy() {
+    let plan = tollgate::config::Plan::from_toml(
+        "[key]\nkind = \"global\"\n\n[[policies]]\nname = \"exports\"\nalgorithm = \"in_flight\"\nlimit = 1\nwindow = \"30s\"\n\n[default]\npolicies = [\"exports\"]\n",
+    )
+    .unwrap();
+    let limiter = Limiter::from_config(&plan).unwrap();
+    assert_eq!(limiter.policies()[0].algorithm(), Algorithm::InFlight);
+    let key = Key::global("all");
+    let held = limiter.acquire(&key).await.unwrap();
+    assert!(held.holds_slots());
+    assert!(!limiter.acquire(&key).await.unwrap().is_allowed());
+    drop(held);
+    assert!(limiter.acquire(&key).await.unwrap().is_allowed());
+}
