@@ -6,13 +6,18 @@
 #
 #   bash benches/scripts/e2e.sh                      # bare, tollgate, tollgate_no_headers, tower_governor
 #   SIDES="bare tollgate_redis" FEATURES=redis bash benches/scripts/e2e.sh
+#   OUT=benches/results/http.txt bash benches/scripts/e2e.sh   # also append raw results for charts.py
+#
+# Sides: see benches/http_server.rs. The load average is printed with each run: the machine
+# is shared, so compare sides within one run only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
 SECS=${SECS:-5}
 CONNS=${CONNS:-32}
 PORT=${PORT:-38127}
-SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
+SIDES=${SIDES:-"bare tollgate tower_governor tollgate_compact tower_governor_headers tollgate_every"}
+OUT=${OUT:-}
 FEATURES=${FEATURES:-}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
@@ -30,17 +35,20 @@ for round in $(seq 1 "$ROUNDS"); do
     rps=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/" | awk '/Requests\/sec/ {print $2}')
     kill "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
-    echo "round $round $side $rps"
+    echo "round $round $side $rps  (load $(cut -d' ' -f1 /proc/loadavg))"
+    [ -n "$OUT" ] && echo "http $side $round $rps" >>"$OUT"
     results[$side]="${results[$side]:-} $rps"
   done
 done
 echo
-printf '%-22s %12s %24s %8s\n' side "median req/s" "min-max" ratio
-bare_median=
+median() { echo "${results[$1]:-}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
+bare_median=$(median bare)
+tg_median=$(median tower_governor)
+printf '%-24s %12s %24s %8s %8s\n' side "median req/s" "min-max" "÷ bare" "÷ t_g"
 for side in $SIDES; do
   read -r med lo hi < <(echo "${results[$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g |
     awk '{v[NR]=$1} END {print v[int((NR+1)/2)], v[1], v[NR]}')
-  [ "$side" = bare ] && bare_median=$med
-  ratio=$( [ -n "$bare_median" ] && awk -v a="$med" -v b="$bare_median" 'BEGIN {printf "%.3f", a/b}' || echo -)
-  printf '%-22s %12s %24s %8s\n' "$side" "$med" "$lo-$hi" "$ratio"
+  r1=$( [ -n "$bare_median" ] && awk -v a="$med" -v b="$bare_median" 'BEGIN {printf "%.3f", a/b}' || echo -)
+  r2=$( [ -n "$tg_median" ] && awk -v a="$med" -v b="$tg_median" 'BEGIN {printf "%.3f", a/b}' || echo -)
+  printf '%-24s %12s %24s %8s %8s\n' "$side" "$med" "$lo-$hi" "$r1" "$r2"
 done

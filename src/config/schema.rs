@@ -360,7 +360,9 @@ pub struct Plan {
     pub header_style: HeaderStyle,
     /// Whether 429s carry `Retry-After` (default true).
     pub retry_after: Option<bool>,
-    /// Whether allowed responses carry quota headers (default true).
+    /// Whether every allowed response carries quota headers (true) or none does (false);
+    /// unset, only those near the limit do (see
+    /// [`RateLimitLayer::quota_headers_on_success`](crate::RateLimitLayer::quota_headers_on_success)).
     pub quota_headers: Option<bool>,
     /// What to do with requests without a key.
     #[serde(default)]

@@ -12,11 +12,37 @@ use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalFn, Rendering};
 use crate::response::HeaderStyle;
 
+/// Which allowed responses carry quota headers. A 429 always carries the full set the style
+/// names (and `Retry-After`), whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaOnSuccess {
+    /// None.
+    Never,
+    /// Those whose governing policy has at most a tenth of its quota left (rounded up:
+    /// with a limit of 5, the last two requests; of 100, the last ten), and so the client is about
+    /// to be refused: the default.
+    NearLimit,
+    /// Every one.
+    Always,
+}
+
+impl QuotaOnSuccess {
+    /// Whether an allowed `decision` gets the headers.
+    #[inline]
+    fn wants(self, decision: &Decision) -> bool {
+        match self {
+            Self::Never => false,
+            Self::Always => true,
+            Self::NearLimit => decision.remaining() <= decision.limit().div_ceil(10),
+        }
+    }
+}
+
 /// How the layer renders responses.
 #[derive(Clone)]
 pub(crate) struct ResponseConfig {
     pub(crate) style: HeaderStyle,
-    pub(crate) quota_on_success: bool,
+    pub(crate) quota_on_success: QuotaOnSuccess,
     pub(crate) retry_after: bool,
     pub(crate) on_refusal: Option<Arc<RefusalFn>>,
     /// Whether requests and responses carry a [`RateLimitInfo`](crate::RateLimitInfo).
@@ -27,7 +53,7 @@ impl Default for ResponseConfig {
     fn default() -> Self {
         Self {
             style: HeaderStyle::Classic,
-            quota_on_success: true,
+            quota_on_success: QuotaOnSuccess::NearLimit,
             retry_after: true,
             on_refusal: None,
             info: false,
@@ -62,10 +88,12 @@ impl ResponseConfig {
         }
     }
 
-    /// Whether an allowed response gets quota headers: not when turned off or sensitive.
+    /// Whether an allowed response gets quota headers: not when turned off, not yet near
+    /// the limit (by default), or sensitive.
+    #[inline]
     pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.
-        self.quota_on_success
+        self.quota_on_success.wants(decision)
             && decision.outcome() != Outcome::FailOpen
             && !policies.iter().any(Policy::is_sensitive)
     }

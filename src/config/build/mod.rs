@@ -47,7 +47,7 @@ pub struct BuiltPlan {
     login: Option<Login<DynStore>>,
     header_style: HeaderStyle,
     retry_after: bool,
-    quota_headers: bool,
+    quota_headers: Option<bool>,
 }
 
 impl BuiltPlan {
@@ -76,10 +76,13 @@ impl BuiltPlan {
     ///
     /// See the type docs for an example.
     pub fn layer(&self) -> crate::RateLimitLayer<DynStore> {
-        crate::RateLimitLayer::new(self.limiter.clone())
+        let layer = crate::RateLimitLayer::new(self.limiter.clone())
             .header_style(self.header_style)
-            .retry_after_header(self.retry_after)
-            .quota_headers_on_success(self.quota_headers)
+            .retry_after_header(self.retry_after);
+        match self.quota_headers {
+            Some(every) => layer.quota_headers_on_success(every),
+            None => layer,
+        }
     }
 
     /// The login guard of `[login]`, if the plan has one, for a handler that checks and
@@ -127,7 +130,7 @@ impl Plan {
             login,
             header_style: self.header_style,
             retry_after: self.retry_after.unwrap_or(true),
-            quota_headers: self.quota_headers.unwrap_or(true),
+            quota_headers: self.quota_headers,
         })
     }
 
