@@ -74,13 +74,23 @@ async fn serve(side: String, port: u16, seconds: u64) {
                     .quota_headers_on_success(true),
             )
         }
-        "tower_governor" | "tower_governor_headers" => {
-            let mut config = GovernorConfigBuilder::default();
-            config.per_nanosecond(1).burst_size(1_000_000_000);
-            if side == "tower_governor_headers" {
-                config.use_headers();
-            }
-            app.layer(GovernorLayer::new(config.finish().unwrap()))
+        "tower_governor" => {
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .finish()
+                .unwrap();
+            app.layer(GovernorLayer::new(config))
+        }
+        "tower_governor_headers" => {
+            // `use_headers()` returns a builder of another type: it must be chained.
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .use_headers()
+                .finish()
+                .unwrap();
+            app.layer(GovernorLayer::new(config))
         }
         #[cfg(feature = "redis")]
         "tollgate_redis" | "tollgate_redis_every" => {

@@ -8,6 +8,9 @@
 #   SIDES="bare tollgate_redis" FEATURES=redis bash benches/scripts/e2e.sh
 #   OUT=benches/results/http.txt bash benches/scripts/e2e.sh   # also append raw results for charts.py
 #
+# BIN=path runs a given build; BEFORE_BIN=path adds sides named before_<side>, run with that
+# (earlier) build, e.g. SIDES="bare tollgate before_tollgate".
+#
 # Sides: see benches/http_server.rs. The load average is printed with each run: the machine
 # is shared, so compare sides within one run only.
 set -euo pipefail
@@ -21,12 +24,20 @@ OUT=${OUT:-}
 FEATURES=${FEATURES:-}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
-cargo bench --bench http_server --no-run ${FEATURES:+--features "$FEATURES"} 2>/dev/null
-bin=$(ls -t "$target"/release/deps/http_server-* | grep -v '\.d$' | head -1)
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  cargo bench --bench http_server --no-run ${FEATURES:+--features "$FEATURES"} 2>/dev/null
+  bin=$(ls -t "$target"/release/deps/http_server-* | grep -v '\.d$' | head -1)
+fi
 declare -A results
 for round in $(seq 1 "$ROUNDS"); do
   for side in $SIDES; do
-    taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
+    if [[ $side == before_* ]]; then
+      taskset -c 0 "$BEFORE_BIN" "${side#before_}" "$PORT" $((SECS + 3)) &
+    else
+      taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
+    fi
     server=$!
     for _ in $(seq 1 50); do
       curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
