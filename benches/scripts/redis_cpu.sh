@@ -59,10 +59,10 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo
 printf '%-18s %14s %16s %10s\n' side "median usec" "min-max" "÷ rlf"
-read -r ref _ < <(echo "${results[rlf_fixed]:-}" | tr ' ' '\n' | grep -v '^$' | sort -g |
+read -r ref _ < <(echo "${results[rlf_fixed]:-}" | tr ' ' '\n' | awk NF | sort -g |
   awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}') || true
 for side in $SIDES; do
-  read -r med lo hi < <(echo "${results[$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g |
+  read -r med lo hi < <(echo "${results[$side]}" | tr ' ' '\n' | awk NF | sort -g |
     awk '{v[NR]=$1} END {print v[int((NR+1)/2)], v[1], v[NR]}')
   ratio=$( [ -n "${ref:-}" ] && awk -v a="$med" -v b="$ref" 'BEGIN {printf "%.2f", a/b}' || echo -)
   printf '%-18s %14s %16s %10s\n' "$side" "$med" "$lo-$hi" "$ratio"
