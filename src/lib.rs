@@ -142,7 +142,7 @@
 //! │   ├── fixed_window.rs    one counter per aligned window
 //! │   ├── gcra.rs            a leaky bucket as a meter, with optional shaping
 //! │   └── in_flight.rs       requests in progress rather than arrivals
-//! ├── decision.rs            Decision and Outcome: every policy's answer for one request
+//! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
 //! │   ├── mod.rs             the Store trait and DynStore
@@ -271,11 +271,14 @@ mod readme_doctests {}
 pub use config::audit;
 #[cfg(feature = "config")]
 pub use config::audit::{audit, AuditReport};
-pub use decision::{Decision, Outcome};
+#[allow(deprecated)]
+pub use decision::Outcome;
+pub use decision::{DecidedBy, Decision};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{
     EffectivePlan, KeyState, Limiter, LimiterBuilder, MissingKey, Permit, PolicyState, PolicyView,
-    RefusedKey, Reservation, RouteView, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW,
+    RefusedKey, Reservation, RouteView, ShadowCounts, DEFAULT_TOP_REFUSED_SLOTS,
+    DEFAULT_TOP_REFUSED_WINDOW,
 };
 pub use middleware::{
     EstimateFromJson, EstimateFromJsonLayer, RateLimitBody, RateLimitInfo, RateLimitLayer,

@@ -33,3 +33,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// A limiter's shadow counts as `(allowed, denied)`, for comparisons.
+pub fn shadow_counts<S: tollgate::store::Store>(limiter: &tollgate::Limiter<S>) -> (u64, u64) {
+    let counts = limiter.shadow_counts();
+    (counts.allowed, counts.denied)
+}

@@ -97,7 +97,7 @@ mod deny_cache;
 use super::{BoxFuture, MemoryStore, Store};
 use crate::algorithm::PolicyDecision;
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
 pub use crate::policy::FailureMode;
@@ -278,7 +278,7 @@ type FallbackParts = (
 );
 
 impl<S: Store> Inner<S> {
-    fn warn_degraded(&self, outcome: Outcome, error: &StoreError) {
+    fn warn_degraded(&self, outcome: DecidedBy, error: &StoreError) {
         let now = self.clock.now_millis();
         let last = self.warned_at.load(Ordering::Relaxed);
         if now >= last + 1_000
@@ -439,15 +439,15 @@ impl<S: Store> Inner<S> {
             out.push(d);
         }
         let outcome = if closed {
-            Outcome::FailClosed
+            DecidedBy::FailClosed
         } else if !fallback_idx.is_empty() {
-            Outcome::Fallback
+            DecidedBy::Fallback
         } else {
-            Outcome::FailOpen
+            DecidedBy::FailOpen
         };
         self.warn_degraded(outcome, error);
         telemetry::outcome(outcome);
-        Decision::from_policies(out).with_outcome(outcome)
+        Decision::from_policies(out).with_decided_by(outcome)
     }
 }
 
