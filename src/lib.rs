@@ -132,10 +132,11 @@
 //! ├── policy/                what a limit is
 //! │   ├── mod.rs             Policy, Algorithm, FailureMode
 //! │   ├── rate.rs            Rate: how much per how long
+//! │   ├── limits.rs          Limits: the numbers an algorithm reads
 //! │   └── builder.rs         PolicyBuilder: every setting checked at build time
 //! ├── overrides.rs           Override: another limit for one key under one policy
 //! ├── algorithm/             the math, pure: one file per algorithm, no store
-//! │   ├── mod.rs             the decision functions and PolicyDecision
+//! │   ├── mod.rs             LimitAlgorithm, AnyState, the registry, PolicyDecision
 //! │   ├── sliding_window_counter.rs   the default: two windows, the previous weighted
 //! │   ├── sliding_window_log.rs       every admitted request's time: exact
 //! │   ├── token_bucket.rs    a bucket refilled continuously

@@ -87,7 +87,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::Policy;
+use crate::policy::{Limits, Policy};
 
 /// How many entries of a full shard are sampled to choose the one to evict. Eight keeps an
 /// eviction within a small multiple of an ordinary insert while making the eviction of a heavy
@@ -376,7 +376,7 @@ impl MemoryStore {
         policies: &[Policy],
         costs: &[u64],
         create: bool,
-        change: impl Fn(&mut AnyState, u64, &Policy, u64),
+        change: impl Fn(&mut AnyState, u64, &Limits, u64),
     ) {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
@@ -406,7 +406,7 @@ impl MemoryStore {
                         entry.slots.len() - 1
                     }
                 };
-                change(&mut entry.slots[at].state, now, p, c);
+                change(&mut entry.slots[at].state, now, p.limits(), c);
             }
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
             // back frees its entry: recomputed from the states this store knows.
@@ -419,7 +419,7 @@ impl MemoryStore {
                     known
                         .iter()
                         .find(|k| k.id() == s.policy && k.algorithm() == s.state.algorithm())
-                        .map_or(entry.expires_at, |p| s.state.expires_at(p))
+                        .map_or(entry.expires_at, |p| s.state.expires_at(p.limits()))
                 })
                 .max()
                 .unwrap_or(0);
@@ -483,7 +483,9 @@ impl Inner {
                 .iter_mut()
                 .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
             {
-                let (d, expires) = slot.state.decide_in_place(now, policy, *cost, charge);
+                let (d, expires) = slot
+                    .state
+                    .decide_in_place(now, policy.limits(), *cost, charge);
                 if let Some(expires) = expires {
                     entry.expires_at = entry.expires_at.max(expires);
                 }
@@ -494,8 +496,8 @@ impl Inner {
             Some(i) => {
                 let entry = &mut shard.entries[i];
                 let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
-                    Some(s) => s.state.evaluate(now, p, c),
-                    None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
+                    Some(s) => s.state.evaluate(now, p.limits(), c),
+                    None => AnyState::fresh(p.algorithm()).evaluate(now, p.limits(), c),
                 });
                 if charge && decision.is_allowed() {
                     entry.charge(now, policies, costs);
@@ -505,7 +507,7 @@ impl Inner {
             }
             None => {
                 let decision = all_or_nothing(policies, costs, |p, c| {
-                    AnyState::fresh(p.algorithm()).evaluate(now, p, c)
+                    AnyState::fresh(p.algorithm()).evaluate(now, p.limits(), c)
                 });
                 if charge && decision.is_allowed() {
                     let room = if shard.entries.len() >= self.max_keys_per_shard {
