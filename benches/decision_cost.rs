@@ -133,7 +133,8 @@ fn main() {
             let store = MemoryStore::builder()
                 .background_sweep(false)
                 .sweep_interval(std::time::Duration::from_secs(3_600))
-                .build();
+                .build()
+                .unwrap();
             let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
                 .algorithm(algorithm)
                 .build()

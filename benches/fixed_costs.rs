@@ -39,7 +39,10 @@ fn bench(c: &mut Criterion) {
     let clock = SystemClock::new();
     let mutex = parking_lot::Mutex::new(0u64);
     let counter = AtomicU64::new(0);
-    let store = MemoryStore::builder().background_sweep(false).build();
+    let store = MemoryStore::builder()
+        .background_sweep(false)
+        .build()
+        .unwrap();
     let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
         .algorithm(Algorithm::Gcra)
         .build()

@@ -53,7 +53,8 @@ fn tollgate_side(algorithm: Algorithm) {
         .max_keys(2 * KEYS)
         .background_sweep(false)
         .clock(clock.clone())
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::builder("footprint", Rate::per_second(10))
         .algorithm(algorithm)
         .build()

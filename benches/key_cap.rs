@@ -47,7 +47,8 @@ fn store(cap: usize, filled: usize, policies: &[Policy]) -> MemoryStore {
         .max_keys(cap)
         .background_sweep(false)
         .clock(ManualClock::new(1_700_000_000_000))
-        .build();
+        .build()
+        .unwrap();
     for i in 0..filled {
         let _ = store.decide(&key(i), policies, &[1], true);
     }

@@ -54,7 +54,10 @@ fn bench(c: &mut Criterion) {
         for threads in [1usize, 2] {
             for round in 0..ROUNDS {
                 for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindowCounter] {
-                    let store = MemoryStore::builder().background_sweep(false).build();
+                    let store = MemoryStore::builder()
+                        .background_sweep(false)
+                        .build()
+                        .unwrap();
                     let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
                         .algorithm(algorithm)
                         .build()

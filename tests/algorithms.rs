@@ -229,7 +229,7 @@ proptest! {
         let store = tollgate::store::MemoryStore::builder()
             .clock(clock.clone())
             .background_sweep(false)
-            .build();
+            .build().unwrap();
         let key = tollgate::key::Key::new("ip", "10.0.0.1");
         let policies = [p.clone()];
         let mut state = AnyState::fresh(a);

@@ -64,7 +64,7 @@ fn per_method(
 
 fn limiter(clock: &ManualClock, policy: Policy) -> Limiter {
     Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(policy)
         .extractor(per_method())
         .build()
@@ -291,7 +291,7 @@ async fn peer_ip_keys_tonic_calls() {
 async fn per_method_policies_from_the_route_table() {
     let clock = ManualClock::new(T0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(fixed("default", 100).build().unwrap())
         .route(
             "/grpc.health.v1.Health/Check",

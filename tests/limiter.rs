@@ -27,7 +27,7 @@ fn fixed(name: &str, rate: Rate) -> Policy {
 }
 
 fn store(clock: &ManualClock) -> MemoryStore {
-    MemoryStore::builder().clock(clock.clone()).build()
+    MemoryStore::builder().clock(clock.clone()).build().unwrap()
 }
 
 /// A request as the layer sees it, from `peer`, with an `x-user` header when given.
@@ -379,7 +379,8 @@ async fn a_store_that_fails_closed_is_the_same_refusal_on_both_paths() {
         .unwrap();
     let store = ResilientStore::builder(dead, FailureMode::FailClosed)
         .timeout(Duration::from_millis(200))
-        .build();
+        .build()
+        .unwrap();
     let limiter = Limiter::builder()
         .store(store)
         .policy(Policy::new("api", Rate::per_minute(5)).unwrap())

@@ -31,7 +31,7 @@ fn rss() -> Option<u64> {
 #[test]
 #[ignore = "a soak test: run it by hand (see the module docs)"]
 fn ten_million_keys_through_a_capped_store() {
-    let store = MemoryStore::builder().max_keys(CAP).build();
+    let store = MemoryStore::builder().max_keys(CAP).build().unwrap();
     let policies = [Policy::new("api", Rate::per_minute(100)).unwrap()];
     let heavy: Vec<Key> = (0..100)
         .map(|i| Key::new("user", format!("heavy{i}")))

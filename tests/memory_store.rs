@@ -49,7 +49,8 @@ fn expired_keys_are_reclaimed() {
     let store = MemoryStore::builder()
         .clock(clock.clone())
         .background_sweep(false)
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::new("p", Rate::per_second(10)).unwrap()];
     for i in 0..100_000u32 {
         let d = store
@@ -78,7 +79,8 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
             .clock(clock.clone())
             .shards(1)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let long = [Policy::new("long", Rate::per_minute(2)).unwrap()];
         let short = [Policy::new("short", Rate::per_second(2)).unwrap()];
         let key = |i: u32| Key::new("ip", i.to_string());
@@ -121,7 +123,8 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
 fn the_background_sweeper_reclaims_idle_stores() {
     let store = MemoryStore::builder()
         .sweep_interval(Duration::from_millis(20))
-        .build();
+        .build()
+        .unwrap();
     let policies = [
         Policy::builder("p", Rate::new(5, Duration::from_millis(10)))
             .algorithm(Algorithm::FixedWindow)
@@ -164,7 +167,8 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
             .shards(1)
             .max_keys(100)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let policies = [Policy::builder("p", Rate::per_minute(10))
             .algorithm(algorithm)
             .build()
@@ -204,7 +208,8 @@ fn evictions_take_the_least_used_entries() {
         .shards(1)
         .max_keys(1_000)
         .background_sweep(false)
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::builder("p", Rate::per_hour(10))
         .algorithm(Algorithm::FixedWindow)
         .build()
@@ -258,7 +263,8 @@ fn evictions_are_counted() {
             .shards(1)
             .max_keys(10)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let policies = [Policy::new("p", Rate::per_minute(4)).unwrap()];
         for i in 0..25 {
             charge(&store, &Key::new("ip", format!("{i}")), &policies, 1);
@@ -279,7 +285,7 @@ fn evictions_are_counted() {
 async fn several_policies_are_all_or_nothing() {
     let clock = ManualClock::new(0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
             Policy::builder("burst", Rate::per_second(2))
                 .algorithm(Algorithm::FixedWindow)
@@ -396,4 +402,38 @@ fn limiter_config_errors_name_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "policies[1].name");
+}
+
+#[test]
+fn settings_out_of_range_are_refused_naming_the_setting() {
+    use tollgate::store::{FailureMode, ResilientStore};
+
+    fn err<T>(result: Result<T, tollgate::ConfigError>) -> String {
+        result.map(|_| ()).unwrap_err().to_string()
+    }
+    assert!(err(MemoryStore::builder().max_keys(0).build()).contains("max_keys"));
+    assert!(err(MemoryStore::builder().shards(0).build()).contains("shards"));
+    assert!(err(MemoryStore::builder().shards(1 << 17).build()).contains("131072"));
+    assert!(err(MemoryStore::builder()
+        .sweep_interval(Duration::ZERO)
+        .build())
+    .contains("sweep_interval"));
+    assert!(MemoryStore::builder().shards(1).max_keys(1).build().is_ok());
+
+    let resilient = || ResilientStore::builder(MemoryStore::new(), FailureMode::FailClosed);
+    assert!(err(resilient().timeout(Duration::ZERO).build()).contains("timeout"));
+    assert!(err(resilient()
+        .circuit_breaker(0, Duration::from_secs(1))
+        .build())
+    .contains("circuit_breaker.failures"));
+    assert!(err(resilient().circuit_breaker(3, Duration::ZERO).build())
+        .contains("circuit_breaker.cooldown"));
+    assert!(err(resilient()
+        .deny_cache_max_age(Duration::from_micros(10))
+        .build())
+    .contains("deny_cache_max_age"));
+    assert!(
+        resilient().deny_cache(0).build().is_ok(),
+        "0 entries turns the cache off"
+    );
 }

@@ -162,7 +162,8 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             ResilientStore::builder(redis, FailureMode::FailClosed)
                 .timeout(Duration::from_secs(1))
                 .deny_cache(100)
-                .build(),
+                .build()
+                .unwrap(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
         .extractor(support::by_tenant())
@@ -184,7 +185,8 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
         .store(
             ResilientStore::builder(dead, FailureMode::FailOpen)
                 .timeout(Duration::from_millis(500))
-                .build(),
+                .build()
+                .unwrap(),
         )
         .policy(Policy::new("shared-open", Rate::per_minute(1)).unwrap())
         .extractor(support::by_tenant())

@@ -27,6 +27,7 @@ fn resilient(server: &RedisServer, prefix: &str, mode: FailureMode) -> Resilient
         .timeout(TIMEOUT)
         .circuit_breaker(3, Duration::from_millis(200))
         .build()
+        .unwrap()
 }
 
 fn limiter(store: ResilientStore<RedisStore>, rate: Rate) -> Limiter<ResilientStore<RedisStore>> {
@@ -248,7 +249,7 @@ async fn the_deny_cache_saves_round_trips_and_never_denies_what_redis_allows() {
         if cache {
             b = b.deny_cache(1_000);
         }
-        b.build()
+        b.build().unwrap()
     };
     let policies = [Policy::builder("hot", Rate::per_minute(5))
         .algorithm(Algorithm::SlidingWindowLog)
@@ -312,7 +313,8 @@ async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
             .unwrap();
         let store = ResilientStore::builder(redis, FailureMode::LocalFallback { replicas: 4 })
             .timeout(Duration::from_millis(25))
-            .build();
+            .build()
+            .unwrap();
         Limiter::builder()
             .store(store)
             .policy(Policy::new("api", Rate::per_hour(100)).unwrap())
@@ -409,7 +411,8 @@ async fn a_redis_restart_clears_the_deny_cache() {
         .deny_cache(1_000)
         // Longer than the test: only noticing the restart can clear the cache in time.
         .deny_cache_max_age(Duration::from_secs(600))
-        .build();
+        .build()
+        .unwrap();
     let limiter = limiter(store, Rate::per_hour(3));
     let hot = Key::new("user", "hot");
     for _ in 0..3 {
@@ -447,7 +450,8 @@ async fn cached_denials_last_at_most_their_max_age() {
         .timeout(Duration::from_millis(200))
         .deny_cache(1_000)
         .deny_cache_max_age(Duration::from_millis(300))
-        .build();
+        .build()
+        .unwrap();
     let limiter = limiter(store, Rate::per_hour(2));
     let hot = Key::new("user", "hot");
     for _ in 0..2 {
@@ -515,7 +519,8 @@ async fn recovery_after_a_restart_takes_at_most_the_cooldown() {
         let store = ResilientStore::builder(redis, FailureMode::FailOpen)
             .timeout(TIMEOUT)
             .circuit_breaker(3, COOLDOWN)
-            .build();
+            .build()
+            .unwrap();
         let limiter = limiter(store, Rate::per_hour(10_000));
         wait_until_decided(&limiter, Duration::from_secs(1)).await;
         server.kill();

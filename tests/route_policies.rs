@@ -116,7 +116,7 @@ async fn routes_match_most_specific_first_and_exempt_routes_skip() {
 async fn layered_limits_all_must_pass_and_deny_charges_none() {
     let clock = ManualClock::new(1_000_000);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .route(
             "/api/{*rest}",
             Route::new()
@@ -361,7 +361,7 @@ async fn penalties_block_for_their_duration() {
         .build()
         .unwrap();
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .route("POST /login", Route::new().policy(login))
         .default_route(Route::exempt())
         .build()

@@ -78,8 +78,9 @@
 //!     .timeout(Duration::from_millis(30))
 //!     .circuit_breaker(5, Duration::from_secs(1))
 //!     .deny_cache(10_000)
-//!     .build();
+//!     .build()?;
 //! # let _ = store;
+//! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
 use std::collections::HashMap;
@@ -98,7 +99,7 @@ use super::{BoxFuture, MemoryStore, Store};
 use crate::algorithm::PolicyDecision;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{DecidedBy, Decision};
-use crate::error::StoreError;
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 pub use crate::policy::FailureMode;
 use crate::policy::{Policy, Rate};
@@ -191,21 +192,21 @@ impl<S: Store> ResilientStore<S> {
 }
 
 impl<S: Store> ResilientStoreBuilder<S> {
-    /// The longest a store call may take (default 50 ms).
+    /// The longest a store call may take (default 50 ms), at least 1 ms.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
+        self.timeout = timeout;
         self
     }
 
-    /// Open the breaker after `failures` consecutive failures, for `cooldown` (defaults 5 and
-    /// 1 s).
+    /// Open the breaker after `failures` consecutive failures (at least 1), for `cooldown`
+    /// (at least 1 ms); defaults 5 and 1 s.
     pub fn circuit_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.threshold = failures.max(1);
-        self.cooldown = cooldown.max(Duration::from_millis(1));
+        self.threshold = failures;
+        self.cooldown = cooldown;
         self
     }
 
-    /// Remember up to `entries` current denials locally (default: off).
+    /// Remember up to `entries` current denials locally (default: off; 0 turns it off).
     pub fn deny_cache(mut self, entries: usize) -> Self {
         self.deny_cache = (entries > 0).then_some(entries);
         self
@@ -215,7 +216,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
     /// store said it lasts: the bound on how long the cache can outlive state the store lost
     /// without this instance noticing (see the [module docs](crate::store::resilient)).
     pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
-        self.deny_cache_max_age = max_age.max(Duration::from_millis(1));
+        self.deny_cache_max_age = max_age;
         self
     }
 
@@ -227,9 +228,34 @@ impl<S: Store> ResilientStoreBuilder<S> {
     }
 
     /// Builds the store.
-    pub fn build(self) -> ResilientStore<S> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown` or
+    /// `deny_cache_max_age` is under 1 ms, or the breaker's `failures` is 0.
+    pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
+        for (field, value) in [
+            ("timeout", self.timeout),
+            ("circuit_breaker.cooldown", self.cooldown),
+            ("deny_cache_max_age", self.deny_cache_max_age),
+        ] {
+            if value < Duration::from_millis(1) {
+                return Err(ConfigError::new(
+                    field,
+                    format_args!("{value:?}"),
+                    "at least 1 ms",
+                ));
+            }
+        }
+        if self.threshold == 0 {
+            return Err(ConfigError::new(
+                "circuit_breaker.failures",
+                0,
+                "at least 1 failure",
+            ));
+        }
         let clock = self.clock;
-        ResilientStore {
+        Ok(ResilientStore {
             inner: Arc::new(Inner {
                 primary: self.primary,
                 mode: self.mode,
@@ -247,13 +273,13 @@ impl<S: Store> ResilientStoreBuilder<S> {
                     .map(|n| DenyCache::new(n, self.deny_cache_max_age)),
                 fallback: MemoryStore::builder()
                     .clock(ClockRef(clock.clone()))
-                    .build(),
+                    .build()?,
                 fallback_policies: RwLock::new(HashMap::new()),
                 clock,
                 warned_at: AtomicU64::new(0),
                 suppressed: AtomicU64::new(0),
             }),
-        }
+        })
     }
 }
 
