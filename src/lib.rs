@@ -152,7 +152,8 @@
 //! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
 //! │   │   └── overrides.rs   per-key overrides kept in the process
 //! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
-//! │   │   ├── mod.rs         the store and its builder
+//! │   │   ├── mod.rs         the store: timeouts, failure modes, fallback
+//! │   │   ├── builder.rs     ResilientStoreBuilder: every setting checked at build time
 //! │   │   ├── breaker.rs     the circuit breaker
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
 //! │   └── redis/             RedisStore and RedisClusterStore
