@@ -4,6 +4,8 @@
 //! stated bound, a denied request leaves the state untouched, and every denial's
 //! `retry_after` is exact (a retry then passes, one millisecond earlier fails).
 
+mod support;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -229,7 +231,8 @@ proptest! {
         let store = tollgate::store::MemoryStore::builder()
             .clock(clock.clone())
             .background_sweep(false)
-            .build().unwrap();
+            .build()
+            .unwrap();
         let key = tollgate::key::Key::new("ip", "10.0.0.1");
         let policies = [p.clone()];
         let mut state = AnyState::fresh(a);
@@ -237,7 +240,12 @@ proptest! {
             clock.advance(Duration::from_millis(gap));
             let now = tollgate::clock::Clock::now_millis(&clock);
             let cost = cost.min(p.capacity());
-            let got = store.decide(&key, &policies, &[cost], !peek).unwrap();
+            let got = if peek {
+                support::peek_now(&store, &key, &policies, &[cost])
+            } else {
+                tollgate::store::Store::check_now(&store, &key, &policies, &[cost]).expect("answers at once")
+            }
+            .unwrap();
             let want = if peek {
                 state.evaluate(now, p.limits(), cost)
             } else {

@@ -54,7 +54,8 @@ fn expired_keys_are_reclaimed() {
     let policies = [Policy::new("p", Rate::per_second(10)).unwrap()];
     for i in 0..100_000u32 {
         let d = store
-            .decide(&Key::new("ip", i.to_string()), &policies, &[1], true)
+            .check_now(&Key::new("ip", i.to_string()), &policies, &[1])
+            .expect("answers at once")
             .unwrap();
         assert!(d.is_allowed());
     }
@@ -89,31 +90,35 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
             if i < long_lived {
                 for _ in 0..2 {
                     assert!(store
-                        .decide(&key(i), &long, &[1], true)
+                        .check_now(&key(i), &long, &[1])
+                        .expect("the memory store answers at once")
                         .unwrap()
                         .is_allowed());
                 }
             }
             if i < short_lived {
                 let k = key(1_000_000 + i);
-                assert!(store.decide(&k, &short, &[1], true).unwrap().is_allowed());
+                assert!(store
+                    .check_now(&k, &short, &[1])
+                    .expect("the memory store answers at once")
+                    .unwrap()
+                    .is_allowed());
             }
         }
         clock.advance(Duration::from_secs(3));
         store.sweep();
         assert_eq!(store.len(), long_lived as usize);
         for i in 0..long_lived {
-            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            let d = support::peek_now(&store, &key(i), &long, &[1]).unwrap();
             assert!(!d.is_allowed(), "key {i} lost its state");
         }
         store.reset(&key(0), &long).await.unwrap();
         assert_eq!(store.len(), long_lived as usize - 1);
-        assert!(store
-            .decide(&key(0), &long, &[1], false)
+        assert!(support::peek_now(&store, &key(0), &long, &[1])
             .unwrap()
             .is_allowed());
         for i in 1..long_lived {
-            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            let d = support::peek_now(&store, &key(i), &long, &[1]).unwrap();
             assert!(!d.is_allowed(), "key {i} lost its state after a reset");
         }
     }
@@ -133,7 +138,8 @@ fn the_background_sweeper_reclaims_idle_stores() {
     ];
     for i in 0..1_000u32 {
         store
-            .decide(&Key::new("ip", i.to_string()), &policies, &[1], true)
+            .check_now(&Key::new("ip", i.to_string()), &policies, &[1])
+            .expect("answers at once")
             .unwrap();
     }
     assert!(!store.is_empty());
@@ -152,7 +158,8 @@ fn the_background_sweeper_reclaims_idle_stores() {
 fn charge(store: &MemoryStore, key: &Key, policies: &[Policy], units: u64) {
     for _ in 0..units {
         assert!(store
-            .decide(key, policies, &[1], true)
+            .check_now(key, policies, &[1])
+            .expect("the memory store answers at once")
             .unwrap()
             .is_allowed());
     }
@@ -185,14 +192,17 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
                 clock.advance(Duration::from_millis(1));
             }
             let d = store
-                .decide(&Key::new("ip", format!("flood{i}")), &policies, &[1], true)
+                .check_now(&Key::new("ip", format!("flood{i}")), &policies, &[1])
+                .expect("answers at once")
                 .unwrap();
             assert!(d.is_allowed(), "{algorithm:?}: new client {i} refused");
             assert!(store.len() <= 100, "{algorithm:?}: {} keys", store.len());
         }
         // Every heavy user still has only what it had left.
         for k in &heavy {
-            let left = store.decide(k, &policies, &[0], false).unwrap().remaining();
+            let left = support::peek_now(&store, k, &policies, &[0])
+                .unwrap()
+                .remaining();
             assert!(left <= 2, "{algorithm:?}: {k} was reset ({left} left)");
         }
     }
@@ -228,7 +238,7 @@ fn evictions_take_the_least_used_entries() {
     // An evicted client reads as fresh: all 10 units left.
     let mut evicted_by_usage = [0u32; 11];
     for (k, units) in &clients {
-        let d = store.decide(k, &policies, &[0], false).unwrap();
+        let d = support::peek_now(&store, k, &policies, &[0]).unwrap();
         if d.remaining() == 10 {
             evicted_by_usage[*units as usize] += 1;
         }

@@ -330,7 +330,7 @@ impl MemoryStore {
     ///
     /// [`StoreError::Capacity`] only when a shard would hold more than `u32::MAX` entries,
     /// which the key cap prevents unless it is set above that.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         key: &Key,
         policies: &[Policy],
