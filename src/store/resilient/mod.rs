@@ -394,6 +394,7 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         let probe = match inner.breaker.gate(now) {
             Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
                 let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen);
                 return Box::pin(std::future::ready(Ok(d)));
             }
@@ -639,7 +640,10 @@ impl<S: Store> ResilientStore<S> {
         let inner = &self.inner;
         let probe = match inner.breaker.gate(inner.clock.now_millis()) {
             // The store is skipped while the circuit is open, as checks are.
-            Gate::Skip => return None,
+            Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
+                return None;
+            }
             Gate::Probe => true,
             Gate::Call => false,
         };
