@@ -5,10 +5,11 @@
 
 Reads every `*.txt` under RESULTS_DIR (default benches/results): lines of
 `<group> <side> <round> <value>` as the scripts write them with OUT=file (e2e.sh: group
-`http`, requests per second; redis_cpu.sh: group `redis_cpu`, Redis microseconds per
-decision), other lines ignored. Per group, one horizontal bar chart: each side's median
+`http`, requests per second, and `http_cpu`, server µs per request; e2e_instructions.sh:
+`http_instructions`; redis_cpu.sh: `redis_cpu`, Redis µs per decision;
+redis_instructions.sh: `redis_instructions`), other lines ignored. Per group, one horizontal bar chart: each side's median
 across rounds, a whisker from min to max, and the median's ratio to the group's reference
-side (http: `bare`; redis_cpu: `rlf_fixed`). Writes CHARTS_DIR/<file stem>.svg (default
+side (`bare` for the HTTP groups, `rlf_fixed` for the Redis ones). Writes CHARTS_DIR/<file stem>.svg (default
 benches/charts). No dependencies beyond the standard library.
 """
 
@@ -21,6 +22,12 @@ from xml.sax.saxutils import escape
 GROUPS = {
     "http": {"title": "axum hello-world, requests/s (server on core 0, wrk on core 1)",
              "unit": "req/s", "reference": "bare", "higher_is_better": True},
+    "http_instructions": {"title": "axum hello-world, instructions per request (connection task, callgrind)",
+                          "unit": "instr", "reference": "bare", "higher_is_better": False},
+    "http_cpu": {"title": "axum hello-world, server CPU per request (user + system, /proc)",
+                 "unit": "µs", "reference": "bare", "higher_is_better": False},
+    "redis_instructions": {"title": "Redis instructions per uncoalesced decision (callgrind of redis-server)",
+                           "unit": "instr", "reference": "rlf_fixed", "higher_is_better": False},
     "redis_cpu": {"title": "Redis CPU per uncoalesced decision (INFO commandstats usec_per_call)",
                   "unit": "µs", "reference": "rlf_fixed", "higher_is_better": False},
 }

@@ -87,8 +87,13 @@ impl<St: Store> Shared<St> {
     pub(crate) fn finish<B>(&self, set: &PolicySet, kept: Kept, res: &mut Response<B>) {
         let policies = &set.enforced;
         if kept.headers {
-            let now = self.limiter.store().now_millis();
             let style = self.response.style;
+            // Only `X-RateLimit-Reset` (a moment, not a duration) needs the clock.
+            let now = if matches!(style, HeaderStyle::Compact | HeaderStyle::Structured) {
+                0
+            } else {
+                self.limiter.store().now_millis()
+            };
             write_quota_headers(res.headers_mut(), &kept.decision, policies, now, style);
         }
         if self.response.info {
