@@ -360,10 +360,9 @@ pub struct Plan {
     pub header_style: HeaderStyle,
     /// Whether 429s carry `Retry-After` (default true).
     pub retry_after: Option<bool>,
-    /// Whether every allowed response carries quota headers (true) or none does (false);
-    /// unset, only those near the limit do (see
-    /// [`RateLimitLayer::quota_headers_on_success`](crate::RateLimitLayer::quota_headers_on_success)).
-    pub quota_headers: Option<bool>,
+    /// Which allowed responses carry quota headers: `true` or `"always"` (the default),
+    /// `"near_limit"`, `false` or `"never"` (see [`QuotaHeaders`](crate::QuotaHeaders)).
+    pub quota_headers: Option<crate::QuotaHeaders>,
     /// What to do with requests without a key.
     #[serde(default)]
     pub missing_key: MissingKey,
