@@ -29,19 +29,24 @@ fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
 // 2026-12-02T10:00:03.250Z: 3.25 s into a 10 s window.
 const T0: u64 = 1_796_205_603_250;
 
-#[tokio::test]
-async fn the_request_over_the_limit_gets_a_complete_429() {
-    let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder()
+/// `limit` requests per 10 s fixed window, named `per-ip`, on a memory store at `clock`.
+fn fixed_window_per_ip(clock: &ManualClock, limit: u64) -> Limiter<MemoryStore> {
+    Limiter::builder()
         .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
-            Policy::builder("per-ip", Rate::new(5, Duration::from_secs(10)))
+            Policy::builder("per-ip", Rate::new(limit, Duration::from_secs(10)))
                 .algorithm(Algorithm::FixedWindow)
                 .build()
                 .unwrap(),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_request_over_the_limit_gets_a_complete_429() {
+    let clock = ManualClock::new(T0);
+    let limiter = fixed_window_per_ip(&clock, 5);
     let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for i in 0..5u64 {
@@ -413,16 +418,7 @@ async fn compact_headers_are_the_ratelimit_trio_without_twins() {
 #[tokio::test]
 async fn near_limit_quota_headers_come_only_with_the_last_tenth_of_the_quota() {
     let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
-        .policy(
-            Policy::builder("per-ip", Rate::new(20, Duration::from_secs(10)))
-                .algorithm(Algorithm::FixedWindow)
-                .build()
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let limiter = fixed_window_per_ip(&clock, 20);
     let layer = RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit);
     let addr = support::serve(hello().layer(layer)).await;
     let client = reqwest::Client::new();
