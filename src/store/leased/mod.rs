@@ -699,21 +699,29 @@ impl<S: LeaseBackend> Shared<S> {
     /// Whether to lease, and how much, from the key's observed rate.
     fn plan(&self, st: &EntryState, policies: &[Policy], costs: &[u64], now: u64) -> Plan {
         let mut period = self.lease_ms;
-        let mut wants = SmallVec::new();
-        for (i, (p, &cost)) in policies.iter().zip(costs).enumerate() {
+        let mut caps: SmallVec<[u64; 2]> = SmallVec::new();
+        for (p, &cost) in policies.iter().zip(costs) {
             let cap = (limit_of(p) as f64 * self.fraction) as u64;
-            let expected = st.meter.estimate(now, self.lease_ms, i);
-            if cost == 0 || cap < 2 * cost || expected < 2 * cost {
+            if cost == 0 || cap < 2 * cost {
                 return Plan::Exact;
             }
             if Kind::of(p) == Some(Kind::Bucket) {
                 // The reserved refill N·T/W stays within the block cap.
                 period = period.min(cap * p.window_millis() / p.limit().max(1));
             }
-            wants.push((expected + expected / 2).clamp(cost, cap));
+            caps.push(cap);
         }
         if period < 10 {
             return Plan::Exact;
+        }
+        let mut wants = SmallVec::new();
+        for (i, (&cost, &cap)) in costs.iter().zip(&caps).enumerate() {
+            // The units expected over the period, from those asked over the last lease time.
+            let expected = st.meter.estimate(now, self.lease_ms, i) * period / self.lease_ms;
+            if expected < 2 * cost {
+                return Plan::Exact;
+            }
+            wants.push((expected + expected / 2).clamp(cost, cap));
         }
         Plan::Lease { period, wants }
     }
