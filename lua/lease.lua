@@ -7,11 +7,13 @@
 -- KEYS: two per policy: its ledger state, and (sliding window log only) the units of each
 --       of its entries.
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
---       period in ms, the lease id, then eight integers per policy:
+--       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
+--       then twelve integers per policy:
 --       kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
 --       capacity C, a, b, c, d:
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
---         return: a = units granted, b = units unused, c = grant time, d = lease validity.
+--         return: a = units granted, b = units unused, c = grant time, d = lease validity;
+--         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
 -- Reply: "allowed valid now" then "granted remaining reset_after retry_after" per policy,
 --        integers separated by spaces.
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
@@ -49,16 +51,19 @@ else
 end
 local period = tonumber(ARGV[3])
 local lease_id = ARGV[4]
-local count = (#ARGV - 4) / 8
+local previous = ARGV[5]
+local count = (#ARGV - 5) / 12
 
 -- Per-policy parameters and states.
 local P = {}
 for i = 1, count do
-  local o = 4 + (i - 1) * 8
+  local o = 5 + (i - 1) * 12
   local p = {
     kind = tonumber(ARGV[o + 1]), n = tonumber(ARGV[o + 2]), w = tonumber(ARGV[o + 3]),
     cap = tonumber(ARGV[o + 4]), a = tonumber(ARGV[o + 5]), b = tonumber(ARGV[o + 6]),
     c = tonumber(ARGV[o + 7]), d = tonumber(ARGV[o + 8]),
+    e = tonumber(ARGV[o + 9]), f = tonumber(ARGV[o + 10]), g = tonumber(ARGV[o + 11]),
+    h = tonumber(ARGV[o + 12]),
     key = KEYS[2 * i - 1], ukey = KEYS[2 * i],
   }
   P[i] = p
@@ -243,47 +248,61 @@ if mode == 'x' then
   return '1 0 ' .. int(now)
 end
 
+-- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms
+-- (for the bucket, also the refill reserved for the rest of its period; for the log, the
+-- time its entry still counts).
+local function give(p, id, k, u, g, valid)
+  if not (u > 0 or p.kind == 2 or p.kind == 3) then
+    return
+  end
+  if p.kind == 2 then
+    local score = redis.call('ZSCORE', p.key, id)
+    if score then
+      local left = tonumber(redis.call('HGET', p.ukey, id) or '0') - u
+      if left <= 0 then
+        redis.call('ZREM', p.key, id)
+        redis.call('HDEL', p.ukey, id)
+      else
+        redis.call('ZADD', p.key, min(tonumber(score), now), id)
+        redis.call('HSET', p.ukey, id, int(left))
+      end
+    end
+    return
+  end
+  load(p)
+  local gidx = idiv(g, p.w)
+  if p.kind == 1 then
+    if p.sw == gidx then
+      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+    elseif p.sw == gidx + 1 then
+      redis.call('HSET', p.key, 'z', int(max(p.sp - u, 0)))
+    end
+  elseif p.kind == 4 then
+    if p.sw == gidx then
+      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+    end
+  elseif p.deficit > 0 then
+    local fin = g + valid
+    local back = max(min(u * p.w, k * p.w - p.n * max(now - fin, 0)), 0)
+      + p.n * max(fin - now, 0)
+    p.deficit = max(p.deficit - back, 0)
+    store(p)
+  end
+end
+
 if mode == 'r' then
   for i = 1, count do
     local p = P[i]
-    local k, u, g, valid = p.a, p.b, p.c, p.d
-    if u > 0 then
-      if p.kind == 2 then
-        local score = redis.call('ZSCORE', p.key, lease_id)
-        if score then
-          local left = tonumber(redis.call('HGET', p.ukey, lease_id) or '0') - u
-          if left <= 0 then
-            redis.call('ZREM', p.key, lease_id)
-            redis.call('HDEL', p.ukey, lease_id)
-          else
-            redis.call('ZADD', p.key, min(tonumber(score), now), lease_id)
-            redis.call('HSET', p.ukey, lease_id, int(left))
-          end
-        end
-      else
-        load(p)
-        local gidx = idiv(g, p.w)
-        if p.kind == 1 then
-          if p.sw == gidx then
-            redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
-          elseif p.sw == gidx + 1 then
-            redis.call('HSET', p.key, 'z', int(max(p.sp - u, 0)))
-          end
-        elseif p.kind == 4 then
-          if p.sw == gidx then
-            redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
-          end
-        elseif p.deficit > 0 then
-          local fin = g + valid
-          local back = max(min(u * p.w, k * p.w - p.n * max(now - fin, 0)), 0)
-            + p.n * max(fin - now, 0)
-          p.deficit = max(p.deficit - back, 0)
-          store(p)
-        end
-      end
-    end
+    give(p, lease_id, p.a, p.b, p.c, p.d)
   end
   return '1 0 ' .. int(now)
+end
+
+if mode == 'g' and previous ~= '0' then
+  for i = 1, count do
+    local p = P[i]
+    give(p, previous, p.e, p.f, p.g, p.h)
+  end
 end
 
 for i = 1, count do

@@ -89,6 +89,12 @@ pub(crate) struct Part {
     pub(crate) b: u64,
     pub(crate) c: u64,
     pub(crate) d: u64,
+    /// Grants only: the previous block given back in the same call (units granted, units
+    /// unused, grant time, validity), when `LedgerCall::previous` is not 0.
+    pub(crate) e: u64,
+    pub(crate) f: u64,
+    pub(crate) g: u64,
+    pub(crate) h: u64,
 }
 
 impl Part {
@@ -102,6 +108,10 @@ impl Part {
             b: 0,
             c: 0,
             d: 0,
+            e: 0,
+            f: 0,
+            g: 0,
+            h: 0,
         }
     }
 }
@@ -115,6 +125,8 @@ pub struct LedgerCall {
     pub(crate) mode: Mode,
     pub(crate) period_ms: u64,
     pub(crate) lease_id: u64,
+    /// Grants only: the id of the block given back first (0: none).
+    pub(crate) previous: u64,
     pub(crate) parts: SmallVec<[Part; 2]>,
 }
 
@@ -206,9 +218,19 @@ pub(crate) fn ledger_key(prefix: &str, key: &Key, policy: &str, kind: Kind) -> S
 /// One policy's ledger state.
 #[derive(Debug, Clone)]
 enum LState {
-    Counter { w: u64, c: u64, p: u64 },
-    Fixed { w: u64, c: u64 },
-    Bucket { d: u64, u: u64 },
+    Counter {
+        w: u64,
+        c: u64,
+        p: u64,
+    },
+    Fixed {
+        w: u64,
+        c: u64,
+    },
+    Bucket {
+        d: u64,
+        u: u64,
+    },
     /// Entry id → (end of its period, units).
     Log(BTreeMap<u64, (u64, u64)>),
 }
@@ -437,7 +459,13 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
     match call.mode {
         Mode::Return => {
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
-                give_back(part, state, now, call.lease_id);
+                give_back(
+                    part,
+                    (part.a, part.b, part.c, part.d),
+                    state,
+                    now,
+                    call.lease_id,
+                );
             }
             return done(true);
         }
@@ -469,6 +497,17 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             return done(true);
         }
         Mode::Grant | Mode::Peek => {}
+    }
+    if call.mode == Mode::Grant && call.previous != 0 {
+        for (part, state) in call.parts.iter().zip(states.iter_mut()) {
+            give_back(
+                part,
+                (part.e, part.f, part.g, part.h),
+                state,
+                now,
+                call.previous,
+            );
+        }
     }
     let mut views: SmallVec<[View; 2]> = call
         .parts
@@ -571,9 +610,15 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
 }
 
 /// Gives back `b` unused units of a block of `a` granted at `c`, valid `d` ms.
-fn give_back(part: &Part, state: &mut Option<LState>, now: u64, id: u64) {
-    let (k, unused, g, valid) = (part.a, part.b, part.c, part.d);
-    if unused == 0 {
+fn give_back(
+    part: &Part,
+    back: (u64, u64, u64, u64),
+    state: &mut Option<LState>,
+    now: u64,
+    id: u64,
+) {
+    let (k, unused, g, valid) = back;
+    if unused == 0 && !matches!(part.kind, Kind::Bucket | Kind::Log) {
         return;
     }
     let gidx = g / part.w;
@@ -590,6 +635,8 @@ fn give_back(part: &Part, state: &mut Option<LState>, now: u64, id: u64) {
             if let Some((end, units)) = log.get(&id).copied() {
                 if units <= unused {
                     log.remove(&id);
+                } else if unused == 0 {
+                    log.insert(id, (end.min(now), units));
                 } else {
                     log.insert(id, (end.min(now), units - unused));
                 }

@@ -331,17 +331,22 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
                 "must be more than 0 and at most 0.5",
             ));
         }
-        let seed = SystemClock::new().now_millis() ^ (u64::from(std::process::id()) << 40);
+        // Lease ids name log entries in the shared ledger: unique across instances.
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(SystemClock::new().now_millis());
+            h.write_u32(std::process::id());
+            h.finish()
+        };
         Ok(LeasedStore {
             shared: Arc::new(Shared {
                 inner: self.inner,
                 lease_ms: ms,
                 fraction: self.fraction,
-                clock: self
-                    .clock
-                    .unwrap_or_else(|| Arc::new(SystemClock::new())),
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 entries: parking_lot::Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                next_id: AtomicU64::new(seed >> 1),
                 counters: Counters::default(),
                 sweeper: AtomicBool::new(false),
             }),
@@ -651,7 +656,7 @@ impl<S: LeaseBackend> Shared<S> {
                 && now < b.expires
                 && b.parts.iter().zip(costs).all(|(p, c)| p.left >= *c)
             {
-                let elapsed = now - b.sent;
+                let elapsed = now.saturating_sub(b.sent);
                 let d = Decision::from_policies(b.parts.iter_mut().zip(costs).map(|(p, c)| {
                     p.left -= c;
                     PolicyDecision::from_parts(
@@ -675,7 +680,7 @@ impl<S: LeaseBackend> Shared<S> {
                 && now < d.until
                 && costs.iter().zip(&d.costs).all(|(c, dc)| c >= dc)
             {
-                let elapsed = now - d.sent;
+                let elapsed = now.saturating_sub(d.sent);
                 let decision = Decision::from_policies(d.decisions.iter().map(|p| {
                     PolicyDecision::from_parts(
                         p.is_allowed(),
@@ -705,9 +710,17 @@ impl<S: LeaseBackend> Shared<S> {
             if cost == 0 || cap < 2 * cost {
                 return Plan::Exact;
             }
-            if Kind::of(p) == Some(Kind::Bucket) {
+            match Kind::of(p) {
                 // The reserved refill N·T/W stays within the block cap.
-                period = period.min(cap * p.window_millis() / p.limit().max(1));
+                Some(Kind::Bucket) => {
+                    period = period.min(cap * p.window_millis() / p.limit().max(1));
+                }
+                // A block's entry counts T longer than its units need: T stays within the
+                // same fraction of the window.
+                Some(Kind::Log) => {
+                    period = period.min((p.window_millis() as f64 * self.fraction) as u64);
+                }
+                _ => {}
             }
             caps.push(cap);
         }
@@ -721,7 +734,7 @@ impl<S: LeaseBackend> Shared<S> {
             if expected < 2 * cost {
                 return Plan::Exact;
             }
-            wants.push((expected + expected / 2).clamp(cost, cap));
+            wants.push((2 * expected).clamp(cost, cap));
         }
         Plan::Lease { period, wants }
     }
@@ -731,6 +744,7 @@ impl<S: LeaseBackend> Shared<S> {
             mode,
             period_ms: period,
             lease_id: id,
+            previous: 0,
             parts: policies
                 .iter()
                 .filter_map(|p| Kind::of(p).map(|k| Part::new(k, p)))
@@ -771,6 +785,22 @@ impl<S: LeaseBackend> Shared<S> {
                     part.b = want.max(cost);
                 }
                 let generation = self.inner.generation();
+                // The block in hand, used up or ended, goes back in the same call: its
+                // unused units, and the reserved refill or log time it still holds.
+                let old = entry.st.lock().block.take();
+                if let Some(old) = old {
+                    if old.generation == generation {
+                        call.previous = old.id;
+                        let unused = old.parts.iter().map(|p| p.left).max().unwrap_or(0);
+                        for (part, bp) in call.parts.iter_mut().zip(&old.parts) {
+                            part.e = bp.granted;
+                            part.f = bp.left;
+                            part.g = old.granted_at;
+                            part.h = old.valid;
+                        }
+                        bump(&self.counters.units_returned, unused);
+                    }
+                }
                 let sent = self.now();
                 let reply = self.inner.ledger(key, policies, call).await?;
                 Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
@@ -907,7 +937,15 @@ impl<S: LeaseBackend> Shared<S> {
         block: Block,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let unused = block.parts.iter().map(|p| p.left).max().unwrap_or(0);
-        if unused == 0 {
+        // A block used up before its period ends still holds, in the bucket, the refill
+        // reserved for the rest of the period and, in the log, an entry counting until the
+        // period's end: both come back too.
+        let early = self.now() < block.expires
+            && entry
+                .policies
+                .iter()
+                .any(|p| matches!(Kind::of(p), Some(Kind::Bucket | Kind::Log)));
+        if unused == 0 && !early {
             return None;
         }
         if block.generation != self.inner.generation() {
@@ -1204,10 +1242,16 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         let (ep, er, ea) = (pick(policies, &ei), pick(reserved, &ei), pick(actual, &ei));
         Box::pin(async move {
             if !lp.is_empty() {
-                let back: SmallVec<[u64; 2]> =
-                    lr.iter().zip(&la).map(|(r, a)| r.saturating_sub(*a)).collect();
-                let extra: SmallVec<[u64; 2]> =
-                    lr.iter().zip(&la).map(|(r, a)| a.saturating_sub(*r)).collect();
+                let back: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| r.saturating_sub(*a))
+                    .collect();
+                let extra: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| a.saturating_sub(*r))
+                    .collect();
                 if back.iter().any(|&b| b > 0) {
                     shared.untake(&key, &lp, &back, Taken::Nothing).await;
                 }

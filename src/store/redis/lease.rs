@@ -45,7 +45,8 @@ pub(crate) fn ledger<C: Connector>(
     inv.arg(call.mode.code())
         .arg("")
         .arg(call.period_ms)
-        .arg(call.lease_id);
+        .arg(call.lease_id)
+        .arg(call.previous);
     for part in &call.parts {
         inv.arg(part.kind as u8)
             .arg(part.n)
@@ -54,7 +55,11 @@ pub(crate) fn ledger<C: Connector>(
             .arg(part.a)
             .arg(part.b)
             .arg(part.c)
-            .arg(part.d);
+            .arg(part.d)
+            .arg(part.e)
+            .arg(part.f)
+            .arg(part.g)
+            .arg(part.h);
     }
     let core = core.clone();
     let count = call.parts.len();
