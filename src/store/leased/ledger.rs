@@ -67,6 +67,7 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
+    #[cfg(feature = "redis")]
     pub(crate) fn code(self) -> &'static str {
         match self {
             Mode::Grant => "g",
@@ -150,6 +151,7 @@ pub struct LedgerReply {
 }
 
 impl LedgerReply {
+    #[cfg(feature = "redis")]
     /// Parses the script's reply: `allowed valid now` then four integers per policy.
     pub(crate) fn parse(bytes: &[u8], policies: usize) -> Result<Self, StoreError> {
         let bad = || {

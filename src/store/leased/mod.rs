@@ -147,7 +147,9 @@ use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::{Algorithm, Policy};
 use crate::store::{BoxFuture, Store};
-pub(crate) use ledger::{ledger_key, Kind, Mode, Part};
+#[cfg(feature = "redis")]
+pub(crate) use ledger::ledger_key;
+use ledger::{Kind, Mode, Part};
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);
