@@ -175,7 +175,7 @@ const CLOCK_SLACK_MS: u64 = 2;
 /// assert!(leasable(&Policy::in_flight("slots", 8)?).is_err());
 /// let shaping = Policy::builder("smooth", Rate::per_second(10))
 ///     .algorithm(Algorithm::Gcra)
-///     .max_delay(Duration::from_millis(500))
+///     .shape(Duration::from_millis(500))
 ///     .build()?;
 /// assert_eq!(leasable(&shaping).unwrap_err().field(), "algorithm");
 /// # Ok::<(), tollgate::ConfigError>(())
