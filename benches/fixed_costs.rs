@@ -24,7 +24,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota, RateLimiter};
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::key::Key;
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, Store};
 use tollgate::{Algorithm, Policy, Rate};
 
 const ROUNDS: usize = 3;
@@ -39,7 +39,10 @@ fn bench(c: &mut Criterion) {
     let clock = SystemClock::new();
     let mutex = parking_lot::Mutex::new(0u64);
     let counter = AtomicU64::new(0);
-    let store = MemoryStore::builder().background_sweep(false).build();
+    let store = MemoryStore::builder()
+        .background_sweep(false)
+        .build()
+        .unwrap();
     let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
         .algorithm(Algorithm::Gcra)
         .build()
@@ -59,7 +62,13 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(&counter).fetch_add(1, Ordering::AcqRel))
         });
         group.bench_function(format!("tollgate_gcra_check/one_key/r{round}"), |b| {
-            b.iter(|| black_box(store.decide(&key, &policies, &[1], true).is_ok()))
+            b.iter(|| {
+                black_box(
+                    store
+                        .check_now(&key, &policies, &[1])
+                        .is_some_and(|d| d.is_ok()),
+                )
+            })
         });
         group.bench_function(format!("governor_check/one_key/r{round}"), |b| {
             b.iter(|| black_box(governor.check_key(&governor_key).is_ok()))

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, Store};
 use tollgate::{Algorithm, Policy, Rate};
 
 const KEYS: usize = 1_000_000;
@@ -53,7 +53,8 @@ fn tollgate_side(algorithm: Algorithm) {
         .max_keys(2 * KEYS)
         .background_sweep(false)
         .clock(clock.clone())
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::builder("footprint", Rate::per_second(10))
         .algorithm(algorithm)
         .build()
@@ -63,7 +64,8 @@ fn tollgate_side(algorithm: Algorithm) {
     for i in 0..KEYS {
         let key = Key::new("ip", material(i));
         assert!(store
-            .decide(&key, &policies, &[1], true)
+            .check_now(&key, &policies, &[1])
+            .expect("answers at once")
             .unwrap()
             .is_allowed());
     }

@@ -443,7 +443,8 @@ async fn hot_denied_key(url: &str, run: &str, conn: &mut ConnectionManager) {
             .expect("valid URL");
         let store = ResilientStore::builder(redis, FailureMode::FailClosed)
             .deny_cache(cache)
-            .build();
+            .build()
+            .unwrap();
         let key = Arc::new(Key::new("ip", "203.0.113.9"));
         assert!(store
             .check(&key, &policies[..], &[1])

@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = ResilientStore::builder(redis, FailureMode::LocalFallback { replicas: 4 })
         .timeout(Duration::from_millis(50))
         .deny_cache(10_000)
-        .build();
+        .build()?;
 
     let login = Policy::builder("login", Rate::per_minute(5))
         .sensitive(true)

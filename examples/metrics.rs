@@ -41,7 +41,7 @@ fn store() -> Result<DynStore, Box<dyn std::error::Error>> {
             .prefix("metrics-example")
             .build_with_url(&url)?;
         return Ok(DynStore::new(
-            ResilientStore::builder(redis, FailureMode::FailOpen).build(),
+            ResilientStore::builder(redis, FailureMode::FailOpen).build()?,
         ));
     }
     Ok(DynStore::new(MemoryStore::new()))

@@ -43,7 +43,7 @@ use crate::algorithm::PolicyDecision;
 pub struct Decision {
     allowed: bool,
     governing: usize,
-    outcome: Outcome,
+    outcome: DecidedBy,
     decisions: SmallVec<[PolicyDecision; 2]>,
     slot: u64,
 }
@@ -65,7 +65,7 @@ impl Eq for Decision {}
 /// unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum DecidedBy {
     /// The store decided.
     #[default]
     Decided,
@@ -79,15 +79,22 @@ pub enum Outcome {
     CachedDeny,
 }
 
-impl Outcome {
+/// The former name of [`DecidedBy`].
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed to `DecidedBy`: it says how a decision was reached"
+)]
+pub type Outcome = DecidedBy;
+
+impl DecidedBy {
     /// The name used in logs, spans and metrics (`decided`, `fail_open`, …).
     pub const fn as_str(&self) -> &'static str {
         match self {
-            Outcome::Decided => "decided",
-            Outcome::FailOpen => "fail_open",
-            Outcome::FailClosed => "fail_closed",
-            Outcome::Fallback => "fallback",
-            Outcome::CachedDeny => "cached_deny",
+            DecidedBy::Decided => "decided",
+            DecidedBy::FailOpen => "fail_open",
+            DecidedBy::FailClosed => "fail_closed",
+            DecidedBy::Fallback => "fallback",
+            DecidedBy::CachedDeny => "cached_deny",
         }
     }
 }
@@ -117,7 +124,7 @@ impl Decision {
         Self {
             allowed,
             governing,
-            outcome: Outcome::Decided,
+            outcome: DecidedBy::Decided,
             decisions,
             slot: 0,
         }
@@ -134,7 +141,7 @@ impl Decision {
         Self {
             allowed: decision.allowed,
             governing: 0,
-            outcome: Outcome::Decided,
+            outcome: DecidedBy::Decided,
             decisions: smallvec::smallvec![decision],
             slot: 0,
         }
@@ -195,12 +202,18 @@ impl Decision {
     }
 
     /// How the decision was reached.
-    pub fn outcome(&self) -> Outcome {
+    pub fn decided_by(&self) -> DecidedBy {
+        self.outcome
+    }
+
+    /// The former name of [`decided_by`](Self::decided_by).
+    #[deprecated(since = "0.2.0", note = "renamed to `decided_by`")]
+    pub fn outcome(&self) -> DecidedBy {
         self.outcome
     }
 
     /// The same decision, marked as reached by `outcome`.
-    pub fn with_outcome(mut self, outcome: Outcome) -> Self {
+    pub fn with_decided_by(mut self, outcome: DecidedBy) -> Self {
         self.outcome = outcome;
         self
     }

@@ -132,17 +132,18 @@
 //! ├── policy/                what a limit is
 //! │   ├── mod.rs             Policy, Algorithm, FailureMode
 //! │   ├── rate.rs            Rate: how much per how long
+//! │   ├── limits.rs          Limits: the numbers an algorithm reads
 //! │   └── builder.rs         PolicyBuilder: every setting checked at build time
 //! ├── overrides.rs           Override: another limit for one key under one policy
 //! ├── algorithm/             the math, pure: one file per algorithm, no store
-//! │   ├── mod.rs             the decision functions and PolicyDecision
+//! │   ├── mod.rs             LimitAlgorithm, AnyState, the registry, PolicyDecision
 //! │   ├── sliding_window_counter.rs   the default: two windows, the previous weighted
 //! │   ├── sliding_window_log.rs       every admitted request's time: exact
 //! │   ├── token_bucket.rs    a bucket refilled continuously
 //! │   ├── fixed_window.rs    one counter per aligned window
 //! │   ├── gcra.rs            a leaky bucket as a meter, with optional shaping
 //! │   └── in_flight.rs       requests in progress rather than arrivals
-//! ├── decision.rs            Decision and Outcome: every policy's answer for one request
+//! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
 //! │   ├── mod.rs             the Store trait and DynStore
@@ -151,7 +152,8 @@
 //! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
 //! │   │   └── overrides.rs   per-key overrides kept in the process
 //! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
-//! │   │   ├── mod.rs         the store and its builder
+//! │   │   ├── mod.rs         the store: timeouts, failure modes, fallback
+//! │   │   ├── builder.rs     ResilientStoreBuilder: every setting checked at build time
 //! │   │   ├── breaker.rs     the circuit breaker
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
 //! │   └── redis/             RedisStore and RedisClusterStore
@@ -271,11 +273,14 @@ mod readme_doctests {}
 pub use config::audit;
 #[cfg(feature = "config")]
 pub use config::audit::{audit, AuditReport};
-pub use decision::{Decision, Outcome};
+#[allow(deprecated)]
+pub use decision::Outcome;
+pub use decision::{DecidedBy, Decision};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{
     EffectivePlan, KeyState, Limiter, LimiterBuilder, MissingKey, Permit, PolicyState, PolicyView,
-    RefusedKey, Reservation, RouteView, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW,
+    RefusedKey, Reservation, RouteView, ShadowCounts, DEFAULT_TOP_REFUSED_SLOTS,
+    DEFAULT_TOP_REFUSED_WINDOW,
 };
 pub use middleware::{
     EstimateFromJson, EstimateFromJsonLayer, RateLimitBody, RateLimitInfo, RateLimitLayer,

@@ -12,7 +12,7 @@
 //! | `ratelimit.policy` | the governing policy: the one that denied, or the one with the fewest units left |
 //! | `ratelimit.allowed` | `true` or `false` |
 //! | `ratelimit.remaining` | units the governing policy has left |
-//! | `ratelimit.outcome` | how the decision was reached: `decided`, `cached_deny`, `fail_open`, `fail_closed`, `fallback` ([`Outcome`]) |
+//! | `ratelimit.outcome` | how the decision was reached: `decided`, `cached_deny`, `fail_open`, `fail_closed`, `fallback` ([`DecidedBy`]) |
 //! | `ratelimit.refusal` | for a refusal, its error code ([`RefusalKind::error_code`]) |
 //!
 //! `tracing` records only the fields a span declares, so declare them as
@@ -150,7 +150,7 @@
 //! [`Limiter::decide`]: crate::Limiter::decide
 //! [`Limiter::top_refused`]: crate::Limiter::top_refused
 //! [`key::digest`]: crate::key::digest
-//! [`Outcome`]: crate::Outcome
+//! [`DecidedBy`]: crate::DecidedBy
 //! [`RefusalKind::error_code`]: crate::RefusalKind::error_code
 //! [`RefusalKind::as_str`]: crate::RefusalKind::as_str
 //! [`ResilientStore`]: crate::store::ResilientStore

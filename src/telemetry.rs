@@ -85,7 +85,11 @@ pub(crate) fn span_decision(
     set(span, ALLOWED, FieldValue::Bool(allowed));
     if let Some(decision) = decision {
         set(span, REMAINING, FieldValue::U64(decision.remaining()));
-        set(span, OUTCOME, FieldValue::Str(decision.outcome().as_str()));
+        set(
+            span,
+            OUTCOME,
+            FieldValue::Str(decision.decided_by().as_str()),
+        );
     }
     if let Some(code) = refusal {
         set(span, REFUSAL, FieldValue::Str(code));
@@ -96,7 +100,7 @@ pub(crate) fn span_decision(
 mod counting {
     use std::sync::{Arc, Once};
 
-    use crate::decision::{Decision, Outcome};
+    use crate::decision::{DecidedBy, Decision};
     use crate::error::StoreError;
     use crate::policy::Policy;
 
@@ -174,7 +178,7 @@ mod counting {
         };
         metrics::counter!(
             "tollgate_decisions_total",
-            "outcome" => decision.outcome().as_str(),
+            "outcome" => decision.decided_by().as_str(),
             "allowed" => if decision.is_allowed() { "true" } else { "false" },
             "store" => store,
             "policy" => policy,
@@ -189,7 +193,7 @@ mod counting {
         metrics::counter!("tollgate_refusals_total", "kind" => kind).increment(1);
     }
 
-    pub(crate) fn outcome(outcome: Outcome) {
+    pub(crate) fn outcome(outcome: DecidedBy) {
         describe();
         metrics::counter!("tollgate_degraded_total", "outcome" => outcome.as_str()).increment(1);
     }
@@ -232,7 +236,7 @@ mod counting {
 mod counting {
     use std::sync::Arc;
 
-    use crate::decision::{Decision, Outcome};
+    use crate::decision::{DecidedBy, Decision};
     use crate::error::StoreError;
     use crate::policy::Policy;
 
@@ -241,7 +245,7 @@ mod counting {
     #[inline(always)]
     pub(crate) fn refusal(_: &'static str) {}
     #[inline(always)]
-    pub(crate) fn outcome(_: Outcome) {}
+    pub(crate) fn outcome(_: DecidedBy) {}
     #[inline(always)]
     pub(crate) fn store_error(_: &StoreError) {}
     #[inline(always)]

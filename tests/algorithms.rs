@@ -4,82 +4,19 @@
 //! stated bound, a denied request leaves the state untouched, and every denial's
 //! `retry_after` is exact (a retry then passes, one millisecond earlier fails).
 
+mod support;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::algorithm::{
-    fixed_window, gcra, in_flight, sliding_window_counter, sliding_window_log, token_bucket,
-    PolicyDecision,
-};
+use tollgate::algorithm::{AnyState, PolicyDecision};
 use tollgate::{Algorithm, Policy, Rate};
 
-/// One algorithm behind a uniform face, with its state as an opaque clone-able value.
-#[derive(Clone, Debug)]
-enum State {
-    Counter(tollgate::algorithm::SlidingWindowCounterState),
-    Log(tollgate::algorithm::SlidingWindowLogState),
-    Bucket(tollgate::algorithm::TokenBucketState),
-    Fixed(tollgate::algorithm::FixedWindowState),
-    Gcra(tollgate::algorithm::GcraState),
-    InFlight(tollgate::algorithm::InFlightState),
-}
-
-impl State {
-    fn fresh(a: Algorithm) -> Self {
-        match a {
-            Algorithm::SlidingWindowCounter => State::Counter(Default::default()),
-            Algorithm::SlidingWindowLog => State::Log(Default::default()),
-            Algorithm::TokenBucket => State::Bucket(Default::default()),
-            Algorithm::FixedWindow => State::Fixed(Default::default()),
-            Algorithm::Gcra => State::Gcra(Default::default()),
-            Algorithm::InFlight => State::InFlight(Default::default()),
-            other => panic!("no model state for {other:?} yet"),
-        }
-    }
-
-    fn evaluate(&self, now: u64, p: &Policy, cost: u64) -> PolicyDecision {
-        match self {
-            State::Counter(s) => sliding_window_counter::evaluate(s, now, p, cost),
-            State::Log(s) => sliding_window_log::evaluate(s, now, p, cost),
-            State::Bucket(s) => token_bucket::evaluate(s, now, p, cost),
-            State::Fixed(s) => fixed_window::evaluate(s, now, p, cost),
-            State::Gcra(s) => gcra::evaluate(s, now, p, cost),
-            State::InFlight(s) => in_flight::evaluate(s, now, p, cost),
-        }
-    }
-
-    fn decide(self, now: u64, p: &Policy, cost: u64) -> (PolicyDecision, State) {
-        match self {
-            State::Counter(s) => {
-                let (d, s) = sliding_window_counter::decide(s, now, p, cost);
-                (d, State::Counter(s))
-            }
-            State::Log(s) => {
-                let (d, s) = sliding_window_log::decide(s, now, p, cost);
-                (d, State::Log(s))
-            }
-            State::Bucket(s) => {
-                let (d, s) = token_bucket::decide(s, now, p, cost);
-                (d, State::Bucket(s))
-            }
-            State::Fixed(s) => {
-                let (d, s) = fixed_window::decide(s, now, p, cost);
-                (d, State::Fixed(s))
-            }
-            State::Gcra(s) => {
-                let (d, s) = gcra::decide(s, now, p, cost);
-                (d, State::Gcra(s))
-            }
-            State::InFlight(s) => {
-                let (d, s) = in_flight::decide(s, now, p, cost);
-                (d, State::InFlight(s))
-            }
-        }
-    }
-
-    fn same(&self, other: &State) -> bool {
-        format!("{self:?}") == format!("{other:?}")
-    }
+/// A request decided against any algorithm's state, in the state-passing style the
+/// properties are written in: the new state is returned beside the decision.
+fn decide(mut state: AnyState, now: u64, p: &Policy, cost: u64) -> (PolicyDecision, AnyState) {
+    let d = state.decide(now, p.limits(), cost);
+    (d, state)
 }
 
 fn policy(a: Algorithm, limit: u64, window_ms: u64, burst: Option<u64>) -> Policy {
@@ -93,27 +30,29 @@ fn policy(a: Algorithm, limit: u64, window_ms: u64, burst: Option<u64>) -> Polic
 /// Runs a trace; returns the admitted `(time, cost)` pairs. Checks, at every step, that a
 /// denial changes nothing and that its retry_after is exact.
 fn run(p: &Policy, start: u64, steps: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut state = State::fresh(p.algorithm());
+    let mut state = AnyState::fresh(p.algorithm());
     let mut now = start;
     let mut admitted = vec![];
     for &(gap, cost) in steps {
         now += gap;
         let cost = cost.min(p.capacity());
         let before = state.clone();
-        let (d, after) = state.decide(now, p, cost);
+        let (d, after) = decide(state, now, p, cost);
         if d.is_allowed() {
             admitted.push((now, cost));
         } else {
-            assert!(before.same(&after), "a denial changed the state");
+            assert_eq!(before, after, "a denial changed the state");
             let retry = d.retry_after_millis();
             assert!(retry >= 1);
             assert!(
-                before.evaluate(now + retry, p, cost).is_allowed(),
+                before.evaluate(now + retry, p.limits(), cost).is_allowed(),
                 "{:?}: retry at +{retry} ms must pass",
                 p.algorithm()
             );
             assert!(
-                !before.evaluate(now + retry - 1, p, cost).is_allowed(),
+                !before
+                    .evaluate(now + retry - 1, p.limits(), cost)
+                    .is_allowed(),
                 "{:?}: retry at +{} ms must fail",
                 p.algorithm(),
                 retry - 1
@@ -239,13 +178,13 @@ proptest! {
     ) {
         let g = policy(Algorithm::Gcra, limit, window, Some(burst));
         let t = policy(Algorithm::TokenBucket, limit, window, Some(burst));
-        let (mut gs, mut ts) = (State::fresh(Algorithm::Gcra), State::fresh(Algorithm::TokenBucket));
+        let (mut gs, mut ts) = (AnyState::fresh(Algorithm::Gcra), AnyState::fresh(Algorithm::TokenBucket));
         let mut now = start;
         for (gap, cost) in steps {
             now += gap;
             let cost = cost.min(burst);
-            let (a, ngs) = gs.decide(now, &g, cost);
-            let (b, nts) = ts.decide(now, &t, cost);
+            let (a, ngs) = decide(gs, now, &g, cost);
+            let (b, nts) = decide(ts, now, &t, cost);
             prop_assert_eq!(a, b);
             gs = ngs;
             ts = nts;
@@ -292,19 +231,25 @@ proptest! {
         let store = tollgate::store::MemoryStore::builder()
             .clock(clock.clone())
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let key = tollgate::key::Key::new("ip", "10.0.0.1");
         let policies = [p.clone()];
-        let mut state = State::fresh(a);
+        let mut state = AnyState::fresh(a);
         for (gap, cost, peek) in steps {
             clock.advance(Duration::from_millis(gap));
             let now = tollgate::clock::Clock::now_millis(&clock);
             let cost = cost.min(p.capacity());
-            let got = store.decide(&key, &policies, &[cost], !peek).unwrap();
-            let want = if peek {
-                state.evaluate(now, &p, cost)
+            let got = if peek {
+                support::peek_now(&store, &key, &policies, &[cost])
             } else {
-                let (d, next) = state.clone().decide(now, &p, cost);
+                tollgate::store::Store::check_now(&store, &key, &policies, &[cost]).expect("answers at once")
+            }
+            .unwrap();
+            let want = if peek {
+                state.evaluate(now, p.limits(), cost)
+            } else {
+                let (d, next) = decide(state.clone(), now, &p, cost);
                 state = next;
                 d
             };

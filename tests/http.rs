@@ -33,7 +33,7 @@ const T0: u64 = 1_796_205_603_250;
 async fn the_request_over_the_limit_gets_a_complete_429() {
     let clock = ManualClock::new(T0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
             Policy::builder("per-ip", Rate::new(5, Duration::from_secs(10)))
                 .algorithm(Algorithm::FixedWindow)
@@ -93,7 +93,7 @@ async fn the_request_over_the_limit_gets_a_complete_429() {
 async fn retry_after_is_never_zero_and_rounds_up() {
     let clock = ManualClock::new(T0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
             Policy::builder("fast", Rate::per_second(1))
                 .algorithm(Algorithm::Gcra)
@@ -165,7 +165,7 @@ async fn sensitive_policies_leak_no_counts() {
 async fn structured_fields_list_every_policy() {
     let clock = ManualClock::new(T0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock).build())
+        .store(MemoryStore::builder().clock(clock).build().unwrap())
         .policy(
             Policy::builder("burst", Rate::per_second(2))
                 .algorithm(Algorithm::FixedWindow)
@@ -372,7 +372,7 @@ async fn custom_refusal_and_quiet_success() {
 async fn compact_headers_are_the_ratelimit_trio_without_twins() {
     let clock = ManualClock::new(T0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock).build())
+        .store(MemoryStore::builder().clock(clock).build().unwrap())
         .policy(
             Policy::builder("per-ip", Rate::new(2, Duration::from_secs(10)))
                 .algorithm(Algorithm::FixedWindow)

@@ -32,7 +32,7 @@ fn client_from(n: u8) -> reqwest::Client {
 /// 3 failures per (IP, user), 10 per IP, 6 per user, every window 10 minutes.
 fn guard(clock: &ManualClock) -> LoginGuard {
     LoginGuard::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .ip_user_rate(Rate::new(3, WINDOW))
         .ip_rate(Rate::new(10, WINDOW))
         .user_rate(Rate::new(6, WINDOW))

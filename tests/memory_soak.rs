@@ -8,10 +8,12 @@
 //! cargo test --release --test memory_soak -- --ignored --nocapture
 //! ```
 
+mod support;
+
 use std::time::Instant;
 
 use tollgate::key::Key;
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, Store};
 use tollgate::{Policy, Rate};
 
 const CAP: usize = 1_000_000;
@@ -31,14 +33,18 @@ fn rss() -> Option<u64> {
 #[test]
 #[ignore = "a soak test: run it by hand (see the module docs)"]
 fn ten_million_keys_through_a_capped_store() {
-    let store = MemoryStore::builder().max_keys(CAP).build();
+    let store = MemoryStore::builder().max_keys(CAP).build().unwrap();
     let policies = [Policy::new("api", Rate::per_minute(100)).unwrap()];
     let heavy: Vec<Key> = (0..100)
         .map(|i| Key::new("user", format!("heavy{i}")))
         .collect();
     for k in &heavy {
         for _ in 0..80 {
-            assert!(store.decide(k, &policies, &[1], true).unwrap().is_allowed());
+            assert!(store
+                .check_now(k, &policies, &[1])
+                .expect("the memory store answers at once")
+                .unwrap()
+                .is_allowed());
         }
     }
     let budget = BASELINE + BYTES_PER_KEY * CAP as u64;
@@ -50,7 +56,10 @@ fn ten_million_keys_through_a_capped_store() {
             "ip",
             format!("2001:db8:{:x}:{:x}::/64", i >> 16, i & 0xffff),
         );
-        let d = store.decide(&key, &policies, &[1], true).unwrap();
+        let d = store
+            .check_now(&key, &policies, &[1])
+            .expect("the memory store answers at once")
+            .unwrap();
         assert!(d.is_allowed(), "new client {i} refused");
         if (i + 1) % 1_000_000 == 0 {
             let now = rss().unwrap_or(0);
@@ -71,7 +80,9 @@ fn ten_million_keys_through_a_capped_store() {
     for k in &heavy {
         // An evicted user would read as new (all 100 left); a kept one still carries its 80
         // units, decayed at most by the window's slide during the flood.
-        let left = store.decide(k, &policies, &[0], false).unwrap().remaining();
+        let left = support::peek_now(&store, k, &policies, &[0])
+            .unwrap()
+            .remaining();
         kept += u32::from(left < 100);
     }
     eprintln!(

@@ -49,11 +49,13 @@ fn expired_keys_are_reclaimed() {
     let store = MemoryStore::builder()
         .clock(clock.clone())
         .background_sweep(false)
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::new("p", Rate::per_second(10)).unwrap()];
     for i in 0..100_000u32 {
         let d = store
-            .decide(&Key::new("ip", i.to_string()), &policies, &[1], true)
+            .check_now(&Key::new("ip", i.to_string()), &policies, &[1])
+            .expect("answers at once")
             .unwrap();
         assert!(d.is_allowed());
     }
@@ -78,7 +80,8 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
             .clock(clock.clone())
             .shards(1)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let long = [Policy::new("long", Rate::per_minute(2)).unwrap()];
         let short = [Policy::new("short", Rate::per_second(2)).unwrap()];
         let key = |i: u32| Key::new("ip", i.to_string());
@@ -87,31 +90,35 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
             if i < long_lived {
                 for _ in 0..2 {
                     assert!(store
-                        .decide(&key(i), &long, &[1], true)
+                        .check_now(&key(i), &long, &[1])
+                        .expect("the memory store answers at once")
                         .unwrap()
                         .is_allowed());
                 }
             }
             if i < short_lived {
                 let k = key(1_000_000 + i);
-                assert!(store.decide(&k, &short, &[1], true).unwrap().is_allowed());
+                assert!(store
+                    .check_now(&k, &short, &[1])
+                    .expect("the memory store answers at once")
+                    .unwrap()
+                    .is_allowed());
             }
         }
         clock.advance(Duration::from_secs(3));
         store.sweep();
         assert_eq!(store.len(), long_lived as usize);
         for i in 0..long_lived {
-            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            let d = support::peek_now(&store, &key(i), &long, &[1]).unwrap();
             assert!(!d.is_allowed(), "key {i} lost its state");
         }
         store.reset(&key(0), &long).await.unwrap();
         assert_eq!(store.len(), long_lived as usize - 1);
-        assert!(store
-            .decide(&key(0), &long, &[1], false)
+        assert!(support::peek_now(&store, &key(0), &long, &[1])
             .unwrap()
             .is_allowed());
         for i in 1..long_lived {
-            let d = store.decide(&key(i), &long, &[1], false).unwrap();
+            let d = support::peek_now(&store, &key(i), &long, &[1]).unwrap();
             assert!(!d.is_allowed(), "key {i} lost its state after a reset");
         }
     }
@@ -121,7 +128,8 @@ async fn survivors_of_a_sweep_or_reset_keep_their_state() {
 fn the_background_sweeper_reclaims_idle_stores() {
     let store = MemoryStore::builder()
         .sweep_interval(Duration::from_millis(20))
-        .build();
+        .build()
+        .unwrap();
     let policies = [
         Policy::builder("p", Rate::new(5, Duration::from_millis(10)))
             .algorithm(Algorithm::FixedWindow)
@@ -130,7 +138,8 @@ fn the_background_sweeper_reclaims_idle_stores() {
     ];
     for i in 0..1_000u32 {
         store
-            .decide(&Key::new("ip", i.to_string()), &policies, &[1], true)
+            .check_now(&Key::new("ip", i.to_string()), &policies, &[1])
+            .expect("answers at once")
             .unwrap();
     }
     assert!(!store.is_empty());
@@ -149,7 +158,8 @@ fn the_background_sweeper_reclaims_idle_stores() {
 fn charge(store: &MemoryStore, key: &Key, policies: &[Policy], units: u64) {
     for _ in 0..units {
         assert!(store
-            .decide(key, policies, &[1], true)
+            .check_now(key, policies, &[1])
+            .expect("the memory store answers at once")
             .unwrap()
             .is_allowed());
     }
@@ -164,7 +174,8 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
             .shards(1)
             .max_keys(100)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let policies = [Policy::builder("p", Rate::per_minute(10))
             .algorithm(algorithm)
             .build()
@@ -181,14 +192,17 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
                 clock.advance(Duration::from_millis(1));
             }
             let d = store
-                .decide(&Key::new("ip", format!("flood{i}")), &policies, &[1], true)
+                .check_now(&Key::new("ip", format!("flood{i}")), &policies, &[1])
+                .expect("answers at once")
                 .unwrap();
             assert!(d.is_allowed(), "{algorithm:?}: new client {i} refused");
             assert!(store.len() <= 100, "{algorithm:?}: {} keys", store.len());
         }
         // Every heavy user still has only what it had left.
         for k in &heavy {
-            let left = store.decide(k, &policies, &[0], false).unwrap().remaining();
+            let left = support::peek_now(&store, k, &policies, &[0])
+                .unwrap()
+                .remaining();
             assert!(left <= 2, "{algorithm:?}: {k} was reset ({left} left)");
         }
     }
@@ -204,7 +218,8 @@ fn evictions_take_the_least_used_entries() {
         .shards(1)
         .max_keys(1_000)
         .background_sweep(false)
-        .build();
+        .build()
+        .unwrap();
     let policies = [Policy::builder("p", Rate::per_hour(10))
         .algorithm(Algorithm::FixedWindow)
         .build()
@@ -223,7 +238,7 @@ fn evictions_take_the_least_used_entries() {
     // An evicted client reads as fresh: all 10 units left.
     let mut evicted_by_usage = [0u32; 11];
     for (k, units) in &clients {
-        let d = store.decide(k, &policies, &[0], false).unwrap();
+        let d = support::peek_now(&store, k, &policies, &[0]).unwrap();
         if d.remaining() == 10 {
             evicted_by_usage[*units as usize] += 1;
         }
@@ -258,7 +273,8 @@ fn evictions_are_counted() {
             .shards(1)
             .max_keys(10)
             .background_sweep(false)
-            .build();
+            .build()
+            .unwrap();
         let policies = [Policy::new("p", Rate::per_minute(4)).unwrap()];
         for i in 0..25 {
             charge(&store, &Key::new("ip", format!("{i}")), &policies, 1);
@@ -279,7 +295,7 @@ fn evictions_are_counted() {
 async fn several_policies_are_all_or_nothing() {
     let clock = ManualClock::new(0);
     let limiter = Limiter::builder()
-        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
             Policy::builder("burst", Rate::per_second(2))
                 .algorithm(Algorithm::FixedWindow)
@@ -396,4 +412,38 @@ fn limiter_config_errors_name_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "policies[1].name");
+}
+
+#[test]
+fn settings_out_of_range_are_refused_naming_the_setting() {
+    use tollgate::store::{FailureMode, ResilientStore};
+
+    fn err<T>(result: Result<T, tollgate::ConfigError>) -> String {
+        result.map(|_| ()).unwrap_err().to_string()
+    }
+    assert!(err(MemoryStore::builder().max_keys(0).build()).contains("max_keys"));
+    assert!(err(MemoryStore::builder().shards(0).build()).contains("shards"));
+    assert!(err(MemoryStore::builder().shards(1 << 17).build()).contains("131072"));
+    assert!(err(MemoryStore::builder()
+        .sweep_interval(Duration::ZERO)
+        .build())
+    .contains("sweep_interval"));
+    assert!(MemoryStore::builder().shards(1).max_keys(1).build().is_ok());
+
+    let resilient = || ResilientStore::builder(MemoryStore::new(), FailureMode::FailClosed);
+    assert!(err(resilient().timeout(Duration::ZERO).build()).contains("timeout"));
+    assert!(err(resilient()
+        .circuit_breaker(0, Duration::from_secs(1))
+        .build())
+    .contains("circuit_breaker.failures"));
+    assert!(err(resilient().circuit_breaker(3, Duration::ZERO).build())
+        .contains("circuit_breaker.cooldown"));
+    assert!(err(resilient()
+        .deny_cache_max_age(Duration::from_micros(10))
+        .build())
+    .contains("deny_cache_max_age"));
+    assert!(
+        resilient().deny_cache(0).build().is_ok(),
+        "0 entries turns the cache off"
+    );
 }

@@ -162,7 +162,8 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             ResilientStore::builder(redis, FailureMode::FailClosed)
                 .timeout(Duration::from_secs(1))
                 .deny_cache(100)
-                .build(),
+                .build()
+                .unwrap(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
         .extractor(support::by_tenant())
@@ -184,7 +185,9 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
         .store(
             ResilientStore::builder(dead, FailureMode::FailOpen)
                 .timeout(Duration::from_millis(500))
-                .build(),
+                .circuit_breaker(1, Duration::from_secs(60))
+                .build()
+                .unwrap(),
         )
         .policy(Policy::new("shared-open", Rate::per_minute(1)).unwrap())
         .extractor(support::by_tenant())
@@ -239,6 +242,8 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // Redis refuses, then the deny cache does, with Redis healthy.
     assert_eq!(send(get(cached_addr, "/"), Some("acme")).await, too_many);
     assert_eq!(send(get(cached_addr, "/"), Some("acme")).await, too_many);
+    assert_eq!(send(get(open_addr, "/"), Some("acme")).await, ok);
+    // The first failure opened the breaker: the second request skips the store.
     assert_eq!(send(get(open_addr, "/"), Some("acme")).await, ok);
 
     let text = reqwest::get(format!("http://{metrics_addr}/metrics"))
@@ -301,7 +306,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     );
     assert_eq!(
         value(s, "tollgate_degraded_total", &[("outcome", "fail_open")]),
-        1.0
+        2.0
     );
     assert_eq!(
         value(
@@ -309,10 +314,19 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             decisions,
             &[("outcome", "fail_open"), ("policy", "shared-open")]
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         value(s, "tollgate_store_errors_total", &[("kind", "connection")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            s,
+            "tollgate_store_errors_total",
+            &[("kind", "circuit_open")]
+        ),
         1.0,
         "{text}"
     );

@@ -16,7 +16,7 @@ use http::{Request, Response};
 use reqwest::StatusCode;
 use tollgate::key::Key;
 use tollgate::route::Route;
-use tollgate::{Limiter, Outcome, Policy, Rate, RateLimitInfo, RateLimitLayer, RefusalKind};
+use tollgate::{DecidedBy, Limiter, Policy, Rate, RateLimitInfo, RateLimitLayer, RefusalKind};
 use tower_http::trace::TraceLayer;
 use tracing::field::{Empty, Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -226,7 +226,7 @@ async fn the_handler_and_on_response_see_the_decision() {
                         info.policy().unwrap_or("-"),
                         info.remaining(),
                         info.limit(),
-                        info.outcome().map_or("-", |o| o.as_str())
+                        info.decided_by().map_or("-", |o| o.as_str())
                     )
                 }),
             )
@@ -268,7 +268,7 @@ async fn the_handler_and_on_response_see_the_decision() {
     assert_eq!(allowed.policy(), Some("search"));
     assert!(allowed.is_allowed());
     assert_eq!((allowed.limit(), allowed.remaining()), (2, 0));
-    assert_eq!(allowed.outcome(), Some(Outcome::Decided));
+    assert_eq!(allowed.decided_by(), Some(DecidedBy::Decided));
     assert!(allowed.reset_after() > std::time::Duration::ZERO);
     assert_eq!(allowed.refusal(), None);
     let refused = seen[2].as_ref().expect("a refusal carries the info");

@@ -65,7 +65,8 @@ async fn allowed_refused_and_degraded_decisions_are_span_attributes() {
         .store(
             ResilientStore::builder(redis, FailureMode::FailOpen)
                 .timeout(Duration::from_millis(500))
-                .build(),
+                .build()
+                .unwrap(),
         )
         .policy(Policy::new("shared", Rate::per_minute(1)).unwrap())
         .extractor(support::by_tenant())

@@ -32,7 +32,7 @@ fn limiter<S: Store>(store: S, algorithm: Algorithm) -> Limiter<S> {
 #[tokio::test]
 async fn overrides_apply_expire_and_go_on_the_memory_store() {
     let clock = ManualClock::new(1_000_000);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let limiter = limiter(store, Algorithm::SlidingWindowCounter);
     let acme = Key::new("tenant", "acme");
     let other = Key::new("tenant", "other");

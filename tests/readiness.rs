@@ -73,7 +73,9 @@ async fn decided_at_once_through_a_dyn_store() {
 
 #[tokio::test]
 async fn decided_by_a_future_calls_the_ready_service() {
-    let store = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen).build();
+    let store = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen)
+        .build()
+        .unwrap();
     assert!(store
         .check_now(
             &tollgate::key::Key::global("probe"),

@@ -225,7 +225,7 @@ fn noscript_after_script_flush_is_reloaded_transparently() {
     rt.block_on(async {
         let clock = ManualClock::new(T0);
         let store = manual_store(&server, &clock, "noscript");
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let policies = scenarios::mixed_policies();
         let costs = vec![1; policies.len()];
         let key = Key::new("user", "noscript");
@@ -523,7 +523,7 @@ fn batched_decisions_equal_the_same_decisions_one_by_one() {
             .max_in_flight(1)
             .build_with_url(&server.url())
             .unwrap();
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let all = scenarios::mixed_policies();
         let keys: Vec<Key> = (0..3).map(|i| Key::new("user", i.to_string())).collect();
         let mut rng = Lcg(7);
@@ -687,7 +687,7 @@ fn no_policies_allow_without_a_call_like_the_memory_store() {
     rt.block_on(async {
         let clock = ManualClock::new(T0);
         let redis = manual_store(&server, &clock, "empty");
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let key = Key::new("user", "nobody");
         let from_memory = memory.check(&key, &[], &[]).await.unwrap();
         let checked = redis.check(&key, &[], &[]).await.unwrap();

@@ -28,7 +28,7 @@ fn plan(store: &MemoryStore, varying: u64) -> Limiter<MemoryStore> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_swaps_under_load_lose_no_request_and_no_count() {
     let clock = ManualClock::new(1_700_000_000_000);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let a = plan(&store, 100_000);
     let b = plan(&store, 200_000);
     let limiter = plan(&store, 100_000);

@@ -12,7 +12,7 @@ use axum::Router;
 use tollgate::clock::ManualClock;
 use tollgate::key::{Global, Key};
 use tollgate::store::{FailureMode, RedisStore, ResilientStore, Store};
-use tollgate::{Algorithm, Limiter, Outcome, Policy, Rate, RateLimitLayer};
+use tollgate::{Algorithm, DecidedBy, Limiter, Policy, Rate, RateLimitLayer};
 
 use support::RedisServer;
 
@@ -27,6 +27,7 @@ fn resilient(server: &RedisServer, prefix: &str, mode: FailureMode) -> Resilient
         .timeout(TIMEOUT)
         .circuit_breaker(3, Duration::from_millis(200))
         .build()
+        .unwrap()
 }
 
 fn limiter(store: ResilientStore<RedisStore>, rate: Rate) -> Limiter<ResilientStore<RedisStore>> {
@@ -54,7 +55,7 @@ async fn wait_until_decided(l: &Limiter<ResilientStore<RedisStore>>, within: Dur
     let key = Key::new("probe", "x");
     loop {
         let d = l.check(&key, 1).await.unwrap();
-        if d.outcome() == Outcome::Decided {
+        if d.decided_by() == DecidedBy::Decided {
             return started.elapsed();
         }
         assert!(
@@ -175,8 +176,8 @@ async fn script_errors_are_typed_and_the_mode_applies() {
     );
     let key = Key::new("user", "7");
     assert_eq!(
-        limiter.check(&key, 1).await.unwrap().outcome(),
-        Outcome::Decided
+        limiter.check(&key, 1).await.unwrap().decided_by(),
+        DecidedBy::Decided
     );
     // Plant a wrong-type value at every key of this principal.
     let keys = server.scan("wrongtype:*");
@@ -186,7 +187,7 @@ async fn script_errors_are_typed_and_the_mode_applies() {
         let _: () = server.query(&["SADD", k, "not-a-limiter"]).unwrap();
     }
     let d = limiter.check(&key, 1).await.unwrap();
-    assert_eq!(d.outcome(), Outcome::FailClosed);
+    assert_eq!(d.decided_by(), DecidedBy::FailClosed);
     assert!(!d.is_allowed());
     // The raw store reports the typed error.
     let raw = limiter
@@ -226,7 +227,7 @@ async fn local_fallback_still_limits() {
     let mut allowed = 0;
     for _ in 0..20 {
         let d = limiter.check(&key, 1).await.unwrap();
-        assert_eq!(d.outcome(), Outcome::Fallback);
+        assert_eq!(d.decided_by(), DecidedBy::Fallback);
         allowed += u32::from(d.is_allowed());
     }
     assert_eq!(allowed, 5, "10 per hour shared by 2 replicas: 5 here");
@@ -248,7 +249,7 @@ async fn the_deny_cache_saves_round_trips_and_never_denies_what_redis_allows() {
         if cache {
             b = b.deny_cache(1_000);
         }
-        b.build()
+        b.build().unwrap()
     };
     let policies = [Policy::builder("hot", Rate::per_minute(5))
         .algorithm(Algorithm::SlidingWindowLog)
@@ -312,7 +313,8 @@ async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
             .unwrap();
         let store = ResilientStore::builder(redis, FailureMode::LocalFallback { replicas: 4 })
             .timeout(Duration::from_millis(25))
-            .build();
+            .build()
+            .unwrap();
         Limiter::builder()
             .store(store)
             .policy(Policy::new("api", Rate::per_hour(100)).unwrap())
@@ -362,7 +364,7 @@ async fn a_failover_under_load_never_hands_out_a_fresh_quota() {
                 let d = limiter.check(&key, 1).await.unwrap();
                 admitted.fetch_add(u32::from(d.is_allowed()), Ordering::Relaxed);
                 fallback.fetch_add(
-                    u32::from(d.outcome() == Outcome::Fallback),
+                    u32::from(d.decided_by() == DecidedBy::Fallback),
                     Ordering::Relaxed,
                 );
                 tokio::task::yield_now().await;
@@ -409,7 +411,8 @@ async fn a_redis_restart_clears_the_deny_cache() {
         .deny_cache(1_000)
         // Longer than the test: only noticing the restart can clear the cache in time.
         .deny_cache_max_age(Duration::from_secs(600))
-        .build();
+        .build()
+        .unwrap();
     let limiter = limiter(store, Rate::per_hour(3));
     let hot = Key::new("user", "hot");
     for _ in 0..3 {
@@ -419,8 +422,8 @@ async fn a_redis_restart_clears_the_deny_cache() {
     assert!(!denied.is_allowed());
     assert!(denied.retry_after_millis() > 60_000);
     assert_eq!(
-        limiter.check(&hot, 1).await.unwrap().outcome(),
-        Outcome::CachedDeny
+        limiter.check(&hot, 1).await.unwrap().decided_by(),
+        DecidedBy::CachedDeny
     );
 
     server.kill();
@@ -428,7 +431,7 @@ async fn a_redis_restart_clears_the_deny_cache() {
     // Other traffic reaches the new server (the first call meets the dropped connection).
     wait_until_decided(&limiter, Duration::from_secs(2)).await;
     let after = limiter.check(&hot, 1).await.unwrap();
-    assert_eq!(after.outcome(), Outcome::Decided, "{after:?}");
+    assert_eq!(after.decided_by(), DecidedBy::Decided, "{after:?}");
     assert!(
         after.is_allowed(),
         "the restarted Redis holds no state for the key"
@@ -447,7 +450,8 @@ async fn cached_denials_last_at_most_their_max_age() {
         .timeout(Duration::from_millis(200))
         .deny_cache(1_000)
         .deny_cache_max_age(Duration::from_millis(300))
-        .build();
+        .build()
+        .unwrap();
     let limiter = limiter(store, Rate::per_hour(2));
     let hot = Key::new("user", "hot");
     for _ in 0..2 {
@@ -457,7 +461,7 @@ async fn cached_denials_last_at_most_their_max_age() {
     let flushed = Instant::now();
     let _: () = server.query(&["FLUSHALL"]).unwrap();
     let cached = limiter.check(&hot, 1).await.unwrap();
-    assert_eq!(cached.outcome(), Outcome::CachedDeny);
+    assert_eq!(cached.decided_by(), DecidedBy::CachedDeny);
     // The store's own retry_after is shown, counted down, not the cache's age.
     assert!(cached.retry_after_millis() > 60_000);
     loop {
@@ -515,7 +519,8 @@ async fn recovery_after_a_restart_takes_at_most_the_cooldown() {
         let store = ResilientStore::builder(redis, FailureMode::FailOpen)
             .timeout(TIMEOUT)
             .circuit_breaker(3, COOLDOWN)
-            .build();
+            .build()
+            .unwrap();
         let limiter = limiter(store, Rate::per_hour(10_000));
         wait_until_decided(&limiter, Duration::from_secs(1)).await;
         server.kill();

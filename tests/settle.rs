@@ -38,7 +38,7 @@ async fn used<S: Store>(store: &S, key: &Key, policy: &Policy) -> u64 {
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore {
-    MemoryStore::builder().clock(clock.clone()).build()
+    MemoryStore::builder().clock(clock.clone()).build().unwrap()
 }
 
 fn redis(server: &RedisServer, prefix: &str, clock: &ManualClock) -> RedisStore {

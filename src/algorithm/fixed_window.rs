@@ -12,8 +12,9 @@
 //! the next): the boundary burst. Prefer the sliding window counter for anything
 //! customer-facing.
 
+use super::LimitAlgorithm;
 use super::PolicyDecision;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Limits};
 
 /// The window's index (`⌊t / W⌋`) and its count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -44,101 +45,98 @@ fn current(state: &FixedWindowState, idx: u64) -> u64 {
     }
 }
 
-/// What a request of `cost` at `now` would get, changing nothing.
-#[inline]
-pub fn evaluate(state: &FixedWindowState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let idx = now / w;
-    let count = current(state, idx);
-    let window_end = (idx + 1) * w - now;
-    let allowed = count + cost <= n;
-    let after = if allowed { count + cost } else { count };
-    PolicyDecision::from_parts(
-        allowed,
-        n,
-        n.saturating_sub(after),
-        if after > 0 { window_end } else { 0 },
-        window_end,
-        0,
-    )
-}
+/// The fixed window algorithm; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FixedWindow;
 
-/// Charges an allowed request.
-#[inline]
-pub fn commit(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64) {
-    let idx = now / policy.window_millis();
-    let count = current(state, idx);
-    *state = FixedWindowState {
-        window: idx,
-        count: count + cost,
-    };
-}
+impl LimitAlgorithm for FixedWindow {
+    type State = FixedWindowState;
 
-/// Gives back up to `cost` units charged to the window `now` falls in (a charge whose
-/// request turned out not to count, such as a login that succeeded).
-///
-/// **Bound**: the units come off the current window's count, never below zero. A refund made
-/// in a later window than its charge finds a window the charge never reached: when that
-/// window has a count already (other requests), the refund takes up to `cost` units of it
-/// (those requests' units, at most `cost` per refund, and never more than the window had);
-/// otherwise it gives back nothing, since the charge stopped counting when its window ended.
-/// A refund never leaves the state better than a fresh one.
-///
-/// ```
-/// use tollgate::algorithm::{fixed_window, FixedWindowState};
-/// use tollgate::{Algorithm, Policy, Rate};
-///
-/// let policy = Policy::builder("p", Rate::per_second(1)).algorithm(Algorithm::FixedWindow).build()?;
-/// let (_, mut state) = fixed_window::decide(FixedWindowState::default(), 10_000, &policy, 1);
-/// assert!(!fixed_window::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// fixed_window::refund(&mut state, 10_100, &policy, 1);
-/// assert!(fixed_window::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[inline]
-pub fn refund(state: &mut FixedWindowState, now: u64, policy: &Policy, cost: u64) {
-    if state.window == now / policy.window_millis() {
-        state.count = state.count.saturating_sub(cost);
+    const ALGORITHM: Algorithm = Algorithm::FixedWindow;
+
+    /// What a request of `cost` at `now` would get, changing nothing.
+    #[inline]
+    fn evaluate(state: &FixedWindowState, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let idx = now / w;
+        let count = current(state, idx);
+        let window_end = (idx + 1) * w - now;
+        let allowed = count + cost <= n;
+        let after = if allowed { count + cost } else { count };
+        PolicyDecision::from_parts(
+            allowed,
+            n,
+            n.saturating_sub(after),
+            if after > 0 { window_end } else { 0 },
+            window_end,
+            0,
+        )
     }
-}
 
-/// [`evaluate`] then, if allowed, [`commit`].
-pub fn decide(
-    mut state: FixedWindowState,
-    now: u64,
-    policy: &Policy,
-    cost: u64,
-) -> (PolicyDecision, FixedWindowState) {
-    let d = evaluate(&state, now, policy, cost);
-    if d.is_allowed() {
-        commit(&mut state, now, policy, cost);
+    /// Charges an allowed request.
+    #[inline]
+    fn commit(state: &mut FixedWindowState, now: u64, limits: &Limits, cost: u64) {
+        let idx = now / limits.window_millis();
+        let count = current(state, idx);
+        *state = FixedWindowState {
+            window: idx,
+            count: count + cost,
+        };
     }
-    (d, state)
-}
 
-/// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
-/// never beyond the limit: the window is then used up, and the next one starts afresh, so
-/// the key waits at most until its window ends.
-pub fn overcharge(state: &mut FixedWindowState, now: u64, policy: &Policy, extra: u64) {
-    let idx = now / policy.window_millis();
-    let count = current(state, idx);
-    *state = FixedWindowState {
-        window: idx,
-        count: (count + extra).min(count.max(policy.limit())),
-    };
-}
+    /// Gives back up to `cost` units charged to the window `now` falls in (a charge whose
+    /// request turned out not to count, such as a login that succeeded).
+    ///
+    /// **Bound**: the units come off the current window's count, never below zero. A refund made
+    /// in a later window than its charge finds a window the charge never reached: when that
+    /// window has a count already (other requests), the refund takes up to `cost` units of it
+    /// (those requests' units, at most `cost` per refund, and never more than the window had);
+    /// otherwise it gives back nothing, since the charge stopped counting when its window ended.
+    /// A refund never leaves the state better than a fresh one.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{FixedWindow, FixedWindowState, LimitAlgorithm};
+    /// use tollgate::{Algorithm, Policy, Rate};
+    ///
+    /// let policy = Policy::builder("p", Rate::per_second(1)).algorithm(Algorithm::FixedWindow).build()?;
+    /// let (_, mut state) = FixedWindow::decide(FixedWindowState::default(), 10_000, policy.limits(), 1);
+    /// assert!(!FixedWindow::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// FixedWindow::refund(&mut state, 10_100, policy.limits(), 1);
+    /// assert!(FixedWindow::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    #[inline]
+    fn refund(state: &mut FixedWindowState, now: u64, limits: &Limits, cost: u64) {
+        if state.window == now / limits.window_millis() {
+            state.count = state.count.saturating_sub(cost);
+        }
+    }
 
-/// When the state stops mattering (ms since the epoch): the end of its window.
-#[inline]
-pub fn expires_at(state: &FixedWindowState, policy: &Policy) -> u64 {
-    (state.window + 1) * policy.window_millis()
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
+    /// never beyond the limit: the window is then used up, and the next one starts afresh, so
+    /// the key waits at most until its window ends.
+    fn overcharge(state: &mut FixedWindowState, now: u64, limits: &Limits, extra: u64) {
+        let idx = now / limits.window_millis();
+        let count = current(state, idx);
+        *state = FixedWindowState {
+            window: idx,
+            count: (count + extra).min(count.max(limits.limit())),
+        };
+    }
+
+    /// When the state stops mattering (ms since the epoch): the end of its window.
+    #[inline]
+    fn expires_at(state: &FixedWindowState, limits: &Limits) -> u64 {
+        (state.window + 1) * limits.window_millis()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::test_support::assert_retry_exact;
+    use crate::Policy;
     use crate::{Algorithm, Rate};
 
     fn policy(n: u64, w_ms: u64) -> Policy {
@@ -153,18 +151,20 @@ mod tests {
         let p = policy(3, 1000);
         let mut s = FixedWindowState::default();
         for i in 0..3 {
-            let (d, ns) = decide(s, 5_000 + i, &p, 1);
+            let (d, ns) = FixedWindow::decide(s, 5_000 + i, p.limits(), 1);
             assert!(d.is_allowed());
             assert_eq!(d.remaining(), 2 - i);
             assert_eq!(d.reset_after_millis(), 1000 - i);
             s = ns;
         }
-        let (d, s2) = decide(s, 5_500, &p, 1);
+        let (d, s2) = FixedWindow::decide(s, 5_500, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(s2, s, "a denied request consumes nothing");
         assert_eq!(d.retry_after_millis(), 500);
-        assert_retry_exact(&s, 5_500, 1, &d, |s, t, c| evaluate(s, t, &p, c));
-        assert!(evaluate(&s, 6_000, &p, 1).is_allowed());
+        assert_retry_exact(&s, 5_500, 1, &d, |s, t, c| {
+            FixedWindow::evaluate(s, t, p.limits(), c)
+        });
+        assert!(FixedWindow::evaluate(&s, 6_000, p.limits(), 1).is_allowed());
     }
 
     #[test]
@@ -174,7 +174,7 @@ mod tests {
         let mut admitted = 0;
         for t in [999u64, 1000] {
             for _ in 0..10 {
-                let (d, ns) = decide(s, t, &p, 1);
+                let (d, ns) = FixedWindow::decide(s, t, p.limits(), 1);
                 admitted += u64::from(d.is_allowed());
                 s = ns;
             }
@@ -187,37 +187,37 @@ mod tests {
         let p = policy(3, 1000);
         let mut s = FixedWindowState::default();
         for _ in 0..3 {
-            s = decide(s, 5_100, &p, 1).1;
+            s = FixedWindow::decide(s, 5_100, p.limits(), 1).1;
         }
-        let before = evaluate(&s, 5_200, &p, 1);
+        let before = FixedWindow::evaluate(&s, 5_200, p.limits(), 1);
         assert!(!before.is_allowed());
         let mut refunded = s;
-        refund(&mut refunded, 5_200, &p, 2);
+        FixedWindow::refund(&mut refunded, 5_200, p.limits(), 2);
         assert_eq!(refunded.count, 1);
-        let after = evaluate(&refunded, 5_200, &p, 1);
+        let after = FixedWindow::evaluate(&refunded, 5_200, p.limits(), 1);
         assert!(after.is_allowed());
         assert_eq!(after.remaining(), 1);
         // Never below a fresh state.
-        refund(&mut refunded, 5_300, &p, 10);
+        FixedWindow::refund(&mut refunded, 5_300, p.limits(), 10);
         assert_eq!(
-            evaluate(&refunded, 5_300, &p, 3),
-            evaluate(&FixedWindowState::default(), 5_300, &p, 3)
+            FixedWindow::evaluate(&refunded, 5_300, p.limits(), 3),
+            FixedWindow::evaluate(&FixedWindowState::default(), 5_300, p.limits(), 3)
         );
         // After the window ended the charge no longer counts: nothing to give back.
         let mut later = s;
-        refund(&mut later, 6_000, &p, 3);
+        FixedWindow::refund(&mut later, 6_000, p.limits(), 3);
         assert_eq!(later, s);
     }
 
     #[test]
     fn denied_cost_leaves_the_count() {
         let p = policy(5, 1000);
-        let (_, s) = decide(FixedWindowState::default(), 0, &p, 4);
-        let (d, s2) = decide(s, 1, &p, 2);
+        let (_, s) = FixedWindow::decide(FixedWindowState::default(), 0, p.limits(), 4);
+        let (d, s2) = FixedWindow::decide(s, 1, p.limits(), 2);
         assert!(!d.is_allowed());
         assert_eq!(d.remaining(), 1);
         assert_eq!(s, s2);
-        let (d, _) = decide(s2, 2, &p, 1);
+        let (d, _) = FixedWindow::decide(s2, 2, p.limits(), 1);
         assert!(d.is_allowed());
     }
 }

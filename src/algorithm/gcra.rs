@@ -20,7 +20,8 @@
 //! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
 
 use super::{ceil_div, InPlace, PolicyDecision};
-use crate::policy::Policy;
+use super::{in_place_by_parts, LimitAlgorithm};
+use crate::policy::{Algorithm, Limits};
 
 /// The theoretical arrival time: `tat + frac/N` ms since the epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -47,104 +48,21 @@ fn backlog(state: &GcraState, now: u64, n: u64) -> u64 {
     }
 }
 
-/// What a request of `cost` at `now` would get, changing nothing.
-#[inline]
-pub fn evaluate(state: &GcraState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let tolerance = policy.capacity() * w;
-    let slack = policy.max_delay_millis() * n;
-    let backlog = backlog(state, now, n);
-    let after = backlog + cost * w;
-    let allowed = after <= tolerance + slack;
-    let delay = if allowed {
-        ceil_div(after.saturating_sub(tolerance), n)
-    } else {
-        0
-    };
-    let (left, reset_after) = if allowed {
-        (tolerance.saturating_sub(after), ceil_div(after, n))
-    } else {
-        (tolerance.saturating_sub(backlog), ceil_div(backlog, n))
-    };
-    let retry_after = if allowed {
-        0
-    } else {
-        ceil_div(after - tolerance - slack, n)
-    };
-    PolicyDecision::from_parts(
-        allowed,
-        policy.capacity(),
-        left / w,
-        reset_after,
-        retry_after,
-        delay,
-    )
-}
-
-/// Moves the TAT for an allowed request.
-#[inline]
-pub fn commit(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
-    let n = policy.limit();
-    let (base, backlog) = if state.tat >= now {
-        (now, backlog(state, now, n))
-    } else {
-        (now, 0)
-    };
-    let after = backlog + cost * policy.window_millis();
-    *state = GcraState {
-        tat: base + after / n,
-        frac: after % n,
-    };
-}
-
-/// Moves the TAT back by up to `cost` emission intervals (a charge whose request turned out
-/// not to count, such as a login that succeeded), never before `now`.
-///
-/// **Bound**: exact while the meter has not drained the refunded units by itself; the TAT
-/// never goes before `now`, so the state is never better than a fresh one. Like the token
-/// bucket's refund, so the two still admit the same requests.
-///
-/// ```
-/// use tollgate::algorithm::{gcra, GcraState};
-/// use tollgate::{Algorithm, Policy, Rate};
-///
-/// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::Gcra).build()?;
-/// let (_, mut state) = gcra::decide(GcraState::default(), 10_000, &policy, 1);
-/// assert!(!gcra::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// gcra::refund(&mut state, 10_100, &policy, 1);
-/// assert!(gcra::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[inline]
-pub fn refund(state: &mut GcraState, now: u64, policy: &Policy, cost: u64) {
-    let n = policy.limit();
-    let backlog = backlog(state, now, n);
-    if backlog == 0 || cost == 0 {
-        return;
-    }
-    let after = backlog.saturating_sub(cost.saturating_mul(policy.window_millis()));
-    *state = GcraState {
-        tat: now + after / n,
-        frac: after % n,
-    };
-}
-
-/// [`evaluate`] and, when `charge`, [`commit`] for a request that fits without waiting (the
+/// [`evaluate`](LimitAlgorithm::evaluate) and, when `charge`, [`commit`](LimitAlgorithm::commit) for a request that fits without waiting (the
 /// common case), sharing one division between the decision's `reset_after` and the new TAT;
 /// returns the decision and the state's new expiry (when charged). `None` for every other
 /// request (denied, or delayed by shaping): those take `evaluate` and `commit`.
 #[inline(always)]
-pub(crate) fn decide_common_case(
+fn common_case(
     state: &mut GcraState,
     now: u64,
-    policy: &Policy,
+    limits: &Limits,
     cost: u64,
     charge: bool,
 ) -> Option<InPlace> {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let capacity = policy.capacity();
+    let n = limits.limit();
+    let w = limits.window_millis();
+    let capacity = limits.capacity();
     let tolerance = capacity * w;
     let after = backlog(state, now, n) + cost * w;
     if after > tolerance {
@@ -163,48 +81,142 @@ pub(crate) fn decide_common_case(
     Some((d, Some(now + reset_after)))
 }
 
-/// [`evaluate`] then, if allowed, [`commit`].
-pub fn decide(
-    mut state: GcraState,
-    now: u64,
-    policy: &Policy,
-    cost: u64,
-) -> (PolicyDecision, GcraState) {
-    let d = evaluate(&state, now, policy, cost);
-    if d.is_allowed() {
-        commit(&mut state, now, policy, cost);
+/// The gcra algorithm; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Gcra;
+
+impl LimitAlgorithm for Gcra {
+    type State = GcraState;
+
+    const ALGORITHM: Algorithm = Algorithm::Gcra;
+
+    /// What a request of `cost` at `now` would get, changing nothing.
+    #[inline]
+    fn evaluate(state: &GcraState, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let tolerance = limits.capacity() * w;
+        let slack = limits.max_delay_millis() * n;
+        let backlog = backlog(state, now, n);
+        let after = backlog + cost * w;
+        let allowed = after <= tolerance + slack;
+        let delay = if allowed {
+            ceil_div(after.saturating_sub(tolerance), n)
+        } else {
+            0
+        };
+        let (left, reset_after) = if allowed {
+            (tolerance.saturating_sub(after), ceil_div(after, n))
+        } else {
+            (tolerance.saturating_sub(backlog), ceil_div(backlog, n))
+        };
+        let retry_after = if allowed {
+            0
+        } else {
+            ceil_div(after - tolerance - slack, n)
+        };
+        PolicyDecision::from_parts(
+            allowed,
+            limits.capacity(),
+            left / w,
+            reset_after,
+            retry_after,
+            delay,
+        )
     }
-    (d, state)
-}
 
-/// Charges `extra` units whether or not they fit (a cost settled above its reservation): the
-/// TAT may move past the tolerance, but never by more than the tolerance less one interval,
-/// so one unit fits again within the time the burst takes to refill (`capacity × W / N`).
-pub fn overcharge(state: &mut GcraState, now: u64, policy: &Policy, extra: u64) {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let backlog = backlog(state, now, n);
-    let most = (2 * policy.capacity() - 1) * w;
-    let after = backlog
-        .saturating_add(extra.saturating_mul(w))
-        .min(backlog.max(most));
-    *state = GcraState {
-        tat: now + after / n,
-        frac: after % n,
-    };
-}
+    /// Moves the TAT for an allowed request.
+    #[inline]
+    fn commit(state: &mut GcraState, now: u64, limits: &Limits, cost: u64) {
+        let n = limits.limit();
+        let (base, backlog) = if state.tat >= now {
+            (now, backlog(state, now, n))
+        } else {
+            (now, 0)
+        };
+        let after = backlog + cost * limits.window_millis();
+        *state = GcraState {
+            tat: base + after / n,
+            frac: after % n,
+        };
+    }
 
-/// When the state stops mattering (ms since the epoch): when the TAT is reached.
-#[inline]
-pub fn expires_at(state: &GcraState, _policy: &Policy) -> u64 {
-    state.tat + u64::from(state.frac > 0)
+    /// Moves the TAT back by up to `cost` emission intervals (a charge whose request turned out
+    /// not to count, such as a login that succeeded), never before `now`.
+    ///
+    /// **Bound**: exact while the meter has not drained the refunded units by itself; the TAT
+    /// never goes before `now`, so the state is never better than a fresh one. Like the token
+    /// bucket's refund, so the two still admit the same requests.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{Gcra, GcraState, LimitAlgorithm};
+    /// use tollgate::{Algorithm, Policy, Rate};
+    ///
+    /// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::Gcra).build()?;
+    /// let (_, mut state) = Gcra::decide(GcraState::default(), 10_000, policy.limits(), 1);
+    /// assert!(!Gcra::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// Gcra::refund(&mut state, 10_100, policy.limits(), 1);
+    /// assert!(Gcra::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    #[inline]
+    fn refund(state: &mut GcraState, now: u64, limits: &Limits, cost: u64) {
+        let n = limits.limit();
+        let backlog = backlog(state, now, n);
+        if backlog == 0 || cost == 0 {
+            return;
+        }
+        let after = backlog.saturating_sub(cost.saturating_mul(limits.window_millis()));
+        *state = GcraState {
+            tat: now + after / n,
+            frac: after % n,
+        };
+    }
+
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation): the
+    /// TAT may move past the tolerance, but never by more than the tolerance less one interval,
+    /// so one unit fits again within the time the burst takes to refill (`capacity × W / N`).
+    fn overcharge(state: &mut GcraState, now: u64, limits: &Limits, extra: u64) {
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let backlog = backlog(state, now, n);
+        let most = (2 * limits.capacity() - 1) * w;
+        let after = backlog
+            .saturating_add(extra.saturating_mul(w))
+            .min(backlog.max(most));
+        *state = GcraState {
+            tat: now + after / n,
+            frac: after % n,
+        };
+    }
+
+    /// When the state stops mattering (ms since the epoch): when the TAT is reached.
+    #[inline]
+    fn expires_at(state: &GcraState, _limits: &Limits) -> u64 {
+        state.tat + u64::from(state.frac > 0)
+    }
+
+    #[inline]
+    fn decide_in_place(
+        state: &mut Self::State,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+        charge: bool,
+    ) -> InPlace {
+        match common_case(state, now, limits, cost, charge) {
+            Some(done) => done,
+            None => in_place_by_parts::<Self>(state, now, limits, cost, charge),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::test_support::assert_retry_exact;
-    use crate::algorithm::{token_bucket, TokenBucketState};
+    use crate::algorithm::{TokenBucket, TokenBucketState};
+    use crate::Policy;
     use crate::{Algorithm, Rate};
     use std::time::Duration;
 
@@ -220,18 +232,22 @@ mod tests {
         let p = policy(3, 2);
         let mut s = GcraState::default();
         for _ in 0..2 {
-            let (d, ns) = decide(s, 10_000, &p, 1);
+            let (d, ns) = Gcra::decide(s, 10_000, p.limits(), 1);
             assert!(d.is_allowed());
             s = ns;
         }
-        let (d, s2) = decide(s, 10_000, &p, 1);
+        let (d, s2) = Gcra::decide(s, 10_000, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(s, s2);
         assert_eq!(d.retry_after_millis(), 334);
-        assert_retry_exact(&s, 10_000, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_retry_exact(&s, 10_000, 1, &d, |s, t, c| {
+            Gcra::evaluate(s, t, p.limits(), c)
+        });
         assert_eq!(d.reset_after_millis(), 667);
-        let d = evaluate(&s, 10_000, &p, 2);
-        assert_retry_exact(&s, 10_000, 2, &d, |s, t, c| evaluate(s, t, &p, c));
+        let d = Gcra::evaluate(&s, 10_000, p.limits(), 2);
+        assert_retry_exact(&s, 10_000, 2, &d, |s, t, c| {
+            Gcra::evaluate(s, t, p.limits(), c)
+        });
     }
 
     #[test]
@@ -244,12 +260,12 @@ mod tests {
         let mut s = GcraState::default();
         let mut delays = vec![];
         loop {
-            let (d, ns) = decide(s, 0, &p, 1);
+            let (d, ns) = Gcra::decide(s, 0, p.limits(), 1);
             if !d.is_allowed() {
                 assert_eq!(s, ns);
                 // At 50 ms the backlog has drained to where a 250 ms wait fits.
                 assert_eq!(d.retry_after_millis(), 50);
-                assert_retry_exact(&s, 0, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+                assert_retry_exact(&s, 0, 1, &d, |s, t, c| Gcra::evaluate(s, t, p.limits(), c));
                 break;
             }
             delays.push(d.delay_millis());
@@ -263,17 +279,20 @@ mod tests {
         let p = policy(3, 2);
         let mut s = GcraState::default();
         for _ in 0..2 {
-            s = decide(s, 10_000, &p, 1).1;
+            s = Gcra::decide(s, 10_000, p.limits(), 1).1;
         }
-        assert!(!evaluate(&s, 10_000, &p, 1).is_allowed());
+        assert!(!Gcra::evaluate(&s, 10_000, p.limits(), 1).is_allowed());
         let mut r = s;
-        refund(&mut r, 10_000, &p, 1);
-        assert!(evaluate(&r, 10_000, &p, 1).is_allowed());
+        Gcra::refund(&mut r, 10_000, p.limits(), 1);
+        assert!(Gcra::evaluate(&r, 10_000, p.limits(), 1).is_allowed());
         // Charge then refund gives the decision before the charge.
-        let (_, mut back) = decide(r, 10_050, &p, 1);
-        refund(&mut back, 10_050, &p, 1);
-        assert_eq!(evaluate(&back, 10_050, &p, 1), evaluate(&r, 10_050, &p, 1));
-        refund(&mut r, 10_100, &p, 50);
+        let (_, mut back) = Gcra::decide(r, 10_050, p.limits(), 1);
+        Gcra::refund(&mut back, 10_050, p.limits(), 1);
+        assert_eq!(
+            Gcra::evaluate(&back, 10_050, p.limits(), 1),
+            Gcra::evaluate(&r, 10_050, p.limits(), 1)
+        );
+        Gcra::refund(&mut r, 10_100, p.limits(), 50);
         assert_eq!(
             r,
             GcraState {
@@ -282,8 +301,8 @@ mod tests {
             }
         );
         assert_eq!(
-            evaluate(&r, 10_100, &p, 2),
-            evaluate(&GcraState::default(), 10_100, &p, 2)
+            Gcra::evaluate(&r, 10_100, p.limits(), 2),
+            Gcra::evaluate(&GcraState::default(), 10_100, p.limits(), 2)
         );
     }
 
@@ -299,14 +318,14 @@ mod tests {
         for i in 0..2_000u64 {
             now += (i * 7919) % 97;
             let cost = 1 + i % 3;
-            let (a, ngs) = decide(gs, now, &g, cost);
-            let (b, nts) = token_bucket::decide(ts, now, &t, cost);
+            let (a, ngs) = Gcra::decide(gs, now, g.limits(), cost);
+            let (b, nts) = TokenBucket::decide(ts, now, t.limits(), cost);
             assert_eq!(a, b, "step {i} at {now}");
             gs = ngs;
             ts = nts;
             if i % 5 == 0 {
-                refund(&mut gs, now, &g, cost);
-                token_bucket::refund(&mut ts, now, &t, cost);
+                Gcra::refund(&mut gs, now, g.limits(), cost);
+                TokenBucket::refund(&mut ts, now, t.limits(), cost);
             }
         }
     }

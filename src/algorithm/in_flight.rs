@@ -18,11 +18,12 @@
 //! of the lease while the request runs. In memory a slot is held until it is given back;
 //! the lease plays no part.
 //!
-//! A release ([`refund`]) of a slot never held, or held by a state that has since been
+//! A release ([`refund`](LimitAlgorithm::refund)) of a slot never held, or held by a state that has since been
 //! forgotten, changes nothing: the count never goes below zero.
 
+use super::LimitAlgorithm;
 use super::PolicyDecision;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Limits};
 
 /// The `Retry-After` of a refusal by an in-flight policy, in milliseconds.
 pub const RETRY_AFTER_MS: u64 = 1_000;
@@ -40,61 +41,72 @@ impl InFlightState {
     }
 }
 
-/// What a request asking for `slots` slots (1, or 0 to only look) would get, changing
-/// nothing.
-#[inline]
-pub fn evaluate(state: &InFlightState, _now: u64, policy: &Policy, slots: u64) -> PolicyDecision {
-    let n = policy.limit();
-    let allowed = state.held + slots <= n;
-    let after = if allowed {
-        state.held + slots
-    } else {
-        state.held
-    };
-    PolicyDecision::from_parts(allowed, n, n.saturating_sub(after), 0, RETRY_AFTER_MS, 0)
-}
+/// The in flight algorithm; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct InFlight;
 
-/// Takes the slots of an allowed request.
-#[inline]
-pub fn commit(state: &mut InFlightState, _now: u64, _policy: &Policy, slots: u64) {
-    state.held += slots;
-}
+impl LimitAlgorithm for InFlight {
+    type State = InFlightState;
 
-/// Gives `slots` slots back (a request ended), never below zero.
-pub fn refund(state: &mut InFlightState, _now: u64, _policy: &Policy, slots: u64) {
-    state.held = state.held.saturating_sub(slots);
-}
+    const ALGORITHM: Algorithm = Algorithm::InFlight;
 
-/// Nothing to settle: a request holds one slot whatever it costs.
-pub fn overcharge(_state: &mut InFlightState, _now: u64, _policy: &Policy, _extra: u64) {}
-
-/// [`evaluate`] and, when allowed, [`commit`].
-pub fn decide(
-    mut state: InFlightState,
-    now: u64,
-    policy: &Policy,
-    slots: u64,
-) -> (PolicyDecision, InFlightState) {
-    let d = evaluate(&state, now, policy, slots);
-    if d.is_allowed() {
-        commit(&mut state, now, policy, slots);
+    /// What a request asking for `slots` slots (1, or 0 to only look) would get, changing
+    /// nothing.
+    #[inline]
+    fn evaluate(state: &InFlightState, _now: u64, limits: &Limits, slots: u64) -> PolicyDecision {
+        let n = limits.limit();
+        let allowed = state.held + slots <= n;
+        let after = if allowed {
+            state.held + slots
+        } else {
+            state.held
+        };
+        PolicyDecision::from_parts(allowed, n, n.saturating_sub(after), 0, RETRY_AFTER_MS, 0)
     }
-    (d, state)
-}
 
-/// While slots are held, never: forgetting the state would free them. Once every slot is
-/// back, at once.
-pub fn expires_at(state: &InFlightState, _policy: &Policy) -> u64 {
-    if state.held > 0 {
-        u64::MAX / 2
-    } else {
-        0
+    /// Takes the slots of an allowed request.
+    #[inline]
+    fn commit(state: &mut InFlightState, _now: u64, _limits: &Limits, slots: u64) {
+        state.held += slots;
+    }
+
+    /// Gives `slots` slots back (a request ended), never below zero.
+    fn refund(state: &mut InFlightState, _now: u64, _limits: &Limits, slots: u64) {
+        state.held = state.held.saturating_sub(slots);
+    }
+
+    /// Nothing to settle: a request holds one slot whatever it costs.
+    fn overcharge(_state: &mut InFlightState, _now: u64, _limits: &Limits, _extra: u64) {}
+
+    /// [`evaluate`](LimitAlgorithm::evaluate) and, when allowed, [`commit`](LimitAlgorithm::commit).
+    fn decide(
+        mut state: InFlightState,
+        now: u64,
+        limits: &Limits,
+        slots: u64,
+    ) -> (PolicyDecision, InFlightState) {
+        let d = Self::evaluate(&state, now, limits, slots);
+        if d.is_allowed() {
+            Self::commit(&mut state, now, limits, slots);
+        }
+        (d, state)
+    }
+
+    /// While slots are held, never: forgetting the state would free them. Once every slot is
+    /// back, at once.
+    fn expires_at(state: &InFlightState, _limits: &Limits) -> u64 {
+        if state.held > 0 {
+            u64::MAX / 2
+        } else {
+            0
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Policy;
     use crate::{Algorithm, Rate};
 
     fn two() -> Policy {
@@ -105,20 +117,20 @@ mod tests {
     fn holds_at_most_n_and_frees_on_release() {
         let p = two();
         let s = InFlightState::default();
-        let (d, s) = decide(s, 0, &p, 1);
+        let (d, s) = InFlight::decide(s, 0, p.limits(), 1);
         assert!(d.is_allowed() && d.remaining() == 1);
-        let (d, s) = decide(s, 0, &p, 1);
+        let (d, s) = InFlight::decide(s, 0, p.limits(), 1);
         assert!(d.is_allowed() && d.remaining() == 0);
-        let (d, mut s) = decide(s, 0, &p, 1);
+        let (d, mut s) = InFlight::decide(s, 0, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(d.retry_after_millis(), RETRY_AFTER_MS);
-        assert_eq!(expires_at(&s, &p), u64::MAX / 2);
-        refund(&mut s, 5, &p, 1);
-        let (d, mut s) = decide(s, 5, &p, 1);
+        assert_eq!(InFlight::expires_at(&s, p.limits()), u64::MAX / 2);
+        InFlight::refund(&mut s, 5, p.limits(), 1);
+        let (d, mut s) = InFlight::decide(s, 5, p.limits(), 1);
         assert!(d.is_allowed());
-        refund(&mut s, 5, &p, 5);
+        InFlight::refund(&mut s, 5, p.limits(), 5);
         assert_eq!(s.held(), 0);
-        assert_eq!(expires_at(&s, &p), 0);
+        assert_eq!(InFlight::expires_at(&s, p.limits()), 0);
         assert_eq!(p.algorithm(), Algorithm::InFlight);
         assert_eq!(p.rate(), Rate::new(2, crate::policy::DEFAULT_SLOT_LEASE));
     }

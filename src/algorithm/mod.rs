@@ -1,17 +1,34 @@
 //! The five rate algorithms, and the in-flight count, as pure decision functions.
 //!
-//! Each module holds one algorithm: a small state type and three functions over
-//! `(state, now, policy, cost)`, with `now` in milliseconds since the Unix epoch:
+//! Each module holds one algorithm: a small state type and a unit type implementing
+//! [`LimitAlgorithm`], whose functions work over `(state, now, limits, cost)`, with `now` in
+//! milliseconds since the Unix epoch and [`Limits`] the four numbers an algorithm reads from
+//! its policy:
 //!
-//! * `evaluate(&state, now, policy, cost) -> PolicyDecision` answers without changing anything;
-//! * `commit(&mut state, now, policy, cost)` charges an allowed request;
-//! * `decide(state, now, policy, cost) -> (PolicyDecision, state)` is the two together: the
-//!   new state is the old one when the request is denied, because **a denied request consumes
-//!   nothing**;
-//! * `refund(&mut state, now, policy, cost)` gives back up to `cost` units charged earlier,
-//!   for a request that turned out not to count (a login that succeeded, a cost settled
-//!   after the response). A refund never leaves a state better than a fresh one; each
-//!   algorithm states what a refund made after a window boundary gives back.
+//! * [`evaluate`](LimitAlgorithm::evaluate) answers without changing anything;
+//! * [`commit`](LimitAlgorithm::commit) charges an allowed request;
+//! * [`decide`](LimitAlgorithm::decide) is the two together: the new state is the old one
+//!   when the request is denied, because **a denied request consumes nothing**;
+//! * [`refund`](LimitAlgorithm::refund) gives back up to `cost` units charged earlier, for a
+//!   request that turned out not to count (a login that succeeded, a cost settled after the
+//!   response). A refund never leaves a state better than a fresh one; each algorithm states
+//!   what a refund made after a window boundary gives back;
+//! * [`overcharge`](LimitAlgorithm::overcharge) charges a cost settled above its
+//!   reservation, within a bound each algorithm states;
+//! * [`expires_at`](LimitAlgorithm::expires_at) says when a state stops mattering (a store
+//!   forgets it then).
+//!
+//! [`AnyState`] holds the state of any of them, for code that picks the algorithm at run
+//! time (the memory store keeps one per key and policy).
+//!
+//! # Adding an algorithm
+//!
+//! An algorithm is its module here (state type and [`LimitAlgorithm`] implementation), its
+//! Lua twin in `lua/` (the same arithmetic, for the Redis stores), a variant of
+//! [`Algorithm`] (its public name, with [`Algorithm::ALL`]),
+//! and one line in this module's registry, which ties the three together: it generates
+//! [`AnyState`] and the table the Redis stores read the script and key layout from. The
+//! differential and property tests pick it up from `Algorithm::ALL`.
 //!
 //! Splitting evaluation from charging is what lets a request checked against several policies
 //! be decided all or nothing: evaluate every policy, then commit every policy only if all
@@ -26,22 +43,27 @@
 //! # Examples
 //!
 //! ```
-//! use tollgate::algorithm::{fixed_window, FixedWindowState};
+//! use tollgate::algorithm::{FixedWindow, FixedWindowState, LimitAlgorithm};
 //! use tollgate::{Algorithm, Policy, Rate};
 //!
 //! let policy = Policy::builder("p", Rate::per_second(2)).algorithm(Algorithm::FixedWindow).build()?;
 //! let state = FixedWindowState::default();
-//! let (d, state) = fixed_window::decide(state, 10_000, &policy, 1);
+//! let (d, state) = FixedWindow::decide(state, 10_000, policy.limits(), 1);
 //! assert!(d.is_allowed() && d.remaining() == 1);
-//! let (d, state) = fixed_window::decide(state, 10_100, &policy, 1);
+//! let (d, state) = FixedWindow::decide(state, 10_100, policy.limits(), 1);
 //! assert!(d.is_allowed() && d.remaining() == 0);
-//! let (d, _) = fixed_window::decide(state, 10_200, &policy, 1);
+//! let (d, _) = FixedWindow::decide(state, 10_200, policy.limits(), 1);
 //! assert!(!d.is_allowed());
 //! assert_eq!(d.retry_after().unwrap().as_millis(), 800); // the next window starts at 11_000
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+use std::fmt::Debug;
+use std::hash::Hash;
 use std::time::Duration;
+
+use crate::policy::Algorithm;
+pub use crate::policy::Limits;
 
 pub mod fixed_window;
 pub mod gcra;
@@ -50,12 +72,12 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-pub use fixed_window::FixedWindowState;
-pub use gcra::GcraState;
-pub use in_flight::InFlightState;
-pub use sliding_window_counter::SlidingWindowCounterState;
-pub use sliding_window_log::SlidingWindowLogState;
-pub use token_bucket::TokenBucketState;
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use gcra::{Gcra, GcraState};
+pub use in_flight::{InFlight, InFlightState};
+pub use sliding_window_counter::{SlidingWindowCounter, SlidingWindowCounterState};
+pub use sliding_window_log::{SlidingWindowLog, SlidingWindowLogState};
+pub use token_bucket::{TokenBucket, TokenBucketState};
 
 /// One policy's answer for one request.
 ///
@@ -170,141 +192,264 @@ pub(crate) mod test_support {
     }
 }
 
-/// A decision made in place, and the state's new expiry when it was charged.
-pub(crate) type InPlace = (PolicyDecision, Option<u64>);
+/// A decision made in place, and the state's new expiry (ms since the epoch) when it was
+/// charged.
+pub type InPlace = (PolicyDecision, Option<u64>);
 
-/// The state of any algorithm, for stores that keep states side by side.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AnyState {
-    Counter(SlidingWindowCounterState),
-    Log(Box<SlidingWindowLogState>),
-    Bucket(TokenBucketState),
-    Fixed(FixedWindowState),
-    Gcra(GcraState),
-    InFlight(InFlightState),
+mod sealed {
+    pub trait Sealed {}
 }
 
-impl AnyState {
-    pub(crate) fn fresh(algorithm: crate::Algorithm) -> Self {
-        use crate::Algorithm as A;
-        match algorithm {
-            A::SlidingWindowCounter => AnyState::Counter(Default::default()),
-            A::SlidingWindowLog => AnyState::Log(Default::default()),
-            A::TokenBucket => AnyState::Bucket(Default::default()),
-            A::FixedWindow => AnyState::Fixed(Default::default()),
-            A::Gcra => AnyState::Gcra(Default::default()),
-            A::InFlight => AnyState::InFlight(Default::default()),
-        }
-    }
+/// One algorithm: how a request of some cost is decided against a state, given the policy's
+/// [`Limits`].
+///
+/// Implemented by the unit types [`SlidingWindowCounter`], [`SlidingWindowLog`],
+/// [`TokenBucket`], [`FixedWindow`], [`Gcra`] and [`InFlight`]. The trait is sealed: every
+/// algorithm has a Lua twin that the Redis stores run, so a new one belongs in this crate
+/// (see [Adding an algorithm](self#adding-an-algorithm)).
+///
+/// ```
+/// use tollgate::algorithm::{LimitAlgorithm, TokenBucket, TokenBucketState};
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let policy = Policy::builder("p", Rate::per_second(10).with_burst(2))
+///     .algorithm(Algorithm::TokenBucket)
+///     .build()?;
+/// let limits = policy.limits();
+/// let (first, state) = TokenBucket::decide(TokenBucketState::default(), 1_000, limits, 2);
+/// assert!(first.is_allowed() && first.remaining() == 0);
+/// let (second, _) = TokenBucket::decide(state, 1_000, limits, 1);
+/// assert_eq!(second.retry_after_millis(), 100); // one token every 100 ms
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub trait LimitAlgorithm: sealed::Sealed {
+    /// What the algorithm keeps per key and policy.
+    type State: Debug + Clone + Default + PartialEq + Eq + Hash + Send + Sync + 'static;
 
-    pub(crate) fn algorithm(&self) -> crate::Algorithm {
-        use crate::Algorithm as A;
-        match self {
-            AnyState::Counter(_) => A::SlidingWindowCounter,
-            AnyState::Log(_) => A::SlidingWindowLog,
-            AnyState::Bucket(_) => A::TokenBucket,
-            AnyState::Fixed(_) => A::FixedWindow,
-            AnyState::Gcra(_) => A::Gcra,
-            AnyState::InFlight(_) => A::InFlight,
-        }
-    }
+    /// The algorithm's public name.
+    const ALGORITHM: Algorithm;
 
-    pub(crate) fn evaluate(&self, now: u64, policy: &crate::Policy, cost: u64) -> PolicyDecision {
-        match self {
-            AnyState::Counter(s) => sliding_window_counter::evaluate(s, now, policy, cost),
-            AnyState::Log(s) => sliding_window_log::evaluate(s, now, policy, cost),
-            AnyState::Bucket(s) => token_bucket::evaluate(s, now, policy, cost),
-            AnyState::Fixed(s) => fixed_window::evaluate(s, now, policy, cost),
-            AnyState::Gcra(s) => gcra::evaluate(s, now, policy, cost),
-            AnyState::InFlight(s) => in_flight::evaluate(s, now, policy, cost),
-        }
-    }
+    /// What a request of `cost` at `now` would get, changing nothing.
+    fn evaluate(state: &Self::State, now: u64, limits: &Limits, cost: u64) -> PolicyDecision;
 
-    pub(crate) fn refund(&mut self, now: u64, policy: &crate::Policy, cost: u64) {
-        match self {
-            AnyState::Counter(s) => sliding_window_counter::refund(s, now, policy, cost),
-            AnyState::Log(s) => sliding_window_log::refund(s, now, policy, cost),
-            AnyState::Bucket(s) => token_bucket::refund(s, now, policy, cost),
-            AnyState::Fixed(s) => fixed_window::refund(s, now, policy, cost),
-            AnyState::Gcra(s) => gcra::refund(s, now, policy, cost),
-            AnyState::InFlight(s) => in_flight::refund(s, now, policy, cost),
-        }
-    }
+    /// Charges an allowed request of `cost` at `now`.
+    fn commit(state: &mut Self::State, now: u64, limits: &Limits, cost: u64);
 
-    /// Charges `extra` units whether or not they fit, within each algorithm's bound (see its
-    /// `overcharge`): a cost settled above its reservation.
-    pub(crate) fn overcharge(&mut self, now: u64, policy: &crate::Policy, extra: u64) {
-        match self {
-            AnyState::Counter(s) => sliding_window_counter::overcharge(s, now, policy, extra),
-            AnyState::Log(s) => sliding_window_log::overcharge(s, now, policy, extra),
-            AnyState::Bucket(s) => token_bucket::overcharge(s, now, policy, extra),
-            AnyState::Fixed(s) => fixed_window::overcharge(s, now, policy, extra),
-            AnyState::Gcra(s) => gcra::overcharge(s, now, policy, extra),
-            AnyState::InFlight(s) => in_flight::overcharge(s, now, policy, extra),
-        }
-    }
+    /// Gives back up to `cost` units charged earlier; never leaves the state better than a
+    /// fresh one.
+    fn refund(state: &mut Self::State, now: u64, limits: &Limits, cost: u64);
 
-    pub(crate) fn commit(&mut self, now: u64, policy: &crate::Policy, cost: u64) {
-        match self {
-            AnyState::Counter(s) => sliding_window_counter::commit(s, now, policy, cost),
-            AnyState::Log(s) => sliding_window_log::commit(s, now, policy, cost),
-            AnyState::Bucket(s) => token_bucket::commit(s, now, policy, cost),
-            AnyState::Fixed(s) => fixed_window::commit(s, now, policy, cost),
-            AnyState::Gcra(s) => gcra::commit(s, now, policy, cost),
-            AnyState::InFlight(s) => in_flight::commit(s, now, policy, cost),
-        }
-    }
+    /// Charges `extra` units whether or not they fit (a cost settled above its
+    /// reservation), within the bound the algorithm states.
+    fn overcharge(state: &mut Self::State, now: u64, limits: &Limits, extra: u64);
 
-    /// Evaluates and, when `charge` and allowed, commits — one dispatch, with the
-    /// algorithm's evaluate and commit inlined side by side so the work they share (the window
-    /// index, the backlog) is computed once. Returns the decision and, when committed, the
-    /// state's new expiry.
+    /// When the state stops mattering (ms since the epoch): a store may forget it then.
+    fn expires_at(state: &Self::State, limits: &Limits) -> u64;
+
+    /// [`evaluate`](Self::evaluate) then, if allowed, [`commit`](Self::commit): the new
+    /// state is the old one when the request is denied.
     #[inline]
-    pub(crate) fn decide_in_place(
-        &mut self,
+    fn decide(
+        mut state: Self::State,
         now: u64,
-        policy: &crate::Policy,
+        limits: &Limits,
+        cost: u64,
+    ) -> (PolicyDecision, Self::State) {
+        let d = Self::evaluate(&state, now, limits, cost);
+        if d.is_allowed() {
+            Self::commit(&mut state, now, limits, cost);
+        }
+        (d, state)
+    }
+
+    /// Evaluates and, when `charge` and allowed, commits, in place: the decision and, when
+    /// charged, the state's new [expiry](Self::expires_at). Algorithms whose evaluation and
+    /// commit share work (a window index, a backlog) compute it once here.
+    #[inline]
+    fn decide_in_place(
+        state: &mut Self::State,
+        now: u64,
+        limits: &Limits,
         cost: u64,
         charge: bool,
     ) -> InPlace {
-        macro_rules! run {
-            ($module:ident, $state:expr) => {{
-                let d = $module::evaluate($state, now, policy, cost);
-                if charge && d.is_allowed() {
-                    $module::commit($state, now, policy, cost);
-                    let expires = $module::expires_at($state, policy);
-                    (d, Some(expires))
-                } else {
-                    (d, None)
-                }
-            }};
+        in_place_by_parts::<Self>(state, now, limits, cost, charge)
+    }
+}
+
+/// [`LimitAlgorithm::decide_in_place`] from the algorithm's evaluate, commit and expiry.
+#[inline(always)]
+fn in_place_by_parts<A: LimitAlgorithm + ?Sized>(
+    state: &mut A::State,
+    now: u64,
+    limits: &Limits,
+    cost: u64,
+    charge: bool,
+) -> InPlace {
+    let d = A::evaluate(state, now, limits, cost);
+    if charge && d.is_allowed() {
+        A::commit(state, now, limits, cost);
+        (d, Some(A::expires_at(state, limits)))
+    } else {
+        (d, None)
+    }
+}
+
+/// What the stores need to know of one algorithm besides its arithmetic.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Registration {
+    /// The algorithm's number in the Redis script's `ALG` table.
+    pub(crate) script_id: u8,
+    /// The last part of its Redis state keys.
+    pub(crate) key_part: &'static str,
+    /// Its Lua twin, `lua/<file>`.
+    pub(crate) lua: &'static str,
+}
+
+/// The registry: one line per algorithm — its [`Algorithm`] variant, the [`AnyState`]
+/// variant and what it stores, its [`LimitAlgorithm`] type, its Redis script id, key part
+/// and Lua file. Generates [`AnyState`] and [`registration`].
+macro_rules! algorithms {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident($stored:ty) => $alg:ty, id $id:literal, key $part:literal, lua $lua:literal;
+    )*) => {
+        $(impl sealed::Sealed for $alg {})*
+
+        /// The state of any algorithm, for code that picks the algorithm at run time.
+        ///
+        /// ```
+        /// use tollgate::algorithm::AnyState;
+        /// use tollgate::{Algorithm, Policy, Rate};
+        ///
+        /// let policy = Policy::builder("p", Rate::per_second(1))
+        ///     .algorithm(Algorithm::SlidingWindowLog)
+        ///     .build()?;
+        /// let mut state = AnyState::fresh(policy.algorithm());
+        /// assert!(state.decide(5_000, policy.limits(), 1).is_allowed());
+        /// assert!(!state.decide(5_500, policy.limits(), 1).is_allowed());
+        /// assert_eq!(state.algorithm(), Algorithm::SlidingWindowLog);
+        /// # Ok::<(), tollgate::ConfigError>(())
+        /// ```
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum AnyState {
+            $($(#[$doc])* $variant($stored),)*
         }
-        match self {
-            AnyState::Counter(s) => {
-                match sliding_window_counter::decide_common_case(s, now, policy, cost, charge) {
-                    Some(done) => done,
-                    None => run!(sliding_window_counter, s),
+
+        impl AnyState {
+            /// A fresh state for `algorithm`: nothing charged yet.
+            pub fn fresh(algorithm: Algorithm) -> Self {
+                match algorithm {
+                    $(Algorithm::$variant => AnyState::$variant(Default::default()),)*
                 }
             }
-            AnyState::Log(s) => run!(sliding_window_log, s),
-            AnyState::Bucket(s) => run!(token_bucket, s),
-            AnyState::Fixed(s) => run!(fixed_window, s),
-            AnyState::Gcra(s) => match gcra::decide_common_case(s, now, policy, cost, charge) {
-                Some(done) => done,
-                None => run!(gcra, s),
-            },
-            AnyState::InFlight(s) => run!(in_flight, s),
-        }
-    }
 
-    pub(crate) fn expires_at(&self, policy: &crate::Policy) -> u64 {
-        match self {
-            AnyState::Counter(s) => sliding_window_counter::expires_at(s, policy),
-            AnyState::Log(s) => sliding_window_log::expires_at(s, policy),
-            AnyState::Bucket(s) => token_bucket::expires_at(s, policy),
-            AnyState::Fixed(s) => fixed_window::expires_at(s, policy),
-            AnyState::Gcra(s) => gcra::expires_at(s, policy),
-            AnyState::InFlight(s) => in_flight::expires_at(s, policy),
+            /// The algorithm the state belongs to.
+            pub fn algorithm(&self) -> Algorithm {
+                match self {
+                    $(AnyState::$variant(_) => Algorithm::$variant,)*
+                }
+            }
+
+            /// See [`LimitAlgorithm::evaluate`].
+            #[inline]
+            pub fn evaluate(&self, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::evaluate(s, now, limits, cost),)*
+                }
+            }
+
+            /// See [`LimitAlgorithm::commit`].
+            #[inline]
+            pub fn commit(&mut self, now: u64, limits: &Limits, cost: u64) {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::commit(s, now, limits, cost),)*
+                }
+            }
+
+            /// [`evaluate`](Self::evaluate) then, if allowed, [`commit`](Self::commit); a
+            /// denied request leaves the state as it was.
+            #[inline]
+            pub fn decide(&mut self, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
+                self.decide_in_place(now, limits, cost, true).0
+            }
+
+            /// See [`LimitAlgorithm::refund`].
+            #[inline]
+            pub fn refund(&mut self, now: u64, limits: &Limits, cost: u64) {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::refund(s, now, limits, cost),)*
+                }
+            }
+
+            /// See [`LimitAlgorithm::overcharge`].
+            #[inline]
+            pub fn overcharge(&mut self, now: u64, limits: &Limits, extra: u64) {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::overcharge(s, now, limits, extra),)*
+                }
+            }
+
+            /// See [`LimitAlgorithm::decide_in_place`]: one dispatch for the evaluation and
+            /// the commit.
+            #[inline]
+            pub fn decide_in_place(
+                &mut self,
+                now: u64,
+                limits: &Limits,
+                cost: u64,
+                charge: bool,
+            ) -> InPlace {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::decide_in_place(s, now, limits, cost, charge),)*
+                }
+            }
+
+            /// See [`LimitAlgorithm::expires_at`].
+            #[inline]
+            pub fn expires_at(&self, limits: &Limits) -> u64 {
+                match self {
+                    $(AnyState::$variant(s) => <$alg>::expires_at(s, limits),)*
+                }
+            }
         }
-    }
+
+        /// The store-side facts of `algorithm`.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        pub(crate) fn registration(algorithm: Algorithm) -> &'static Registration {
+            match algorithm {
+                $(Algorithm::$variant => {
+                    const R: Registration = Registration {
+                        script_id: $id,
+                        key_part: $part,
+                        lua: include_str!(concat!("../../lua/", $lua)),
+                    };
+                    &R
+                })*
+            }
+        }
+    };
+}
+
+algorithms! {
+    /// A [sliding window counter](sliding_window_counter) state.
+    SlidingWindowCounter(SlidingWindowCounterState) => SlidingWindowCounter,
+        id 1, key "swc", lua "sliding_window_counter.lua";
+    /// A [sliding window log](sliding_window_log) state (boxed: it holds a list).
+    SlidingWindowLog(Box<SlidingWindowLogState>) => SlidingWindowLog,
+        id 2, key "swl", lua "sliding_window_log.lua";
+    /// A [token bucket](token_bucket) state.
+    TokenBucket(TokenBucketState) => TokenBucket,
+        id 3, key "tb", lua "token_bucket.lua";
+    /// A [fixed window](fixed_window) state.
+    FixedWindow(FixedWindowState) => FixedWindow,
+        id 4, key "fw", lua "fixed_window.lua";
+    /// A [GCRA](gcra) state.
+    Gcra(GcraState) => Gcra,
+        id 5, key "gcra", lua "gcra.lua";
+    /// An [in-flight](in_flight) state.
+    InFlight(InFlightState) => InFlight,
+        id 6, key "inf", lua "in_flight.lua";
 }

@@ -22,8 +22,9 @@
 //! full window, reached only when the previous window's traffic was packed at its very end, is
 //! just under `2N`.
 
-use super::{InPlace, PolicyDecision};
-use crate::policy::Policy;
+use super::PolicyDecision;
+use super::{in_place_by_parts, InPlace, LimitAlgorithm};
+use crate::policy::{Algorithm, Limits};
 
 /// The current window's index and the counts of it and the window before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -93,105 +94,21 @@ fn earliest(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64, cost: u64) 
     next + w
 }
 
-/// What a request of `cost` at `now` would get, changing nothing.
-#[inline]
-pub fn evaluate(
-    state: &SlidingWindowCounterState,
-    now: u64,
-    policy: &Policy,
-    cost: u64,
-) -> PolicyDecision {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let idx = now / w;
-    let e = now - idx * w;
-    let (prev, cur) = counts(state, idx);
-    let weighted = prev * (w - e) + cur * w;
-    let allowed = weighted + cost * w <= n * w;
-    let (weighted_after, cur_after) = if allowed {
-        (weighted + cost * w, cur + cost)
-    } else {
-        (weighted, cur)
-    };
-    let remaining = (n * w).saturating_sub(weighted_after) / w;
-    let reset_after = if cur_after > 0 {
-        (idx + 2) * w - now
-    } else if prev > 0 {
-        (idx + 1) * w - now
-    } else {
-        0
-    };
-    let retry_after = if allowed {
-        0
-    } else {
-        earliest(prev, cur, idx, now, n, w, cost) - now
-    };
-    PolicyDecision::from_parts(allowed, n, remaining, reset_after, retry_after, 0)
-}
-
-/// Charges an allowed request.
-#[inline]
-pub fn commit(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, cost: u64) {
-    let idx = now / policy.window_millis();
-    let (previous, current) = counts(state, idx);
-    *state = SlidingWindowCounterState {
-        window: idx,
-        current: current + cost,
-        previous,
-    };
-}
-
-/// Gives back up to `cost` units charged recently (a charge whose request turned out not to
-/// count, such as a login that succeeded): newest first, from the window `now` falls in,
-/// then from the window before it.
-///
-/// **Bound**: a refund takes at most `cost` units and never makes a count negative, so the
-/// state is never better than a fresh one. It is exact while the charge is in the newest
-/// window holding units. After a window boundary (the charge was made in the previous
-/// window) it gives the charge back from the previous window when the current one is empty,
-/// and otherwise from the current window, which weighs fully while the charge's window
-/// weighs `(W − e)/W`: the estimate then drops by up to `cost·e/W` more than the charge
-/// still weighed. A charge two windows old no longer counts and is not refunded.
-///
-/// ```
-/// use tollgate::algorithm::{sliding_window_counter as swc, SlidingWindowCounterState};
-/// use tollgate::{Policy, Rate};
-///
-/// let policy = Policy::new("p", Rate::per_second(1))?;
-/// let (_, mut state) = swc::decide(SlidingWindowCounterState::default(), 10_000, &policy, 1);
-/// assert!(!swc::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// swc::refund(&mut state, 10_100, &policy, 1);
-/// assert!(swc::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[inline]
-pub fn refund(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, cost: u64) {
-    let idx = now / policy.window_millis();
-    if state.window == idx {
-        let back = cost.min(state.current);
-        state.current -= back;
-        state.previous = state.previous.saturating_sub(cost - back);
-    } else if state.window + 1 == idx {
-        // The state's window is now the previous one.
-        state.current = state.current.saturating_sub(cost);
-    }
-}
-
-/// [`evaluate`] and, when `charge`, [`commit`] for an allowed request (the common case): the
+/// [`evaluate`](LimitAlgorithm::evaluate) and, when `charge`, [`commit`](LimitAlgorithm::commit) for an allowed request (the common case): the
 /// window index comes from the state's own window when that or the next one is current, not
 /// from a division, and `remaining` needs none when the previous window is empty. Returns the
 /// decision and the state's new expiry (when charged); `None` for a denied request, which
 /// takes `evaluate` (its `retry_after` search) instead.
 #[inline(always)]
-pub(crate) fn decide_common_case(
+fn common_case(
     state: &mut SlidingWindowCounterState,
     now: u64,
-    policy: &Policy,
+    limits: &Limits,
     cost: u64,
     charge: bool,
 ) -> Option<InPlace> {
-    let n = policy.limit();
-    let w = policy.window_millis();
+    let n = limits.limit();
+    let w = limits.window_millis();
     // `window·W ≤ now < (window + 1)·W` means `⌊now / W⌋ = window`, and so on for the next.
     let (idx, e) = match state.window.checked_mul(w).and_then(|s| now.checked_sub(s)) {
         Some(e) if e < w => (state.window, e),
@@ -231,43 +148,138 @@ pub(crate) fn decide_common_case(
     Some((d, Some((idx + 2) * w)))
 }
 
-/// [`evaluate`] then, if allowed, [`commit`].
-pub fn decide(
-    mut state: SlidingWindowCounterState,
-    now: u64,
-    policy: &Policy,
-    cost: u64,
-) -> (PolicyDecision, SlidingWindowCounterState) {
-    let d = evaluate(&state, now, policy, cost);
-    if d.is_allowed() {
-        commit(&mut state, now, policy, cost);
+/// The sliding window counter algorithm; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SlidingWindowCounter;
+
+impl LimitAlgorithm for SlidingWindowCounter {
+    type State = SlidingWindowCounterState;
+
+    const ALGORITHM: Algorithm = Algorithm::SlidingWindowCounter;
+
+    /// What a request of `cost` at `now` would get, changing nothing.
+    #[inline]
+    fn evaluate(
+        state: &SlidingWindowCounterState,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+    ) -> PolicyDecision {
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let idx = now / w;
+        let e = now - idx * w;
+        let (prev, cur) = counts(state, idx);
+        let weighted = prev * (w - e) + cur * w;
+        let allowed = weighted + cost * w <= n * w;
+        let (weighted_after, cur_after) = if allowed {
+            (weighted + cost * w, cur + cost)
+        } else {
+            (weighted, cur)
+        };
+        let remaining = (n * w).saturating_sub(weighted_after) / w;
+        let reset_after = if cur_after > 0 {
+            (idx + 2) * w - now
+        } else if prev > 0 {
+            (idx + 1) * w - now
+        } else {
+            0
+        };
+        let retry_after = if allowed {
+            0
+        } else {
+            earliest(prev, cur, idx, now, n, w, cost) - now
+        };
+        PolicyDecision::from_parts(allowed, n, remaining, reset_after, retry_after, 0)
     }
-    (d, state)
-}
 
-/// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
-/// never beyond the limit in the current window: the key is then at worst as if its whole
-/// limit had been used at `now`, so one unit fits again within one window plus `W / N`.
-pub fn overcharge(state: &mut SlidingWindowCounterState, now: u64, policy: &Policy, extra: u64) {
-    let idx = now / policy.window_millis();
-    let (previous, current) = counts(state, idx);
-    *state = SlidingWindowCounterState {
-        window: idx,
-        current: (current + extra).min(current.max(policy.limit())),
-        previous,
-    };
-}
+    /// Charges an allowed request.
+    #[inline]
+    fn commit(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, cost: u64) {
+        let idx = now / limits.window_millis();
+        let (previous, current) = counts(state, idx);
+        *state = SlidingWindowCounterState {
+            window: idx,
+            current: current + cost,
+            previous,
+        };
+    }
 
-/// When the state stops mattering (ms since the epoch): the end of the window after its own.
-#[inline]
-pub fn expires_at(state: &SlidingWindowCounterState, policy: &Policy) -> u64 {
-    (state.window + 2) * policy.window_millis()
+    /// Gives back up to `cost` units charged recently (a charge whose request turned out not to
+    /// count, such as a login that succeeded): newest first, from the window `now` falls in,
+    /// then from the window before it.
+    ///
+    /// **Bound**: a refund takes at most `cost` units and never makes a count negative, so the
+    /// state is never better than a fresh one. It is exact while the charge is in the newest
+    /// window holding units. After a window boundary (the charge was made in the previous
+    /// window) it gives the charge back from the previous window when the current one is empty,
+    /// and otherwise from the current window, which weighs fully while the charge's window
+    /// weighs `(W − e)/W`: the estimate then drops by up to `cost·e/W` more than the charge
+    /// still weighed. A charge two windows old no longer counts and is not refunded.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{SlidingWindowCounter as Swc, SlidingWindowCounterState, LimitAlgorithm};
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let policy = Policy::new("p", Rate::per_second(1))?;
+    /// let (_, mut state) = Swc::decide(SlidingWindowCounterState::default(), 10_000, policy.limits(), 1);
+    /// assert!(!Swc::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// Swc::refund(&mut state, 10_100, policy.limits(), 1);
+    /// assert!(Swc::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    #[inline]
+    fn refund(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, cost: u64) {
+        let idx = now / limits.window_millis();
+        if state.window == idx {
+            let back = cost.min(state.current);
+            state.current -= back;
+            state.previous = state.previous.saturating_sub(cost - back);
+        } else if state.window + 1 == idx {
+            // The state's window is now the previous one.
+            state.current = state.current.saturating_sub(cost);
+        }
+    }
+
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
+    /// never beyond the limit in the current window: the key is then at worst as if its whole
+    /// limit had been used at `now`, so one unit fits again within one window plus `W / N`.
+    fn overcharge(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, extra: u64) {
+        let idx = now / limits.window_millis();
+        let (previous, current) = counts(state, idx);
+        *state = SlidingWindowCounterState {
+            window: idx,
+            current: (current + extra).min(current.max(limits.limit())),
+            previous,
+        };
+    }
+
+    /// When the state stops mattering (ms since the epoch): the end of the window after its own.
+    #[inline]
+    fn expires_at(state: &SlidingWindowCounterState, limits: &Limits) -> u64 {
+        (state.window + 2) * limits.window_millis()
+    }
+
+    #[inline]
+    fn decide_in_place(
+        state: &mut Self::State,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+        charge: bool,
+    ) -> InPlace {
+        match common_case(state, now, limits, cost, charge) {
+            Some(done) => done,
+            None => in_place_by_parts::<Self>(state, now, limits, cost, charge),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::test_support::assert_retry_exact;
+    use crate::Policy;
     use crate::Rate;
     use std::time::Duration;
 
@@ -280,23 +292,25 @@ mod tests {
         let p = policy(10, 1000);
         let mut s = SlidingWindowCounterState::default();
         for _ in 0..10 {
-            let (d, ns) = decide(s, 10_000, &p, 1);
+            let (d, ns) = SlidingWindowCounter::decide(s, 10_000, p.limits(), 1);
             assert!(d.is_allowed());
             s = ns;
         }
         // 250 ms into the next window the previous 10 weigh 7.5: two more fit.
-        let (d, ns) = decide(s, 11_250, &p, 1);
+        let (d, ns) = SlidingWindowCounter::decide(s, 11_250, p.limits(), 1);
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 1);
-        let (d, ns) = decide(ns, 11_250, &p, 1);
+        let (d, ns) = SlidingWindowCounter::decide(ns, 11_250, p.limits(), 1);
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
-        let (d, ns2) = decide(ns, 11_250, &p, 1);
+        let (d, ns2) = SlidingWindowCounter::decide(ns, 11_250, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(ns, ns2);
         // 7.5 + 2 + 1 > 10 until the weight drops to 7: at 11_300.
         assert_eq!(d.retry_after_millis(), 50);
-        assert_retry_exact(&ns, 11_250, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_retry_exact(&ns, 11_250, 1, &d, |s, t, c| {
+            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
+        });
     }
 
     #[test]
@@ -308,13 +322,17 @@ mod tests {
             current: 10,
             previous: 0,
         };
-        let d = evaluate(&s, 5_100, &p, 1);
+        let d = SlidingWindowCounter::evaluate(&s, 5_100, p.limits(), 1);
         assert_eq!(d.retry_after_millis(), 1_000);
-        assert_retry_exact(&s, 5_100, 1, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_retry_exact(&s, 5_100, 1, &d, |s, t, c| {
+            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
+        });
         // A cost equal to the limit needs the previous window gone entirely.
-        let d = evaluate(&s, 5_100, &p, 10);
+        let d = SlidingWindowCounter::evaluate(&s, 5_100, p.limits(), 10);
         assert_eq!(d.retry_after_millis(), 1_900);
-        assert_retry_exact(&s, 5_100, 10, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_retry_exact(&s, 5_100, 10, &d, |s, t, c| {
+            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
+        });
         // Both windows partly full.
         let s = SlidingWindowCounterState {
             window: 5,
@@ -323,9 +341,11 @@ mod tests {
         };
         for now in [5_000, 5_001, 5_333, 5_999] {
             for cost in 1..=10 {
-                let d = evaluate(&s, now, &p, cost);
+                let d = SlidingWindowCounter::evaluate(&s, now, p.limits(), cost);
                 if !d.is_allowed() {
-                    assert_retry_exact(&s, now, cost, &d, |s, t, c| evaluate(s, t, &p, c));
+                    assert_retry_exact(&s, now, cost, &d, |s, t, c| {
+                        SlidingWindowCounter::evaluate(s, t, p.limits(), c)
+                    });
                 }
             }
         }
@@ -336,33 +356,41 @@ mod tests {
         let p = policy(4, 1000);
         let mut s = SlidingWindowCounterState::default();
         for _ in 0..4 {
-            s = decide(s, 10_100, &p, 1).1;
+            s = SlidingWindowCounter::decide(s, 10_100, p.limits(), 1).1;
         }
-        let full = evaluate(&s, 10_200, &p, 1);
+        let full = SlidingWindowCounter::evaluate(&s, 10_200, p.limits(), 1);
         assert!(!full.is_allowed());
         let mut r = s;
-        refund(&mut r, 10_200, &p, 1);
-        let d = evaluate(&r, 10_200, &p, 1);
+        SlidingWindowCounter::refund(&mut r, 10_200, p.limits(), 1);
+        let d = SlidingWindowCounter::evaluate(&r, 10_200, p.limits(), 1);
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
         // Charge then refund gives the decision before the charge.
-        let (_, charged) = decide(r, 10_300, &p, 1);
+        let (_, charged) = SlidingWindowCounter::decide(r, 10_300, p.limits(), 1);
         let mut back = charged;
-        refund(&mut back, 10_300, &p, 1);
-        assert_eq!(evaluate(&back, 10_300, &p, 2), evaluate(&r, 10_300, &p, 2));
+        SlidingWindowCounter::refund(&mut back, 10_300, p.limits(), 1);
+        assert_eq!(
+            SlidingWindowCounter::evaluate(&back, 10_300, p.limits(), 2),
+            SlidingWindowCounter::evaluate(&r, 10_300, p.limits(), 2)
+        );
         // In the next window the charge sits in the previous window: refunded from there.
         let mut next = s;
-        refund(&mut next, 11_250, &p, 4);
+        SlidingWindowCounter::refund(&mut next, 11_250, p.limits(), 4);
         assert_eq!(
-            evaluate(&next, 11_250, &p, 4),
-            evaluate(&SlidingWindowCounterState::default(), 11_250, &p, 4)
+            SlidingWindowCounter::evaluate(&next, 11_250, p.limits(), 4),
+            SlidingWindowCounter::evaluate(
+                &SlidingWindowCounterState::default(),
+                11_250,
+                p.limits(),
+                4
+            )
         );
         // Never negative, and two windows later nothing is left to refund.
         let mut over = s;
-        refund(&mut over, 10_500, &p, 100);
+        SlidingWindowCounter::refund(&mut over, 10_500, p.limits(), 100);
         assert_eq!((over.current, over.previous), (0, 0));
         let mut old = s;
-        refund(&mut old, 12_000, &p, 4);
+        SlidingWindowCounter::refund(&mut old, 12_000, p.limits(), 4);
         assert_eq!(old, s);
     }
 
@@ -373,7 +401,7 @@ mod tests {
         let mut admitted = 0;
         for t in [999u64, 1000, 1001] {
             for _ in 0..10 {
-                let (d, ns) = decide(s, t, &p, 1);
+                let (d, ns) = SlidingWindowCounter::decide(s, t, p.limits(), 1);
                 admitted += u64::from(d.is_allowed());
                 s = ns;
             }

@@ -16,8 +16,9 @@
 //! burst they admit exactly the same requests. The bucket stores a level and a time, GCRA one
 //! "theoretical arrival time"; GCRA can also shape.
 
+use super::LimitAlgorithm;
 use super::{ceil_div, PolicyDecision};
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Limits};
 
 /// The deficit (missing tokens × `W`) as of `updated_at`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -47,110 +48,107 @@ fn deficit_at(state: &TokenBucketState, now: u64, refill_per_ms: u64) -> u64 {
         .saturating_sub(elapsed.saturating_mul(refill_per_ms))
 }
 
-/// What a request of `cost` at `now` would get, changing nothing.
-#[inline]
-pub fn evaluate(state: &TokenBucketState, now: u64, policy: &Policy, cost: u64) -> PolicyDecision {
-    let n = policy.limit();
-    let w = policy.window_millis();
-    let full = policy.capacity() * w;
-    let deficit = deficit_at(state, now, n);
-    let allowed = deficit + cost * w <= full;
-    let after = if allowed { deficit + cost * w } else { deficit };
-    let retry_after = if allowed {
-        0
-    } else {
-        ceil_div(deficit + cost * w - full, n)
-    };
-    PolicyDecision::from_parts(
-        allowed,
-        policy.capacity(),
-        full.saturating_sub(after) / w,
-        ceil_div(after, n),
-        retry_after,
-        0,
-    )
-}
+/// The token bucket algorithm; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TokenBucket;
 
-/// Takes `cost` tokens for an allowed request.
-#[inline]
-pub fn commit(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64) {
-    let deficit = deficit_at(state, now, policy.limit());
-    *state = TokenBucketState {
-        deficit: deficit + cost * policy.window_millis(),
-        updated_at: now.max(state.updated_at),
-    };
-}
+impl LimitAlgorithm for TokenBucket {
+    type State = TokenBucketState;
 
-/// Puts up to `cost` tokens back (a charge whose request turned out not to count, such as a
-/// login that succeeded), never beyond a full bucket.
-///
-/// **Bound**: exact while the bucket has not refilled the refunded tokens by itself; a
-/// refund never makes the bucket fuller than full, so the state is never better than a
-/// fresh one.
-///
-/// ```
-/// use tollgate::algorithm::{token_bucket, TokenBucketState};
-/// use tollgate::{Algorithm, Policy, Rate};
-///
-/// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::TokenBucket).build()?;
-/// let (_, mut state) = token_bucket::decide(TokenBucketState::default(), 10_000, &policy, 1);
-/// assert!(!token_bucket::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// token_bucket::refund(&mut state, 10_100, &policy, 1);
-/// assert!(token_bucket::evaluate(&state, 10_100, &policy, 1).is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[inline]
-pub fn refund(state: &mut TokenBucketState, now: u64, policy: &Policy, cost: u64) {
-    let deficit = deficit_at(state, now, policy.limit());
-    if deficit == 0 || cost == 0 {
-        return;
+    const ALGORITHM: Algorithm = Algorithm::TokenBucket;
+
+    /// What a request of `cost` at `now` would get, changing nothing.
+    #[inline]
+    fn evaluate(state: &TokenBucketState, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let full = limits.capacity() * w;
+        let deficit = deficit_at(state, now, n);
+        let allowed = deficit + cost * w <= full;
+        let after = if allowed { deficit + cost * w } else { deficit };
+        let retry_after = if allowed {
+            0
+        } else {
+            ceil_div(deficit + cost * w - full, n)
+        };
+        PolicyDecision::from_parts(
+            allowed,
+            limits.capacity(),
+            full.saturating_sub(after) / w,
+            ceil_div(after, n),
+            retry_after,
+            0,
+        )
     }
-    *state = TokenBucketState {
-        deficit: deficit.saturating_sub(cost.saturating_mul(policy.window_millis())),
-        updated_at: now.max(state.updated_at),
-    };
-}
 
-/// [`evaluate`] then, if allowed, [`commit`].
-pub fn decide(
-    mut state: TokenBucketState,
-    now: u64,
-    policy: &Policy,
-    cost: u64,
-) -> (PolicyDecision, TokenBucketState) {
-    let d = evaluate(&state, now, policy, cost);
-    if d.is_allowed() {
-        commit(&mut state, now, policy, cost);
+    /// Takes `cost` tokens for an allowed request.
+    #[inline]
+    fn commit(state: &mut TokenBucketState, now: u64, limits: &Limits, cost: u64) {
+        let deficit = deficit_at(state, now, limits.limit());
+        *state = TokenBucketState {
+            deficit: deficit + cost * limits.window_millis(),
+            updated_at: now.max(state.updated_at),
+        };
     }
-    (d, state)
-}
 
-/// Takes `extra` tokens whether or not the bucket holds them (a cost settled above its
-/// reservation): the bucket may go into debt, but never by more than a whole bucket less one
-/// token, so one token is back within the time the bucket takes to refill from empty
-/// (`capacity × W / N`).
-pub fn overcharge(state: &mut TokenBucketState, now: u64, policy: &Policy, extra: u64) {
-    let w = policy.window_millis();
-    let deficit = deficit_at(state, now, policy.limit());
-    let most = (2 * policy.capacity() - 1) * w;
-    *state = TokenBucketState {
-        deficit: deficit
-            .saturating_add(extra.saturating_mul(w))
-            .min(deficit.max(most)),
-        updated_at: now.max(state.updated_at),
-    };
-}
+    /// Puts up to `cost` tokens back (a charge whose request turned out not to count, such as a
+    /// login that succeeded), never beyond a full bucket.
+    ///
+    /// **Bound**: exact while the bucket has not refilled the refunded tokens by itself; a
+    /// refund never makes the bucket fuller than full, so the state is never better than a
+    /// fresh one.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{TokenBucket, TokenBucketState, LimitAlgorithm};
+    /// use tollgate::{Algorithm, Policy, Rate};
+    ///
+    /// let policy = Policy::builder("p", Rate::per_minute(1)).algorithm(Algorithm::TokenBucket).build()?;
+    /// let (_, mut state) = TokenBucket::decide(TokenBucketState::default(), 10_000, policy.limits(), 1);
+    /// assert!(!TokenBucket::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// TokenBucket::refund(&mut state, 10_100, policy.limits(), 1);
+    /// assert!(TokenBucket::evaluate(&state, 10_100, policy.limits(), 1).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    #[inline]
+    fn refund(state: &mut TokenBucketState, now: u64, limits: &Limits, cost: u64) {
+        let deficit = deficit_at(state, now, limits.limit());
+        if deficit == 0 || cost == 0 {
+            return;
+        }
+        *state = TokenBucketState {
+            deficit: deficit.saturating_sub(cost.saturating_mul(limits.window_millis())),
+            updated_at: now.max(state.updated_at),
+        };
+    }
 
-/// When the state stops mattering (ms since the epoch): when the bucket is full again.
-#[inline]
-pub fn expires_at(state: &TokenBucketState, policy: &Policy) -> u64 {
-    state.updated_at + ceil_div(state.deficit, policy.limit())
+    /// Takes `extra` tokens whether or not the bucket holds them (a cost settled above its
+    /// reservation): the bucket may go into debt, but never by more than a whole bucket less one
+    /// token, so one token is back within the time the bucket takes to refill from empty
+    /// (`capacity × W / N`).
+    fn overcharge(state: &mut TokenBucketState, now: u64, limits: &Limits, extra: u64) {
+        let w = limits.window_millis();
+        let deficit = deficit_at(state, now, limits.limit());
+        let most = (2 * limits.capacity() - 1) * w;
+        *state = TokenBucketState {
+            deficit: deficit
+                .saturating_add(extra.saturating_mul(w))
+                .min(deficit.max(most)),
+            updated_at: now.max(state.updated_at),
+        };
+    }
+
+    /// When the state stops mattering (ms since the epoch): when the bucket is full again.
+    #[inline]
+    fn expires_at(state: &TokenBucketState, limits: &Limits) -> u64 {
+        state.updated_at + ceil_div(state.deficit, limits.limit())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::test_support::assert_retry_exact;
+    use crate::Policy;
     use crate::{Algorithm, Rate};
 
     fn policy(n: u64, burst: u64) -> Policy {
@@ -165,19 +163,23 @@ mod tests {
         let p = policy(3, 5); // a token every 333⅓ ms
         let mut s = TokenBucketState::default();
         for i in 0..5 {
-            let (d, ns) = decide(s, 1_000, &p, 1);
+            let (d, ns) = TokenBucket::decide(s, 1_000, p.limits(), 1);
             assert!(d.is_allowed());
             assert_eq!(d.remaining(), 4 - i);
             s = ns;
         }
-        let (d, s2) = decide(s, 1_000, &p, 1);
+        let (d, s2) = TokenBucket::decide(s, 1_000, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(s, s2, "a denied request takes no tokens");
         assert_eq!(d.retry_after_millis(), 334);
-        assert_retry_exact(&s, 1_000, 1, &d, |s, t, c| evaluate(s, t, &p, c));
-        let d = evaluate(&s, 1_000, &p, 2);
+        assert_retry_exact(&s, 1_000, 1, &d, |s, t, c| {
+            TokenBucket::evaluate(s, t, p.limits(), c)
+        });
+        let d = TokenBucket::evaluate(&s, 1_000, p.limits(), 2);
         assert_eq!(d.retry_after_millis(), 667);
-        assert_retry_exact(&s, 1_000, 2, &d, |s, t, c| evaluate(s, t, &p, c));
+        assert_retry_exact(&s, 1_000, 2, &d, |s, t, c| {
+            TokenBucket::evaluate(s, t, p.limits(), c)
+        });
         assert_eq!(d.reset_after_millis(), 1_667);
     }
 
@@ -186,32 +188,35 @@ mod tests {
         let p = policy(1, 3);
         let mut s = TokenBucketState::default();
         for _ in 0..3 {
-            s = decide(s, 0, &p, 1).1;
+            s = TokenBucket::decide(s, 0, p.limits(), 1).1;
         }
-        assert!(!evaluate(&s, 10, &p, 1).is_allowed());
+        assert!(!TokenBucket::evaluate(&s, 10, p.limits(), 1).is_allowed());
         let mut r = s;
-        refund(&mut r, 10, &p, 1);
-        assert!(evaluate(&r, 10, &p, 1).is_allowed());
-        assert!(!evaluate(&r, 10, &p, 2).is_allowed());
+        TokenBucket::refund(&mut r, 10, p.limits(), 1);
+        assert!(TokenBucket::evaluate(&r, 10, p.limits(), 1).is_allowed());
+        assert!(!TokenBucket::evaluate(&r, 10, p.limits(), 2).is_allowed());
         // Charge then refund gives the decision before the charge.
-        let (_, mut back) = decide(r, 20, &p, 1);
-        refund(&mut back, 20, &p, 1);
-        assert_eq!(evaluate(&back, 20, &p, 1), evaluate(&r, 20, &p, 1));
-        // Never fuller than full.
-        refund(&mut r, 30, &p, 100);
+        let (_, mut back) = TokenBucket::decide(r, 20, p.limits(), 1);
+        TokenBucket::refund(&mut back, 20, p.limits(), 1);
         assert_eq!(
-            evaluate(&r, 30, &p, 3),
-            evaluate(&TokenBucketState::default(), 30, &p, 3)
+            TokenBucket::evaluate(&back, 20, p.limits(), 1),
+            TokenBucket::evaluate(&r, 20, p.limits(), 1)
+        );
+        // Never fuller than full.
+        TokenBucket::refund(&mut r, 30, p.limits(), 100);
+        assert_eq!(
+            TokenBucket::evaluate(&r, 30, p.limits(), 3),
+            TokenBucket::evaluate(&TokenBucketState::default(), 30, p.limits(), 3)
         );
     }
 
     #[test]
     fn a_denied_big_request_does_not_drain_the_bucket() {
         let p = policy(1, 10);
-        let (_, s) = decide(TokenBucketState::default(), 0, &p, 5);
-        let (d, s2) = decide(s, 0, &p, 10);
+        let (_, s) = TokenBucket::decide(TokenBucketState::default(), 0, p.limits(), 5);
+        let (d, s2) = TokenBucket::decide(s, 0, p.limits(), 10);
         assert!(!d.is_allowed());
         assert_eq!(s, s2);
-        assert!(decide(s2, 0, &p, 5).0.is_allowed());
+        assert!(TokenBucket::decide(s2, 0, p.limits(), 5).0.is_allowed());
     }
 }

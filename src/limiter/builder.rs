@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::heavy_hitters::{HeavyHitters, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 use super::{
     AccessList, Common, CompiledPlan, CompiledRoute, Limiter, Lists, MissingKey, PolicyNames,
-    PolicySet, RouteTable, ShadowCounts, ATTACHED_ROUTE, DEFAULT_ROUTE,
+    PolicySet, RouteTable, ShadowCounters, ATTACHED_ROUTE, DEFAULT_ROUTE,
 };
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
@@ -354,7 +354,7 @@ impl<S: Store> LimiterBuilder<S> {
         };
         let common = Arc::new(Common {
             store,
-            shadow: ShadowCounts::default(),
+            shadow: ShadowCounters::default(),
             names: Mutex::new(names),
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
         });

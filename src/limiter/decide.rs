@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use smallvec::SmallVec;
 
 use super::{Limiter, Lists, PolicySet};
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::{Key, RequestView};
 use crate::policy::Policy;
@@ -245,7 +245,7 @@ impl<S: Store> Limiter<S> {
         self.record(set, key, &outcome);
         let refusal = match outcome {
             Err(error) => Refusal::store_unavailable(Some(error), None),
-            Ok(decision) if decision.outcome() == Outcome::FailClosed => {
+            Ok(decision) if decision.decided_by() == DecidedBy::FailClosed => {
                 Refusal::store_unavailable(None, Some(decision))
             }
             Ok(decision) if decision.is_allowed() => {
@@ -305,7 +305,7 @@ fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'
         ratelimit.allowed = decision.is_allowed(),
         ratelimit.remaining = decision.remaining(),
         ratelimit.store = store,
-        ratelimit.outcome = decision.outcome().as_str(),
+        ratelimit.outcome = decision.decided_by().as_str(),
         "rate-limit decision"
     );
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{Limiter, PolicySet};
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::error::{CheckError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
@@ -134,7 +134,7 @@ impl<S: Store> Limiter<S> {
         if policies.is_empty()
             || !decision.is_allowed()
             || decision.policies().is_empty()
-            || decision.outcome() == Outcome::FailOpen
+            || decision.decided_by() == DecidedBy::FailOpen
         {
             return None;
         }

@@ -46,7 +46,8 @@ use access::AccessList;
 #[cfg(feature = "config")]
 pub(crate) use route_table::parse_pattern;
 pub(crate) use route_table::RouteTable;
-use shadow::ShadowCounts;
+use shadow::ShadowCounters;
+pub use shadow::ShadowCounts;
 
 /// What to do with a request from which no key can be extracted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -109,7 +110,7 @@ pub struct Limiter<S = MemoryStore> {
 /// What every limiter made from one builder shares, [`Limiter::for_route`] ones included.
 pub(crate) struct Common<S> {
     pub(crate) store: S,
-    shadow: ShadowCounts,
+    shadow: ShadowCounters,
     /// Every policy by name, with the place it was first declared: one name, one policy.
     names: Mutex<PolicyNames>,
     /// The keys refused most often, when kept ([`Limiter::top_refused`]).
@@ -306,11 +307,12 @@ impl<S: Store> Limiter<S> {
     /// let key = Key::new("user", "1");
     /// assert!(limiter.check(&key, 1).await?.is_allowed());
     /// assert!(limiter.check(&key, 1).await?.is_allowed()); // the shadow policy would deny
-    /// assert_eq!(limiter.shadow_counts(), (1, 1));
+    /// let counts = limiter.shadow_counts();
+    /// assert_eq!((counts.allowed, counts.denied), (1, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn shadow_counts(&self) -> (u64, u64) {
+    pub fn shadow_counts(&self) -> ShadowCounts {
         self.inner.common.shadow.get()
     }
 
@@ -340,7 +342,7 @@ impl<S: Store> Limiter<S> {
         let decision = self
             .finish_direct(self.prepare_key(set, &lists, key.clone(), Some(cost), None))
             .await?;
-        if !decision.is_allowed() && decision.outcome() != crate::Outcome::FailClosed {
+        if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
             self.note_refused(key);
         }
         Ok(decision)

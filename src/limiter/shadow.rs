@@ -8,19 +8,30 @@ use super::{Limiter, PolicySet};
 use crate::key::Key;
 use crate::store::Store;
 
-/// How many shadow checks would have allowed and denied.
+/// How many shadow-policy checks would have allowed and denied, as returned by
+/// [`Limiter::shadow_counts`] (see there for an example).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ShadowCounts {
+    /// Checks every shadow policy would have allowed.
+    pub allowed: u64,
+    /// Checks at least one shadow policy would have denied.
+    pub denied: u64,
+}
+
+/// The running counts behind [`ShadowCounts`].
 #[derive(Debug, Default)]
-pub(crate) struct ShadowCounts {
+pub(crate) struct ShadowCounters {
     allowed: AtomicU64,
     denied: AtomicU64,
 }
 
-impl ShadowCounts {
-    pub(crate) fn get(&self) -> (u64, u64) {
-        (
-            self.allowed.load(Ordering::Relaxed),
-            self.denied.load(Ordering::Relaxed),
-        )
+impl ShadowCounters {
+    pub(crate) fn get(&self) -> ShadowCounts {
+        ShadowCounts {
+            allowed: self.allowed.load(Ordering::Relaxed),
+            denied: self.denied.load(Ordering::Relaxed),
+        }
     }
 }
 

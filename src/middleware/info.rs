@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
 
@@ -60,7 +60,7 @@ pub struct RateLimitInfo {
     remaining: u64,
     reset_after: Duration,
     retry_after: Option<Duration>,
-    outcome: Option<Outcome>,
+    outcome: Option<DecidedBy>,
     refusal: Option<RefusalKind>,
 }
 
@@ -76,7 +76,7 @@ impl RateLimitInfo {
             remaining: decision.remaining(),
             reset_after: decision.reset_after(),
             retry_after: decision.retry_after(),
-            outcome: Some(decision.outcome()),
+            outcome: Some(decision.decided_by()),
             refusal: None,
         }
     }
@@ -151,7 +151,13 @@ impl RateLimitInfo {
     /// store was asked (or the store failed with no failure mode to decide).
     ///
     /// See the [type docs](Self) for an example.
-    pub fn outcome(&self) -> Option<Outcome> {
+    pub fn decided_by(&self) -> Option<DecidedBy> {
+        self.outcome
+    }
+
+    /// The former name of [`decided_by`](Self::decided_by).
+    #[deprecated(since = "0.2.0", note = "renamed to `decided_by`")]
+    pub fn outcome(&self) -> Option<DecidedBy> {
         self.outcome
     }
 

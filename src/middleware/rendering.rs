@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
 
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalFn, Rendering};
 use crate::response::HeaderStyle;
@@ -66,7 +66,7 @@ impl ResponseConfig {
     pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.
         self.quota_on_success
-            && decision.outcome() != Outcome::FailOpen
+            && decision.decided_by() != DecidedBy::FailOpen
             && !policies.iter().any(Policy::is_sensitive)
     }
 }

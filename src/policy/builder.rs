@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    intern, Algorithm, FailureMode, Policy, PolicyInner, Rate, MAX_CAPACITY_WINDOW_PRODUCT,
+    intern, Algorithm, FailureMode, Limits, Policy, PolicyInner, Rate, MAX_CAPACITY_WINDOW_PRODUCT,
     MAX_LOG_LIMIT,
 };
 use crate::error::ConfigError;
@@ -285,8 +285,12 @@ impl PolicyBuilder {
                 rate,
                 algorithm: self.algorithm,
                 cost: self.cost,
-                capacity,
-                window_ms,
+                limits: Limits {
+                    limit: rate.limit,
+                    window_ms,
+                    capacity,
+                    max_delay_ms: self.max_delay.map_or(0, |d| d.as_millis() as u64),
+                },
                 sensitive: self.sensitive,
                 max_delay: self.max_delay,
                 shadow: self.shadow,

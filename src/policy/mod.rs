@@ -37,9 +37,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 mod builder;
+mod limits;
 mod rate;
 
 pub use builder::PolicyBuilder;
+pub use limits::Limits;
 pub use rate::Rate;
 
 use crate::error::ConfigError;
@@ -184,8 +186,7 @@ struct PolicyInner {
     rate: Rate,
     algorithm: Algorithm,
     cost: u64,
-    capacity: u64,
-    window_ms: u64,
+    limits: Limits,
     sensitive: bool,
     max_delay: Option<Duration>,
     shadow: bool,
@@ -314,7 +315,7 @@ impl Policy {
     /// The largest cost a single request can ever be allowed: the burst for the token bucket
     /// and GCRA, the limit for the window algorithms.
     pub fn capacity(&self) -> u64 {
-        self.inner.capacity
+        self.inner.limits.capacity
     }
 
     /// `limit` (units per window).
@@ -324,7 +325,14 @@ impl Policy {
 
     /// The window in milliseconds.
     pub fn window_millis(&self) -> u64 {
-        self.inner.window_ms
+        self.inner.limits.window_ms
+    }
+
+    /// The numbers the [algorithms](crate::algorithm) decide with (limit, window, capacity,
+    /// longest delay). See [`Limits`] for an example.
+    #[inline]
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
     }
 
     /// Whether rejections must not reveal counts (login and other auth endpoints).
@@ -335,10 +343,6 @@ impl Policy {
     /// For shaping GCRA policies: the longest a request may be delayed instead of rejected.
     pub fn max_delay(&self) -> Option<Duration> {
         self.inner.max_delay
-    }
-
-    pub(crate) fn max_delay_millis(&self) -> u64 {
-        self.inner.max_delay.map_or(0, |d| d.as_millis() as u64)
     }
 
     /// Whether the policy only observes (shadow mode): its decisions are computed, logged
@@ -365,8 +369,12 @@ impl Policy {
                 rate: Rate::new(1, penalty).with_burst(1),
                 algorithm: Algorithm::Gcra,
                 cost: 1,
-                capacity: 1,
-                window_ms,
+                limits: Limits {
+                    limit: 1,
+                    window_ms,
+                    capacity: 1,
+                    max_delay_ms: 0,
+                },
                 sensitive: self.inner.sensitive,
                 max_delay: None,
                 shadow: false,

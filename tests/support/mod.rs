@@ -33,3 +33,28 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// A limiter's shadow counts as `(allowed, denied)`, for comparisons.
+pub fn shadow_counts<S: tollgate::store::Store>(limiter: &tollgate::Limiter<S>) -> (u64, u64) {
+    let counts = limiter.shadow_counts();
+    (counts.allowed, counts.denied)
+}
+
+/// What a store that answers at once (the memory store) would answer now, charging
+/// nothing: its `peek` future polled once.
+pub fn peek_now<S: tollgate::store::Store>(
+    store: &S,
+    key: &tollgate::key::Key,
+    policies: &[tollgate::Policy],
+    costs: &[u64],
+) -> Result<tollgate::Decision, tollgate::error::StoreError> {
+    use std::task::{Context, Poll, Waker};
+    let mut future = store.peek(key, policies, costs);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => panic!("peek_now needs a store that answers at once"),
+    }
+}

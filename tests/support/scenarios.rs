@@ -141,7 +141,8 @@ pub async fn run_differential<S: Store>(
     let memory = MemoryStore::builder()
         .clock(clock.clone())
         .background_sweep(false)
-        .build();
+        .build()
+        .unwrap();
     let keys: Vec<Key> = (0..3).map(|i| Key::new("user", format!("u{i}"))).collect();
     for (i, step) in steps.iter().enumerate() {
         clock.advance(Duration::from_millis(step.dt));

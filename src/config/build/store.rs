@@ -82,7 +82,7 @@ impl Plan {
                 if let Some(m) = self.store.max_keys {
                     b = b.max_keys(m);
                 }
-                Ok(DynStore::new(b.build()))
+                Ok(DynStore::new(b.build().map_err(|e| e.within("store"))?))
             }
             #[cfg(feature = "redis")]
             StoreKind::Redis => {
@@ -144,8 +144,9 @@ impl Plan {
                     "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
                 )),
             };
-        Ok(ResilientStore::builder(store, mode)
+        ResilientStore::builder(store, mode)
             .deny_cache(10_000)
-            .build())
+            .build()
+            .map_err(|e| e.within("store"))
     }
 }

@@ -60,8 +60,9 @@
 //! let store = MemoryStore::builder()
 //!     .max_keys(100_000)
 //!     .sweep_interval(Duration::from_millis(500))
-//!     .build();
+//!     .build()?;
 //! assert_eq!(store.len(), 0);
+//! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
 use std::fmt;
@@ -84,10 +85,10 @@ use overrides::Overrides;
 use shard::{hash_key, Entry, Shard, Slot};
 
 use crate::decision::Decision;
-use crate::error::StoreError;
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::Policy;
+use crate::policy::{Limits, Policy};
 
 /// How many entries of a full shard are sampled to choose the one to evict. Eight keeps an
 /// eviction within a small multiple of an ordinary insert while making the eviction of a heavy
@@ -166,21 +167,22 @@ pub struct MemoryStoreBuilder {
 
 impl MemoryStoreBuilder {
     /// The number of shards, rounded up to a power of two (default: four per core, at least
-    /// 16).
+    /// 16). 1 to 65 536; [`build`](Self::build) refuses anything else.
     pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards.clamp(1, 1 << 16));
+        self.shards = Some(shards);
         self
     }
 
-    /// The cap on live keys (default 1 000 000); see the [module docs](crate::store::memory).
+    /// The cap on live keys (default 1 000 000), at least 1; see the
+    /// [module docs](crate::store::memory).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys.max(1);
+        self.max_keys = max_keys;
         self
     }
 
-    /// How often expired entries are reclaimed (default 1 s).
+    /// How often expired entries are reclaimed (default 1 s), at least 1 ms.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval = interval.max(Duration::from_millis(1));
+        self.sweep_interval = interval;
         self
     }
 
@@ -199,7 +201,31 @@ impl MemoryStoreBuilder {
     }
 
     /// Builds the store (and starts its sweeper thread, if enabled).
-    pub fn build(self) -> MemoryStore {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when `shards` is 0 or above 65 536, `max_keys`
+    /// is 0, or `sweep_interval` is under 1 ms.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        if let Some(n) = self.shards {
+            if !(1..=MAX_SHARDS).contains(&n) {
+                return Err(ConfigError::new(
+                    "shards",
+                    n,
+                    format!("between 1 and {MAX_SHARDS}"),
+                ));
+            }
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new("max_keys", 0, "at least 1"));
+        }
+        if self.sweep_interval < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "sweep_interval",
+                format_args!("{:?}", self.sweep_interval),
+                "at least 1 ms",
+            ));
+        }
         let shards = self
             .shards
             .unwrap_or_else(|| {
@@ -231,9 +257,12 @@ impl MemoryStoreBuilder {
         if self.background_sweep {
             spawn_sweeper(Arc::downgrade(&inner), self.sweep_interval);
         }
-        MemoryStore { inner }
+        Ok(MemoryStore { inner })
     }
 }
+
+/// The most shards a store may have.
+const MAX_SHARDS: usize = 1 << 16;
 
 fn spawn_sweeper(weak: Weak<Inner>, interval: Duration) {
     let spawned = std::thread::Builder::new()
@@ -257,7 +286,9 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// A store with the default settings.
     pub fn new() -> Self {
-        Self::builder().build()
+        Self::builder()
+            .build()
+            .expect("the default memory store settings are valid")
     }
 
     /// A builder.
@@ -299,7 +330,7 @@ impl MemoryStore {
     ///
     /// [`StoreError::Capacity`] only when a shard would hold more than `u32::MAX` entries,
     /// which the key cap prevents unless it is set above that.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         key: &Key,
         policies: &[Policy],
@@ -376,7 +407,7 @@ impl MemoryStore {
         policies: &[Policy],
         costs: &[u64],
         create: bool,
-        change: impl Fn(&mut AnyState, u64, &Policy, u64),
+        change: impl Fn(&mut AnyState, u64, &Limits, u64),
     ) {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
@@ -406,7 +437,7 @@ impl MemoryStore {
                         entry.slots.len() - 1
                     }
                 };
-                change(&mut entry.slots[at].state, now, p, c);
+                change(&mut entry.slots[at].state, now, p.limits(), c);
             }
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
             // back frees its entry: recomputed from the states this store knows.
@@ -419,7 +450,7 @@ impl MemoryStore {
                     known
                         .iter()
                         .find(|k| k.id() == s.policy && k.algorithm() == s.state.algorithm())
-                        .map_or(entry.expires_at, |p| s.state.expires_at(p))
+                        .map_or(entry.expires_at, |p| s.state.expires_at(p.limits()))
                 })
                 .max()
                 .unwrap_or(0);
@@ -483,7 +514,9 @@ impl Inner {
                 .iter_mut()
                 .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
             {
-                let (d, expires) = slot.state.decide_in_place(now, policy, *cost, charge);
+                let (d, expires) = slot
+                    .state
+                    .decide_in_place(now, policy.limits(), *cost, charge);
                 if let Some(expires) = expires {
                     entry.expires_at = entry.expires_at.max(expires);
                 }
@@ -494,8 +527,8 @@ impl Inner {
             Some(i) => {
                 let entry = &mut shard.entries[i];
                 let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
-                    Some(s) => s.state.evaluate(now, p, c),
-                    None => AnyState::fresh(p.algorithm()).evaluate(now, p, c),
+                    Some(s) => s.state.evaluate(now, p.limits(), c),
+                    None => AnyState::fresh(p.algorithm()).evaluate(now, p.limits(), c),
                 });
                 if charge && decision.is_allowed() {
                     entry.charge(now, policies, costs);
@@ -505,7 +538,7 @@ impl Inner {
             }
             None => {
                 let decision = all_or_nothing(policies, costs, |p, c| {
-                    AnyState::fresh(p.algorithm()).evaluate(now, p, c)
+                    AnyState::fresh(p.algorithm()).evaluate(now, p.limits(), c)
                 });
                 if charge && decision.is_allowed() {
                     let room = if shard.entries.len() >= self.max_keys_per_shard {

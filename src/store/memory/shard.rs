@@ -138,7 +138,7 @@ impl Shard {
                     return (1, 1);
                 }
             }
-            let d = slot.state.evaluate(now, policy, 0);
+            let d = slot.state.evaluate(now, policy.limits(), 0);
             let limit = d.limit().max(1);
             let used = limit.saturating_sub(d.remaining());
             if u128::from(used) * u128::from(share.1) > u128::from(share.0) * u128::from(limit) {
@@ -316,8 +316,8 @@ impl Entry {
                 }
             };
             let slot = &mut self.slots[idx];
-            slot.state.commit(now, p, c);
-            let expires = slot.state.expires_at(p);
+            slot.state.commit(now, p.limits(), c);
+            let expires = slot.state.expires_at(p.limits());
             self.expires_at = self.expires_at.max(expires);
         }
     }

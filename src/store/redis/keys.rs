@@ -9,14 +9,7 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 
 /// The last part of a state key: which algorithm's state it holds.
 fn algorithm_part(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::SlidingWindowLog => "swl",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::FixedWindow => "fw",
-        Algorithm::Gcra => "gcra",
-        Algorithm::InFlight => "inf",
-    }
+    crate::algorithm::registration(algorithm).key_part
 }
 
 /// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.

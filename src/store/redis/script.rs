@@ -1,13 +1,14 @@
 //! The decision script: the Lua text both Redis stores run, hashed once, and the numbers it
 //! gives the algorithms.
 //!
-//! The script is the concatenation of `lua/prelude.lua`, one file per algorithm and the
-//! driver `lua/decide.lua`, built once.
+//! The script is the concatenation of `lua/prelude.lua`, each algorithm's Lua file (from the
+//! algorithm registry in [`crate::algorithm`]) and the driver `lua/decide.lua`, built once.
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
+use crate::algorithm::registration;
 use crate::policy::Algorithm;
 
 /// How long a key outlives the moment its state stops mattering, in milliseconds.
@@ -17,12 +18,6 @@ use crate::policy::Algorithm;
 pub const TTL_MARGIN_MS: u64 = 1_000;
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
-const COUNTER: &str = include_str!("../../../lua/sliding_window_counter.lua");
-const LOG: &str = include_str!("../../../lua/sliding_window_log.lua");
-const BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
-const FIXED: &str = include_str!("../../../lua/fixed_window.lua");
-const GCRA: &str = include_str!("../../../lua/gcra.lua");
-const IN_FLIGHT: &str = include_str!("../../../lua/in_flight.lua");
 const DRIVER: &str = include_str!("../../../lua/decide.lua");
 
 /// The whole decision script, as sent to Redis.
@@ -40,17 +35,12 @@ pub(crate) fn source() -> &'static str {
                 crate::algorithm::in_flight::RETRY_AFTER_MS
             ),
         );
-        [
-            prelude.as_str(),
-            COUNTER,
-            LOG,
-            BUCKET,
-            FIXED,
-            GCRA,
-            IN_FLIGHT,
-            DRIVER,
-        ]
-        .join("\n")
+        let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
+        std::iter::once(prelude.as_str())
+            .chain(algorithms)
+            .chain([DRIVER])
+            .collect::<Vec<_>>()
+            .join("\n")
     })
 }
 
@@ -62,14 +52,7 @@ pub(crate) fn script() -> &'static Script {
 
 /// The algorithm's number in the script's `ALG` table.
 pub(crate) fn algorithm_id(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::SlidingWindowCounter => 1,
-        Algorithm::SlidingWindowLog => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::FixedWindow => 4,
-        Algorithm::Gcra => 5,
-        Algorithm::InFlight => 6,
-    }
+    registration(algorithm).script_id
 }
 
 #[cfg(test)]
@@ -79,11 +62,13 @@ mod tests {
     #[test]
     fn the_script_is_one_text_with_every_algorithm() {
         let s = source();
-        for id in 1..=6 {
+        for a in Algorithm::ALL {
+            let id = algorithm_id(a);
             assert!(
-                s.contains(&format!("ALG[{id}] =")),
-                "algorithm {id} missing"
+                registration(a).lua.contains(&format!("ALG[{id}] =")),
+                "{a:?}'s Lua file must fill ALG[{id}]"
             );
+            assert!(s.contains(registration(a).lua), "{a:?} missing");
         }
         assert!(s.contains(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}")));
         assert!(s.trim_end().ends_with("return table.concat(replies)"));

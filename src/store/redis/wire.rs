@@ -81,7 +81,7 @@ pub(crate) fn params(policy: &Policy) -> Params {
         policy.limit(),
         policy.window_millis(),
         policy.capacity(),
-        policy.max_delay_millis(),
+        policy.limits().max_delay_millis(),
     ]
 }
 

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::algorithm::PolicyDecision;
-use crate::decision::{Decision, Outcome};
+use crate::decision::{DecidedBy, Decision};
 use crate::key::Key;
 use crate::policy::Policy;
 
@@ -140,7 +140,7 @@ pub(super) fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
             )
         })
         .collect();
-    Decision::from_policies(policies).with_outcome(Outcome::CachedDeny)
+    Decision::from_policies(policies).with_decided_by(DecidedBy::CachedDeny)
 }
 
 #[cfg(test)]
@@ -151,7 +151,7 @@ mod tests {
     fn cached_denials_count_down() {
         let d = Decision::single(PolicyDecision::from_parts(false, 5, 0, 900, 700, 0));
         let later = shift(&d, 200, 500);
-        assert_eq!(later.outcome(), Outcome::CachedDeny);
+        assert_eq!(later.decided_by(), DecidedBy::CachedDeny);
         assert!(!later.is_allowed());
         assert_eq!(later.retry_after_millis(), 500);
         assert_eq!(later.reset_after().as_millis(), 700);

@@ -78,13 +78,14 @@
 //!     .timeout(Duration::from_millis(30))
 //!     .circuit_breaker(5, Duration::from_secs(1))
 //!     .deny_cache(10_000)
-//!     .build();
+//!     .build()?;
 //! # let _ = store;
+//! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,18 +93,20 @@ use parking_lot::RwLock;
 use smallvec::SmallVec;
 
 mod breaker;
+mod builder;
 mod deny_cache;
 
 use super::{BoxFuture, MemoryStore, Store};
 use crate::algorithm::PolicyDecision;
-use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Outcome};
+use crate::clock::Clock;
+use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
 pub use crate::policy::FailureMode;
 use crate::policy::{Policy, Rate};
 use crate::telemetry;
 use breaker::{Breaker, Gate};
+pub use builder::ResilientStoreBuilder;
 use deny_cache::DenyCache;
 
 /// A store that fails gracefully; see the [module docs](crate::store::resilient).
@@ -142,43 +145,7 @@ struct Inner<S> {
     suppressed: AtomicU64,
 }
 
-/// Builds a [`ResilientStore`].
-#[must_use]
-pub struct ResilientStoreBuilder<S> {
-    primary: S,
-    mode: FailureMode,
-    timeout: Duration,
-    threshold: u32,
-    cooldown: Duration,
-    deny_cache: Option<usize>,
-    deny_cache_max_age: Duration,
-    clock: Arc<dyn Clock>,
-}
-
-impl<S: fmt::Debug> fmt::Debug for ResilientStoreBuilder<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResilientStoreBuilder")
-            .field("primary", &self.primary)
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
-    }
-}
-
 impl<S: Store> ResilientStore<S> {
-    /// Wraps `primary`; `mode` applies to every policy that does not choose its own.
-    pub fn builder(primary: S, mode: FailureMode) -> ResilientStoreBuilder<S> {
-        ResilientStoreBuilder {
-            primary,
-            mode,
-            timeout: Duration::from_millis(50),
-            threshold: 5,
-            cooldown: Duration::from_secs(1),
-            deny_cache: None,
-            deny_cache_max_age: Duration::from_secs(1),
-            clock: Arc::new(SystemClock::new()),
-        }
-    }
-
     /// The wrapped store.
     pub fn primary(&self) -> &S {
         &self.inner.primary
@@ -187,85 +154,6 @@ impl<S: Store> ResilientStore<S> {
     /// Whether the circuit breaker is open (the store is being skipped).
     pub fn is_circuit_open(&self) -> bool {
         self.inner.breaker.open_until.load(Ordering::Acquire) != 0
-    }
-}
-
-impl<S: Store> ResilientStoreBuilder<S> {
-    /// The longest a store call may take (default 50 ms).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Open the breaker after `failures` consecutive failures, for `cooldown` (defaults 5 and
-    /// 1 s).
-    pub fn circuit_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.threshold = failures.max(1);
-        self.cooldown = cooldown.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Remember up to `entries` current denials locally (default: off).
-    pub fn deny_cache(mut self, entries: usize) -> Self {
-        self.deny_cache = (entries > 0).then_some(entries);
-        self
-    }
-
-    /// The longest a denial is served from the deny cache (default 1 s), however long the
-    /// store said it lasts: the bound on how long the cache can outlive state the store lost
-    /// without this instance noticing (see the [module docs](crate::store::resilient)).
-    pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
-        self.deny_cache_max_age = max_age.max(Duration::from_millis(1));
-        self
-    }
-
-    /// The local clock for the breaker, the deny cache and the fallback limiter (default
-    /// [`SystemClock`]).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// Builds the store.
-    pub fn build(self) -> ResilientStore<S> {
-        let clock = self.clock;
-        ResilientStore {
-            inner: Arc::new(Inner {
-                primary: self.primary,
-                mode: self.mode,
-                timeout: self.timeout,
-                breaker: Breaker {
-                    threshold: self.threshold,
-                    cooldown_ms: self.cooldown.as_millis() as u64,
-                    failures: AtomicU32::new(0),
-                    open_until: AtomicU64::new(0),
-                    probing: AtomicBool::new(false),
-                    probe_started: AtomicU64::new(0),
-                },
-                deny_cache: self
-                    .deny_cache
-                    .map(|n| DenyCache::new(n, self.deny_cache_max_age)),
-                fallback: MemoryStore::builder()
-                    .clock(ClockRef(clock.clone()))
-                    .build(),
-                fallback_policies: RwLock::new(HashMap::new()),
-                clock,
-                warned_at: AtomicU64::new(0),
-                suppressed: AtomicU64::new(0),
-            }),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ClockRef(Arc<dyn Clock>);
-
-impl Clock for ClockRef {
-    fn now_millis(&self) -> u64 {
-        self.0.now_millis()
-    }
-    fn is_injected(&self) -> bool {
-        self.0.is_injected()
     }
 }
 
@@ -278,7 +166,7 @@ type FallbackParts = (
 );
 
 impl<S: Store> Inner<S> {
-    fn warn_degraded(&self, outcome: Outcome, error: &StoreError) {
+    fn warn_degraded(&self, outcome: DecidedBy, error: &StoreError) {
         let now = self.clock.now_millis();
         let last = self.warned_at.load(Ordering::Relaxed);
         if now >= last + 1_000
@@ -439,15 +327,15 @@ impl<S: Store> Inner<S> {
             out.push(d);
         }
         let outcome = if closed {
-            Outcome::FailClosed
+            DecidedBy::FailClosed
         } else if !fallback_idx.is_empty() {
-            Outcome::Fallback
+            DecidedBy::Fallback
         } else {
-            Outcome::FailOpen
+            DecidedBy::FailOpen
         };
         self.warn_degraded(outcome, error);
         telemetry::outcome(outcome);
-        Decision::from_policies(out).with_outcome(outcome)
+        Decision::from_policies(out).with_decided_by(outcome)
     }
 }
 
@@ -506,6 +394,7 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         let probe = match inner.breaker.gate(now) {
             Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
                 let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen);
                 return Box::pin(std::future::ready(Ok(d)));
             }
@@ -751,7 +640,10 @@ impl<S: Store> ResilientStore<S> {
         let inner = &self.inner;
         let probe = match inner.breaker.gate(inner.clock.now_millis()) {
             // The store is skipped while the circuit is open, as checks are.
-            Gate::Skip => return None,
+            Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
+                return None;
+            }
             Gate::Probe => true,
             Gate::Call => false,
         };

@@ -1,0 +1,159 @@
+//! Building a [`ResilientStore`]: every setting checked at build time.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use super::breaker::Breaker;
+use super::deny_cache::DenyCache;
+use super::{Inner, ResilientStore};
+use crate::clock::{Clock, SystemClock};
+use crate::error::ConfigError;
+use crate::policy::FailureMode;
+use crate::store::{MemoryStore, Store};
+
+/// Builds a [`ResilientStore`].
+#[must_use]
+pub struct ResilientStoreBuilder<S> {
+    primary: S,
+    mode: FailureMode,
+    timeout: Duration,
+    threshold: u32,
+    cooldown: Duration,
+    deny_cache: Option<usize>,
+    deny_cache_max_age: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for ResilientStoreBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientStoreBuilder")
+            .field("primary", &self.primary)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> ResilientStore<S> {
+    /// Wraps `primary`; `mode` applies to every policy that does not choose its own.
+    pub fn builder(primary: S, mode: FailureMode) -> ResilientStoreBuilder<S> {
+        ResilientStoreBuilder {
+            primary,
+            mode,
+            timeout: Duration::from_millis(50),
+            threshold: 5,
+            cooldown: Duration::from_secs(1),
+            deny_cache: None,
+            deny_cache_max_age: Duration::from_secs(1),
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+}
+
+impl<S: Store> ResilientStoreBuilder<S> {
+    /// The longest a store call may take (default 50 ms), at least 1 ms.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Open the breaker after `failures` consecutive failures (at least 1), for `cooldown`
+    /// (at least 1 ms); defaults 5 and 1 s.
+    pub fn circuit_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.threshold = failures;
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// Remember up to `entries` current denials locally (default: off; 0 turns it off).
+    pub fn deny_cache(mut self, entries: usize) -> Self {
+        self.deny_cache = (entries > 0).then_some(entries);
+        self
+    }
+
+    /// The longest a denial is served from the deny cache (default 1 s), however long the
+    /// store said it lasts: the bound on how long the cache can outlive state the store lost
+    /// without this instance noticing (see the [module docs](crate::store::resilient)).
+    pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
+        self.deny_cache_max_age = max_age;
+        self
+    }
+
+    /// The local clock for the breaker, the deny cache and the fallback limiter (default
+    /// [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown` or
+    /// `deny_cache_max_age` is under 1 ms, or the breaker's `failures` is 0.
+    pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
+        for (field, value) in [
+            ("timeout", self.timeout),
+            ("circuit_breaker.cooldown", self.cooldown),
+            ("deny_cache_max_age", self.deny_cache_max_age),
+        ] {
+            if value < Duration::from_millis(1) {
+                return Err(ConfigError::new(
+                    field,
+                    format_args!("{value:?}"),
+                    "at least 1 ms",
+                ));
+            }
+        }
+        if self.threshold == 0 {
+            return Err(ConfigError::new(
+                "circuit_breaker.failures",
+                0,
+                "at least 1 failure",
+            ));
+        }
+        let clock = self.clock;
+        Ok(ResilientStore {
+            inner: Arc::new(Inner {
+                primary: self.primary,
+                mode: self.mode,
+                timeout: self.timeout,
+                breaker: Breaker {
+                    threshold: self.threshold,
+                    cooldown_ms: self.cooldown.as_millis() as u64,
+                    failures: AtomicU32::new(0),
+                    open_until: AtomicU64::new(0),
+                    probing: AtomicBool::new(false),
+                    probe_started: AtomicU64::new(0),
+                },
+                deny_cache: self
+                    .deny_cache
+                    .map(|n| DenyCache::new(n, self.deny_cache_max_age)),
+                fallback: MemoryStore::builder()
+                    .clock(ClockRef(clock.clone()))
+                    .build()?,
+                fallback_policies: RwLock::new(HashMap::new()),
+                clock,
+                warned_at: AtomicU64::new(0),
+                suppressed: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct ClockRef(Arc<dyn Clock>);
+
+impl Clock for ClockRef {
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+    fn is_injected(&self) -> bool {
+        self.0.is_injected()
+    }
+}
