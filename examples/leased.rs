@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Blocks in hand keep deciding through a Redis outage; after that, refuse (503).
     let store = ResilientStore::builder(leased.clone(), FailureMode::FailClosed)
         .timeout(Duration::from_millis(250))
-        .build();
+        .build()?;
 
     let per_client = Policy::new("per-client", Rate::per_minute(1000))?;
     println!(

@@ -362,7 +362,8 @@ async fn a_stopped_redis_leaves_the_blocks_in_hand_then_the_failure_mode() {
         .map(|s| {
             let store = ResilientStore::builder(s.clone(), FailureMode::FailClosed)
                 .timeout(Duration::from_millis(150))
-                .build();
+                .build()
+                .unwrap();
             Limiter::builder()
                 .store(store)
                 .policy(p.clone())
@@ -631,7 +632,10 @@ fn unleasable_policies_are_decided_exactly_and_all_or_nothing() {
         // The slot is held: refused, and the rate policy's unit is given back.
         let second = store.check(&key, &both, &[1, 1]).await.unwrap();
         assert!(!second.is_allowed());
-        let peek = store.peek(&key, std::slice::from_ref(&rate), &[0]).await.unwrap();
+        let peek = store
+            .peek(&key, std::slice::from_ref(&rate), &[0])
+            .await
+            .unwrap();
         assert_eq!(peek.remaining(), 4, "only the admitted request is charged");
         store.release(&key, &both, first.slot()).await.unwrap();
         assert!(store

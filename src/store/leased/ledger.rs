@@ -353,9 +353,16 @@ fn counter_retry(
         .algorithm(Algorithm::SlidingWindowCounter)
         .build();
     match policy {
-        Ok(p) => crate::algorithm::sliding_window_counter::evaluate(s, now, &p, cost)
+        Ok(p) => {
+            <crate::algorithm::SlidingWindowCounter as crate::algorithm::LimitAlgorithm>::evaluate(
+                s,
+                now,
+                p.limits(),
+                cost,
+            )
             .retry_after_millis()
-            .max(1),
+            .max(1)
+        }
         Err(_) => w,
     }
 }
@@ -731,9 +738,13 @@ impl MemoryLedger {
     /// assert_eq!(ledger.now_millis(), 5_000);
     /// ```
     pub fn with_clock(clock: impl Clock + Clone) -> Self {
+        let exact = MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .unwrap_or_else(|_| MemoryStore::new());
         Self {
             states: Arc::default(),
-            exact: MemoryStore::builder().clock(clock.clone()).build(),
+            exact,
             clock: Arc::new(clock),
         }
     }

@@ -1082,7 +1082,7 @@ fn merge(n: usize, li: &[usize], l: &Decision, ei: &[usize], e: &Decision) -> De
     }
     Decision::from_policies(out)
         .with_slot(e.slot())
-        .with_outcome(e.outcome())
+        .with_decided_by(e.decided_by())
 }
 
 impl<S: LeaseBackend> LeasedStore<S> {
