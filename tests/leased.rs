@@ -679,3 +679,36 @@ fn an_exhausted_key_costs_no_call_per_refusal() {
         );
     });
 }
+
+#[test]
+fn a_plan_leases_its_shared_store_and_refuses_lease_mistakes() {
+    use tollgate::config::Plan;
+    let plan = |store: &str| {
+        Plan::from_toml(&format!(
+            "failure_mode = \"fail_closed\"\n[store]\n{store}\n\
+             [[policies]]\nname = \"api\"\nlimit = 100\nwindow = \"1s\""
+        ))
+        .unwrap()
+    };
+    let ok = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"300ms\"\nlease_max_block_percent = 20");
+    assert!(ok.store().is_ok());
+    let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1ms\"")
+        .store()
+        .unwrap_err();
+    assert_eq!(err.field(), "store.lease_time");
+    let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1s\"\nlease_max_block_percent = 90")
+        .store()
+        .unwrap_err();
+    assert_eq!(
+        (err.field(), err.value()),
+        ("store.lease_max_block_percent", "90")
+    );
+    let err = plan("kind = \"memory\"\nlease_time = \"1s\"")
+        .store()
+        .unwrap_err();
+    assert_eq!(err.field(), "store.lease_time");
+    let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_max_block_percent = 5")
+        .store()
+        .unwrap_err();
+    assert_eq!(err.field(), "store.lease_max_block_percent");
+}

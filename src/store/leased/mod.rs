@@ -790,6 +790,7 @@ impl<S: LeaseBackend> Shared<S> {
                 // The block in hand, used up or ended, goes back in the same call: its
                 // unused units, and the reserved refill or log time it still holds.
                 let old = entry.st.lock().block.take();
+                let mut kept = None;
                 if let Some(old) = old {
                     if old.generation == generation {
                         call.previous = old.id;
@@ -800,12 +801,29 @@ impl<S: LeaseBackend> Shared<S> {
                             part.g = old.granted_at;
                             part.h = old.valid;
                         }
-                        bump(&self.counters.units_returned, unused);
+                        kept = Some((old, unused));
                     }
                 }
                 let sent = self.now();
-                let reply = self.inner.ledger(key, policies, call).await?;
-                Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
+                match self.inner.ledger(key, policies, call).await {
+                    Ok(reply) => {
+                        if let Some((_, unused)) = kept {
+                            bump(&self.counters.units_returned, unused);
+                        }
+                        Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
+                    }
+                    Err(e) => {
+                        // Not given back: the block stays in hand (a smaller request may
+                        // still fit it while the store is away).
+                        if let Some((old, _)) = kept {
+                            let mut st = entry.st.lock();
+                            if st.block.is_none() {
+                                st.block = Some(old);
+                            }
+                        }
+                        Err(e)
+                    }
+                }
             }
         }
     }
