@@ -813,13 +813,10 @@ impl<S: LeaseBackend> Shared<S> {
                         Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
                     }
                     Err(e) => {
-                        // Not given back: the block stays in hand (a smaller request may
-                        // still fit it while the store is away).
-                        if let Some((old, _)) = kept {
-                            let mut st = entry.st.lock();
-                            if st.block.is_none() {
-                                st.block = Some(old);
-                            }
+                        // The call may have run (a reply lost to a timeout): the block it
+                        // gave back must not be spent again.
+                        if let Some((_, unused)) = kept {
+                            bump(&self.counters.units_dropped, unused);
                         }
                         Err(e)
                     }
