@@ -348,6 +348,9 @@ fn counter_retry(
     (n, w): (u64, u64),
     cost: u64,
 ) -> u64 {
+    if cost > n {
+        return 2 * w; // never passes; asked again after the counter forgot everything
+    }
     let window = std::time::Duration::from_millis(w);
     let policy = Policy::builder("ledger", crate::Rate::new(n, window))
         .algorithm(Algorithm::SlidingWindowCounter)

@@ -1107,6 +1107,9 @@ impl<S: LeaseBackend> LeasedStore<S> {
         policies: SmallVec<[Policy; 2]>,
         costs: SmallVec<[u64; 2]>,
     ) -> Result<Decision, StoreError> {
+        if policies.is_empty() {
+            return Ok(Decision::from_policies([]));
+        }
         let (li, ei) = split(&policies);
         if ei.is_empty() {
             return shared.decide(&key, &policies, &costs).await.map(|(d, _)| d);
