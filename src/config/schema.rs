@@ -57,6 +57,11 @@ pub struct StoreConfig {
     pub prefix: Option<String>,
     /// The memory store's key cap.
     pub max_keys: Option<usize>,
+    /// Shared stores: lease blocks of quota for hot keys (see [`crate::store::leased`]),
+    /// spendable this long (`"250ms"`, 10 ms to 60 s). Unset: every decision is exact.
+    pub lease_time: Option<String>,
+    /// With `lease_time`: the largest block, in percent of each limit (1 to 50; default 10).
+    pub lease_max_block_percent: Option<u8>,
 }
 
 /// Which store.
