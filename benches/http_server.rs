@@ -7,12 +7,14 @@
 //! http_server <side> <port> <seconds>
 //! ```
 //!
-//! Sides: `bare`; `tollgate` (the default layer: quota headers on allowed responses only near
-//! the limit, so none here); `tollgate_every` (the six classic headers on every response);
+//! Sides: `bare`; `tollgate` (the default layer: the six classic quota headers on every
+//! response); `tollgate_near_limit` (`QuotaHeaders::NearLimit`: quota headers on allowed
+//! responses only near the limit, so none here); `tollgate_every` (the six classic headers on
+//! every response, asked for explicitly);
 //! `tollgate_compact` (the three `RateLimit-*` headers on every response);
 //! `tollgate_no_headers`; `tower_governor` (its default) and `tower_governor_headers` (its
 //! `use_headers()`: two headers on every response); `tollgate_redis` and
-//! `tollgate_redis_every` (the default layer, and the classic headers on every response, over
+//! `tollgate_redis_every` (no quota headers on allowed responses, and the classic headers on every response, over
 //! a `RedisStore` at `$REDIS_URL`, default `redis://127.0.0.1:6379`, with a key prefix unique
 //! to the process; `CLIENTS=64` keys by the client port instead of the IP, so each of wrk's
 //! connections is its own key).
@@ -59,6 +61,10 @@ async fn serve(side: String, port: u16, seconds: u64) {
         "tollgate" => {
             let limiter = Limiter::builder().policy(policy()).build().unwrap();
             app.layer(RateLimitLayer::new(limiter))
+        }
+        "tollgate_near_limit" => {
+            let limiter = Limiter::builder().policy(policy()).build().unwrap();
+            app.layer(RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit))
         }
         "tollgate_every" | "tollgate_no_headers" => {
             let limiter = Limiter::builder().policy(policy()).build().unwrap();

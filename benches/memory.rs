@@ -132,5 +132,11 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group! {
+    name = benches;
+    // No plots: rendering them for every benchmark took minutes of `cargo bench` on a busy
+    // machine; the numbers are in target/criterion and benches/scripts/summarize.py reads them.
+    config = Criterion::default().without_plots();
+    targets = bench
+}
 criterion_main!(benches);

@@ -371,3 +371,26 @@ fn tonic_grpc_shows_resource_exhausted_and_exits() {
     assert!(stdout.contains("RetryInfo.retry_delay Some("), "{stdout}");
     assert!(stdout.contains("server stopped"), "{stdout}");
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn leased_two_instances_never_pass_the_limit_together() {
+    let redis = support::RedisServer::start();
+    let (_a, base_a) = start("leased", &[("REDIS_URL", redis.url())]);
+    let (_b, base_b) = start("leased", &[("REDIS_URL", redis.url())]);
+    let client = reqwest::Client::new();
+    let mut ok = 0;
+    for i in 0..1_200 {
+        let base = if i % 2 == 0 { &base_a } else { &base_b };
+        let res = client.get(format!("{base}/")).send().await.unwrap();
+        assert_eq!(res.headers()["ratelimit-limit"], "1000");
+        if res.status() == 200 {
+            ok += 1;
+        } else {
+            assert_eq!(res.status(), 429);
+        }
+    }
+    // One limit for both instances: never more, and at most two blocks (a tenth each) short.
+    assert!(ok <= 1_000, "{ok} admitted");
+    assert!(ok >= 800, "{ok} admitted");
+}

@@ -57,6 +57,11 @@ pub struct StoreConfig {
     pub prefix: Option<String>,
     /// The memory store's key cap.
     pub max_keys: Option<usize>,
+    /// Shared stores: lease blocks of quota for hot keys (see [`crate::store::leased`]),
+    /// spendable this long (`"250ms"`, 10 ms to 60 s). Unset: every decision is exact.
+    pub lease_time: Option<String>,
+    /// With `lease_time`: the largest block, in percent of each limit (1 to 50; default 10).
+    pub lease_max_block_percent: Option<u8>,
 }
 
 /// Which store.
@@ -360,10 +365,9 @@ pub struct Plan {
     pub header_style: HeaderStyle,
     /// Whether 429s carry `Retry-After` (default true).
     pub retry_after: Option<bool>,
-    /// Whether every allowed response carries quota headers (true) or none does (false);
-    /// unset, only those near the limit do (see
-    /// [`RateLimitLayer::quota_headers_on_success`](crate::RateLimitLayer::quota_headers_on_success)).
-    pub quota_headers: Option<bool>,
+    /// Which allowed responses carry quota headers: `true` or `"always"` (the default),
+    /// `"near_limit"`, `false` or `"never"` (see [`QuotaHeaders`](crate::QuotaHeaders)).
+    pub quota_headers: Option<crate::QuotaHeaders>,
     /// What to do with requests without a key.
     #[serde(default)]
     pub missing_key: MissingKey,

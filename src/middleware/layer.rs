@@ -9,14 +9,14 @@ use http::{HeaderValue, Request, Response};
 use tower_layer::Layer;
 
 use super::info::RateLimitInfo;
-use super::rendering::{QuotaOnSuccess, ResponseConfig};
+use super::rendering::ResponseConfig;
 use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::limiter::PolicySet;
 use crate::refusal::Refusal;
-use crate::response::{write_quota_headers, HeaderStyle};
+use crate::response::{write_quota_headers, HeaderStyle, QuotaHeaders};
 use crate::route::Route;
 use crate::store::{MemoryStore, Store};
 
@@ -128,10 +128,9 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
 }
 
 impl<St> RateLimitLayer<St> {
-    /// A layer deciding with `limiter`, with the default responses: on a 429 `Retry-After`,
-    /// the classic quota headers and a JSON body; on an allowed response the quota headers
-    /// only once the client is near its limit (see
-    /// [`quota_headers_on_success`](Self::quota_headers_on_success)).
+    /// A layer deciding with `limiter`, with the default responses: the classic quota
+    /// headers on every response, and on a 429 also `Retry-After` and a JSON body (see
+    /// [`quota_headers`](Self::quota_headers) for sending them on fewer allowed responses).
     pub fn new(limiter: Limiter<St>) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -154,36 +153,33 @@ impl<St> RateLimitLayer<St> {
         self.with_response(|r| r.style = style)
     }
 
-    /// Whether every allowed response carries the quota headers too (`true`), or none does
-    /// (`false`). A 429 always carries them (unless its policy is
+    /// Which allowed responses carry the quota headers (default
+    /// [`QuotaHeaders::Always`]). A 429 always carries them (unless its policy is
     /// [sensitive](crate::PolicyBuilder::sensitive)).
     ///
-    /// By default (neither), an allowed response carries them only when its governing
-    /// policy has at most a tenth of its quota left, rounded up (with a limit of 100: from
-    /// the 90th request of a window on; of 5: the last two allowed).
-    /// draft-ietf-httpapi-ratelimit-headers lets a server send the fields only when the
-    /// quota is nearly used up, and that is when a client can act on them; the rest of the
-    /// time they would cost every response six header lines (about a fifth of the work of
-    /// serving an axum hello-world; see BENCHMARKS.md) that clients ignore. Endpoints whose
-    /// clients budget their calls (authenticated APIs with per-user or per-plan quotas,
-    /// where clients show or pace by the remaining quota) should send them on every
-    /// response:
+    /// [`QuotaHeaders::NearLimit`] sends them only once the client has at most a tenth of
+    /// its quota left, which the IETF draft allows and which spares most responses the
+    /// header lines; see [`QuotaHeaders`] for an example and the trade-off.
+    pub fn quota_headers(self, which: QuotaHeaders) -> Self {
+        self.with_response(|r| r.quota_on_success = which)
+    }
+
+    /// Whether allowed responses carry quota headers: `true` is [`QuotaHeaders::Always`]
+    /// (the default), `false` is [`QuotaHeaders::Never`].
     ///
     /// ```
     /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
     ///
     /// let limiter = Limiter::builder().policy(Policy::new("api", Rate::per_minute(600))?).build()?;
-    /// let layer = RateLimitLayer::new(limiter).quota_headers_on_success(true);
+    /// let layer = RateLimitLayer::new(limiter).quota_headers_on_success(false);
     /// # let _ = layer;
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn quota_headers_on_success(self, enabled: bool) -> Self {
-        self.with_response(|r| {
-            r.quota_on_success = if enabled {
-                QuotaOnSuccess::Always
-            } else {
-                QuotaOnSuccess::Never
-            }
+        self.quota_headers(if enabled {
+            QuotaHeaders::Always
+        } else {
+            QuotaHeaders::Never
         })
     }
 

@@ -10,39 +10,13 @@ use http::{HeaderValue, Response};
 use crate::decision::{DecidedBy, Decision};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalFn, Rendering};
-use crate::response::HeaderStyle;
-
-/// Which allowed responses carry quota headers. A 429 always carries the full set the style
-/// names (and `Retry-After`), whatever this says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QuotaOnSuccess {
-    /// None.
-    Never,
-    /// Those whose governing policy has at most a tenth of its quota left (rounded up:
-    /// with a limit of 5, the last two requests; of 100, the last ten), and so the client is about
-    /// to be refused: the default.
-    NearLimit,
-    /// Every one.
-    Always,
-}
-
-impl QuotaOnSuccess {
-    /// Whether an allowed `decision` gets the headers.
-    #[inline]
-    fn wants(self, decision: &Decision) -> bool {
-        match self {
-            Self::Never => false,
-            Self::Always => true,
-            Self::NearLimit => decision.remaining() <= decision.limit().div_ceil(10),
-        }
-    }
-}
+use crate::response::{HeaderStyle, QuotaHeaders};
 
 /// How the layer renders responses.
 #[derive(Clone)]
 pub(crate) struct ResponseConfig {
     pub(crate) style: HeaderStyle,
-    pub(crate) quota_on_success: QuotaOnSuccess,
+    pub(crate) quota_on_success: QuotaHeaders,
     pub(crate) retry_after: bool,
     pub(crate) on_refusal: Option<Arc<RefusalFn>>,
     /// Whether requests and responses carry a [`RateLimitInfo`](crate::RateLimitInfo).
@@ -53,7 +27,7 @@ impl Default for ResponseConfig {
     fn default() -> Self {
         Self {
             style: HeaderStyle::Classic,
-            quota_on_success: QuotaOnSuccess::NearLimit,
+            quota_on_success: QuotaHeaders::Always,
             retry_after: true,
             on_refusal: None,
             info: false,
@@ -89,7 +63,7 @@ impl ResponseConfig {
     }
 
     /// Whether an allowed response gets quota headers: not when turned off, not yet near
-    /// the limit (by default), or sensitive.
+    /// the limit (with [`QuotaHeaders::NearLimit`]), or sensitive.
     #[inline]
     pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.

@@ -10,7 +10,10 @@
 //! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
 //!   per decision.
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
+//! * [`LeasedStore`](leased::LeasedStore): wraps a shared store and decides hot keys locally
+//!   from blocks of quota leased from it, never exceeding the limit across instances.
 
+pub mod leased;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;

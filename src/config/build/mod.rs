@@ -47,7 +47,7 @@ pub struct BuiltPlan {
     login: Option<Login<DynStore>>,
     header_style: HeaderStyle,
     retry_after: bool,
-    quota_headers: Option<bool>,
+    quota_headers: crate::QuotaHeaders,
 }
 
 impl BuiltPlan {
@@ -76,13 +76,10 @@ impl BuiltPlan {
     ///
     /// See the type docs for an example.
     pub fn layer(&self) -> crate::RateLimitLayer<DynStore> {
-        let layer = crate::RateLimitLayer::new(self.limiter.clone())
+        crate::RateLimitLayer::new(self.limiter.clone())
             .header_style(self.header_style)
-            .retry_after_header(self.retry_after);
-        match self.quota_headers {
-            Some(every) => layer.quota_headers_on_success(every),
-            None => layer,
-        }
+            .retry_after_header(self.retry_after)
+            .quota_headers(self.quota_headers)
     }
 
     /// The login guard of `[login]`, if the plan has one, for a handler that checks and
@@ -130,7 +127,7 @@ impl Plan {
             login,
             header_style: self.header_style,
             retry_after: self.retry_after.unwrap_or(true),
-            quota_headers: self.quota_headers,
+            quota_headers: self.quota_headers.unwrap_or_default(),
         })
     }
 

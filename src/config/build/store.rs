@@ -49,6 +49,22 @@ impl Plan {
                 ],
             ),
         };
+        if s.kind == StoreKind::Memory && s.lease_time.is_some() {
+            return Err(ConfigError::new(
+                "store.lease_time",
+                format_args!("{:?}", s.lease_time.as_deref().unwrap_or_default()),
+                "only shared stores lease: delete it or change store.kind",
+            ));
+        }
+        if s.lease_time.is_none() {
+            if let Some(p) = s.lease_max_block_percent {
+                return Err(ConfigError::new(
+                    "store.lease_max_block_percent",
+                    p,
+                    "is read only with store.lease_time: set it or delete this line",
+                ));
+            }
+        }
         match ignored.into_iter().find(|(_, set, _)| *set) {
             Some((field, _, value)) => Err(ConfigError::new(
                 format!("store.{field}"),
@@ -94,7 +110,10 @@ impl Plan {
                     b = b.prefix(p.clone());
                 }
                 let store = b.build_with_url(&url).map_err(|e| e.within("store"))?;
-                Ok(DynStore::new(self.resilient(store)?))
+                match self.leased(store.clone())? {
+                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
+                    None => Ok(DynStore::new(self.resilient(store)?)),
+                }
             }
             #[cfg(feature = "cluster")]
             StoreKind::RedisCluster => {
@@ -112,7 +131,10 @@ impl Plan {
                 let store = b
                     .build_cluster_with_urls(self.store.urls.iter().map(String::as_str))
                     .map_err(|e| e.within("store"))?;
-                Ok(DynStore::new(self.resilient(store)?))
+                match self.leased(store.clone())? {
+                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
+                    None => Ok(DynStore::new(self.resilient(store)?)),
+                }
             }
             #[allow(unreachable_patterns)]
             other => Err(ConfigError::new(
@@ -121,6 +143,31 @@ impl Plan {
                 "this store needs a cargo feature this build lacks (redis, cluster)",
             )),
         }
+    }
+
+    /// Wraps a shared store in a [`LeasedStore`](crate::store::leased::LeasedStore) when
+    /// the plan sets `store.lease_time`.
+    #[cfg(feature = "redis")]
+    pub(super) fn leased<S: crate::store::leased::LeaseBackend>(
+        &self,
+        store: S,
+    ) -> Result<Option<crate::store::leased::LeasedStore<S>>, ConfigError> {
+        let Some(time) = &self.store.lease_time else {
+            return Ok(None);
+        };
+        let time = crate::config::schema::parse_duration("store.lease_time", time)?;
+        let mut b = crate::store::leased::LeasedStore::builder(store).lease_time(time);
+        if let Some(p) = self.store.lease_max_block_percent {
+            if !(1..=50).contains(&p) {
+                return Err(ConfigError::new(
+                    "store.lease_max_block_percent",
+                    p,
+                    "must be 1 to 50",
+                ));
+            }
+            b = b.max_block_fraction(f64::from(p) / 100.0);
+        }
+        b.build().map(Some).map_err(|e| e.within("store"))
     }
 
     /// Wraps a shared store in the plan's failure mode; the mode must be chosen.

@@ -61,7 +61,7 @@ use crate::error::{ConfigError, StoreError};
 /// [module docs](crate::store::cluster).
 #[derive(Clone)]
 pub struct RedisClusterStore {
-    core: Arc<Core<Cluster>>,
+    pub(super) core: Arc<Core<Cluster>>,
 }
 
 impl fmt::Debug for RedisClusterStore {

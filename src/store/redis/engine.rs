@@ -241,7 +241,10 @@ impl<C: Connector> Core<C> {
     /// second try the first call after Redis is back would fail on that stale error and waste
     /// the circuit breaker's probe. After any connection failure, the next call that gets
     /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)).
-    async fn invoke(&self, inv: &ScriptInvocation<'static>) -> Result<Vec<u8>, StoreError> {
+    pub(crate) async fn invoke(
+        &self,
+        inv: &ScriptInvocation<'static>,
+    ) -> Result<Vec<u8>, StoreError> {
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
             Err(e) => {

@@ -89,6 +89,7 @@ mod batch;
 pub mod cluster;
 mod engine;
 mod keys;
+mod lease;
 mod script;
 mod store_impl;
 mod wire;
@@ -97,6 +98,7 @@ mod wire;
 pub use cluster::RedisClusterStore;
 pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 pub use keys::DEFAULT_PREFIX;
+pub use lease::lease_script_source;
 pub use script::TTL_MARGIN_MS;
 
 use std::fmt;

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Leased quotas end to end: benches/leased_server.rs on core 0 (one tokio worker), wrk on
+# core 1 (1 thread, 32 connections), a private redis-server (unpinned) for INFO commandstats.
+# Sides run interleaved for ROUNDS rounds of SECS seconds, on one hot key (the peer IP) and on
+# cold keys (each request a random key out of COLD_KEYS, so no key is hot enough to lease).
+# Prints req/s and p99 per run, the median per side, the ratio to bare, and script calls
+# (EVALSHA + EVAL) per request from INFO commandstats.
+#
+#   bash benches/scripts/leased.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-5}
+CONNS=${CONNS:-32}
+PORT=${PORT:-38231}
+RPORT=${RPORT:-38232}
+COLD_KEYS=${COLD_KEYS:-1000000}
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
+target=${CARGO_TARGET_DIR:-target}
+cargo bench --bench leased_server --features redis --no-run 2>/dev/null
+bin=$(ls -t "$target"/release/deps/leased_server-* | grep -v '\.d$' | head -1)
+dir=$(mktemp -d)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no >/dev/null &
+redis=$!
+trap 'kill $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
+for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+export REDIS_URL="redis://127.0.0.1:$RPORT"
+cat >"$dir/cold.lua" <<LUA
+request = function()
+  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, $COLD_KEYS)) })
+end
+LUA
+calls() {
+  redis-cli -p "$RPORT" info commandstats |
+    awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+}
+declare -A rps p99 cpr
+for round in $(seq 1 "$ROUNDS"); do
+  for load in hot cold; do
+    for side in bare exact leased; do
+      taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
+      server=$!
+      for _ in $(seq 1 50); do
+        curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
+        sleep 0.1
+      done
+      before=$(calls)
+      script=()
+      [ "$load" = cold ] && script=(-s "$dir/cold.lua")
+      out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "${script[@]}" "http://127.0.0.1:$PORT/")
+      after=$(calls)
+      kill "$server" 2>/dev/null || true
+      wait "$server" 2>/dev/null || true
+      r=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+      total=$(awk '/requests in/ {print $1}' <<<"$out")
+      l=$(awk '$1 == "99%" {print $2}' <<<"$out")
+      c=$(awk -v a="$before" -v b="$after" -v n="$total" 'BEGIN {printf "%.4f", (b - a) / n}')
+      echo "round $round $load $side $r req/s p99 $l script calls/request $c"
+      rps[$load.$side]="${rps[$load.$side]:-} $r"
+      p99[$load.$side]="${p99[$load.$side]:-} $l"
+      cpr[$load.$side]="${cpr[$load.$side]:-} $c"
+    done
+  done
+done
+echo
+printf '%-14s %12s %8s %10s %14s\n' side "median req/s" ratio "p99s" "calls/request"
+for load in hot cold; do
+  bare=
+  for side in bare exact leased; do
+    med=$(echo "${rps[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+    [ "$side" = bare ] && bare=$med
+    ratio=$(awk -v a="$med" -v b="$bare" 'BEGIN {printf "%.3f", a/b}')
+    printf '%-14s %12s %8s %10s %14s\n' "$load.$side" "$med" "$ratio" "$(echo ${p99[$load.$side]} | tr ' ' ',')" "$(echo ${cpr[$load.$side]} | tr ' ' ',')"
+  done
+done

@@ -1,0 +1,394 @@
+-- tollgate: the lease ledger (src/store/leased/ledger.rs is the same arithmetic in Rust).
+--
+-- One call grants a block of units of every policy of a request (all or nothing), decides
+-- one request exactly (a block of `cost` used at once), peeks, gives unused units back, or
+-- charges extra units whatever the state (a cost settled above its reservation).
+--
+-- KEYS: two per policy: its ledger state, and (sliding window log only) the units of each
+--       of its entries.
+-- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
+--       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
+--       then twelve integers per policy:
+--       kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
+--       capacity C, a, b, c, d:
+--         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
+--         return: a = units granted, b = units unused, c = grant time, d = lease validity;
+--         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
+-- Reply: "allowed valid now" then "granted remaining reset_after retry_after" per policy,
+--        integers separated by spaces.
+local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
+local TTL_MARGIN_MS = 1000
+
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if a - q * b > 0 then
+    return q + 1
+  end
+  return q
+end
+
+local function int(x)
+  return format('%.0f', x)
+end
+
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+end
+local period = tonumber(ARGV[3])
+local lease_id = ARGV[4]
+local previous = ARGV[5]
+local count = (#ARGV - 5) / 12
+
+-- Per-policy parameters and states.
+local P = {}
+for i = 1, count do
+  local o = 5 + (i - 1) * 12
+  local p = {
+    kind = tonumber(ARGV[o + 1]), n = tonumber(ARGV[o + 2]), w = tonumber(ARGV[o + 3]),
+    cap = tonumber(ARGV[o + 4]), a = tonumber(ARGV[o + 5]), b = tonumber(ARGV[o + 6]),
+    c = tonumber(ARGV[o + 7]), d = tonumber(ARGV[o + 8]),
+    e = tonumber(ARGV[o + 9]), f = tonumber(ARGV[o + 10]), g = tonumber(ARGV[o + 11]),
+    h = tonumber(ARGV[o + 12]),
+    key = KEYS[2 * i - 1], ukey = KEYS[2 * i],
+  }
+  P[i] = p
+end
+
+-- Loading: counter {w, c, p}, fixed {w, c}, bucket {d, u}; the log reads its live units.
+local function load(p)
+  if p.kind == 2 then
+    local dead = redis.call('ZRANGEBYSCORE', p.key, '-inf', now - p.w)
+    if #dead > 0 then
+      redis.call('ZREMRANGEBYSCORE', p.key, '-inf', now - p.w)
+      redis.call('HDEL', p.ukey, unpack(dead))
+    end
+    local live = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(now - p.w), '+inf', 'WITHSCORES')
+    local entries, used = {}, 0
+    for j = 1, #live, 2 do
+      local u = tonumber(redis.call('HGET', p.ukey, live[j]) or '0')
+      entries[#entries + 1] = { tonumber(live[j + 1]), u }
+      used = used + u
+    end
+    p.entries, p.used = entries, used
+    return
+  end
+  local h = redis.call('HMGET', p.key, 'x', 'y', 'z')
+  local x, y, z = tonumber(h[1] or '0') or 0, tonumber(h[2] or '0') or 0, tonumber(h[3] or '0') or 0
+  local idx = idiv(now, p.w)
+  p.idx = idx
+  if p.kind == 1 then
+    if x == idx then
+      p.prev, p.cur = z, y
+    elseif x + 1 == idx then
+      p.prev, p.cur = y, 0
+    else
+      p.prev, p.cur = 0, 0
+    end
+    p.sw, p.sc, p.sp = x, y, z
+  elseif p.kind == 4 then
+    if x == idx then p.cur = y else p.cur = 0 end
+    p.sw, p.sc = x, y
+  else
+    local elapsed = max(now - y, 0)
+    p.deficit = max(x - elapsed * p.n, 0)
+    p.updated = y
+  end
+end
+
+-- The most units a block valid for `t` ms may hold now (negative: not even one).
+local function most(p, t)
+  if p.kind == 1 then
+    local e = now - p.idx * p.w
+    return idiv(max(p.n * p.w - p.prev * (p.w - e) - p.cur * p.w, 0), p.w)
+      - ((p.prev * (p.w - e) + p.cur * p.w > p.n * p.w) and 1 or 0)
+  elseif p.kind == 2 then
+    return p.n - p.used
+  elseif p.kind == 4 then
+    return p.n - p.cur
+  else
+    local room = p.cap * p.w - p.deficit - p.n * t
+    if room < 0 then
+      return -1
+    end
+    return idiv(room, p.w)
+  end
+end
+
+-- The counter's earliest passing time (sliding_window_counter.rs `earliest`).
+local function earliest(prev, cur, idx, n, w, cost)
+  local start = idx * w
+  if cur + cost <= n then
+    local budget = (n - cur - cost) * w
+    if prev == 0 then
+      return now
+    end
+    local overlap = idiv(budget, prev)
+    if overlap >= 1 then
+      return max(start + max(w - min(overlap, w), 0), now)
+    end
+  end
+  local nxt = start + w
+  if cur == 0 then
+    return nxt
+  end
+  if cost <= n then
+    local overlap = idiv((n - cost) * w, cur)
+    if overlap >= 1 then
+      return nxt + max(w - min(overlap, w), 0)
+    end
+  end
+  return nxt + w
+end
+
+-- How long until a request of `cost` passes if nothing else happens (exact, period 0).
+local function retry(p, cost)
+  if p.kind == 1 then
+    return max(earliest(p.prev, p.cur, p.idx, p.n, p.w, cost) - now, 1)
+  elseif p.kind == 2 then
+    table.sort(p.entries, function(l, r) return l[1] < r[1] end)
+    local freed, at = 0, now + p.w
+    for _, e in ipairs(p.entries) do
+      freed = freed + e[2]
+      at = e[1] + p.w
+      if p.used - freed + cost <= p.n then
+        break
+      end
+    end
+    return max(at - now, 1)
+  elseif p.kind == 4 then
+    return (p.idx + 1) * p.w - now
+  else
+    return max(ceil_div(max(p.deficit + cost * p.w - p.cap * p.w, 0), p.n), 1)
+  end
+end
+
+-- The state's remaining units and reset time, as it stands.
+local function view(p)
+  if p.kind == 1 then
+    local e = now - p.idx * p.w
+    local weighted = p.prev * (p.w - e) + p.cur * p.w
+    local reset = 0
+    if p.cur > 0 then
+      reset = (p.idx + 2) * p.w - now
+    elseif p.prev > 0 then
+      reset = (p.idx + 1) * p.w - now
+    end
+    return idiv(max(p.n * p.w - weighted, 0), p.w), reset
+  elseif p.kind == 2 then
+    local newest = 0
+    for _, e in ipairs(p.entries) do
+      newest = max(newest, e[1] + p.w - now)
+    end
+    return max(p.n - p.used, 0), newest
+  elseif p.kind == 4 then
+    local reset = 0
+    if p.cur > 0 then reset = (p.idx + 1) * p.w - now end
+    return max(p.n - p.cur, 0), reset
+  else
+    return idiv(max(p.cap * p.w - p.deficit, 0), p.w), ceil_div(p.deficit, p.n)
+  end
+end
+
+-- Writes back a counter, fixed window or bucket state; the log writes as it goes.
+local function store(p)
+  if p.kind == 1 then
+    redis.call('HSET', p.key, 'x', int(p.idx), 'y', int(p.cur), 'z', int(p.prev))
+    redis.call('PEXPIRE', p.key, (p.idx + 2) * p.w - now + TTL_MARGIN_MS)
+  elseif p.kind == 4 then
+    redis.call('HSET', p.key, 'x', int(p.idx), 'y', int(p.cur))
+    redis.call('PEXPIRE', p.key, (p.idx + 1) * p.w - now + TTL_MARGIN_MS)
+  elseif p.kind == 3 then
+    redis.call('HSET', p.key, 'x', int(p.deficit), 'y', int(max(now, p.updated)))
+    redis.call('PEXPIRE', p.key, ceil_div(p.deficit, p.n) + TTL_MARGIN_MS)
+  end
+end
+
+-- Charges `k` units used at most until now + valid.
+local function charge(p, k, valid, id)
+  if p.kind == 1 or p.kind == 4 then
+    p.cur = p.cur + k
+  elseif p.kind == 2 then
+    local fin = now + valid
+    redis.call('ZADD', p.key, fin, id)
+    redis.call('HSET', p.ukey, id, int(k))
+    p.entries[#p.entries + 1] = { fin, k }
+    p.used = p.used + k
+    local ttl = fin + p.w - now + TTL_MARGIN_MS
+    if redis.call('PTTL', p.key) < ttl then
+      redis.call('PEXPIRE', p.key, ttl)
+      redis.call('PEXPIRE', p.ukey, ttl)
+    end
+  else
+    p.deficit = p.deficit + k * p.w + p.n * valid
+  end
+  store(p)
+end
+
+local out = {}
+
+if mode == 'x' then
+  for i = 1, count do
+    redis.call('DEL', P[i].key, P[i].ukey)
+  end
+  return '1 0 ' .. int(now)
+end
+
+-- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms
+-- (for the bucket, also the refill reserved for the rest of its period; for the log, the
+-- time its entry still counts).
+local function give(p, id, k, u, g, valid)
+  if not (u > 0 or p.kind == 2 or p.kind == 3) then
+    return
+  end
+  if p.kind == 2 then
+    local score = redis.call('ZSCORE', p.key, id)
+    if score then
+      local left = tonumber(redis.call('HGET', p.ukey, id) or '0') - u
+      if left <= 0 then
+        redis.call('ZREM', p.key, id)
+        redis.call('HDEL', p.ukey, id)
+      else
+        redis.call('ZADD', p.key, min(tonumber(score), now), id)
+        redis.call('HSET', p.ukey, id, int(left))
+      end
+    end
+    return
+  end
+  load(p)
+  local gidx = idiv(g, p.w)
+  if p.kind == 1 then
+    if p.sw == gidx then
+      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+    elseif p.sw == gidx + 1 then
+      redis.call('HSET', p.key, 'z', int(max(p.sp - u, 0)))
+    end
+  elseif p.kind == 4 then
+    if p.sw == gidx then
+      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+    end
+  elseif p.deficit > 0 then
+    local fin = g + valid
+    local back = max(min(u * p.w, k * p.w - p.n * max(now - fin, 0)), 0)
+      + p.n * max(fin - now, 0)
+    p.deficit = max(p.deficit - back, 0)
+    store(p)
+  end
+end
+
+if mode == 'r' then
+  for i = 1, count do
+    local p = P[i]
+    give(p, lease_id, p.a, p.b, p.c, p.d)
+  end
+  return '1 0 ' .. int(now)
+end
+
+if mode == 'g' and previous ~= '0' then
+  for i = 1, count do
+    local p = P[i]
+    give(p, previous, p.e, p.f, p.g, p.h)
+  end
+end
+
+for i = 1, count do
+  load(P[i])
+end
+
+if mode == 'f' then
+  for i = 1, count do
+    local p = P[i]
+    if p.a > 0 then
+      if p.kind == 3 then
+        local before = p.deficit
+        p.deficit = min(before + p.a * p.w, max(before, (2 * p.cap - 1) * p.w))
+        store(p)
+      else
+        charge(p, p.a, 0, lease_id)
+      end
+    end
+  end
+  return '1 0 ' .. int(now)
+end
+
+-- Grant (or peek): a block valid for `period` when every policy has room for at least
+-- its cost, else one exact request, else a refusal.
+local valid, granted = -1, {}
+if mode == 'g' and period > 0 then
+  local all = true
+  for i = 1, count do
+    if most(P[i], period) < P[i].a then
+      all = false
+    end
+  end
+  if all then
+    valid = period
+    for i = 1, count do
+      local p = P[i]
+      granted[i] = max(min(p.b, most(p, period)), p.a)
+      if p.kind == 1 or p.kind == 4 then
+        valid = min(valid, (p.idx + 1) * p.w - now)
+      end
+    end
+  end
+end
+if valid < 0 then
+  local all = true
+  for i = 1, count do
+    if most(P[i], 0) < P[i].a then
+      all = false
+    end
+  end
+  if all then
+    valid = 0
+    for i = 1, count do
+      granted[i] = P[i].a
+    end
+  end
+end
+
+if valid < 0 then
+  out[1] = '0 0 ' .. int(now)
+  for i = 1, count do
+    local p = P[i]
+    local remaining, reset = view(p)
+    local r = 0
+    if most(p, 0) < p.a then
+      r = retry(p, p.a)
+    end
+    out[#out + 1] = '0 ' .. int(remaining) .. ' ' .. int(reset) .. ' ' .. int(r)
+  end
+  return table.concat(out, ' ')
+end
+
+out[1] = '1 ' .. int(valid) .. ' ' .. int(now)
+for i = 1, count do
+  local p = P[i]
+  if mode == 'g' then
+    charge(p, granted[i], valid, lease_id)
+  elseif p.kind == 2 then
+    p.used = p.used + granted[i]
+    p.entries[#p.entries + 1] = { now, granted[i] }
+  elseif p.kind == 3 then
+    p.deficit = p.deficit + granted[i] * p.w
+  else
+    p.cur = p.cur + granted[i]
+  end
+  local remaining, reset = view(p)
+  out[#out + 1] = int(granted[i]) .. ' ' .. int(remaining) .. ' ' .. int(reset) .. ' 0'
+end
+return table.concat(out, ' ')

@@ -1,0 +1,867 @@
+//! The lease ledger: what a shared store keeps for leased policies, and the one call that
+//! grants, decides, peeks, gives back or charges.
+//!
+//! `lua/lease.lua` is this arithmetic for Redis; [`MemoryLedger`] runs it in process (for
+//! tests and simulations: one ledger shared by several [`LeasedStore`](super::LeasedStore)s
+//! of one process stands for a Redis shared by several instances).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::overrides::ActiveOverride;
+use crate::policy::{Algorithm, Policy};
+use crate::store::{BoxFuture, MemoryStore, Store};
+
+/// How a leased policy is kept in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The sliding window counter: blocks end at the window boundary.
+    Counter = 1,
+    /// The sliding window log: a block is an entry that counts until its period ends.
+    Log = 2,
+    /// The token bucket and (non-shaping) GCRA, one meter: a block also reserves the refill
+    /// its period would hand out.
+    Bucket = 3,
+    /// The fixed window: blocks end at the window boundary.
+    Fixed = 4,
+}
+
+impl Kind {
+    /// The kind a policy is leased as, or `None` when it is decided exactly.
+    pub(crate) fn of(policy: &Policy) -> Option<Kind> {
+        match policy.algorithm() {
+            Algorithm::SlidingWindowCounter => Some(Kind::Counter),
+            Algorithm::SlidingWindowLog => Some(Kind::Log),
+            Algorithm::TokenBucket => Some(Kind::Bucket),
+            Algorithm::Gcra if policy.max_delay().is_none() => Some(Kind::Bucket),
+            Algorithm::FixedWindow => Some(Kind::Fixed),
+            Algorithm::Gcra | Algorithm::InFlight => None,
+        }
+    }
+
+    fn part(self) -> &'static str {
+        match self {
+            Kind::Counter => "lease-swc",
+            Kind::Log => "lease-swl",
+            Kind::Bucket => "lease-tb",
+            Kind::Fixed => "lease-fw",
+        }
+    }
+}
+
+/// What a ledger call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Grant,
+    Peek,
+    Return,
+    Force,
+    Reset,
+}
+
+impl Mode {
+    #[cfg(feature = "redis")]
+    pub(crate) fn code(self) -> &'static str {
+        match self {
+            Mode::Grant => "g",
+            Mode::Peek => "p",
+            Mode::Return => "r",
+            Mode::Force => "f",
+            Mode::Reset => "x",
+        }
+    }
+}
+
+/// One policy's part of a ledger call (see `lua/lease.lua` for `a`–`d`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub(crate) kind: Kind,
+    pub(crate) n: u64,
+    pub(crate) w: u64,
+    pub(crate) cap: u64,
+    pub(crate) a: u64,
+    pub(crate) b: u64,
+    pub(crate) c: u64,
+    pub(crate) d: u64,
+    /// Grants only: the previous block given back in the same call (units granted, units
+    /// unused, grant time, validity), when `LedgerCall::previous` is not 0.
+    pub(crate) e: u64,
+    pub(crate) f: u64,
+    pub(crate) g: u64,
+    pub(crate) h: u64,
+}
+
+impl Part {
+    pub(crate) fn new(kind: Kind, policy: &Policy) -> Self {
+        Self {
+            kind,
+            n: policy.limit(),
+            w: policy.window_millis(),
+            cap: policy.capacity(),
+            a: 0,
+            b: 0,
+            c: 0,
+            d: 0,
+            e: 0,
+            f: 0,
+            g: 0,
+            h: 0,
+        }
+    }
+}
+
+/// One call to a lease ledger: which policies, what to do, for how long.
+///
+/// Built by [`LeasedStore`](super::LeasedStore); a [`LeaseBackend`] only carries it to its
+/// ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerCall {
+    pub(crate) mode: Mode,
+    pub(crate) period_ms: u64,
+    pub(crate) lease_id: u64,
+    /// Grants only: the id of the block given back first (0: none).
+    pub(crate) previous: u64,
+    pub(crate) parts: SmallVec<[Part; 2]>,
+}
+
+/// One policy's answer from the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Answer {
+    pub(crate) granted: u64,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_ms: u64,
+    pub(crate) retry_after_ms: u64,
+}
+
+/// A ledger's answer: whether it granted, for how long, at what time (the ledger's clock),
+/// and each policy's units and view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerReply {
+    pub(crate) granted: bool,
+    pub(crate) valid_ms: u64,
+    pub(crate) now_ms: u64,
+    pub(crate) answers: SmallVec<[Answer; 2]>,
+}
+
+impl LedgerReply {
+    #[cfg(feature = "redis")]
+    /// Parses the script's reply: `allowed valid now` then four integers per policy.
+    pub(crate) fn parse(bytes: &[u8], policies: usize) -> Result<Self, StoreError> {
+        let bad = || {
+            StoreError::Protocol(crate::error::Cause::from(format!(
+                "lease reply {:?}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
+            )))
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let mut numbers = text.split(' ').map(|s| s.parse::<u64>());
+        let mut next = || numbers.next().and_then(Result::ok).ok_or_else(bad);
+        let granted = next()? == 1;
+        let valid_ms = next()?;
+        let now_ms = next()?;
+        let mut answers = SmallVec::new();
+        if text.split(' ').count() > 3 {
+            for _ in 0..policies {
+                answers.push(Answer {
+                    granted: next()?,
+                    remaining: next()?,
+                    reset_after_ms: next()?,
+                    retry_after_ms: next()?,
+                });
+            }
+        }
+        Ok(Self {
+            granted,
+            valid_ms,
+            now_ms,
+            answers,
+        })
+    }
+}
+
+/// A shared store that keeps a lease ledger: what [`LeasedStore`](super::LeasedStore)
+/// needs from the store it wraps, besides the ordinary [`Store`] it uses for the policies
+/// that cannot be leased.
+///
+/// Implemented by `RedisStore` and `RedisClusterStore` (feature `redis`, `cluster`: one
+/// atomic script per call, all of a key's ledger entries under its hash tag) and by
+/// [`MemoryLedger`].
+///
+/// ```
+/// use tollgate::store::leased::{LeaseBackend, MemoryLedger};
+///
+/// fn takes_a_backend(_: &impl LeaseBackend) {}
+/// takes_a_backend(&MemoryLedger::new());
+/// ```
+pub trait LeaseBackend: Store {
+    /// Runs one ledger call for `key`'s `policies` (in the order of the call's parts),
+    /// atomically.
+    fn ledger(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        call: LedgerCall,
+    ) -> BoxFuture<Result<LedgerReply, StoreError>>;
+}
+
+/// The key of one policy's ledger state: `<prefix>:{<key>}:<policy>:lease-<alg>`, the same
+/// hash tag as the key's other states.
+pub(crate) fn ledger_key(prefix: &str, key: &Key, policy: &str, kind: Kind) -> String {
+    format!("{prefix}:{{{}}}:{policy}:{}", key.as_str(), kind.part())
+}
+
+/// One policy's ledger state.
+#[derive(Debug, Clone)]
+enum LState {
+    Counter {
+        w: u64,
+        c: u64,
+        p: u64,
+    },
+    Fixed {
+        w: u64,
+        c: u64,
+    },
+    Bucket {
+        d: u64,
+        u: u64,
+    },
+    /// Entry id → (end of its period, units).
+    Log(BTreeMap<u64, (u64, u64)>),
+}
+
+/// The loaded view of one policy, as `lua/lease.lua` computes it.
+struct View {
+    idx: u64,
+    prev: u64,
+    cur: u64,
+    deficit: u64,
+    used: u64,
+}
+
+fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
+    let idx = now / part.w;
+    let mut v = View {
+        idx,
+        prev: 0,
+        cur: 0,
+        deficit: 0,
+        used: 0,
+    };
+    match state {
+        Some(LState::Counter { w, c, p }) => {
+            if *w == idx {
+                (v.prev, v.cur) = (*p, *c);
+            } else if w + 1 == idx {
+                v.prev = *c;
+            }
+        }
+        Some(LState::Fixed { w, c }) if *w == idx => v.cur = *c,
+        Some(LState::Bucket { d, u }) => {
+            let elapsed = now.saturating_sub(*u);
+            v.deficit = d.saturating_sub(elapsed.saturating_mul(part.n));
+        }
+        Some(LState::Log(entries)) => {
+            v.used = entries
+                .values()
+                .filter(|(end, _)| end + part.w > now)
+                .map(|(_, u)| u)
+                .sum();
+        }
+        _ => {}
+    }
+    v
+}
+
+/// The most units a block valid `t` ms may hold now; `None` when not even one.
+fn most(part: &Part, v: &View, now: u64, t: u64) -> Option<u64> {
+    match part.kind {
+        Kind::Counter => {
+            let e = now - v.idx * part.w;
+            let weighted = v.prev * (part.w - e) + v.cur * part.w;
+            (part.n * part.w)
+                .checked_sub(weighted)
+                .map(|room| room / part.w)
+        }
+        Kind::Log => part.n.checked_sub(v.used),
+        Kind::Fixed => part.n.checked_sub(v.cur),
+        Kind::Bucket => (part.cap * part.w)
+            .checked_sub(v.deficit + part.n * t)
+            .map(|room| room / part.w),
+    }
+}
+
+fn fits(part: &Part, v: &View, now: u64, t: u64, units: u64) -> bool {
+    most(part, v, now, t).is_some_and(|m| m >= units)
+}
+
+fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> u64 {
+    match part.kind {
+        Kind::Counter => {
+            let s = crate::algorithm::SlidingWindowCounterState {
+                window: v.idx,
+                current: v.cur,
+                previous: v.prev,
+            };
+            let policy_like = (part.n, part.w);
+            counter_retry(&s, now, policy_like, cost)
+        }
+        Kind::Log => {
+            let mut entries: Vec<(u64, u64)> = match state {
+                Some(LState::Log(e)) => e
+                    .values()
+                    .filter(|(end, _)| end + part.w > now)
+                    .copied()
+                    .collect(),
+                _ => Vec::new(),
+            };
+            entries.sort_unstable();
+            let (mut freed, mut at) = (0, now + part.w);
+            for (end, units) in entries {
+                freed += units;
+                at = end + part.w;
+                if v.used - freed + cost <= part.n {
+                    break;
+                }
+            }
+            (at - now).max(1)
+        }
+        Kind::Fixed => (v.idx + 1) * part.w - now,
+        Kind::Bucket => (v.deficit + cost * part.w)
+            .saturating_sub(part.cap * part.w)
+            .div_ceil(part.n)
+            .max(1),
+    }
+}
+
+/// The counter's exact retry, through the algorithm itself.
+fn counter_retry(
+    s: &crate::algorithm::SlidingWindowCounterState,
+    now: u64,
+    (n, w): (u64, u64),
+    cost: u64,
+) -> u64 {
+    if cost > n {
+        return 2 * w; // never passes; asked again after the counter forgot everything
+    }
+    let window = std::time::Duration::from_millis(w);
+    let policy = Policy::builder("ledger", crate::Rate::new(n, window))
+        .algorithm(Algorithm::SlidingWindowCounter)
+        .build();
+    match policy {
+        Ok(p) => {
+            <crate::algorithm::SlidingWindowCounter as crate::algorithm::LimitAlgorithm>::evaluate(
+                s,
+                now,
+                p.limits(),
+                cost,
+            )
+            .retry_after_millis()
+            .max(1)
+        }
+        Err(_) => w,
+    }
+}
+
+fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64) {
+    match part.kind {
+        Kind::Counter => {
+            let e = now - v.idx * part.w;
+            let weighted = v.prev * (part.w - e) + v.cur * part.w;
+            let reset = if v.cur > 0 {
+                (v.idx + 2) * part.w - now
+            } else if v.prev > 0 {
+                (v.idx + 1) * part.w - now
+            } else {
+                0
+            };
+            ((part.n * part.w).saturating_sub(weighted) / part.w, reset)
+        }
+        Kind::Log => {
+            let newest = match state {
+                Some(LState::Log(e)) => e
+                    .values()
+                    .map(|(end, _)| (end + part.w).saturating_sub(now))
+                    .max()
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            (part.n.saturating_sub(v.used), newest)
+        }
+        Kind::Fixed => (
+            part.n.saturating_sub(v.cur),
+            if v.cur > 0 {
+                (v.idx + 1) * part.w - now
+            } else {
+                0
+            },
+        ),
+        Kind::Bucket => (
+            (part.cap * part.w).saturating_sub(v.deficit) / part.w,
+            v.deficit.div_ceil(part.n),
+        ),
+    }
+}
+
+/// Charges `k` units used at most until `now + valid` into the state.
+fn charge(
+    part: &Part,
+    v: &mut View,
+    state: &mut Option<LState>,
+    now: u64,
+    k: u64,
+    valid: u64,
+    id: u64,
+) {
+    match part.kind {
+        Kind::Counter => {
+            v.cur += k;
+            *state = Some(LState::Counter {
+                w: v.idx,
+                c: v.cur,
+                p: v.prev,
+            });
+        }
+        Kind::Fixed => {
+            v.cur += k;
+            *state = Some(LState::Fixed { w: v.idx, c: v.cur });
+        }
+        Kind::Bucket => {
+            v.deficit += k * part.w + part.n * valid;
+            let u = match state {
+                Some(LState::Bucket { u, .. }) => now.max(*u),
+                _ => now,
+            };
+            *state = Some(LState::Bucket { d: v.deficit, u });
+        }
+        Kind::Log => {
+            v.used += k;
+            let log = match state {
+                Some(LState::Log(log)) => log,
+                other => {
+                    *other = Some(LState::Log(BTreeMap::new()));
+                    match other {
+                        Some(LState::Log(log)) => log,
+                        _ => return,
+                    }
+                }
+            };
+            log.retain(|_, (end, _)| *end + part.w > now);
+            log.insert(id, (now + valid, k));
+        }
+    }
+}
+
+/// Runs one ledger call over `states` (one per part, in order) at `now`: the Rust twin of
+/// `lua/lease.lua`.
+fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerReply {
+    let done = |granted| LedgerReply {
+        granted,
+        valid_ms: 0,
+        now_ms: now,
+        answers: SmallVec::new(),
+    };
+    match call.mode {
+        Mode::Return => {
+            for (part, state) in call.parts.iter().zip(states.iter_mut()) {
+                give_back(
+                    part,
+                    (part.a, part.b, part.c, part.d),
+                    state,
+                    now,
+                    call.lease_id,
+                );
+            }
+            return done(true);
+        }
+        Mode::Force => {
+            for (part, state) in call.parts.iter().zip(states.iter_mut()) {
+                if part.a == 0 {
+                    continue;
+                }
+                let mut v = load(part, state.as_ref(), now);
+                if part.kind == Kind::Bucket {
+                    let before = v.deficit;
+                    v.deficit = (before + part.a * part.w)
+                        .min(before.max((2 * part.cap).saturating_sub(1) * part.w));
+                    let u = match state {
+                        Some(LState::Bucket { u, .. }) => now.max(*u),
+                        _ => now,
+                    };
+                    *state = Some(LState::Bucket { d: v.deficit, u });
+                } else {
+                    charge(part, &mut v, state, now, part.a, 0, call.lease_id);
+                }
+            }
+            return done(true);
+        }
+        Mode::Reset => {
+            for state in states.iter_mut() {
+                *state = None;
+            }
+            return done(true);
+        }
+        Mode::Grant | Mode::Peek => {}
+    }
+    if call.mode == Mode::Grant && call.previous != 0 {
+        for (part, state) in call.parts.iter().zip(states.iter_mut()) {
+            give_back(
+                part,
+                (part.e, part.f, part.g, part.h),
+                state,
+                now,
+                call.previous,
+            );
+        }
+    }
+    let mut views: SmallVec<[View; 2]> = call
+        .parts
+        .iter()
+        .zip(states.iter())
+        .map(|(p, s)| load(p, s.as_ref(), now))
+        .collect();
+    let mut valid: Option<u64> = None;
+    let mut granted: SmallVec<[u64; 2]> = SmallVec::new();
+    if call.mode == Mode::Grant
+        && call.period_ms > 0
+        && call
+            .parts
+            .iter()
+            .zip(&views)
+            .all(|(p, v)| fits(p, v, now, call.period_ms, p.a))
+    {
+        let mut t = call.period_ms;
+        for (p, v) in call.parts.iter().zip(&views) {
+            let m = most(p, v, now, call.period_ms).unwrap_or(0);
+            granted.push(p.b.min(m).max(p.a));
+            if matches!(p.kind, Kind::Counter | Kind::Fixed) {
+                t = t.min((v.idx + 1) * p.w - now);
+            }
+        }
+        valid = Some(t);
+    }
+    if valid.is_none()
+        && call
+            .parts
+            .iter()
+            .zip(&views)
+            .all(|(p, v)| fits(p, v, now, 0, p.a))
+    {
+        granted = call.parts.iter().map(|p| p.a).collect();
+        valid = Some(0);
+    }
+    let Some(valid) = valid else {
+        let answers = call
+            .parts
+            .iter()
+            .zip(&views)
+            .zip(states.iter())
+            .map(|((p, v), s)| {
+                let (remaining, reset_after_ms) = view_of(p, v, s.as_ref(), now);
+                let retry_after_ms = if fits(p, v, now, 0, p.a) {
+                    0
+                } else {
+                    retry(p, v, s.as_ref(), now, p.a)
+                };
+                Answer {
+                    granted: 0,
+                    remaining,
+                    reset_after_ms,
+                    retry_after_ms,
+                }
+            })
+            .collect();
+        return LedgerReply {
+            granted: false,
+            valid_ms: 0,
+            now_ms: now,
+            answers,
+        };
+    };
+    let mut answers = SmallVec::new();
+    for (i, part) in call.parts.iter().enumerate() {
+        let v = &mut views[i];
+        if call.mode == Mode::Grant {
+            charge(
+                part,
+                v,
+                &mut states[i],
+                now,
+                granted[i],
+                valid,
+                call.lease_id,
+            );
+        } else {
+            match part.kind {
+                Kind::Log => v.used += granted[i],
+                Kind::Bucket => v.deficit += granted[i] * part.w,
+                _ => v.cur += granted[i],
+            }
+        }
+        let (remaining, reset_after_ms) = view_of(part, v, states[i].as_ref(), now);
+        answers.push(Answer {
+            granted: granted[i],
+            remaining,
+            reset_after_ms,
+            retry_after_ms: 0,
+        });
+    }
+    LedgerReply {
+        granted: true,
+        valid_ms: valid,
+        now_ms: now,
+        answers,
+    }
+}
+
+/// Gives back `b` unused units of a block of `a` granted at `c`, valid `d` ms.
+fn give_back(
+    part: &Part,
+    back: (u64, u64, u64, u64),
+    state: &mut Option<LState>,
+    now: u64,
+    id: u64,
+) {
+    let (k, unused, g, valid) = back;
+    if unused == 0 && !matches!(part.kind, Kind::Bucket | Kind::Log) {
+        return;
+    }
+    let gidx = g / part.w;
+    match state {
+        Some(LState::Counter { w, c, p }) => {
+            if *w == gidx {
+                *c = c.saturating_sub(unused);
+            } else if *w == gidx + 1 {
+                *p = p.saturating_sub(unused);
+            }
+        }
+        Some(LState::Fixed { w, c }) if *w == gidx => *c = c.saturating_sub(unused),
+        Some(LState::Log(log)) => {
+            if let Some((end, units)) = log.get(&id).copied() {
+                if units <= unused {
+                    log.remove(&id);
+                } else if unused == 0 {
+                    log.insert(id, (end.min(now), units));
+                } else {
+                    log.insert(id, (end.min(now), units - unused));
+                }
+            }
+        }
+        Some(LState::Bucket { .. }) => {
+            let v = load(part, state.as_ref(), now);
+            if v.deficit == 0 {
+                return;
+            }
+            let end = g + valid;
+            let back = (unused * part.w)
+                .min((k * part.w).saturating_sub(part.n * now.saturating_sub(end)))
+                + part.n * end.saturating_sub(now);
+            let u = match state {
+                Some(LState::Bucket { u, .. }) => now.max(*u),
+                _ => now,
+            };
+            *state = Some(LState::Bucket {
+                d: v.deficit.saturating_sub(back),
+                u,
+            });
+        }
+        _ => {}
+    }
+}
+
+/// A lease ledger in process memory, with a [`MemoryStore`] for the policies that are not
+/// leased: the shared state of several [`LeasedStore`](super::LeasedStore)s of one process,
+/// standing for a Redis shared by several instances (tests, simulations, the proptest of
+/// the interval bounds).
+///
+/// Clones share the ledger.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::key::Key;
+/// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+/// use tollgate::store::Store;
+/// use tollgate::{Policy, Rate};
+///
+/// let ledger = MemoryLedger::new();
+/// let a = LeasedStore::new(ledger.clone());
+/// let b = LeasedStore::new(ledger);
+/// let policy = [Policy::new("api", Rate::per_minute(2))?];
+/// let key = Key::new("user", "1");
+/// assert!(a.check(&key, &policy, &[1]).await?.is_allowed());
+/// assert!(b.check(&key, &policy, &[1]).await?.is_allowed());
+/// assert!(!a.check(&key, &policy, &[1]).await?.is_allowed()); // shared: 2 per minute in all
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MemoryLedger {
+    states: Arc<parking_lot::Mutex<HashMap<String, LState>>>,
+    clock: Arc<dyn Clock>,
+    exact: MemoryStore,
+}
+
+impl fmt::Debug for MemoryLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLedger")
+            .field("states", &self.states.lock().len())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl Default for MemoryLedger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLedger {
+    /// A ledger on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock::new())
+    }
+
+    /// A ledger on `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests); give the
+    /// [`LeasedStore`](super::LeasedStore)s the same clock.
+    ///
+    /// ```
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::store::leased::MemoryLedger;
+    /// use tollgate::store::Store;
+    ///
+    /// let ledger = MemoryLedger::with_clock(ManualClock::new(5_000));
+    /// assert_eq!(ledger.now_millis(), 5_000);
+    /// ```
+    pub fn with_clock(clock: impl Clock + Clone) -> Self {
+        let exact = MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .unwrap_or_else(|_| MemoryStore::new());
+        Self {
+            states: Arc::default(),
+            exact,
+            clock: Arc::new(clock),
+        }
+    }
+
+    fn call(&self, key: &Key, policies: &[Policy], call: &LedgerCall) -> LedgerReply {
+        let now = self.clock.now_millis();
+        let names: SmallVec<[String; 2]> = policies
+            .iter()
+            .zip(&call.parts)
+            .map(|(p, part)| ledger_key("", key, p.name(), part.kind))
+            .collect();
+        let mut map = self.states.lock();
+        let mut states: SmallVec<[Option<LState>; 2]> =
+            names.iter().map(|n| map.remove(n)).collect();
+        let reply = run(call, &mut states, now);
+        for (name, state) in names.into_iter().zip(states) {
+            if let Some(s) = state {
+                map.insert(name, s);
+            }
+        }
+        reply
+    }
+}
+
+impl LeaseBackend for MemoryLedger {
+    fn ledger(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        call: LedgerCall,
+    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+        let reply = self.call(key, policies, &call);
+        Box::pin(std::future::ready(Ok(reply)))
+    }
+}
+
+impl Store for MemoryLedger {
+    type CheckFuture = <MemoryStore as Store>::CheckFuture;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.exact.check(key, policies, costs)
+    }
+
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        self.exact.check_now(key, policies, costs)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        self.exact.peek(key, policies, costs)
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.exact.refund(key, policies, costs)
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.exact.settle(key, policies, reserved, actual)
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.exact.release(key, policies, slot)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        {
+            let mut map = self.states.lock();
+            for p in policies {
+                if let Some(kind) = Kind::of(p) {
+                    map.remove(&ledger_key("", key, p.name(), kind));
+                }
+            }
+        }
+        self.exact.reset(key, policies)
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.exact.overrides(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "memory-ledger"
+    }
+}

@@ -1,0 +1,1367 @@
+//! Leased quotas: a limit shared through Redis without a round trip per request, and never
+//! exceeded.
+//!
+//! A [`LeasedStore`] wraps a shared store (`RedisStore`, `RedisClusterStore`, or the
+//! in-process [`MemoryLedger`]). For a key that is hot on this instance it takes a *block*
+//! of units of every policy of the request from the store's lease ledger in one atomic call,
+//! charged there at once, and then admits requests locally from the block until it is used
+//! up or its period ends; what is left goes back to the ledger. Cold keys, and policies whose
+//! limit is small, stay exact: one ledger call per decision, the block being the request's
+//! own cost, used at once. A key refused by the ledger is refused locally until the time the
+//! ledger named (`retry_after`): an exhausted key costs no call per refused request.
+//!
+//! # The invariant: zero over-admission
+//!
+//! Across all instances, the admitted requests satisfy the bound the exact mode satisfies, in
+//! every interval. A unit admitted later than it was charged could break it (a block charged
+//! at `g` and spent at `g + T`, after the state refilled or slid for `T`), so every block is
+//! accounted for its whole period `[g, g + T]`:
+//!
+//! * **Fixed window** (at most `N` per window): a block is charged to the window `g` falls in
+//!   and its period ends at that window's end, so its units are admitted in the window they
+//!   were charged to. Unused units go back to that window's count while it lasts.
+//! * **Sliding window counter** (`N + N·L/W` in any span `L ≤ W`): blocks end at the window
+//!   boundary too. The counter's bound holds: the units admitted in the head of window `k`
+//!   were charged in window `k` by grants no later than the last admission, the last such
+//!   grant saw the previous window's *charged* count (at least what was admitted there), and
+//!   the counter's own proof (see [`crate::algorithm::sliding_window_counter`]) goes through
+//!   with charged counts in place of admitted ones. Unused units come off the window they
+//!   were charged to, current or previous.
+//! * **Sliding window log** (at most `N` in any window of `W`): a block is an entry that
+//!   counts until `W` after its period *ends* (`g + T`), not after `g`. A window that could
+//!   hold one of its units intersects `[g, g + T]`; a grant at `s` checks every entry still
+//!   counting at `s`, and later windows see a subset of those, so in every window the units of
+//!   the blocks that touch it sum to at most `N`. A return shortens the entry to the units
+//!   used and to the time of the return.
+//! * **Token bucket and GCRA** (at most `C + N·L/W` in any span `L`): a block of `k` units
+//!   for `T` ms is charged `k` tokens *plus the refill the period would hand out*, `N·T/W`
+//!   (exactly, in the bucket's scaled integers). Proof: take any span `[s, t]` and the
+//!   earliest grant `g*` of a block that touches it; the charges granted in `[g*, t]` fit an
+//!   exact bucket, so they sum to at most `C + N·(t − g*)/W`, and they include the touching
+//!   blocks' units plus the reservation `N·T*/W ≥ N·(s − g*)/W` of the block at `g*`. So
+//!   the touching units sum to at most `C + N·(t − s)/W`. A return gives back the unused
+//!   units and the reservation for the rest of the period, never more than the block still
+//!   weighs in the bucket, which leaves a state the same proof covers (as if the block had
+//!   been smaller and shorter). A shaping GCRA (`max_delay`) cannot be leased: its delays are
+//!   decided per request.
+//! * **In flight**: slots are held, not spent; never leased.
+//!
+//! A policy that cannot be leased is decided exactly by the wrapped store ([`leasable`]
+//! says which); a request with both kinds is decided by the ledger first and then by the
+//! store, and the ledger's units are given back if the store refuses: all or nothing, and
+//! each policy always in the same place.
+//!
+//! The ledger keeps its own state (`<prefix>:{<key>}:<policy>:lease-<alg>`, the key's hash
+//! tag): every instance sharing a leasable policy must use a `LeasedStore`, or each mode
+//! counts its own quota.
+//!
+//! # The price: under-admission, bounded
+//!
+//! A block is at most [`max_block_fraction`](LeasedStoreBuilder::max_block_fraction) of the
+//! limit (default 1/10; the capacity for the token bucket and GCRA), and its size follows the
+//! key's observed local rate × the lease time (default 250 ms), so a quiet key takes small
+//! blocks or none. Requests refused that the exact mode would have admitted are bounded by
+//! the units held unused in blocks plus the conservative margin: at most
+//! `instances × (largest block + margin)` at any time, where the margin is `N·T/W` for the
+//! token bucket and GCRA (the reserved refill), and 0 for the windows (whose blocks only end
+//! early) — the log's blocks also stay in the window up to `T` longer. Unused units return
+//! when the block ends or is replaced, when the store is [shut down](LeasedStore::shutdown),
+//! and within half a lease time of a block expiring unused (a background task); after a
+//! crash, they return when the window rolls over (the bucket: when it refills).
+//!
+//! # Failures
+//!
+//! * A store outage with blocks in hand: decisions go on from the blocks (no call is made);
+//!   when a call is needed, its [`StoreError`] reaches the caller, and a [`ResilientStore`]
+//!   around the `LeasedStore` applies its failure mode, deny cache and local fallback as
+//!   for any store.
+//! * An instance killed (or dropped without [`shutdown`](LeasedStore::shutdown)) loses at
+//!   most its blocks: those units stay charged until their window or refill frees them.
+//! * A Redis restart or failover (a new `run_id`, see [`Store::generation`]) drops every
+//!   block granted before it: the ledger that charged them is gone.
+//! * Redis Cluster: the ledger call touches one key per policy (two for the log), all under
+//!   the key's hash tag.
+//!
+//! # Headers
+//!
+//! A decision from a block reports `remaining` as the units left in the block plus what the
+//! ledger said was left for everyone when it granted it (other instances may have taken
+//! some since), and `reset_after` as the ledger said then, less the time since. A local
+//! refusal reports the ledger's `retry_after`, less the time since. Limits are exact.
+//!
+//! # Examples
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use tollgate::key::Key;
+//! use tollgate::store::leased::{LeasedStore, MemoryLedger};
+//! use tollgate::{Limiter, Policy, Rate};
+//!
+//! let shared = MemoryLedger::new(); // or a RedisStore
+//! let limiter = Limiter::builder()
+//!     .store(LeasedStore::new(shared))
+//!     .policy(Policy::new("api", Rate::per_second(1000))?)
+//!     .build()?;
+//! let d = limiter.check(&Key::new("user", "1"), 1).await?;
+//! assert!(d.is_allowed());
+//! assert_eq!(d.limit(), 1000);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! With a Redis store, a longer lease time and smaller blocks:
+//!
+//! ```no_run
+//! # #[cfg(feature = "redis")]
+//! # fn run() -> Result<(), tollgate::ConfigError> {
+//! use std::time::Duration;
+//! use tollgate::store::leased::LeasedStore;
+//! use tollgate::store::RedisStore;
+//!
+//! let store = LeasedStore::builder(RedisStore::from_url("redis://127.0.0.1:6379")?)
+//!     .lease_time(Duration::from_millis(500))
+//!     .max_block_fraction(0.05)
+//!     .build()?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! [`ResilientStore`]: crate::store::ResilientStore
+
+mod ledger;
+
+pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::algorithm::PolicyDecision;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::{Cause, ConfigError, StoreError};
+use crate::key::Key;
+use crate::overrides::ActiveOverride;
+use crate::policy::{Algorithm, Policy};
+use crate::store::{BoxFuture, Store};
+#[cfg(feature = "redis")]
+pub(crate) use ledger::ledger_key;
+use ledger::{Kind, Mode, Part};
+
+/// The default lease time: how long a block may be spent.
+pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);
+
+/// The default largest block, as a fraction of the limit.
+pub const DEFAULT_MAX_BLOCK_FRACTION: f64 = 0.1;
+
+/// Blocks end this many ms before the ledger's end of their period, for the rounding of
+/// both clocks to whole milliseconds.
+const CLOCK_SLACK_MS: u64 = 2;
+
+/// Whether `policy` can be leased; the error says why not.
+///
+/// In-flight policies hold slots rather than spend units, and a shaping GCRA (one with a
+/// `max_delay`) decides each request's delay: both are decided exactly by the wrapped store.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::leased::leasable;
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// assert!(leasable(&Policy::new("api", Rate::per_second(100))?).is_ok());
+/// assert!(leasable(&Policy::in_flight("slots", 8)?).is_err());
+/// let shaping = Policy::builder("smooth", Rate::per_second(10))
+///     .algorithm(Algorithm::Gcra)
+///     .shape(Duration::from_millis(500))
+///     .build()?;
+/// assert_eq!(leasable(&shaping).unwrap_err().field(), "algorithm");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// # Errors
+///
+/// A [`ConfigError`] on `algorithm` naming the policy's algorithm.
+pub fn leasable(policy: &Policy) -> Result<(), ConfigError> {
+    match Kind::of(policy) {
+        Some(_) => Ok(()),
+        None if policy.algorithm() == Algorithm::InFlight => Err(ConfigError::new(
+            "algorithm",
+            policy.algorithm().as_str(),
+            format!(
+                "policy {:?} holds in-flight slots, which cannot be leased; it is decided exactly",
+                policy.name()
+            ),
+        )),
+        None => Err(ConfigError::new(
+            "algorithm",
+            policy.algorithm().as_str(),
+            format!(
+                "policy {:?} shapes (max_delay), which cannot be leased; it is decided exactly",
+                policy.name()
+            ),
+        )),
+    }
+}
+
+/// Counters of a [`LeasedStore`]'s leases since it was built.
+///
+/// ```
+/// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+///
+/// let store = LeasedStore::new(MemoryLedger::new());
+/// assert_eq!(store.stats().grants, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Blocks granted by the ledger.
+    pub grants: u64,
+    /// Units in those blocks.
+    pub units_granted: u64,
+    /// Ledger calls that decided one request exactly (cold keys, small limits).
+    pub exact_calls: u64,
+    /// Ledger calls that refused.
+    pub refusals: u64,
+    /// Requests admitted from a block without a call.
+    pub local_admits: u64,
+    /// Requests refused locally, within a `retry_after` the ledger named.
+    pub local_refusals: u64,
+    /// Unused units given back to the ledger.
+    pub units_returned: u64,
+    /// Unused units given up without a return (the ledger restarted, or the return failed):
+    /// under-admission until their window or refill frees them.
+    pub units_dropped: u64,
+    /// Unused units in blocks held now.
+    pub units_held: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    grants: AtomicU64,
+    units_granted: AtomicU64,
+    exact_calls: AtomicU64,
+    refusals: AtomicU64,
+    local_admits: AtomicU64,
+    local_refusals: AtomicU64,
+    units_returned: AtomicU64,
+    units_dropped: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Builds a [`LeasedStore`]. See the [module docs](self) for an example.
+#[must_use]
+pub struct LeasedStoreBuilder<S> {
+    inner: S,
+    lease_time: Duration,
+    fraction: f64,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for LeasedStoreBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStoreBuilder")
+            .field("inner", &self.inner)
+            .field("lease_time", &self.lease_time)
+            .field("max_block_fraction", &self.fraction)
+            .finish()
+    }
+}
+
+impl<S: LeaseBackend> LeasedStoreBuilder<S> {
+    /// How long a block may be spent (default [`DEFAULT_LEASE_TIME`]; 10 ms to 60 s). Longer
+    /// leases cost fewer calls and, for the token bucket and GCRA, reserve more refill.
+    pub fn lease_time(mut self, lease_time: Duration) -> Self {
+        self.lease_time = lease_time;
+        self
+    }
+
+    /// The largest block, as a fraction of the limit (the capacity for the token bucket and
+    /// GCRA); default [`DEFAULT_MAX_BLOCK_FRACTION`], more than 0 and at most 0.5. A policy
+    /// whose fraction is under two requests' cost is never leased.
+    pub fn max_block_fraction(mut self, fraction: f64) -> Self {
+        self.fraction = fraction;
+        self
+    }
+
+    /// The local clock that times blocks (default: the system clock). For tests with a
+    /// [`ManualClock`](crate::clock::ManualClock) shared with a [`MemoryLedger`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The store.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+    ///
+    /// let err = LeasedStore::builder(MemoryLedger::new())
+    ///     .max_block_fraction(0.9)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!((err.field(), err.value()), ("max_block_fraction", "0.9"));
+    /// let err = LeasedStore::builder(MemoryLedger::new())
+    ///     .lease_time(Duration::from_millis(1))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "lease_time");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `lease_time` or `max_block_fraction` out of range.
+    pub fn build(self) -> Result<LeasedStore<S>, ConfigError> {
+        let ms = u64::try_from(self.lease_time.as_millis()).unwrap_or(u64::MAX);
+        if !(10..=60_000).contains(&ms) {
+            return Err(ConfigError::new(
+                "lease_time",
+                format_args!("{:?}", self.lease_time),
+                "must be 10 ms to 60 s",
+            ));
+        }
+        if !(self.fraction > 0.0 && self.fraction <= 0.5) {
+            return Err(ConfigError::new(
+                "max_block_fraction",
+                self.fraction,
+                "must be more than 0 and at most 0.5",
+            ));
+        }
+        // Lease ids name log entries in the shared ledger: unique across instances.
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(SystemClock::new().now_millis());
+            h.write_u32(std::process::id());
+            h.finish()
+        };
+        Ok(LeasedStore {
+            shared: Arc::new(Shared {
+                inner: self.inner,
+                lease_ms: ms,
+                fraction: self.fraction,
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+                entries: parking_lot::Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(seed >> 1),
+                counters: Counters::default(),
+                sweeper: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+/// A shared store that leases blocks of quota to decide hot keys locally, never exceeding
+/// the limit across instances. See the [module docs](self).
+///
+/// Cheap to clone: clones share their blocks.
+pub struct LeasedStore<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for LeasedStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for LeasedStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStore")
+            .field("inner", &self.shared.inner)
+            .field("lease_ms", &self.shared.lease_ms)
+            .field("max_block_fraction", &self.shared.fraction)
+            .finish()
+    }
+}
+
+struct Shared<S> {
+    inner: S,
+    lease_ms: u64,
+    fraction: f64,
+    clock: Arc<dyn Clock>,
+    entries: parking_lot::Mutex<HashMap<Box<str>, Arc<Entry>>>,
+    next_id: AtomicU64,
+    counters: Counters,
+    sweeper: AtomicBool,
+}
+
+/// One key and policy set on this instance.
+struct Entry {
+    key: Key,
+    policies: Box<[Policy]>,
+    st: parking_lot::Mutex<EntryState>,
+    refill: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct EntryState {
+    block: Option<Block>,
+    denied: Option<Denied>,
+    meter: Meter,
+    last_used: u64,
+}
+
+/// Units of each policy in hand, spendable until `expires` (local clock, exclusive).
+struct Block {
+    id: u64,
+    generation: u64,
+    sent: u64,
+    expires: u64,
+    granted_at: u64,
+    valid: u64,
+    parts: SmallVec<[BlockPart; 2]>,
+}
+
+struct BlockPart {
+    granted: u64,
+    left: u64,
+    limit: u64,
+    shared_remaining: u64,
+    reset_after: u64,
+}
+
+/// A refusal by the ledger, in force until `until` for requests costing at least `costs`.
+struct Denied {
+    generation: u64,
+    sent: u64,
+    until: u64,
+    costs: SmallVec<[u64; 2]>,
+    decisions: SmallVec<[PolicyDecision; 2]>,
+}
+
+/// Units asked per policy in the current and the previous lease period.
+#[derive(Default)]
+struct Meter {
+    start: u64,
+    cur: SmallVec<[u64; 2]>,
+    prev: SmallVec<[u64; 2]>,
+}
+
+impl Meter {
+    fn roll(&mut self, now: u64, period: u64, n: usize) {
+        if self.cur.len() != n {
+            self.cur = SmallVec::from_elem(0, n);
+            self.prev = SmallVec::from_elem(0, n);
+            self.start = now;
+        }
+        let elapsed = now.saturating_sub(self.start);
+        if elapsed >= 2 * period {
+            self.cur.iter_mut().for_each(|c| *c = 0);
+            self.prev.iter_mut().for_each(|c| *c = 0);
+            self.start = now;
+        } else if elapsed >= period {
+            self.prev.clone_from(&self.cur);
+            self.cur.iter_mut().for_each(|c| *c = 0);
+            self.start += period;
+        }
+    }
+
+    fn add(&mut self, now: u64, period: u64, costs: &[u64]) {
+        self.roll(now, period, costs.len());
+        for (c, x) in self.cur.iter_mut().zip(costs) {
+            *c = c.saturating_add(*x);
+        }
+    }
+
+    /// Units of policy `i` expected over the next `period`.
+    fn estimate(&self, now: u64, period: u64, i: usize) -> u64 {
+        let e = now.saturating_sub(self.start).min(period);
+        let prev = self.prev.get(i).copied().unwrap_or(0);
+        let cur = self.cur.get(i).copied().unwrap_or(0);
+        prev * (period - e) / period + cur
+    }
+}
+
+/// What the slow path does for a request.
+enum Plan {
+    Exact,
+    Lease {
+        period: u64,
+        wants: SmallVec<[u64; 2]>,
+    },
+}
+
+/// Where a leased request's units came from, to give them back (mixed requests).
+enum Taken {
+    Block(u64),
+    Ledger { id: u64, at: u64 },
+    Nothing,
+}
+
+fn limit_of(policy: &Policy) -> u64 {
+    match policy.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => policy.capacity(),
+        _ => policy.limit(),
+    }
+}
+
+fn entry_name(key: &Key, policies: &[Policy]) -> Box<str> {
+    let mut s = String::with_capacity(key.as_str().len() + 16 * policies.len());
+    s.push_str(key.as_str());
+    for p in policies {
+        s.push('\0');
+        s.push_str(p.name());
+        s.push('\0');
+        s.push_str(p.algorithm().as_str());
+    }
+    s.into_boxed_str()
+}
+
+fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
+    }
+}
+
+impl<S: LeaseBackend> LeasedStore<S> {
+    /// Leases from `inner` with the default lease time and block size.
+    pub fn new(inner: S) -> Self {
+        match Self::builder(inner).build() {
+            Ok(store) => store,
+            Err(_) => unreachable!("the defaults are valid"),
+        }
+    }
+
+    /// A builder for the lease time, the block size and the clock.
+    pub fn builder(inner: S) -> LeasedStoreBuilder<S> {
+        LeasedStoreBuilder {
+            inner,
+            lease_time: DEFAULT_LEASE_TIME,
+            fraction: DEFAULT_MAX_BLOCK_FRACTION,
+            clock: None,
+        }
+    }
+
+    /// The wrapped store.
+    ///
+    /// ```
+    /// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+    /// use tollgate::store::Store;
+    ///
+    /// let store = LeasedStore::new(MemoryLedger::new());
+    /// assert_eq!(store.inner().name(), "memory-ledger");
+    /// ```
+    pub fn inner(&self) -> &S {
+        &self.shared.inner
+    }
+
+    /// The lease counters so far, and the units held now.
+    ///
+    /// ```
+    /// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+    ///
+    /// assert_eq!(LeasedStore::new(MemoryLedger::new()).stats().units_held, 0);
+    /// ```
+    pub fn stats(&self) -> LeaseStats {
+        let c = &self.shared.counters;
+        let held = self
+            .shared
+            .entries
+            .lock()
+            .values()
+            .map(|e| {
+                e.st.lock()
+                    .block
+                    .as_ref()
+                    .map_or(0, |b| b.parts.iter().map(|p| p.left).max().unwrap_or(0))
+            })
+            .sum();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LeaseStats {
+            grants: get(&c.grants),
+            units_granted: get(&c.units_granted),
+            exact_calls: get(&c.exact_calls),
+            refusals: get(&c.refusals),
+            local_admits: get(&c.local_admits),
+            local_refusals: get(&c.local_refusals),
+            units_returned: get(&c.units_returned),
+            units_dropped: get(&c.units_dropped),
+            units_held: held,
+        }
+    }
+
+    /// Gives every unused unit back to the ledger and waits for the answers: call it on
+    /// graceful shutdown. A store dropped without it behaves as a crashed instance: its
+    /// blocks stay charged until their window or refill frees them. The store keeps
+    /// working afterwards (new blocks are leased as needed).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+    ///
+    /// let store = LeasedStore::new(MemoryLedger::new());
+    /// store.shutdown().await;
+    /// assert_eq!(store.stats().units_held, 0);
+    /// # });
+    /// ```
+    pub async fn shutdown(&self) {
+        let entries: Vec<Arc<Entry>> = self.shared.entries.lock().values().cloned().collect();
+        let mut returns = Vec::new();
+        for e in entries {
+            let block = e.st.lock().block.take();
+            if let Some(b) = block {
+                if let Some(fut) = self.shared.give_back(&e, b) {
+                    returns.push(fut);
+                }
+            }
+        }
+        for r in returns {
+            r.await;
+        }
+    }
+}
+
+impl<S: LeaseBackend> Shared<S> {
+    fn now(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn entry(&self, key: &Key, policies: &[Policy]) -> Arc<Entry> {
+        let name = entry_name(key, policies);
+        let mut map = self.entries.lock();
+        if let Some(e) = map.get(&name) {
+            return e.clone();
+        }
+        let e = Arc::new(Entry {
+            key: key.clone(),
+            policies: policies.into(),
+            st: parking_lot::Mutex::new(EntryState::default()),
+            refill: tokio::sync::Mutex::new(()),
+        });
+        map.insert(name, e.clone());
+        e
+    }
+
+    fn existing(&self, key: &Key, policies: &[Policy]) -> Option<Arc<Entry>> {
+        self.entries.lock().get(&entry_name(key, policies)).cloned()
+    }
+
+    /// The answer from what this instance holds, if it has one.
+    fn local(&self, entry: &Entry, costs: &[u64], now: u64, meter: bool) -> Option<Decision> {
+        let generation = self.inner.generation();
+        let mut st = entry.st.lock();
+        st.last_used = now;
+        if let Some(b) = &mut st.block {
+            if b.generation == generation
+                && now < b.expires
+                && b.parts.iter().zip(costs).all(|(p, c)| p.left >= *c)
+            {
+                let elapsed = now.saturating_sub(b.sent);
+                let d = Decision::from_policies(b.parts.iter_mut().zip(costs).map(|(p, c)| {
+                    p.left -= c;
+                    PolicyDecision::from_parts(
+                        true,
+                        p.limit,
+                        (p.left + p.shared_remaining).min(p.limit),
+                        p.reset_after.saturating_sub(elapsed),
+                        0,
+                        0,
+                    )
+                }));
+                if meter {
+                    st.meter.add(now, self.lease_ms, costs);
+                }
+                bump(&self.counters.local_admits, 1);
+                return Some(d);
+            }
+        }
+        if let Some(d) = &st.denied {
+            if d.generation == generation
+                && now < d.until
+                && costs.iter().zip(&d.costs).all(|(c, dc)| c >= dc)
+            {
+                let elapsed = now.saturating_sub(d.sent);
+                let decision = Decision::from_policies(d.decisions.iter().map(|p| {
+                    PolicyDecision::from_parts(
+                        p.is_allowed(),
+                        p.limit(),
+                        p.remaining(),
+                        p.reset_after_millis().saturating_sub(elapsed),
+                        p.retry_after_millis().saturating_sub(elapsed),
+                        0,
+                    )
+                }));
+                if meter {
+                    st.meter.add(now, self.lease_ms, costs);
+                }
+                bump(&self.counters.local_refusals, 1);
+                return Some(decision);
+            }
+        }
+        None
+    }
+
+    /// Whether to lease, and how much, from the key's observed rate.
+    fn plan(&self, st: &EntryState, policies: &[Policy], costs: &[u64], now: u64) -> Plan {
+        let mut period = self.lease_ms;
+        let mut caps: SmallVec<[u64; 2]> = SmallVec::new();
+        for (p, &cost) in policies.iter().zip(costs) {
+            let cap = (limit_of(p) as f64 * self.fraction) as u64;
+            if cost == 0 || cap < 2 * cost {
+                return Plan::Exact;
+            }
+            match Kind::of(p) {
+                // The reserved refill N·T/W stays within the block cap.
+                Some(Kind::Bucket) => {
+                    period = period.min(cap * p.window_millis() / p.limit().max(1));
+                }
+                // A block's entry counts T longer than its units need: T stays within the
+                // same fraction of the window.
+                Some(Kind::Log) => {
+                    period = period.min((p.window_millis() as f64 * self.fraction) as u64);
+                }
+                _ => {}
+            }
+            caps.push(cap);
+        }
+        if period < 10 {
+            return Plan::Exact;
+        }
+        let mut wants = SmallVec::new();
+        for (i, (&cost, &cap)) in costs.iter().zip(&caps).enumerate() {
+            // The units expected over the period, from those asked over the last lease time.
+            let expected = st.meter.estimate(now, self.lease_ms, i) * period / self.lease_ms;
+            if expected < 2 * cost {
+                return Plan::Exact;
+            }
+            wants.push((2 * expected).clamp(cost, cap));
+        }
+        Plan::Lease { period, wants }
+    }
+
+    fn call(&self, mode: Mode, period: u64, id: u64, policies: &[Policy]) -> ledger::LedgerCall {
+        ledger::LedgerCall {
+            mode,
+            period_ms: period,
+            lease_id: id,
+            previous: 0,
+            parts: policies
+                .iter()
+                .filter_map(|p| Kind::of(p).map(|k| Part::new(k, p)))
+                .collect(),
+        }
+    }
+
+    /// Decides a request whose policies are all leasable.
+    async fn decide(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Result<(Decision, Taken), StoreError> {
+        let entry = self.entry(key, policies);
+        let now = self.now();
+        if let Some(d) = self.local(&entry, costs, now, true) {
+            return Ok((d, Taken::Nothing));
+        }
+        self.start_sweeper();
+        let plan = {
+            let mut st = entry.st.lock();
+            st.meter.add(now, self.lease_ms, costs);
+            self.plan(&st, policies, costs, now)
+        };
+        match plan {
+            Plan::Exact => self.exact(&entry, key, policies, costs).await,
+            Plan::Lease { period, wants } => {
+                let _refill = entry.refill.lock().await;
+                let now = self.now();
+                if let Some(d) = self.local(&entry, costs, now, false) {
+                    return Ok((d, Taken::Nothing));
+                }
+                let id = self.next_id();
+                let mut call = self.call(Mode::Grant, period, id, policies);
+                for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
+                    part.a = cost;
+                    part.b = want.max(cost);
+                }
+                let generation = self.inner.generation();
+                // The block in hand, used up or ended, goes back in the same call: its
+                // unused units, and the reserved refill or log time it still holds.
+                let old = entry.st.lock().block.take();
+                let mut kept = None;
+                if let Some(old) = old {
+                    if old.generation == generation {
+                        call.previous = old.id;
+                        let unused = old.parts.iter().map(|p| p.left).max().unwrap_or(0);
+                        for (part, bp) in call.parts.iter_mut().zip(&old.parts) {
+                            part.e = bp.granted;
+                            part.f = bp.left;
+                            part.g = old.granted_at;
+                            part.h = old.valid;
+                        }
+                        kept = Some((old, unused));
+                    }
+                }
+                let sent = self.now();
+                match self.inner.ledger(key, policies, call).await {
+                    Ok(reply) => {
+                        if let Some((_, unused)) = kept {
+                            bump(&self.counters.units_returned, unused);
+                        }
+                        Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
+                    }
+                    Err(e) => {
+                        // The call may have run (a reply lost to a timeout): the block it
+                        // gave back must not be spent again.
+                        if let Some((_, unused)) = kept {
+                            bump(&self.counters.units_dropped, unused);
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// One request decided by one ledger call.
+    async fn exact(
+        self: &Arc<Self>,
+        entry: &Entry,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Result<(Decision, Taken), StoreError> {
+        let id = self.next_id();
+        let mut call = self.call(Mode::Grant, 0, id, policies);
+        for (part, &cost) in call.parts.iter_mut().zip(costs) {
+            part.a = cost;
+            part.b = cost;
+        }
+        let generation = self.inner.generation();
+        let sent = self.now();
+        let reply = self.inner.ledger(key, policies, call).await?;
+        Ok(self.install(entry, policies, costs, reply, id, sent, generation))
+    }
+
+    /// Turns a ledger reply into the request's decision, keeping a block or a refusal.
+    #[allow(clippy::too_many_arguments)]
+    fn install(
+        self: &Arc<Self>,
+        entry: &Entry,
+        policies: &[Policy],
+        costs: &[u64],
+        reply: LedgerReply,
+        id: u64,
+        sent: u64,
+        generation: u64,
+    ) -> (Decision, Taken) {
+        let answers = &reply.answers;
+        if !reply.granted {
+            bump(&self.counters.refusals, 1);
+            let decisions: SmallVec<[PolicyDecision; 2]> = policies
+                .iter()
+                .zip(answers)
+                .map(|(p, a)| {
+                    PolicyDecision::from_parts(
+                        a.retry_after_ms == 0,
+                        limit_of(p),
+                        a.remaining,
+                        a.reset_after_ms,
+                        a.retry_after_ms,
+                        0,
+                    )
+                })
+                .collect();
+            let wait = answers.iter().map(|a| a.retry_after_ms).max().unwrap_or(0);
+            let mut st = entry.st.lock();
+            st.denied = Some(Denied {
+                generation,
+                sent,
+                until: sent + wait,
+                costs: costs.iter().copied().collect(),
+                decisions: decisions.clone(),
+            });
+            return (Decision::from_policies(decisions), Taken::Nothing);
+        }
+        let decision = Decision::from_policies(policies.iter().zip(answers).zip(costs).map(
+            |((p, a), &cost)| {
+                let extra = a.granted.saturating_sub(cost);
+                PolicyDecision::from_parts(
+                    true,
+                    limit_of(p),
+                    (a.remaining + extra).min(limit_of(p)),
+                    a.reset_after_ms,
+                    0,
+                    0,
+                )
+            },
+        ));
+        if reply.valid_ms == 0 {
+            bump(&self.counters.exact_calls, 1);
+            let mut st = entry.st.lock();
+            st.denied = None;
+            return (
+                decision,
+                Taken::Ledger {
+                    id,
+                    at: reply.now_ms,
+                },
+            );
+        }
+        bump(&self.counters.grants, 1);
+        let granted: u64 = answers.iter().map(|a| a.granted).max().unwrap_or(0);
+        bump(&self.counters.units_granted, granted);
+        let block = Block {
+            id,
+            generation,
+            sent,
+            expires: (sent + reply.valid_ms).saturating_sub(CLOCK_SLACK_MS),
+            granted_at: reply.now_ms,
+            valid: reply.valid_ms,
+            parts: policies
+                .iter()
+                .zip(answers)
+                .zip(costs)
+                .map(|((p, a), &cost)| BlockPart {
+                    granted: a.granted,
+                    left: a.granted.saturating_sub(cost),
+                    limit: limit_of(p),
+                    shared_remaining: a.remaining,
+                    reset_after: a.reset_after_ms,
+                })
+                .collect(),
+        };
+        let old = {
+            let mut st = entry.st.lock();
+            st.denied = None;
+            st.block.replace(block)
+        };
+        if let Some(old) = old {
+            if let Some(fut) = self.give_back(entry, old) {
+                spawn(fut);
+            }
+        }
+        (decision, Taken::Block(id))
+    }
+
+    /// The call that gives a block's unused units back, if it has any and its ledger is the
+    /// one that granted it.
+    fn give_back(
+        self: &Arc<Self>,
+        entry: &Entry,
+        block: Block,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let unused = block.parts.iter().map(|p| p.left).max().unwrap_or(0);
+        // A block used up before its period ends still holds, in the bucket, the refill
+        // reserved for the rest of the period and, in the log, an entry counting until the
+        // period's end: both come back too.
+        let early = self.now() < block.expires
+            && entry
+                .policies
+                .iter()
+                .any(|p| matches!(Kind::of(p), Some(Kind::Bucket | Kind::Log)));
+        if unused == 0 && !early {
+            return None;
+        }
+        if block.generation != self.inner.generation() {
+            bump(&self.counters.units_dropped, unused);
+            return None;
+        }
+        let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
+        for (part, bp) in call.parts.iter_mut().zip(&block.parts) {
+            part.a = bp.granted;
+            part.b = bp.left;
+            part.c = block.granted_at;
+            part.d = block.valid;
+        }
+        let fut = self.inner.ledger(&entry.key, &entry.policies, call);
+        let me = self.clone();
+        Some(async move {
+            match fut.await {
+                Ok(_) => bump(&me.counters.units_returned, unused),
+                Err(e) => {
+                    bump(&me.counters.units_dropped, unused);
+                    tracing::debug!(target: "tollgate::store", error = %e, "lease return failed");
+                }
+            }
+        })
+    }
+
+    /// Gives back units a request took (a mixed request refused by the exact store, a
+    /// refund).
+    async fn untake(self: &Arc<Self>, key: &Key, policies: &[Policy], costs: &[u64], taken: Taken) {
+        match taken {
+            Taken::Nothing => {
+                // From a block: back into it, if it is still held.
+                if let Some(e) = self.existing(key, policies) {
+                    let mut st = e.st.lock();
+                    if let Some(b) = &mut st.block {
+                        for (p, c) in b.parts.iter_mut().zip(costs) {
+                            p.left = (p.left + c).min(p.granted);
+                        }
+                    }
+                }
+            }
+            Taken::Block(id) => {
+                if let Some(e) = self.existing(key, policies) {
+                    let mut st = e.st.lock();
+                    if let Some(b) = st.block.as_mut().filter(|b| b.id == id) {
+                        for (p, c) in b.parts.iter_mut().zip(costs) {
+                            p.left = (p.left + c).min(p.granted);
+                        }
+                    }
+                }
+            }
+            Taken::Ledger { id, at } => {
+                let mut call = self.call(Mode::Return, 0, id, policies);
+                for (part, &c) in call.parts.iter_mut().zip(costs) {
+                    part.a = c;
+                    part.b = c;
+                    part.c = at;
+                    part.d = 0;
+                }
+                let _ = self.inner.ledger(key, policies, call).await;
+            }
+        }
+    }
+
+    /// Starts the task that returns the units of blocks that expired unused and forgets idle
+    /// keys, once, when a runtime is there.
+    fn start_sweeper(self: &Arc<Self>) {
+        if self.sweeper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.sweeper.store(false, Ordering::Release);
+            return;
+        };
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let every = Duration::from_millis((self.lease_ms / 2).max(10));
+        handle.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(me) = weak.upgrade() else { return };
+                me.sweep();
+            }
+        });
+    }
+
+    fn sweep(self: &Arc<Self>) {
+        let now = self.now();
+        let idle = (self.lease_ms * 8).max(5_000);
+        let mut expired = Vec::new();
+        {
+            let mut map = self.entries.lock();
+            map.retain(|_, e| {
+                let mut st = e.st.lock();
+                if st.block.as_ref().is_some_and(|b| now >= b.expires) {
+                    if let Some(b) = st.block.take() {
+                        expired.push((e.clone(), b));
+                    }
+                }
+                st.block.is_some() || now.saturating_sub(st.last_used) < idle
+            });
+        }
+        for (e, b) in expired {
+            if let Some(fut) = self.give_back(&e, b) {
+                spawn(fut);
+            }
+        }
+    }
+}
+
+/// Splits a request's policies into leasable and exact ones.
+fn split(policies: &[Policy]) -> (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) {
+    (0..policies.len()).partition(|&i| Kind::of(&policies[i]).is_some())
+}
+
+fn pick<T: Clone>(all: &[T], idx: &[usize]) -> SmallVec<[T; 2]> {
+    idx.iter().map(|&i| all[i].clone()).collect()
+}
+
+/// The decision of a mixed request from its two halves, in the request's policy order.
+fn merge(n: usize, li: &[usize], l: &Decision, ei: &[usize], e: &Decision) -> Decision {
+    let mut out: SmallVec<[PolicyDecision; 2]> =
+        SmallVec::from_elem(PolicyDecision::from_parts(true, 0, 0, 0, 0, 0), n);
+    for (j, &i) in li.iter().enumerate() {
+        if let Some(d) = l.policies().get(j) {
+            out[i] = *d;
+        }
+    }
+    for (j, &i) in ei.iter().enumerate() {
+        if let Some(d) = e.policies().get(j) {
+            out[i] = *d;
+        }
+    }
+    Decision::from_policies(out)
+        .with_slot(e.slot())
+        .with_decided_by(e.decided_by())
+}
+
+impl<S: LeaseBackend> LeasedStore<S> {
+    async fn check_owned(
+        shared: Arc<Shared<S>>,
+        key: Key,
+        policies: SmallVec<[Policy; 2]>,
+        costs: SmallVec<[u64; 2]>,
+    ) -> Result<Decision, StoreError> {
+        if policies.is_empty() {
+            return Ok(Decision::from_policies([]));
+        }
+        let (li, ei) = split(&policies);
+        if ei.is_empty() {
+            return shared.decide(&key, &policies, &costs).await.map(|(d, _)| d);
+        }
+        let (lp, lc) = (pick(&policies, &li), pick(&costs, &li));
+        let (ep, ec) = (pick(&policies, &ei), pick(&costs, &ei));
+        if li.is_empty() {
+            return shared.inner.check(&key, &ep, &ec).await;
+        }
+        let (dl, taken) = shared.decide(&key, &lp, &lc).await?;
+        if !dl.is_allowed() {
+            let de = shared.inner.peek(&key, &ep, &ec).await?;
+            return Ok(merge(policies.len(), &li, &dl, &ei, &de));
+        }
+        match shared.inner.check(&key, &ep, &ec).await {
+            Ok(de) if de.is_allowed() => Ok(merge(policies.len(), &li, &dl, &ei, &de)),
+            Ok(de) => {
+                shared.untake(&key, &lp, &lc, taken).await;
+                Ok(merge(policies.len(), &li, &dl, &ei, &de))
+            }
+            Err(e) => {
+                shared.untake(&key, &lp, &lc, taken).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn not_leasable_overrides() -> StoreError {
+    StoreError::Backend(Cause::from(
+        "leased policies keep no per-key overrides".to_owned(),
+    ))
+}
+
+impl<S: LeaseBackend> Store for LeasedStore<S> {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        if let Some(d) = self.check_now(key, policies, costs) {
+            return Box::pin(std::future::ready(d));
+        }
+        Box::pin(Self::check_owned(
+            self.shared.clone(),
+            key.clone(),
+            policies.iter().cloned().collect(),
+            costs.iter().copied().collect(),
+        ))
+    }
+
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        if policies.is_empty() || policies.iter().any(|p| Kind::of(p).is_none()) {
+            return None;
+        }
+        let entry = self.shared.existing(key, policies)?;
+        let now = self.shared.now();
+        self.shared.local(&entry, costs, now, true).map(Ok)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let (lp, lc) = (pick(policies, &li), pick(costs, &li));
+        let (ep, ec) = (pick(policies, &ei), pick(costs, &ei));
+        let n = policies.len();
+        Box::pin(async move {
+            let dl = if lp.is_empty() {
+                Decision::from_policies([])
+            } else {
+                let mut call = shared.call(Mode::Peek, 0, 0, &lp);
+                for (part, &c) in call.parts.iter_mut().zip(&lc) {
+                    part.a = c;
+                }
+                let reply = shared.inner.ledger(&key, &lp, call).await?;
+                Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
+                    PolicyDecision::from_parts(
+                        reply.granted || a.retry_after_ms == 0,
+                        limit_of(p),
+                        a.remaining,
+                        a.reset_after_ms,
+                        a.retry_after_ms,
+                        0,
+                    )
+                }))
+            };
+            let de = if ep.is_empty() {
+                Decision::from_policies([])
+            } else {
+                shared.inner.peek(&key, &ep, &ec).await?
+            };
+            Ok(merge(n, &li, &dl, &ei, &de))
+        })
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let (lp, lc) = (pick(policies, &li), pick(costs, &li));
+        let (ep, ec) = (pick(policies, &ei), pick(costs, &ei));
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let held = shared
+                    .existing(&key, &lp)
+                    .is_some_and(|e| e.st.lock().block.is_some());
+                if held {
+                    shared.untake(&key, &lp, &lc, Taken::Nothing).await;
+                } else {
+                    let at = shared.inner.now_millis();
+                    let id = shared.next_id();
+                    shared
+                        .untake(&key, &lp, &lc, Taken::Ledger { id, at })
+                        .await;
+                }
+            }
+            if !ep.is_empty() {
+                shared.inner.refund(&key, &ep, &ec).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let lp = pick(policies, &li);
+        let (lr, la) = (pick(reserved, &li), pick(actual, &li));
+        let (ep, er, ea) = (pick(policies, &ei), pick(reserved, &ei), pick(actual, &ei));
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let back: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| r.saturating_sub(*a))
+                    .collect();
+                let extra: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| a.saturating_sub(*r))
+                    .collect();
+                if back.iter().any(|&b| b > 0) {
+                    shared.untake(&key, &lp, &back, Taken::Nothing).await;
+                }
+                if extra.iter().any(|&x| x > 0) {
+                    let mut call = shared.call(Mode::Force, 0, shared.next_id(), &lp);
+                    for (part, &x) in call.parts.iter_mut().zip(&extra) {
+                        part.a = x;
+                    }
+                    shared.inner.ledger(&key, &lp, call).await?;
+                }
+            }
+            if !ep.is_empty() {
+                shared.inner.settle(&key, &ep, &er, &ea).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (_, ei) = split(policies);
+        self.shared.inner.release(key, &pick(policies, &ei), slot)
+    }
+
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let (_, ei) = split(policies);
+        self.shared.inner.refresh(key, &pick(policies, &ei), slot)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        let (li, _) = split(policies);
+        let lp = pick(policies, &li);
+        if !lp.is_empty() {
+            let mut map = self.shared.entries.lock();
+            map.retain(|_, e| e.key != *key);
+        }
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let all: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let call = shared.call(Mode::Reset, 0, 0, &lp);
+                shared.inner.ledger(&key, &lp, call).await?;
+            }
+            shared.inner.reset(&key, &all).await
+        })
+    }
+
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if Kind::of(policy).is_some() {
+            return Box::pin(std::future::ready(Err(not_leasable_overrides())));
+        }
+        self.shared.inner.set_override(key, policy, ttl)
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        self.shared.inner.remove_override(key, policy)
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.shared.inner.overrides(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.shared.inner.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "leased"
+    }
+
+    fn generation(&self) -> u64 {
+        self.shared.inner.generation()
+    }
+}
