@@ -20,7 +20,7 @@ ROUNDS=${ROUNDS:-5}
 SECS=${SECS:-5}
 CONNS=${CONNS:-32}
 PORT=${PORT:-38127}
-SIDES=${SIDES:-"bare tollgate tower_governor tollgate_compact tower_governor_headers tollgate_every"}
+SIDES=${SIDES:-"bare tollgate tower_governor tollgate_near_limit tollgate_compact tower_governor_headers"}
 OUT=${OUT:-}
 FEATURES=${FEATURES:-}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }

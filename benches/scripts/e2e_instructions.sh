@@ -13,7 +13,7 @@
 #   OUT=benches/results/http_instructions.txt bash …   # also append raw results
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
+SIDES=${SIDES:-"bare tollgate tower_governor tollgate_near_limit tollgate_compact tower_governor_headers"}
 N=${N:-5000}
 REPEAT=${REPEAT:-3}
 PORT=${PORT:-38129}
