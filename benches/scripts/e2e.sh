@@ -5,7 +5,7 @@
 # median (min-max) per side, the ratios to bare and to tower_governor, and the server's own CPU
 # time per request (user + system from /proc, median of the runs).
 #
-#   bash benches/scripts/e2e.sh                      # bare, tollgate, tollgate_no_headers, tower_governor
+#   bash benches/scripts/e2e.sh                      # the default sides (SIDES=)
 #   SIDES="bare tollgate_redis" FEATURES=redis bash benches/scripts/e2e.sh
 #   OUT=benches/results/http.txt bash benches/scripts/e2e.sh   # also append raw results for charts.py
 #
