@@ -147,6 +147,39 @@ fn main() {
                 );
             });
         }
+        "check_gcra" | "check_counter" => {
+            // The public path: `Limiter::check` on a memory store, polled once (a memory
+            // store answers at once).
+            let algorithm = if side == "check_gcra" {
+                Algorithm::Gcra
+            } else {
+                Algorithm::SlidingWindowCounter
+            };
+            let keys: Vec<Key> = strs.iter().map(|k| Key::new("ip", k)).collect();
+            let store = MemoryStore::builder()
+                .background_sweep(false)
+                .sweep_interval(std::time::Duration::from_secs(3_600))
+                .build()
+                .unwrap();
+            let limiter = tollgate::Limiter::builder()
+                .store(store)
+                .policy(
+                    Policy::builder("bench", Rate::per_second(1_000_000_000))
+                        .algorithm(algorithm)
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap();
+            let mut cx = Context::from_waker(Waker::noop());
+            measured(checks, |i| {
+                let fut = pin!(limiter.check(&keys[i % nkeys], 1));
+                let Poll::Ready(decision) = fut.poll(&mut cx) else {
+                    panic!("a memory check answers at once")
+                };
+                black_box(decision.is_ok());
+            });
+        }
         "layer_bare" => drive(Hello, nkeys, checks),
         "layer_tollgate" | "layer_tollgate_no_headers" => {
             let limiter = tollgate::Limiter::builder()

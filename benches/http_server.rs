@@ -4,13 +4,23 @@
 //! under callgrind.
 //!
 //! ```text
-//! http_server <bare|tollgate|tollgate_no_headers|tollgate_compact|tower_governor|tollgate_redis> <port> <seconds>
+//! http_server <side> <port> <seconds>
 //! ```
 //!
+//! Sides: `bare`; `tollgate` (the default layer: the six classic quota headers on every
+//! response); `tollgate_near_limit` (`QuotaHeaders::NearLimit`: quota headers on allowed
+//! responses only near the limit, so none here); `tollgate_every` (the six classic headers on
+//! every response, asked for explicitly);
+//! `tollgate_compact` (the three `RateLimit-*` headers on every response);
+//! `tollgate_no_headers`; `tower_governor` (its default) and `tower_governor_headers` (its
+//! `use_headers()`: two headers on every response); `tollgate_redis` and
+//! `tollgate_redis_every` (no quota headers on allowed responses, and the classic headers on every response, over
+//! a `RedisStore` at `$REDIS_URL`, default `redis://127.0.0.1:6379`, with a key prefix unique
+//! to the process; `CLIENTS=64` keys by the client port instead of the IP, so each of wrk's
+//! connections is its own key).
+//!
 //! Every side keys by the peer IP (all loopback, so one hot key) with a quota no load here can
-//! exhaust; `tollgate_redis` uses a `RedisStore` at `$REDIS_URL` (default
-//! `redis://127.0.0.1:6379`) with a key prefix unique to the process. Run with no arguments
-//! (as `cargo bench` does) it does nothing.
+//! exhaust. Run with no arguments (as `cargo bench` does) it does nothing.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -48,13 +58,27 @@ async fn serve(side: String, port: u16, seconds: u64) {
     let policy = || Policy::new("bench", Rate::per_second(1_000_000_000)).unwrap();
     let app = match side.as_str() {
         "bare" => app,
-        "tollgate" | "tollgate_no_headers" => {
+        "tollgate" => {
             let limiter = Limiter::builder().policy(policy()).build().unwrap();
-            app.layer(RateLimitLayer::new(limiter).quota_headers_on_success(side == "tollgate"))
+            app.layer(RateLimitLayer::new(limiter))
+        }
+        "tollgate_near_limit" => {
+            let limiter = Limiter::builder().policy(policy()).build().unwrap();
+            app.layer(RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit))
+        }
+        "tollgate_every" | "tollgate_no_headers" => {
+            let limiter = Limiter::builder().policy(policy()).build().unwrap();
+            app.layer(
+                RateLimitLayer::new(limiter).quota_headers_on_success(side == "tollgate_every"),
+            )
         }
         "tollgate_compact" => {
             let limiter = Limiter::builder().policy(policy()).build().unwrap();
-            app.layer(RateLimitLayer::new(limiter).header_style(tollgate::HeaderStyle::Compact))
+            app.layer(
+                RateLimitLayer::new(limiter)
+                    .header_style(tollgate::HeaderStyle::Compact)
+                    .quota_headers_on_success(true),
+            )
         }
         "tower_governor" => {
             let config = GovernorConfigBuilder::default()
@@ -64,8 +88,18 @@ async fn serve(side: String, port: u16, seconds: u64) {
                 .unwrap();
             app.layer(GovernorLayer::new(config))
         }
+        "tower_governor_headers" => {
+            // `use_headers()` returns a builder of another type: it must be chained.
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .use_headers()
+                .finish()
+                .unwrap();
+            app.layer(GovernorLayer::new(config))
+        }
         #[cfg(feature = "redis")]
-        "tollgate_redis" => {
+        "tollgate_redis" | "tollgate_redis_every" => {
             let url =
                 std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
             let store = tollgate::store::RedisStore::builder()
@@ -73,12 +107,18 @@ async fn serve(side: String, port: u16, seconds: u64) {
                 .build_with_url(&url)
                 .unwrap();
             store.ping().await.expect("Redis reachable");
-            let limiter = Limiter::builder()
-                .store(store)
-                .policy(policy())
-                .build()
-                .unwrap();
-            app.layer(RateLimitLayer::new(limiter))
+            let mut limiter = Limiter::builder().store(store).policy(policy());
+            if std::env::var("CLIENTS").is_ok() {
+                // Each connection its own key: the peer's port.
+                limiter = limiter.extractor(tollgate::key::from_fn(|r| {
+                    r.peer_addr()
+                        .map(|a| tollgate::key::Key::new("conn", a.port().to_string()))
+                }));
+            }
+            app.layer(
+                RateLimitLayer::new(limiter.build().unwrap())
+                    .quota_headers_on_success(side == "tollgate_redis_every"),
+            )
         }
         other => panic!("unknown side {other}"),
     };

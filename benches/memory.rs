@@ -1,8 +1,11 @@
-//! Memory-store decision time next to governor's keyed GCRA limiter, in the same run.
+//! `Limiter::check` on the memory store next to governor's keyed GCRA limiter
+//! (`check_key`), in the same run.
 //!
-//! Scenarios: one hot key and 10 000 keys, on 1 and 2 threads; tollgate with GCRA and with
-//! the default sliding window counter. Both sides use string keys and a quota so large that
-//! every check is allowed (the common path). The two sides run interleaved (A B A B …,
+//! Scenarios: one hot key and 10 000 keys, on 1 and 2 threads; tollgate's public
+//! `Limiter::check` with GCRA and with the default sliding window counter (polled once: a
+//! memory store answers at once), and the store's own decision alone (`store_counter`, what
+//! the check adds to it is the difference). Both sides use string keys and a quota so large
+//! that every check is allowed (the common path). The two sides run interleaved (A B A B …,
 //! `ROUNDS` times) so host noise hits both alike; compare medians across rounds.
 //!
 //! With 2 threads each iteration is one check on each thread, and the time reported is the
@@ -12,15 +15,18 @@
 //! cargo bench --bench memory
 //! ```
 
+use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota, RateLimiter};
 use tollgate::key::Key;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Algorithm, Policy, Rate};
+use tollgate::{Algorithm, Limiter, Policy, Rate};
 
 const ROUNDS: usize = 3;
 
@@ -54,30 +60,58 @@ fn bench(c: &mut Criterion) {
         for threads in [1usize, 2] {
             for round in 0..ROUNDS {
                 for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindowCounter] {
-                    let store = MemoryStore::builder()
-                        .background_sweep(false)
-                        .build()
-                        .unwrap();
-                    let policies = [Policy::builder("bench", Rate::per_second(1_000_000_000))
+                    let policy = Policy::builder("bench", Rate::per_second(1_000_000_000))
                         .algorithm(algorithm)
                         .build()
-                        .unwrap()];
-                    let name = format!("tollgate_{algorithm}/{scenario}/{threads}t/r{round}");
+                        .unwrap();
+                    let limiter = Limiter::builder()
+                        .store(
+                            MemoryStore::builder()
+                                .background_sweep(false)
+                                .build()
+                                .unwrap(),
+                        )
+                        .policy(policy)
+                        .build()
+                        .unwrap();
+                    let name = format!("check_{algorithm}/{scenario}/{threads}t/r{round}");
                     group.bench_function(name, |b| {
                         b.iter_custom(|iters| {
                             run_threads(threads, iters, |t, iters| {
+                                let mut cx = Context::from_waker(Waker::noop());
                                 let mut i = t * 7919;
                                 for _ in 0..iters {
                                     i = (i + 1) % nkeys;
-                                    let d = store
-                                        .check_now(&tg_keys[i], &policies, &[1])
-                                        .expect("answers at once");
+                                    let fut = pin!(limiter.check(&tg_keys[i], 1));
+                                    let Poll::Ready(d) = fut.poll(&mut cx) else {
+                                        panic!("a memory check answers at once")
+                                    };
                                     black_box(d.is_ok());
                                 }
                             })
                         })
                     });
                 }
+                let store = MemoryStore::builder()
+                    .background_sweep(false)
+                    .build()
+                    .unwrap();
+                let policies = [Policy::new("bench", Rate::per_second(1_000_000_000)).unwrap()];
+                let name = format!("store_counter/{scenario}/{threads}t/r{round}");
+                group.bench_function(name, |b| {
+                    b.iter_custom(|iters| {
+                        run_threads(threads, iters, |t, iters| {
+                            let mut i = t * 7919;
+                            for _ in 0..iters {
+                                i = (i + 1) % nkeys;
+                                let d = store
+                                    .check_now(&tg_keys[i], &policies, &[1])
+                                    .expect("answers at once");
+                                black_box(d.is_ok());
+                            }
+                        })
+                    })
+                });
                 let governor =
                     RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()));
                 let name = format!("governor_gcra/{scenario}/{threads}t/r{round}");

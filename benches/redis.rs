@@ -274,12 +274,18 @@ async fn main() {
             let keys = Arc::clone(&raw_keys);
             let mut conn = conn.clone();
             Box::pin(async move {
-                // One policy (the sliding window counter), one state of policy 1, one request
-                // charging 1 unit to state 1 (the binary layout of lua/decide.lua).
+                // One policy (the sliding window counter), one state of policy 1 and its
+                // override key, one request charging 1 unit to state 1 (the binary layout of
+                // src/store/redis/wire.rs).
+                let params: Vec<u8> = [1, limit, window, limit, 0]
+                    .iter()
+                    .flat_map(|&x| (x as f64).to_le_bytes())
+                    .collect();
                 let reply: Vec<u8> = script
                     .key(&keys[t])
+                    .key(format!("{}:ovr", keys[t]))
                     .arg("")
-                    .arg(&[1, 1, limit, window, limit, 0][..])
+                    .arg(&params[..])
                     .arg(&1u32.to_le_bytes()[..])
                     .arg(&REQUEST[..])
                     .invoke_async(&mut conn)

@@ -5,11 +5,12 @@
 -- KEYS[i]: state i (one per distinct (key, policy)), then KEYS[nk + i]: its per-key override
 -- (a string of two little-endian doubles: limit and capacity), if one is set; in a cluster
 -- all share one slot.
--- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch.
--- ARGV[2]: the number of policies np; then per policy its algorithm id, limit, window ms,
--- capacity and max delay ms.
--- Then two binary strings (little-endian; struct.unpack reads them much faster than
--- tonumber parses decimal text): per state the index of its policy (u32); per request its
+-- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch
+-- (read in single.lua, which runs first and answers the common call of one request).
+-- Then three binary strings (little-endian; struct.unpack reads them much faster than
+-- tonumber parses decimal text): per policy its algorithm id, limit, window ms, capacity
+-- and max delay ms (f64 each, np = #ARGV[2] / 40); per state the index of its policy
+-- (u32); per request its
 -- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
 -- back up to each cost to its state, 3 to settle: a cost of 0 or more is charged whether or
 -- not it fits (within each algorithm's bound), a negative one refunded, 4 to refresh the
@@ -29,32 +30,21 @@
 -- a value of another type), while the other requests of the batch are decided as usual.
 -- One string costs Redis less to send, and the client far less to parse, than an array of
 -- six integers per request.
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-end
-
-local np = tonumber(ARGV[2])
+-- `now` is read first, in single.lua, for this path and the common call alike.
+local params = ARGV[2]
+local np = #params / 40
 local policies, built = {}, {}
 for k = 1, np do
-  local b = 2 + (k - 1) * 5
-  local id = tonumber(ARGV[b + 1])
+  local id, limit, window, capacity, max_delay = unpack_struct('<ddddd', params, 40 * k - 39)
   local a = built[id]
   if not a then
     if not ALG[id] then
-      return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[b + 1]))
+      return redis.error_reply('tollgate: unknown algorithm ' .. tostring(id))
     end
     a = ALG[id]()
     built[id] = a
   end
-  policies[k] = {
-    a = a,
-    limit = tonumber(ARGV[b + 2]),
-    window = tonumber(ARGV[b + 3]),
-    capacity = tonumber(ARGV[b + 4]),
-    max_delay = tonumber(ARGV[b + 5]),
-  }
+  policies[k] = { a = a, limit = limit, window = window, capacity = capacity, max_delay = max_delay }
 end
 
 local nk = #KEYS / 2
@@ -62,7 +52,7 @@ local nk = #KEYS / 2
 -- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
 local P, S, E, X = {}, {}, {}, {}
 local strings, string_index = {}, {}
-local state_policies, requests = ARGV[3 + np * 5], ARGV[4 + np * 5]
+local state_policies, requests = ARGV[3], ARGV[4]
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end

@@ -289,4 +289,4 @@ pub use middleware::{
 pub use overrides::Override;
 pub use policy::{Algorithm, Policy, PolicyBuilder, Rate};
 pub use refusal::{Refusal, RefusalKind};
-pub use response::HeaderStyle;
+pub use response::{HeaderStyle, QuotaHeaders};

@@ -526,6 +526,7 @@ async fn a_plan_round_trips_into_a_working_layer() {
     let plan = Plan::from_toml(
         r#"
 header_style = "all"
+quota_headers = true
 
 [[policies]]
 name = "login"
@@ -679,6 +680,7 @@ async fn a_plan_builds_a_login_guard_on_its_routes() {
     use std::sync::atomic::Ordering;
     let plan = Plan::from_toml(
         r#"
+quota_headers = true
 [[policies]]
 name = "login-route"
 limit = 100

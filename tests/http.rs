@@ -29,19 +29,24 @@ fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
 // 2026-12-02T10:00:03.250Z: 3.25 s into a 10 s window.
 const T0: u64 = 1_796_205_603_250;
 
-#[tokio::test]
-async fn the_request_over_the_limit_gets_a_complete_429() {
-    let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder()
+/// `limit` requests per 10 s fixed window, named `per-ip`, on a memory store at `clock`.
+fn fixed_window_per_ip(clock: &ManualClock, limit: u64) -> Limiter<MemoryStore> {
+    Limiter::builder()
         .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
         .policy(
-            Policy::builder("per-ip", Rate::new(5, Duration::from_secs(10)))
+            Policy::builder("per-ip", Rate::new(limit, Duration::from_secs(10)))
                 .algorithm(Algorithm::FixedWindow)
                 .build()
                 .unwrap(),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_request_over_the_limit_gets_a_complete_429() {
+    let clock = ManualClock::new(T0);
+    let limiter = fixed_window_per_ip(&clock, 5);
     let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
     let client = reqwest::Client::new();
     for i in 0..5u64 {
@@ -408,4 +413,64 @@ async fn compact_headers_are_the_ratelimit_trio_without_twins() {
     assert_eq!(header(&res, "ratelimit-remaining"), "0");
     assert_eq!(header(&res, "ratelimit-reset"), "7");
     assert!(res.headers().get("x-ratelimit-reset").is_none());
+}
+
+#[tokio::test]
+async fn near_limit_quota_headers_come_only_with_the_last_tenth_of_the_quota() {
+    let clock = ManualClock::new(T0);
+    let limiter = fixed_window_per_ip(&clock, 20);
+    let layer = RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit);
+    let addr = support::serve(hello().layer(layer)).await;
+    let client = reqwest::Client::new();
+    for i in 0..20u64 {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let remaining = 19 - i;
+        if remaining > 2 {
+            assert!(
+                res.headers().get("ratelimit-remaining").is_none(),
+                "request {i}"
+            );
+            assert!(
+                res.headers().get("x-ratelimit-limit").is_none(),
+                "request {i}"
+            );
+        } else {
+            assert_eq!(header(&res, "ratelimit-remaining"), remaining.to_string());
+            assert_eq!(header(&res, "x-ratelimit-limit"), "20");
+        }
+    }
+    // A refusal carries the full set whatever the setting.
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    for name in [
+        "retry-after",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert!(res.headers().get(name).is_some(), "{name} missing on a 429");
+    }
+}
+
+#[test]
+fn a_plan_names_which_allowed_responses_carry_quota_headers() {
+    use tollgate::config::Plan;
+    let plan = |setting: &str| {
+        Plan::from_toml(&format!(
+            "quota_headers = {setting}\n[default]\npolicies = [\"p\"]\n[[policies]]\nname = \"p\"\nlimit = 10\nwindow = \"1m\"\n"
+        ))
+    };
+    for ok in ["true", "false", "\"always\"", "\"near_limit\"", "\"never\""] {
+        assert!(plan(ok).is_ok(), "{ok}");
+    }
+    let err = plan("\"sometimes\"").unwrap_err().to_string();
+    assert!(
+        err.contains("quota_headers") && err.contains("sometimes"),
+        "{err}"
+    );
+    assert!(err.contains("near_limit"), "{err}");
 }

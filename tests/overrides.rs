@@ -183,9 +183,11 @@ async fn an_override_set_on_one_instance_applies_on_the_other_through_redis() {
 async fn headers_show_the_effective_limit() {
     let store = MemoryStore::new();
     let limiter = limiter(store, Algorithm::SlidingWindowCounter);
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(RateLimitLayer::new(limiter.clone()).header_style(tollgate::HeaderStyle::All));
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(limiter.clone())
+            .header_style(tollgate::HeaderStyle::All)
+            .quota_headers_on_success(true),
+    );
     let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let get = |tenant: &'static str| {

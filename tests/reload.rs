@@ -32,9 +32,11 @@ async fn a_hundred_swaps_under_load_lose_no_request_and_no_count() {
     let a = plan(&store, 100_000);
     let b = plan(&store, 200_000);
     let limiter = plan(&store, 100_000);
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(RateLimitLayer::new(limiter.clone()).header_style(HeaderStyle::Structured));
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::new(limiter.clone())
+            .header_style(HeaderStyle::Structured)
+            .quota_headers_on_success(true),
+    );
     let addr = support::serve(app).await;
     let expected = [
         "\"steady\";q=1000000;w=3600, \"varying\";q=100000;w=60",

@@ -78,7 +78,7 @@ async fn sigkill_then_restart_in_every_mode() {
         let addr = support::serve(
             Router::new()
                 .route("/", get(|| async { "ok" }))
-                .layer(RateLimitLayer::new(limiter.clone())),
+                .layer(RateLimitLayer::new(limiter.clone()).quota_headers_on_success(true)),
         )
         .await;
         let url = format!("http://{addr}/");
@@ -131,7 +131,7 @@ async fn a_stalled_redis_cannot_stall_requests() {
     let addr = support::serve(
         Router::new()
             .route("/", get(|| async { "ok" }))
-            .layer(RateLimitLayer::new(limiter.clone())),
+            .layer(RateLimitLayer::new(limiter.clone()).quota_headers_on_success(true)),
     )
     .await;
     let url = format!("http://{addr}/");

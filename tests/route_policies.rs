@@ -58,7 +58,10 @@ impl Client {
 
 async fn start(limiter: Limiter) -> Client {
     Client {
-        addr: support::serve(app().layer(RateLimitLayer::new(limiter))).await,
+        addr: support::serve(
+            app().layer(RateLimitLayer::new(limiter).quota_headers_on_success(true)),
+        )
+        .await,
         http: reqwest::Client::new(),
     }
 }

@@ -257,7 +257,11 @@ where
             "/stream",
             post(|| async { ([("content-type", "text/event-stream")], sse(7)) }),
         )
-        .layer(RateLimitLayer::new(limiter).header_style(HeaderStyle::Structured))
+        .layer(
+            RateLimitLayer::new(limiter)
+                .header_style(HeaderStyle::Structured)
+                .quota_headers_on_success(true),
+        )
         .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
     Api {
         addr: support::serve(app).await,

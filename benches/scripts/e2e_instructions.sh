@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Instructions per request of the whole axum server process (benches/http_server.rs: hyper,
-# axum, the layer, writing the response) under `valgrind --tool=callgrind`, which unlike
+# Instructions per request of the axum server's connection task (benches/http_server.rs:
+# hyper, axum, the layer, writing the response) under `valgrind --tool=callgrind`, which unlike
 # requests per second does not move with CPU steal. `curl` sends N and then 2N sequential
 # requests over one keep-alive connection; per request = (refs at 2N − refs at N) / N, which
 # cancels start-up and shutdown. Repeated REPEAT times; prints the median and min-max, and the
@@ -9,6 +9,8 @@
 #   bash benches/scripts/e2e_instructions.sh
 #   SIDES="bare tollgate" N=2000 REPEAT=1 bash benches/scripts/e2e_instructions.sh
 #   BIN=path/to/a/saved/http_server bash benches/scripts/e2e_instructions.sh  # a saved build (before/after)
+#   BEFORE_BIN=path SIDES="bare tollgate before_tollgate" bash …  # before_<side>: run by that build
+#   OUT=benches/results/http_instructions.txt bash …   # also append raw results
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIDES=${SIDES:-"bare tollgate tollgate_no_headers tower_governor"}
@@ -26,8 +28,17 @@ else
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+OUT=${OUT:-}
+# Only the connection's work is counted (hyper's dispatcher: parsing, the service stack,
+# writing the response); the rest — start-up, above all the clock's calibration, which runs
+# for a stretch of time rather than a number of instructions and moved counts by ±2 000 per
+# request — is not. TOGGLE= counts the whole process.
+TOGGLE=${TOGGLE-'*Dispatcher*poll_catch*'}
 refs() { # side requests
-  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$PORT" 3600 2>"$log" &
+  local b=$bin side=$1
+  if [[ $side == before_* ]]; then b=$BEFORE_BIN; side=${side#before_}; fi
+  valgrind --tool=callgrind ${TOGGLE:+--toggle-collect="$TOGGLE"} --callgrind-out-file=/dev/null \
+    "$b" "$side" "$PORT" 3600 2>"$log" &
   local server=$!
   for _ in $(seq 1 300); do
     curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
@@ -44,6 +55,7 @@ for side in $SIDES; do
   for _ in $(seq 1 "$REPEAT"); do
     a=$(refs "$side" "$N"); b=$(refs "$side" $((2 * N)))
     vals+=($(( (b - a) / N )))
+    [ -n "$OUT" ] && echo "http_instructions $side ${#vals[@]} $(( (b - a) / N ))" >>"$OUT"
   done
   sorted=$(printf '%s\n' "${vals[@]}" | sort -n)
   med=$(echo "$sorted" | sed -n "$(( (REPEAT + 1) / 2 ))p")

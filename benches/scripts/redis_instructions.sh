@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# Instructions executed inside Redis per decision, from `valgrind --tool=callgrind` on a
-# private redis-server: repeatable where decisions per second on a shared 2-core machine are
-# not. benches/scripts/redis_instructions.py sends B and then 2B batches (EVALSHA of REQUESTS
-# sliding-window-counter requests, on distinct keys or one hot key); per decision =
-# (refs at 2B - refs at B) / (B * REQUESTS), which cancels start-up and shutdown. The
-# `trivial` row sends the same keys and arguments to `return 1`.
+# Instructions executed inside Redis per uncoalesced decision, from `valgrind --tool=callgrind`
+# on a private redis-server: repeatable where times on a shared 2-core machine are not. The
+# clients are those of redis_cpu.sh (redis_cpu.py for tollgate's script and `trivial`,
+# rlf/bench.js for rate-limiter-flexible), sending N and then 2N sequential decisions on 16
+# keys; per decision = (refs at 2N - refs at N) / N, which cancels start-up, shutdown and the
+# warm-up. BEFORE=<commit> adds before_fixed, before_swc, before_gcra (that commit's script,
+# with its argument layout).
 #
 #   bash benches/scripts/redis_instructions.sh
-#   REQUESTS="1 64" MODES=hot B=50 bash benches/scripts/redis_instructions.sh
+#   SIDES="trivial tollgate_swc rlf_fixed" N=500 bash benches/scripts/redis_instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-REQUESTS=${REQUESTS:-"1 64"}
-MODES=${MODES:-"distinct hot"}
-B=${B:-100}
+SIDES=${SIDES:-"trivial tollgate_fixed tollgate_swc tollgate_gcra tollgate_bucket rlf_fixed"}
+N=${N:-500}
 PORT=${PORT:-38131}
+OUT=${OUT:-}
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 command -v redis-server >/dev/null || { echo "redis-server is not installed"; exit 1; }
 script=$(mktemp)
+before=$(mktemp)
 log=$(mktemp)
-trap 'rm -f "$script" "$log"' EXIT
-for f in prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra decide; do
+trap 'rm -f "$script" "$before" "$log"' EXIT
+# The decision script as src/store/redis/script.rs joins it (single.lua first, decide.lua last).
+for f in single prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
   cat "lua/$f.lua"
   echo
 done >"$script"
-refs() { # script batches requests mode
+if [ -n "${BEFORE:-}" ]; then
+  for f in prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
+    git show "$BEFORE:lua/$f.lua"
+    echo
+  done >"$before"
+  SIDES="$SIDES before_fixed before_swc before_gcra"
+fi
+refs() { # side decisions
   valgrind --tool=callgrind --callgrind-out-file=/dev/null redis-server --port "$PORT" \
     --save '' --appendonly no >/dev/null 2>"$log" &
   local server=$!
@@ -31,20 +41,19 @@ refs() { # script batches requests mode
     redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
     sleep 0.2
   done
-  python3 benches/scripts/redis_instructions.py "$PORT" "$1" "$2" "$3" "$4"
+  if [ "$1" = rlf_fixed ]; then
+    (cd benches/scripts/rlf && node bench.js "$PORT" "$2" 16 1 >/dev/null)
+  else
+    TOLLGATE_SCRIPT=$script BEFORE_SCRIPT=$before python3 benches/scripts/redis_cpu.py "$PORT" "$1" "$2" 16 >/dev/null
+  fi
   redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
   wait "$server" || true
   awk '/refs/ {gsub(",", "", $4); print $4}' "$log"
 }
-for n in $REQUESTS; do
-  for mode in $MODES; do
-    [ "$n" = 1 ] && [ "$mode" = hot ] && continue
-    for side in trivial "$script"; do
-      a=$(refs "$side" "$B" "$n" "$mode")
-      b=$(refs "$side" $((2 * B)) "$n" "$mode")
-      name=$([ "$side" = trivial ] && echo "return 1" || echo "decision script")
-      printf '%-16s requests=%-4s %-9s %8s instr/decision\n' "$name" "$n" "$mode" \
-        $(( (b - a) / (B * n) ))
-    done
-  done
+for side in $SIDES; do
+  a=$(refs "$side" "$N")
+  b=$(refs "$side" $((2 * N)))
+  per=$(( (b - a) / N ))
+  printf '%-16s %8s instr/decision\n' "$side" "$per"
+  [ -n "$OUT" ] && echo "redis_instructions $side 1 $per" >>"$OUT"
 done

@@ -365,8 +365,9 @@ pub struct Plan {
     pub header_style: HeaderStyle,
     /// Whether 429s carry `Retry-After` (default true).
     pub retry_after: Option<bool>,
-    /// Whether allowed responses carry quota headers (default true).
-    pub quota_headers: Option<bool>,
+    /// Which allowed responses carry quota headers: `true` or `"always"` (the default),
+    /// `"near_limit"`, `false` or `"never"` (see [`QuotaHeaders`](crate::QuotaHeaders)).
+    pub quota_headers: Option<crate::QuotaHeaders>,
     /// What to do with requests without a key.
     #[serde(default)]
     pub missing_key: MissingKey,

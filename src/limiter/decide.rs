@@ -115,6 +115,10 @@ impl PolicySet {
         estimates: Option<&[u64]>,
     ) -> SmallVec<[u64; 2]> {
         let set = self;
+        if let (Some(c), true, true) = (cost, set.meters.is_empty(), set.in_flight.is_empty()) {
+            // The common case (`Limiter::check` with a cost): that cost for every policy.
+            return smallvec::smallvec![c; set.enforced.len()];
+        }
         set.enforced
             .iter()
             .enumerate()
@@ -161,7 +165,15 @@ impl<S: Store> Limiter<S> {
         }
         // The policies' own costs are borrowed, not copied: the common case, on every request.
         let given: SmallVec<[u64; 2]>;
-        let own = cost.is_none() && estimates.is_none();
+        // A cost equal to every policy's own (an in-flight policy always takes one slot)
+        // charges the costs validated when the set was built: no copy, no check.
+        let own = estimates.is_none()
+            && cost.is_none_or(|c| {
+                set.enforced
+                    .iter()
+                    .zip(set.default_costs.iter())
+                    .all(|(p, &d)| if p.is_in_flight() { d == 1 } else { d == c })
+            });
         let costs: &[u64] = if own {
             &set.default_costs
         } else {

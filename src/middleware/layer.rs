@@ -16,7 +16,7 @@ use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::limiter::PolicySet;
 use crate::refusal::Refusal;
-use crate::response::{write_quota_headers, HeaderStyle};
+use crate::response::{write_quota_headers, HeaderStyle, QuotaHeaders};
 use crate::route::Route;
 use crate::store::{MemoryStore, Store};
 
@@ -123,8 +123,9 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
 }
 
 impl<St> RateLimitLayer<St> {
-    /// A layer deciding with `limiter`, with the default responses: classic quota headers on
-    /// every response, `Retry-After` and a JSON body on a 429.
+    /// A layer deciding with `limiter`, with the default responses: the classic quota
+    /// headers on every response, and on a 429 also `Retry-After` and a JSON body (see
+    /// [`quota_headers`](Self::quota_headers) for sending them on fewer allowed responses).
     pub fn new(limiter: Limiter<St>) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -147,9 +148,34 @@ impl<St> RateLimitLayer<St> {
         self.with_response(|r| r.style = style)
     }
 
-    /// Whether allowed responses carry quota headers too (default `true`).
+    /// Which allowed responses carry the quota headers (default
+    /// [`QuotaHeaders::Always`]). A 429 always carries them (unless its policy is
+    /// [sensitive](crate::PolicyBuilder::sensitive)).
+    ///
+    /// [`QuotaHeaders::NearLimit`] sends them only once the client has at most a tenth of
+    /// its quota left, which the IETF draft allows and which spares most responses the
+    /// header lines; see [`QuotaHeaders`] for an example and the trade-off.
+    pub fn quota_headers(self, which: QuotaHeaders) -> Self {
+        self.with_response(|r| r.quota_on_success = which)
+    }
+
+    /// Whether allowed responses carry quota headers: `true` is [`QuotaHeaders::Always`]
+    /// (the default), `false` is [`QuotaHeaders::Never`].
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::builder().policy(Policy::new("api", Rate::per_minute(600))?).build()?;
+    /// let layer = RateLimitLayer::new(limiter).quota_headers_on_success(false);
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
     pub fn quota_headers_on_success(self, enabled: bool) -> Self {
-        self.with_response(|r| r.quota_on_success = enabled)
+        self.quota_headers(if enabled {
+            QuotaHeaders::Always
+        } else {
+            QuotaHeaders::Never
+        })
     }
 
     /// Whether a 429 carries `Retry-After` (default `true`). Turning it off makes clients

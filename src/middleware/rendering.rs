@@ -10,13 +10,13 @@ use http::{HeaderValue, Response};
 use crate::decision::{DecidedBy, Decision};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalFn, Rendering};
-use crate::response::HeaderStyle;
+use crate::response::{HeaderStyle, QuotaHeaders};
 
 /// How the layer renders responses.
 #[derive(Clone)]
 pub(crate) struct ResponseConfig {
     pub(crate) style: HeaderStyle,
-    pub(crate) quota_on_success: bool,
+    pub(crate) quota_on_success: QuotaHeaders,
     pub(crate) retry_after: bool,
     pub(crate) on_refusal: Option<Arc<RefusalFn>>,
     /// Whether requests and responses carry a [`RateLimitInfo`](crate::RateLimitInfo).
@@ -27,7 +27,7 @@ impl Default for ResponseConfig {
     fn default() -> Self {
         Self {
             style: HeaderStyle::Classic,
-            quota_on_success: true,
+            quota_on_success: QuotaHeaders::Always,
             retry_after: true,
             on_refusal: None,
             info: false,
@@ -62,10 +62,12 @@ impl ResponseConfig {
         }
     }
 
-    /// Whether an allowed response gets quota headers: not when turned off or sensitive.
+    /// Whether an allowed response gets quota headers: not when turned off, not yet near
+    /// the limit (with [`QuotaHeaders::NearLimit`]), or sensitive.
+    #[inline]
     pub(crate) fn decorates(&self, decision: &Decision, policies: &[Policy]) -> bool {
         // A fail-open decision knows nothing about the quota: say nothing rather than guess.
-        self.quota_on_success
+        self.quota_on_success.wants(decision)
             && decision.decided_by() != DecidedBy::FailOpen
             && !policies.iter().any(Policy::is_sensitive)
     }

@@ -47,7 +47,7 @@ pub struct BuiltPlan {
     login: Option<Login<DynStore>>,
     header_style: HeaderStyle,
     retry_after: bool,
-    quota_headers: bool,
+    quota_headers: crate::QuotaHeaders,
 }
 
 impl BuiltPlan {
@@ -79,7 +79,7 @@ impl BuiltPlan {
         crate::RateLimitLayer::new(self.limiter.clone())
             .header_style(self.header_style)
             .retry_after_header(self.retry_after)
-            .quota_headers_on_success(self.quota_headers)
+            .quota_headers(self.quota_headers)
     }
 
     /// The login guard of `[login]`, if the plan has one, for a handler that checks and
@@ -127,7 +127,7 @@ impl Plan {
             login,
             header_style: self.header_style,
             retry_after: self.retry_after.unwrap_or(true),
-            quota_headers: self.quota_headers.unwrap_or(true),
+            quota_headers: self.quota_headers.unwrap_or_default(),
         })
     }
 

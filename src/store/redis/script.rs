@@ -1,8 +1,10 @@
 //! The decision script: the Lua text both Redis stores run, hashed once, and the numbers it
 //! gives the algorithms.
 //!
-//! The script is the concatenation of `lua/prelude.lua`, each algorithm's Lua file (from the
-//! algorithm registry in [`crate::algorithm`]) and the driver `lua/decide.lua`, built once.
+//! The script is the concatenation of `lua/single.lua` (the clock, and the common call of
+//! one request on one policy, decided before anything else is defined), `lua/prelude.lua`,
+//! each algorithm's Lua file (from the algorithm registry in [`crate::algorithm`]) and the
+//! driver `lua/decide.lua`, built once.
 
 use std::sync::OnceLock;
 
@@ -17,6 +19,7 @@ use crate::policy::Algorithm;
 /// `expires_at` is the same instant [`crate::algorithm`] computes for the memory store.
 pub const TTL_MARGIN_MS: u64 = 1_000;
 
+const SINGLE: &str = include_str!("../../../lua/single.lua");
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 const DRIVER: &str = include_str!("../../../lua/decide.lua");
 
@@ -25,10 +28,6 @@ pub(crate) fn source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
     SOURCE.get_or_init(|| {
         let prelude = PRELUDE.replace(
-            "local TTL_MARGIN_MS = 1000",
-            &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
-        );
-        let prelude = prelude.replace(
             "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
             &format!(
                 "local IN_FLIGHT_RETRY_AFTER_MS = {}",
@@ -36,11 +35,17 @@ pub(crate) fn source() -> &'static str {
             ),
         );
         let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
-        std::iter::once(prelude.as_str())
+        std::iter::once(SINGLE)
+            .chain([prelude.as_str()])
             .chain(algorithms)
             .chain([DRIVER])
             .collect::<Vec<_>>()
             .join("\n")
+            // single.lua and prelude.lua both name the margin.
+            .replace(
+                "local TTL_MARGIN_MS = 1000",
+                &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
+            )
     })
 }
 

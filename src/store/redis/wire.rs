@@ -7,10 +7,11 @@
 //! * `KEYS[i]`: state `i`, one per distinct (key, policy), then `KEYS[n + i]`: its override
 //!   key (see [`override_key`]); in a cluster all share one slot.
 //! * `ARGV[1]`: now in ms, or `""` for the script to read the server's `TIME`.
-//! * `ARGV[2]`: the number of policies `np`, then per policy its [`Params`].
-//! * Two binary strings (little-endian): per state the index of its policy (`u32`, from
-//!   1); per request its [`Mode`] (`u8`), its number of policies `m` (`u32`) and `m` pairs
-//!   of state index (`u32`, from 1) and cost (`f64`).
+//! * Three binary strings (little-endian): per policy its [`Params`] (five `f64`); per state
+//!   the index of its policy (`u32`, from 1); per request its [`Mode`] (`u8`), its number of
+//!   policies `m` (`u32`) and `m` pairs of state index (`u32`, from 1) and cost (`f64`).
+//!   Binary, because Redis's Lua parses a decimal argument with `strtod` (about as costly as
+//!   a `redis.call`), and each argument is one more string for Redis to build per call.
 //!
 //! Received: one binary string (little-endian), per request its status (`i8`: 1 allowed, 0
 //! denied) then per policy `allowed` (`i8`) and remaining, reset after, retry after and delay
@@ -89,8 +90,9 @@ pub(crate) fn params(policy: &Policy) -> Params {
 /// `lua/decide.lua`.
 pub(crate) struct Assembled<'a> {
     pub(crate) keys: Vec<&'a str>,
-    /// The number of policies, then five parameters per policy.
-    pub(crate) args: Vec<u64>,
+    /// Per policy its five parameters, each a little-endian f64 (exact: all are below 2^53
+    /// in practice, and the script computes in doubles anyway).
+    pub(crate) params: Vec<u8>,
     /// Per state, the index of its policy (from 1): little-endian u32.
     pub(crate) states: Vec<u8>,
     /// Per request: its mode (u8), the number of policies m (u32), m pairs of state index (u32,
@@ -113,7 +115,7 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptInvoc
         Some(now) => inv.arg(now),
         None => inv.arg(""), // the script reads TIME
     };
-    inv.arg(&batch.args[..]);
+    inv.arg(&batch.params[..]);
     inv.arg(&batch.states[..]);
     inv.arg(&batch.requests[..]);
     inv
@@ -201,10 +203,11 @@ impl<'a> Builder<'a> {
     }
 
     fn finish(self) -> Assembled<'a> {
-        let mut args = Vec::with_capacity(1 + self.policies.len() * 5);
-        args.push(self.policies.len() as u64);
+        let mut params = Vec::with_capacity(self.policies.len() * 40);
         for p in &self.policies {
-            args.extend_from_slice(p);
+            for &x in p {
+                params.extend_from_slice(&(x as f64).to_le_bytes());
+            }
         }
         let mut keys = Vec::with_capacity(self.states.len());
         let mut states = Vec::with_capacity(self.states.len() * 4);
@@ -214,7 +217,7 @@ impl<'a> Builder<'a> {
         }
         Assembled {
             keys,
-            args,
+            params,
             states,
             requests: self.requests,
         }

@@ -60,10 +60,12 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
     );
     let pa = [1, 10, 1_000, 10, 0];
     let pb = [5, 5, 60_000, 7, 300];
-    let mut expected = vec![2];
-    expected.extend(pa);
-    expected.extend(pb);
-    assert_eq!(assembled.args, expected);
+    let expected: Vec<u8> = pa
+        .iter()
+        .chain(&pb)
+        .flat_map(|&x| (x as f64).to_le_bytes())
+        .collect();
+    assert_eq!(assembled.params, expected);
     let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     // The policy of each state.
     assert_eq!(assembled.states, u32s(&[1, 2, 1]));
@@ -82,10 +84,10 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
     requests.extend(request(2, &[(3, 1.0)]));
     assert_eq!(assembled.requests, requests);
     // redis-rs shows only the counts: three state keys and their three override keys;
-    // the clock, np, ten parameters and the two binary strings.
+    // the clock and the three binary strings (parameters, states, requests).
     let dbg = format!("{:?}", core.invocation(assembled));
     assert!(dbg.contains("keys: 6"), "{dbg}");
-    assert!(dbg.contains("args: 14"), "{dbg}");
+    assert!(dbg.contains("args: 4"), "{dbg}");
 
     // The same state key with other parameters starts a second call.
     let a_bigger = Policy::new("a", Rate::per_second(20)).unwrap();

@@ -1,0 +1,269 @@
+-- tollgate: the clock, then the common call decided before anything else is defined.
+--
+-- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the whole call.
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The common call is one request charging (or peeking) one state of one policy of the
+-- sliding window counter, token bucket, fixed window or GCRA. Defining the functions and
+-- tables of the general path below costs Redis more than the decision itself (every call of
+-- a script runs its whole text again: each function definition creates a closure, each
+-- table is garbage to collect), so that call is decided here with locals only, in the same
+-- arithmetic as the algorithm's file in lua/ (and src/algorithm/), and answered in the same
+-- layout. Anything else — a batch, several policies, a refund, a state that is missing
+-- because its key holds another type, or an unreadable one — falls through to the general
+-- path, which has done nothing yet.
+repeat
+  if #KEYS ~= 2 or #ARGV[2] ~= 40 or ARGV[3] ~= '\1\0\0\0' or #ARGV[4] ~= 17 then
+    break
+  end
+  local unpack_struct, pack, floor, max, min = struct.unpack, struct.pack, math.floor, math.max, math.min
+  local id, n, w, capacity, max_delay = unpack_struct('<ddddd', ARGV[2])
+  local size
+  if id == 1 then
+    size = 24
+  elseif id == 3 or id == 4 or id == 5 then
+    size = 16
+  else
+    break
+  end
+  local mode, m, i, cost = unpack_struct('<BI4I4d', ARGV[4])
+  if mode > 1 or m ~= 1 or i ~= 1 then
+    break
+  end
+  local charge = mode == 1
+  local key = KEYS[1]
+  local values = redis.call('MGET', key, KEYS[2])
+  local v = values[1]
+  local s1, s2, s3 = 0, 0, 0
+  local fresh = not v
+  if fresh then
+    -- MGET answers nil for a key of another type too: the general path reports it.
+    if redis.call('EXISTS', key) == 1 then
+      break
+    end
+  elseif #v ~= size then
+    break
+  elseif size == 24 then
+    s1, s2, s3 = unpack_struct('<ddd', v)
+  else
+    s1, s2 = unpack_struct('<dd', v)
+  end
+  local overridden = false
+  local o = values[2]
+  if o and #o == 16 then
+    n, capacity = unpack_struct('<dd', o)
+    overridden = true
+  end
+
+  -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua).
+  local function idiv(a, b)
+    local q = floor(a / b)
+    if q * b > a then
+      q = q - 1
+    elseif (q + 1) * b <= a then
+      q = q + 1
+    end
+    return q
+  end
+
+  -- allowed, remaining, reset_after, retry_after, delay; with `write`, the new state and
+  -- when it expires (`expires_at`), and when the state as read expired (`was`).
+  local allowed, remaining, reset_after, retry_after, delay = false, 0, 0, 0, 0
+  local write, expires_at, was = false, nil, nil
+  if id == 1 then
+    -- Sliding window counter (sliding_window_counter.lua: evaluate, counter_earliest).
+    if not fresh then
+      was = (s1 + 2) * w
+    end
+    local idx = idiv(now, w)
+    local e = now - idx * w
+    local prev, cur = 0, 0
+    if s1 == idx then
+      prev, cur = s3, s2
+    elseif s1 + 1 == idx then
+      prev, cur = s2, 0
+    end
+    local weighted = prev * (w - e) + cur * w
+    allowed = weighted + cost * w <= n * w
+    local weighted_after, cur_after = weighted, cur
+    if allowed then
+      weighted_after, cur_after = weighted + cost * w, cur + cost
+      if charge then
+        s1, s2, s3 = idx, cur + cost, prev
+        write, expires_at = true, (s1 + 2) * w
+      end
+    end
+    remaining = idiv(max(n * w - weighted_after, 0), w)
+    if cur_after > 0 then
+      reset_after = (idx + 2) * w - now
+    elseif prev > 0 then
+      reset_after = (idx + 1) * w - now
+    end
+    if not allowed then
+      local start, earliest = idx * w, nil
+      if cur + cost <= n then
+        if prev == 0 then
+          earliest = now
+        else
+          local overlap = idiv((n - cur - cost) * w, prev)
+          if overlap >= 1 then
+            earliest = max(start + w - min(overlap, w), now)
+          end
+        end
+      end
+      if not earliest then
+        local next_start = start + w
+        if cur == 0 then
+          earliest = next_start
+        else
+          local overlap = idiv((n - cost) * w, cur)
+          if overlap >= 1 then
+            earliest = next_start + w - min(overlap, w)
+          else
+            earliest = next_start + w
+          end
+        end
+      end
+      retry_after = earliest - now
+    end
+  elseif id == 4 then
+    -- Fixed window (fixed_window.lua: evaluate).
+    if not fresh then
+      was = (s1 + 1) * w
+    end
+    local idx = idiv(now, w)
+    local count = 0
+    if s1 == idx then
+      count = s2
+    end
+    local window_end = (idx + 1) * w - now
+    allowed = count + cost <= n
+    local after = count
+    if allowed then
+      after = count + cost
+      if charge then
+        s1, s2 = idx, after
+        write, expires_at = true, (idx + 1) * w
+      end
+    end
+    if after > 0 then
+      reset_after = window_end
+    end
+    remaining, retry_after = max(n - after, 0), window_end
+  else
+    -- ceil(a / b) for integers a >= 0, b >= 1 (ceil_div in prelude.lua), inline below.
+    local q
+    if id == 5 then
+      -- GCRA (gcra.lua: evaluate, expires_at).
+      if not fresh then
+        was = s1
+        if s2 > 0 then
+          was = s1 + 1
+        end
+      end
+      local tolerance, slack = capacity * w, max_delay * n
+      local backlog = 0
+      if s1 >= now then
+        backlog = (s1 - now) * n + s2
+      end
+      local after = backlog + cost * w
+      allowed = after <= tolerance + slack
+      if allowed then
+        if charge then
+          local whole = idiv(after, n)
+          s1, s2 = now + whole, after - whole * n
+          write, expires_at = true, s1
+          if s2 > 0 then
+            expires_at = s1 + 1
+          end
+        end
+        local late = max(after - tolerance, 0)
+        q = idiv(late, n)
+        if late - q * n > 0 then
+          q = q + 1
+        end
+        delay = q
+        remaining = idiv(max(tolerance - after, 0), w)
+        q = idiv(after, n)
+        if after - q * n > 0 then
+          q = q + 1
+        end
+        reset_after = q
+      else
+        local over = after - tolerance - slack
+        q = idiv(over, n)
+        if over - q * n > 0 then
+          q = q + 1
+        end
+        retry_after = q
+        remaining = idiv(max(tolerance - backlog, 0), w)
+        q = idiv(backlog, n)
+        if backlog - q * n > 0 then
+          q = q + 1
+        end
+        reset_after = q
+      end
+    else
+      -- Token bucket (token_bucket.lua: evaluate, expires_at).
+      if not fresh then
+        q = idiv(s1, n)
+        if s1 - q * n > 0 then
+          q = q + 1
+        end
+        was = s2 + q
+      end
+      local full = capacity * w
+      local deficit = max(s1 - max(now - s2, 0) * n, 0)
+      allowed = deficit + cost * w <= full
+      local after = deficit
+      if allowed then
+        after = deficit + cost * w
+        if charge then
+          s1, s2 = after, max(now, s2)
+          q = idiv(s1, n)
+          if s1 - q * n > 0 then
+            q = q + 1
+          end
+          write, expires_at = true, s2 + q
+        end
+      else
+        local over = deficit + cost * w - full
+        q = idiv(over, n)
+        if over - q * n > 0 then
+          q = q + 1
+        end
+        retry_after = q
+      end
+      remaining = idiv(max(full - after, 0), w)
+      q = idiv(after, n)
+      if after - q * n > 0 then
+        q = q + 1
+      end
+      reset_after = q
+    end
+  end
+
+  if write then
+    local state
+    if size == 24 then
+      state = pack('<ddd', s1, s2, s3)
+    else
+      state = pack('<dd', s1, s2)
+    end
+    if expires_at == was then
+      redis.call('SET', key, state, 'KEEPTTL')
+    else
+      local TTL_MARGIN_MS = 1000
+      redis.call('SET', key, state, 'PX', max(expires_at - now, 0) + TTL_MARGIN_MS)
+    end
+  end
+  local a = allowed and 1 or 0
+  if overridden then
+    return pack('<bbddddd', a, a + 2, remaining, reset_after, retry_after, delay, capacity)
+  end
+  return pack('<bbdddd', a, a, remaining, reset_after, retry_after, delay)
+until true
