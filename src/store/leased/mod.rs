@@ -809,6 +809,7 @@ impl<S: LeaseBackend> Shared<S> {
                     Ok(reply) => {
                         if let Some((_, unused)) = kept {
                             bump(&self.counters.units_returned, unused);
+                            crate::telemetry::lease_units("returned", unused);
                         }
                         Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
                     }
@@ -817,6 +818,7 @@ impl<S: LeaseBackend> Shared<S> {
                         // gave back must not be spent again.
                         if let Some((_, unused)) = kept {
                             bump(&self.counters.units_dropped, unused);
+                            crate::telemetry::lease_units("dropped", unused);
                         }
                         Err(e)
                     }
@@ -913,6 +915,7 @@ impl<S: LeaseBackend> Shared<S> {
         bump(&self.counters.grants, 1);
         let granted: u64 = answers.iter().map(|a| a.granted).max().unwrap_or(0);
         bump(&self.counters.units_granted, granted);
+        crate::telemetry::lease_units("granted", granted);
         let block = Block {
             id,
             generation,
@@ -967,6 +970,7 @@ impl<S: LeaseBackend> Shared<S> {
         }
         if block.generation != self.inner.generation() {
             bump(&self.counters.units_dropped, unused);
+            crate::telemetry::lease_units("dropped", unused);
             return None;
         }
         let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
@@ -980,9 +984,13 @@ impl<S: LeaseBackend> Shared<S> {
         let me = self.clone();
         Some(async move {
             match fut.await {
-                Ok(_) => bump(&me.counters.units_returned, unused),
+                Ok(_) => {
+                    bump(&me.counters.units_returned, unused);
+                    crate::telemetry::lease_units("returned", unused);
+                }
                 Err(e) => {
                     bump(&me.counters.units_dropped, unused);
+                    crate::telemetry::lease_units("dropped", unused);
                     tracing::debug!(target: "tollgate::store", error = %e, "lease return failed");
                 }
             }
