@@ -742,3 +742,41 @@ fn a_plan_leases_its_shared_store_and_refuses_lease_mistakes() {
         .unwrap_err();
     assert_eq!(err.field(), "store.lease_max_block_percent");
 }
+
+#[test]
+fn a_flood_of_distinct_keys_costs_calls_never_memory() {
+    let rt = support::runtime();
+    rt.block_on(async {
+        let store = LeasedStore::builder(MemoryLedger::new())
+            .max_keys(8)
+            .build()
+            .unwrap();
+        let p = [Policy::new("api", Rate::per_minute(1_000)).unwrap()];
+        // A hot key tracked before the flood keeps leasing.
+        let hot = Key::new("user", "hot");
+        for _ in 0..200 {
+            assert!(store.check(&hot, &p, &[1]).await.unwrap().is_allowed());
+        }
+        for i in 0..2_000u32 {
+            let key = Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
+            let d = store.check(&key, &p, &[1]).await.unwrap();
+            assert!(d.is_allowed(), "new key {i} refused");
+            assert_eq!(d.limit(), 1_000);
+        }
+        let stats = store.stats();
+        assert!(stats.tracked_keys <= 8, "{stats:?}");
+        assert!(stats.untracked >= 2_000 - 8, "{stats:?}");
+        assert!(stats.grants >= 1, "the hot key leased: {stats:?}");
+        // Past the cap, each new key is still decided against the shared limit.
+        let flooded = Key::new("ip", "10.0.0.1");
+        for _ in 0..999 {
+            store.check(&flooded, &p, &[1]).await.unwrap();
+        }
+        assert!(!store.check(&flooded, &p, &[1]).await.unwrap().is_allowed());
+    });
+    let err = LeasedStore::builder(MemoryLedger::new())
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "max_keys");
+}
