@@ -85,6 +85,7 @@
 //! | `tollgate_memory_evictions_total` | counter | — (live entries a full memory store evicted to admit a new key) |
 //! | `tollgate_memory_evicted_usage_ratio` | histogram | — (the share of its limit each evicted entry had used) |
 //! | `tollgate_fallback_overadmitted_total` | counter | — (requests the local fallback admitted that the store, answering late, refused) |
+//! | `tollgate_lease_units_total` | counter | `event`: units of [leased](crate::store::leased) blocks `granted`, `returned` unused, or `dropped` unused (under-admission until their window or refill frees them) |
 //! | `tollgate_plan_reloads_total` | counter | `result`: `ok`, `refused` (plans put in force, or refused while the plan in force stayed) |
 //!
 //! **`route`** is the route's pattern as declared in the limiter's route table

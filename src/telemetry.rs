@@ -151,6 +151,10 @@ mod counting {
                 "tollgate_fallback_overadmitted_total",
                 "Requests the local fallback admitted that the store, answering late, refused."
             );
+            describe_counter!(
+                "tollgate_lease_units_total",
+                "Units of leased quota blocks, by event: granted, returned unused, dropped unused (under-admission until their window or refill frees them)."
+            );
         });
     }
 
@@ -225,6 +229,11 @@ mod counting {
         metrics::counter!("tollgate_fallback_overadmitted_total").increment(1);
     }
 
+    pub(crate) fn lease_units(event: &'static str, units: u64) {
+        describe();
+        metrics::counter!("tollgate_lease_units_total", "event" => event).increment(units);
+    }
+
     pub(crate) fn plan_reload(ok: bool) {
         describe();
         let result = if ok { "ok" } else { "refused" };
@@ -258,6 +267,8 @@ mod counting {
     pub(crate) fn fallback_overadmitted() {}
     #[inline(always)]
     pub(crate) fn plan_reload(_: bool) {}
+    #[inline(always)]
+    pub(crate) fn lease_units(_: &'static str, _: u64) {}
 }
 
 pub(crate) use counting::*;

@@ -33,6 +33,13 @@ struct Admit {
     end: u64,
 }
 
+/// The heavy tests run one at a time: each saturates both cores on its own.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Requests asked per key and aligned window (µs start times), to tell a window the clients
+/// saturated from one they could not fill.
+static ASKED: std::sync::Mutex<Vec<(usize, u64)>> = std::sync::Mutex::new(Vec::new());
+
 const W: u64 = 500;
 const N: u64 = 500;
 const INSTANCES: usize = 4;
@@ -84,10 +91,12 @@ async fn hammer<S: LeaseBackend + Clone>(
             let key = Key::new("lease", format!("{tag}-{k}"));
             tasks.push(tokio::spawn(async move {
                 let mut admits = Vec::new();
+                let mut asked = Vec::new();
                 let mut tick = tokio::time::interval(Duration::from_millis(10));
                 while tokio::time::Instant::now() < deadline {
                     tick.tick().await;
                     let start = micros();
+                    asked.push((k, start));
                     if let Ok(d) = limiter.check(&key, 1).await {
                         if d.is_allowed() {
                             admits.push(Admit {
@@ -97,6 +106,9 @@ async fn hammer<S: LeaseBackend + Clone>(
                             });
                         }
                     }
+                }
+                if let Ok(mut all) = ASKED.lock() {
+                    all.extend(asked);
                 }
                 admits
             }));
@@ -164,11 +176,20 @@ fn check_bound(a: Algorithm, n: u64, admits: &[Admit]) -> Result<(), String> {
 }
 
 /// Admissions per aligned window, for the windows entirely inside the steady part of the
-/// run (the first window, which also holds the bucket's initial burst, is skipped).
-fn steady_windows(admits: &[Admit], from_us: u64, to_us: u64) -> Vec<u64> {
+/// run (the first window, which also holds the bucket's initial burst, is skipped) that the
+/// clients saturated (asked at least twice the limit of key `key`).
+fn steady_windows(admits: &[Admit], key: usize, n: u64, from_us: u64, to_us: u64) -> Vec<u64> {
     let first = from_us / 1000 / W + 2;
     let last = to_us / 1000 / W;
+    let asked = ASKED.lock().map(|a| a.clone()).unwrap_or_default();
     (first..last)
+        .filter(|&w| {
+            asked
+                .iter()
+                .filter(|(k, t)| *k == key && t / 1000 / W == w)
+                .count() as u64
+                >= 2 * n
+        })
         .map(|w| admits.iter().filter(|x| x.start / 1000 / W == w).count() as u64)
         .collect()
 }
@@ -195,6 +216,9 @@ async fn aggregate<S: LeaseBackend + Clone>(
     tag: &str,
 ) -> u64 {
     let p = policy(a, n);
+    if let Ok(mut a) = ASKED.lock() {
+        a.clear();
+    }
     let from = micros();
     let admits = hammer(stores, &p, keys, tag, Duration::from_millis(2_200)).await;
     let to = micros();
@@ -204,7 +228,7 @@ async fn aggregate<S: LeaseBackend + Clone>(
         if let Err(e) = check_bound(a, n, &mine) {
             panic!("{tag} key {k}: {e}");
         }
-        for got in steady_windows(&mine, from, to) {
+        for got in steady_windows(&mine, k, n, from, to) {
             let under = n.saturating_sub(got);
             worst = worst.max(under);
             assert!(
@@ -232,6 +256,7 @@ fn redis_stores(server: &RedisServer, prefix: &str) -> Vec<LeasedStore<RedisStor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aggregate_on_one_hot_key_and_on_64_keys_never_exceeds_the_bound() {
+    let _heavy = HEAVY.lock().await;
     let server = RedisServer::start();
     for a in LEASED {
         let stores = redis_stores(&server, &format!("hot-{}", a.as_str()));
@@ -272,6 +297,7 @@ async fn aggregate_on_one_hot_key_and_on_64_keys_never_exceeds_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_commands_per_decision_fall_with_leases() {
+    let _heavy = HEAVY.lock().await;
     let server = RedisServer::start();
     let stores = redis_stores(&server, "cmds");
     // A limit no client reaches: every decision is an admission, from blocks once hot.
@@ -292,6 +318,7 @@ async fn redis_commands_per_decision_fall_with_leases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_loses_at_most_its_block_and_the_bound_holds() {
+    let _heavy = HEAVY.lock().await;
     let server = RedisServer::start();
     let a = Algorithm::FixedWindow;
     let p = policy(a, N);
@@ -314,6 +341,7 @@ async fn a_killed_instance_loses_at_most_its_block_and_the_bound_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_drops_the_blocks_it_granted() {
+    let _heavy = HEAVY.lock().await;
     let mut server = RedisServer::start();
     let a = Algorithm::FixedWindow;
     let p = policy(a, N);
@@ -338,6 +366,7 @@ async fn a_restarted_redis_drops_the_blocks_it_granted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_redis_leaves_the_blocks_in_hand_then_the_failure_mode() {
+    let _heavy = HEAVY.lock().await;
     let server = RedisServer::start();
     let p = Policy::builder("stop", Rate::new(1_000_000, Duration::from_secs(10)))
         .algorithm(Algorithm::FixedWindow)
@@ -422,6 +451,7 @@ async fn a_stopped_redis_leaves_the_blocks_in_hand_then_the_failure_mode() {
 
 #[test]
 fn aggregate_on_a_three_master_cluster() {
+    let _heavy = HEAVY.blocking_lock();
     let cluster = RedisCluster::start();
     let rt = support::runtime();
     rt.block_on(async {
@@ -711,4 +741,42 @@ fn a_plan_leases_its_shared_store_and_refuses_lease_mistakes() {
         .store()
         .unwrap_err();
     assert_eq!(err.field(), "store.lease_max_block_percent");
+}
+
+#[test]
+fn a_flood_of_distinct_keys_costs_calls_never_memory() {
+    let rt = support::runtime();
+    rt.block_on(async {
+        let store = LeasedStore::builder(MemoryLedger::new())
+            .max_keys(8)
+            .build()
+            .unwrap();
+        let p = [Policy::new("api", Rate::per_minute(1_000)).unwrap()];
+        // A hot key tracked before the flood keeps leasing.
+        let hot = Key::new("user", "hot");
+        for _ in 0..200 {
+            assert!(store.check(&hot, &p, &[1]).await.unwrap().is_allowed());
+        }
+        for i in 0..2_000u32 {
+            let key = Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
+            let d = store.check(&key, &p, &[1]).await.unwrap();
+            assert!(d.is_allowed(), "new key {i} refused");
+            assert_eq!(d.limit(), 1_000);
+        }
+        let stats = store.stats();
+        assert!(stats.tracked_keys <= 8, "{stats:?}");
+        assert!(stats.untracked >= 2_000 - 8, "{stats:?}");
+        assert!(stats.grants >= 1, "the hot key leased: {stats:?}");
+        // Past the cap, each new key is still decided against the shared limit.
+        let flooded = Key::new("ip", "10.0.0.1");
+        for _ in 0..999 {
+            store.check(&flooded, &p, &[1]).await.unwrap();
+        }
+        assert!(!store.check(&flooded, &p, &[1]).await.unwrap().is_allowed());
+    });
+    let err = LeasedStore::builder(MemoryLedger::new())
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "max_keys");
 }

@@ -157,6 +157,9 @@ pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);
 /// The default largest block, as a fraction of the limit.
 pub const DEFAULT_MAX_BLOCK_FRACTION: f64 = 0.1;
 
+/// The default cap on the keys an instance tracks (their observed rate and blocks).
+pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
 /// Blocks end this many ms before the ledger's end of their period, for the rounding of
 /// both clocks to whole milliseconds.
 const CLOCK_SLACK_MS: u64 = 2;
@@ -236,6 +239,12 @@ pub struct LeaseStats {
     pub units_dropped: u64,
     /// Unused units in blocks held now.
     pub units_held: u64,
+    /// Keys tracked now (observed rate, block, refusal): at most
+    /// [`max_keys`](LeasedStoreBuilder::max_keys).
+    pub tracked_keys: u64,
+    /// Decisions for new keys while [`max_keys`](LeasedStoreBuilder::max_keys) keys were
+    /// tracked: decided exactly, one ledger call each, and not remembered.
+    pub untracked: u64,
 }
 
 #[derive(Debug, Default)]
@@ -248,6 +257,7 @@ struct Counters {
     local_refusals: AtomicU64,
     units_returned: AtomicU64,
     units_dropped: AtomicU64,
+    untracked: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -260,6 +270,7 @@ pub struct LeasedStoreBuilder<S> {
     inner: S,
     lease_time: Duration,
     fraction: f64,
+    max_keys: usize,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -286,6 +297,16 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
     /// whose fraction is under two requests' cost is never leased.
     pub fn max_block_fraction(mut self, fraction: f64) -> Self {
         self.fraction = fraction;
+        self
+    }
+
+    /// The most keys this instance tracks at once (default [`DEFAULT_MAX_KEYS`], at least
+    /// 1). Each tracked key keeps its observed rate and its block; idle keys are forgotten
+    /// after eight lease times (at least 5 s). While the cap is reached, a request for a new
+    /// key is decided exactly (one ledger call) and not remembered, so a flood of distinct
+    /// keys costs calls, never memory ([`LeaseStats::untracked`] counts them).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
         self
     }
 
@@ -316,8 +337,11 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] on `lease_time` or `max_block_fraction` out of range.
+    /// A [`ConfigError`] on `lease_time`, `max_block_fraction` or `max_keys` out of range.
     pub fn build(self) -> Result<LeasedStore<S>, ConfigError> {
+        if self.max_keys == 0 {
+            return Err(ConfigError::new("max_keys", 0, "at least 1"));
+        }
         let ms = u64::try_from(self.lease_time.as_millis()).unwrap_or(u64::MAX);
         if !(10..=60_000).contains(&ms) {
             return Err(ConfigError::new(
@@ -346,6 +370,7 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
                 inner: self.inner,
                 lease_ms: ms,
                 fraction: self.fraction,
+                max_keys: self.max_keys,
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 entries: parking_lot::Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(seed >> 1),
@@ -386,6 +411,7 @@ struct Shared<S> {
     inner: S,
     lease_ms: u64,
     fraction: f64,
+    max_keys: usize,
     clock: Arc<dyn Clock>,
     entries: parking_lot::Mutex<HashMap<Box<str>, Arc<Entry>>>,
     next_id: AtomicU64,
@@ -536,6 +562,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
             inner,
             lease_time: DEFAULT_LEASE_TIME,
             fraction: DEFAULT_MAX_BLOCK_FRACTION,
+            max_keys: DEFAULT_MAX_KEYS,
             clock: None,
         }
     }
@@ -562,10 +589,9 @@ impl<S: LeaseBackend> LeasedStore<S> {
     /// ```
     pub fn stats(&self) -> LeaseStats {
         let c = &self.shared.counters;
-        let held = self
-            .shared
-            .entries
-            .lock()
+        let entries = self.shared.entries.lock();
+        let tracked_keys = entries.len() as u64;
+        let held = entries
             .values()
             .map(|e| {
                 e.st.lock()
@@ -574,6 +600,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                     .map_or(0, |b| b.parts.iter().map(|p| p.left).max().unwrap_or(0))
             })
             .sum();
+        drop(entries);
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         LeaseStats {
             grants: get(&c.grants),
@@ -585,6 +612,8 @@ impl<S: LeaseBackend> LeasedStore<S> {
             units_returned: get(&c.units_returned),
             units_dropped: get(&c.units_dropped),
             units_held: held,
+            tracked_keys,
+            untracked: get(&c.untracked),
         }
     }
 
@@ -640,6 +669,11 @@ impl<S: LeaseBackend> Shared<S> {
             st: parking_lot::Mutex::new(EntryState::default()),
             refill: tokio::sync::Mutex::new(()),
         });
+        if map.len() >= self.max_keys {
+            // Not remembered: with no observed rate the request is decided exactly.
+            bump(&self.counters.untracked, 1);
+            return e;
+        }
         map.insert(name, e.clone());
         e
     }
@@ -809,6 +843,7 @@ impl<S: LeaseBackend> Shared<S> {
                     Ok(reply) => {
                         if let Some((_, unused)) = kept {
                             bump(&self.counters.units_returned, unused);
+                            crate::telemetry::lease_units("returned", unused);
                         }
                         Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
                     }
@@ -817,6 +852,7 @@ impl<S: LeaseBackend> Shared<S> {
                         // gave back must not be spent again.
                         if let Some((_, unused)) = kept {
                             bump(&self.counters.units_dropped, unused);
+                            crate::telemetry::lease_units("dropped", unused);
                         }
                         Err(e)
                     }
@@ -913,6 +949,7 @@ impl<S: LeaseBackend> Shared<S> {
         bump(&self.counters.grants, 1);
         let granted: u64 = answers.iter().map(|a| a.granted).max().unwrap_or(0);
         bump(&self.counters.units_granted, granted);
+        crate::telemetry::lease_units("granted", granted);
         let block = Block {
             id,
             generation,
@@ -967,6 +1004,7 @@ impl<S: LeaseBackend> Shared<S> {
         }
         if block.generation != self.inner.generation() {
             bump(&self.counters.units_dropped, unused);
+            crate::telemetry::lease_units("dropped", unused);
             return None;
         }
         let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
@@ -980,9 +1018,13 @@ impl<S: LeaseBackend> Shared<S> {
         let me = self.clone();
         Some(async move {
             match fut.await {
-                Ok(_) => bump(&me.counters.units_returned, unused),
+                Ok(_) => {
+                    bump(&me.counters.units_returned, unused);
+                    crate::telemetry::lease_units("returned", unused);
+                }
                 Err(e) => {
                     bump(&me.counters.units_dropped, unused);
+                    crate::telemetry::lease_units("dropped", unused);
                     tracing::debug!(target: "tollgate::store", error = %e, "lease return failed");
                 }
             }

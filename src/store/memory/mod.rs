@@ -596,6 +596,7 @@ impl Store for MemoryStore {
         ready(self.inner.decide(key, policies, costs, true))
     }
 
+    #[inline]
     fn check_now(
         &self,
         key: &Key,
