@@ -156,6 +156,13 @@
 //! │   │   ├── builder.rs     ResilientStoreBuilder: every setting checked at build time
 //! │   │   ├── breaker.rs     the circuit breaker
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
+//! │   ├── leased/            LeasedStore: blocks of quota leased from a shared store
+//! │   │   ├── mod.rs         the store, the per-algorithm argument, grants and returns
+//! │   │   ├── builder.rs     LeasedStoreBuilder: lease time, block size, key cap
+//! │   │   ├── entries.rs     per key: observed rate, block, refusal; answers without a call
+//! │   │   ├── store_impl.rs  the Store implementation: leased and exact policies, all or nothing
+//! │   │   ├── ledger.rs      the lease ledger's arithmetic (the twin of lua/lease.lua), LeaseBackend
+//! │   │   └── ledger/        memory.rs: MemoryLedger; tests.rs: the Lua and Rust ledgers agree
 //! │   └── redis/             RedisStore and RedisClusterStore
 //! │       ├── mod.rs         the store and its builder
 //! │       ├── cluster.rs     the Redis Cluster store
@@ -165,6 +172,7 @@
 //! │       ├── script.rs      the Lua decision script, hashed once
 //! │       ├── wire.rs        one script call's arguments and reply
 //! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
+//! │       ├── lease.rs       the lease ledger of both stores (lua/lease.lua)
 //! │       └── batch.rs       concurrent decisions coalesced into one call
 //! ├── limiter/               Limiter: the one decision path
 //! │   ├── mod.rs             Limiter: check, peek, reset, decide

@@ -1,0 +1,320 @@
+//! What an instance holds per key: its observed rate, its block and its last refusal, and
+//! the answers it gives from them without a call; idle keys forgotten, unused blocks given
+//! back.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::ledger::Kind;
+use super::*;
+use crate::algorithm::PolicyDecision;
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::policy::{Algorithm, Policy};
+
+/// One key and policy set on this instance.
+pub(super) struct Entry {
+    pub(super) key: Key,
+    pub(super) policies: Box<[Policy]>,
+    pub(super) st: parking_lot::Mutex<EntryState>,
+    pub(super) refill: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+pub(super) struct EntryState {
+    pub(super) block: Option<Block>,
+    pub(super) denied: Option<Denied>,
+    pub(super) meter: Meter,
+    pub(super) last_used: u64,
+}
+
+/// Units of each policy in hand, spendable until `expires` (local clock, exclusive).
+pub(super) struct Block {
+    pub(super) id: u64,
+    pub(super) generation: u64,
+    pub(super) sent: u64,
+    pub(super) expires: u64,
+    pub(super) granted_at: u64,
+    pub(super) valid: u64,
+    pub(super) parts: SmallVec<[BlockPart; 2]>,
+}
+
+pub(super) struct BlockPart {
+    pub(super) granted: u64,
+    pub(super) left: u64,
+    pub(super) limit: u64,
+    pub(super) shared_remaining: u64,
+    pub(super) reset_after: u64,
+}
+
+/// A refusal by the ledger, in force until `until` for requests costing at least `costs`.
+pub(super) struct Denied {
+    pub(super) generation: u64,
+    pub(super) sent: u64,
+    pub(super) until: u64,
+    pub(super) costs: SmallVec<[u64; 2]>,
+    pub(super) decisions: SmallVec<[PolicyDecision; 2]>,
+}
+
+/// Units asked per policy in the current and the previous lease period.
+#[derive(Default)]
+pub(super) struct Meter {
+    pub(super) start: u64,
+    pub(super) cur: SmallVec<[u64; 2]>,
+    pub(super) prev: SmallVec<[u64; 2]>,
+}
+
+impl Meter {
+    pub(super) fn roll(&mut self, now: u64, period: u64, n: usize) {
+        if self.cur.len() != n {
+            self.cur = SmallVec::from_elem(0, n);
+            self.prev = SmallVec::from_elem(0, n);
+            self.start = now;
+        }
+        let elapsed = now.saturating_sub(self.start);
+        if elapsed >= 2 * period {
+            self.cur.iter_mut().for_each(|c| *c = 0);
+            self.prev.iter_mut().for_each(|c| *c = 0);
+            self.start = now;
+        } else if elapsed >= period {
+            self.prev.clone_from(&self.cur);
+            self.cur.iter_mut().for_each(|c| *c = 0);
+            self.start += period;
+        }
+    }
+
+    pub(super) fn add(&mut self, now: u64, period: u64, costs: &[u64]) {
+        self.roll(now, period, costs.len());
+        for (c, x) in self.cur.iter_mut().zip(costs) {
+            *c = c.saturating_add(*x);
+        }
+    }
+
+    /// Units of policy `i` expected over the next `period`.
+    pub(super) fn estimate(&self, now: u64, period: u64, i: usize) -> u64 {
+        let e = now.saturating_sub(self.start).min(period);
+        let prev = self.prev.get(i).copied().unwrap_or(0);
+        let cur = self.cur.get(i).copied().unwrap_or(0);
+        prev * (period - e) / period + cur
+    }
+}
+
+/// What the slow path does for a request.
+pub(super) enum Plan {
+    Exact,
+    Lease {
+        period: u64,
+        wants: SmallVec<[u64; 2]>,
+    },
+}
+
+/// Where a leased request's units came from, to give them back (mixed requests).
+pub(super) enum Taken {
+    Block(u64),
+    Ledger { id: u64, at: u64 },
+    Nothing,
+}
+
+pub(super) fn limit_of(policy: &Policy) -> u64 {
+    match policy.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => policy.capacity(),
+        _ => policy.limit(),
+    }
+}
+
+pub(super) fn entry_name(key: &Key, policies: &[Policy]) -> Box<str> {
+    let mut s = String::with_capacity(key.as_str().len() + 16 * policies.len());
+    s.push_str(key.as_str());
+    for p in policies {
+        s.push('\0');
+        s.push_str(p.name());
+        s.push('\0');
+        s.push_str(p.algorithm().as_str());
+    }
+    s.into_boxed_str()
+}
+
+pub(super) fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
+    }
+}
+
+impl<S: LeaseBackend> Shared<S> {
+    pub(super) fn entry(&self, key: &Key, policies: &[Policy]) -> Arc<Entry> {
+        let name = entry_name(key, policies);
+        let mut map = self.entries.lock();
+        if let Some(e) = map.get(&name) {
+            return e.clone();
+        }
+        let e = Arc::new(Entry {
+            key: key.clone(),
+            policies: policies.into(),
+            st: parking_lot::Mutex::new(EntryState::default()),
+            refill: tokio::sync::Mutex::new(()),
+        });
+        if map.len() >= self.max_keys {
+            // Not remembered: with no observed rate the request is decided exactly.
+            bump(&self.counters.untracked, 1);
+            return e;
+        }
+        map.insert(name, e.clone());
+        e
+    }
+
+    pub(super) fn existing(&self, key: &Key, policies: &[Policy]) -> Option<Arc<Entry>> {
+        self.entries.lock().get(&entry_name(key, policies)).cloned()
+    }
+
+    /// The answer from what this instance holds, if it has one.
+    pub(super) fn local(
+        &self,
+        entry: &Entry,
+        costs: &[u64],
+        now: u64,
+        meter: bool,
+    ) -> Option<Decision> {
+        let generation = self.inner.generation();
+        let mut st = entry.st.lock();
+        st.last_used = now;
+        if let Some(b) = &mut st.block {
+            if b.generation == generation
+                && now < b.expires
+                && b.parts.iter().zip(costs).all(|(p, c)| p.left >= *c)
+            {
+                let elapsed = now.saturating_sub(b.sent);
+                let d = Decision::from_policies(b.parts.iter_mut().zip(costs).map(|(p, c)| {
+                    p.left -= c;
+                    PolicyDecision::from_parts(
+                        true,
+                        p.limit,
+                        (p.left + p.shared_remaining).min(p.limit),
+                        p.reset_after.saturating_sub(elapsed),
+                        0,
+                        0,
+                    )
+                }));
+                if meter {
+                    st.meter.add(now, self.lease_ms, costs);
+                }
+                bump(&self.counters.local_admits, 1);
+                return Some(d);
+            }
+        }
+        if let Some(d) = &st.denied {
+            if d.generation == generation
+                && now < d.until
+                && costs.iter().zip(&d.costs).all(|(c, dc)| c >= dc)
+            {
+                let elapsed = now.saturating_sub(d.sent);
+                let decision = Decision::from_policies(d.decisions.iter().map(|p| {
+                    PolicyDecision::from_parts(
+                        p.is_allowed(),
+                        p.limit(),
+                        p.remaining(),
+                        p.reset_after_millis().saturating_sub(elapsed),
+                        p.retry_after_millis().saturating_sub(elapsed),
+                        0,
+                    )
+                }));
+                if meter {
+                    st.meter.add(now, self.lease_ms, costs);
+                }
+                bump(&self.counters.local_refusals, 1);
+                return Some(decision);
+            }
+        }
+        None
+    }
+
+    /// Whether to lease, and how much, from the key's observed rate.
+    pub(super) fn plan(
+        &self,
+        st: &EntryState,
+        policies: &[Policy],
+        costs: &[u64],
+        now: u64,
+    ) -> Plan {
+        let mut period = self.lease_ms;
+        let mut caps: SmallVec<[u64; 2]> = SmallVec::new();
+        for (p, &cost) in policies.iter().zip(costs) {
+            let cap = (limit_of(p) as f64 * self.fraction) as u64;
+            if cost == 0 || cap < 2 * cost {
+                return Plan::Exact;
+            }
+            match Kind::of(p) {
+                // The reserved refill N·T/W stays within the block cap.
+                Some(Kind::Bucket) => {
+                    period = period.min(cap * p.window_millis() / p.limit().max(1));
+                }
+                // A block's entry counts T longer than its units need: T stays within the
+                // same fraction of the window.
+                Some(Kind::Log) => {
+                    period = period.min((p.window_millis() as f64 * self.fraction) as u64);
+                }
+                _ => {}
+            }
+            caps.push(cap);
+        }
+        if period < 10 {
+            return Plan::Exact;
+        }
+        let mut wants = SmallVec::new();
+        for (i, (&cost, &cap)) in costs.iter().zip(&caps).enumerate() {
+            // The units expected over the period, from those asked over the last lease time.
+            let expected = st.meter.estimate(now, self.lease_ms, i) * period / self.lease_ms;
+            if expected < 2 * cost {
+                return Plan::Exact;
+            }
+            wants.push((2 * expected).clamp(cost, cap));
+        }
+        Plan::Lease { period, wants }
+    }
+
+    /// Starts the task that returns the units of blocks that expired unused and forgets idle
+    /// keys, once, when a runtime is there.
+    pub(super) fn start_sweeper(self: &Arc<Self>) {
+        if self.sweeper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.sweeper.store(false, Ordering::Release);
+            return;
+        };
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let every = Duration::from_millis((self.lease_ms / 2).max(10));
+        handle.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(me) = weak.upgrade() else { return };
+                me.sweep();
+            }
+        });
+    }
+
+    pub(super) fn sweep(self: &Arc<Self>) {
+        let now = self.now();
+        let idle = (self.lease_ms * 8).max(5_000);
+        let mut expired = Vec::new();
+        {
+            let mut map = self.entries.lock();
+            map.retain(|_, e| {
+                let mut st = e.st.lock();
+                if st.block.as_ref().is_some_and(|b| now >= b.expires) {
+                    if let Some(b) = st.block.take() {
+                        expired.push((e.clone(), b));
+                    }
+                }
+                st.block.is_some() || now.saturating_sub(st.last_used) < idle
+            });
+        }
+        for (e, b) in expired {
+            if let Some(fut) = self.give_back(&e, b) {
+                spawn(fut);
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The Lua ledger and its Rust twin give the same replies to the same calls at the same
+//! times (against the Redis on 127.0.0.1:6379 that CI starts; skipped without one).
+
+use super::*;
+
+fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCall {
+    LedgerCall {
+        mode,
+        period_ms: period,
+        lease_id: id,
+        previous,
+        parts: smallvec::smallvec![part],
+    }
+}
+
+fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u64) -> LedgerReply {
+    let p = &c.parts[0];
+    let reply: Vec<u8> = redis::cmd("EVAL")
+        .arg(include_str!("../../../../lua/lease.lua"))
+        .arg(2)
+        .arg(keys.0)
+        .arg(keys.1)
+        .arg(c.mode.code())
+        .arg(now)
+        .arg(c.period_ms)
+        .arg(c.lease_id)
+        .arg(c.previous)
+        .arg(p.kind as u8)
+        .arg(&[p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h])
+        .query(conn)
+        .expect("lease script");
+    LedgerReply::parse(&reply, 1).expect("reply")
+}
+
+#[test]
+fn the_lua_ledger_matches_the_rust_ledger() {
+    let Ok(client) = redis::Client::open("redis://127.0.0.1:6379") else {
+        return;
+    };
+    let Ok(mut conn) = client.get_connection() else {
+        eprintln!("no Redis on 127.0.0.1:6379: skipped");
+        return;
+    };
+    let mut seed: u64 = 0x2545_F491_4F6C_DD1D ^ u64::from(std::process::id());
+    let mut rand = move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for kind in [Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed] {
+        let key = format!("tg-ledger-diff-{}-{}:{{k}}", std::process::id(), kind as u8);
+        let ukey = format!("{key}:u");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .arg(&ukey)
+            .query(&mut conn)
+            .unwrap();
+        let base = Part {
+            kind,
+            n: 7,
+            w: 1_000,
+            cap: if kind == Kind::Bucket { 9 } else { 7 },
+            a: 0,
+            b: 0,
+            c: 0,
+            d: 0,
+            e: 0,
+            f: 0,
+            g: 0,
+            h: 0,
+        };
+        let mut states: [Option<LState>; 1] = [None];
+        let mut now = 1_700_000_000_000u64;
+        let mut held: Option<(u64, u64, u64, u64)> = None; // id, granted, at, valid
+        for id in 1..400u64 {
+            now += rand(4) * rand(150);
+            let mut part = base;
+            let c = match rand(4) {
+                0 => {
+                    part.a = 1 + rand(2);
+                    call(Mode::Peek, 0, id, 0, part)
+                }
+                1 if held.is_some() => {
+                    let (hid, k, at, valid) = held.take().unwrap_or_default();
+                    (part.a, part.b, part.c, part.d) = (k, rand(k + 1), at, valid);
+                    call(Mode::Return, 0, hid, 0, part)
+                }
+                _ => {
+                    part.a = 1 + rand(2);
+                    part.b = part.a + rand(4);
+                    let period = [0, 50, 300][rand(3) as usize];
+                    let mut previous = 0;
+                    if let Some((hid, k, at, valid)) = held.take() {
+                        previous = hid;
+                        (part.e, part.f, part.g, part.h) = (k, rand(k + 1), at, valid);
+                    }
+                    call(Mode::Grant, period, id, previous, part)
+                }
+            };
+            let want = run(&c, &mut states, now);
+            let got = lua(&mut conn, (&key, &ukey), &c, now);
+            assert_eq!(got, want, "{kind:?} call {id} at {now}: {c:?}");
+            if c.mode == Mode::Grant && want.granted && want.valid_ms > 0 {
+                held = Some((id, want.answers[0].granted, now, want.valid_ms));
+            }
+        }
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .arg(&ukey)
+            .query(&mut conn)
+            .unwrap();
+    }
+}

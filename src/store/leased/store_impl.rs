@@ -1,0 +1,311 @@
+//! The [`Store`] implementation of [`LeasedStore`]: leasable policies from blocks, the
+//! rest from the wrapped store, all or nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::ledger::{Kind, Mode};
+use super::*;
+use crate::algorithm::PolicyDecision;
+use crate::decision::Decision;
+use crate::error::{Cause, StoreError};
+use crate::key::Key;
+use crate::overrides::ActiveOverride;
+use crate::policy::Policy;
+use crate::store::{BoxFuture, Store};
+
+/// Splits a request's policies into leasable and exact ones.
+pub(super) fn split(policies: &[Policy]) -> (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) {
+    (0..policies.len()).partition(|&i| Kind::of(&policies[i]).is_some())
+}
+
+pub(super) fn pick<T: Clone>(all: &[T], idx: &[usize]) -> SmallVec<[T; 2]> {
+    idx.iter().map(|&i| all[i].clone()).collect()
+}
+
+/// The decision of a mixed request from its two halves, in the request's policy order.
+pub(super) fn merge(n: usize, li: &[usize], l: &Decision, ei: &[usize], e: &Decision) -> Decision {
+    let mut out: SmallVec<[PolicyDecision; 2]> =
+        SmallVec::from_elem(PolicyDecision::from_parts(true, 0, 0, 0, 0, 0), n);
+    for (j, &i) in li.iter().enumerate() {
+        if let Some(d) = l.policies().get(j) {
+            out[i] = *d;
+        }
+    }
+    for (j, &i) in ei.iter().enumerate() {
+        if let Some(d) = e.policies().get(j) {
+            out[i] = *d;
+        }
+    }
+    Decision::from_policies(out)
+        .with_slot(e.slot())
+        .with_decided_by(e.decided_by())
+}
+
+impl<S: LeaseBackend> LeasedStore<S> {
+    async fn check_owned(
+        shared: Arc<Shared<S>>,
+        key: Key,
+        policies: SmallVec<[Policy; 2]>,
+        costs: SmallVec<[u64; 2]>,
+    ) -> Result<Decision, StoreError> {
+        if policies.is_empty() {
+            return Ok(Decision::from_policies([]));
+        }
+        let (li, ei) = split(&policies);
+        if ei.is_empty() {
+            return shared.decide(&key, &policies, &costs).await.map(|(d, _)| d);
+        }
+        let (lp, lc) = (pick(&policies, &li), pick(&costs, &li));
+        let (ep, ec) = (pick(&policies, &ei), pick(&costs, &ei));
+        if li.is_empty() {
+            return shared.inner.check(&key, &ep, &ec).await;
+        }
+        let (dl, taken) = shared.decide(&key, &lp, &lc).await?;
+        if !dl.is_allowed() {
+            let de = shared.inner.peek(&key, &ep, &ec).await?;
+            return Ok(merge(policies.len(), &li, &dl, &ei, &de));
+        }
+        match shared.inner.check(&key, &ep, &ec).await {
+            Ok(de) if de.is_allowed() => Ok(merge(policies.len(), &li, &dl, &ei, &de)),
+            Ok(de) => {
+                shared.untake(&key, &lp, &lc, taken).await;
+                Ok(merge(policies.len(), &li, &dl, &ei, &de))
+            }
+            Err(e) => {
+                shared.untake(&key, &lp, &lc, taken).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+pub(super) fn not_leasable_overrides() -> StoreError {
+    StoreError::Backend(Cause::from(
+        "leased policies keep no per-key overrides".to_owned(),
+    ))
+}
+
+impl<S: LeaseBackend> Store for LeasedStore<S> {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        if let Some(d) = self.check_now(key, policies, costs) {
+            return Box::pin(std::future::ready(d));
+        }
+        Box::pin(Self::check_owned(
+            self.shared.clone(),
+            key.clone(),
+            policies.iter().cloned().collect(),
+            costs.iter().copied().collect(),
+        ))
+    }
+
+    fn check_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        if policies.is_empty() || policies.iter().any(|p| Kind::of(p).is_none()) {
+            return None;
+        }
+        let entry = self.shared.existing(key, policies)?;
+        let now = self.shared.now();
+        self.shared.local(&entry, costs, now, true).map(Ok)
+    }
+
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let (lp, lc) = (pick(policies, &li), pick(costs, &li));
+        let (ep, ec) = (pick(policies, &ei), pick(costs, &ei));
+        let n = policies.len();
+        Box::pin(async move {
+            let dl = if lp.is_empty() {
+                Decision::from_policies([])
+            } else {
+                let mut call = shared.call(Mode::Peek, 0, 0, &lp);
+                for (part, &c) in call.parts.iter_mut().zip(&lc) {
+                    part.a = c;
+                }
+                let reply = shared.inner.ledger(&key, &lp, call).await?;
+                Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
+                    PolicyDecision::from_parts(
+                        reply.granted || a.retry_after_ms == 0,
+                        limit_of(p),
+                        a.remaining,
+                        a.reset_after_ms,
+                        a.retry_after_ms,
+                        0,
+                    )
+                }))
+            };
+            let de = if ep.is_empty() {
+                Decision::from_policies([])
+            } else {
+                shared.inner.peek(&key, &ep, &ec).await?
+            };
+            Ok(merge(n, &li, &dl, &ei, &de))
+        })
+    }
+
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let (lp, lc) = (pick(policies, &li), pick(costs, &li));
+        let (ep, ec) = (pick(policies, &ei), pick(costs, &ei));
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let held = shared
+                    .existing(&key, &lp)
+                    .is_some_and(|e| e.st.lock().block.is_some());
+                if held {
+                    shared.untake(&key, &lp, &lc, Taken::Nothing).await;
+                } else {
+                    let at = shared.inner.now_millis();
+                    let id = shared.next_id();
+                    shared
+                        .untake(&key, &lp, &lc, Taken::Ledger { id, at })
+                        .await;
+                }
+            }
+            if !ep.is_empty() {
+                shared.inner.refund(&key, &ep, &ec).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (li, ei) = split(policies);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let lp = pick(policies, &li);
+        let (lr, la) = (pick(reserved, &li), pick(actual, &li));
+        let (ep, er, ea) = (pick(policies, &ei), pick(reserved, &ei), pick(actual, &ei));
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let back: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| r.saturating_sub(*a))
+                    .collect();
+                let extra: SmallVec<[u64; 2]> = lr
+                    .iter()
+                    .zip(&la)
+                    .map(|(r, a)| a.saturating_sub(*r))
+                    .collect();
+                if back.iter().any(|&b| b > 0) {
+                    shared.untake(&key, &lp, &back, Taken::Nothing).await;
+                }
+                if extra.iter().any(|&x| x > 0) {
+                    let mut call = shared.call(Mode::Force, 0, shared.next_id(), &lp);
+                    for (part, &x) in call.parts.iter_mut().zip(&extra) {
+                        part.a = x;
+                    }
+                    shared.inner.ledger(&key, &lp, call).await?;
+                }
+            }
+            if !ep.is_empty() {
+                shared.inner.settle(&key, &ep, &er, &ea).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (_, ei) = split(policies);
+        self.shared.inner.release(key, &pick(policies, &ei), slot)
+    }
+
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let (_, ei) = split(policies);
+        self.shared.inner.refresh(key, &pick(policies, &ei), slot)
+    }
+
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        let (li, _) = split(policies);
+        let lp = pick(policies, &li);
+        if !lp.is_empty() {
+            let mut map = self.shared.entries.lock();
+            map.retain(|_, e| e.key != *key);
+        }
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let all: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+        Box::pin(async move {
+            if !lp.is_empty() {
+                let call = shared.call(Mode::Reset, 0, 0, &lp);
+                shared.inner.ledger(&key, &lp, call).await?;
+            }
+            shared.inner.reset(&key, &all).await
+        })
+    }
+
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if Kind::of(policy).is_some() {
+            return Box::pin(std::future::ready(Err(not_leasable_overrides())));
+        }
+        self.shared.inner.set_override(key, policy, ttl)
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        self.shared.inner.remove_override(key, policy)
+    }
+
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.shared.inner.overrides(key, policies)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.shared.inner.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "leased"
+    }
+
+    fn generation(&self) -> u64 {
+        self.shared.inner.generation()
+    }
+}
