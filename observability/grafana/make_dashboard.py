@@ -63,6 +63,11 @@ PANELS = [
      "admitted that the store, answering late, refused.",
      [(rate_by("", "tollgate_memory_evictions_total"), "memory evictions"),
       (rate_by("", "tollgate_fallback_overadmitted_total"), "fallback over-admitted")]),
+    ("Leased quota units", "short", False,
+     "LeasedStore blocks: units granted by the lease ledger, units given back unused, and units "
+     "dropped (a Redis restart or a failed return): dropped units are under-admission until their "
+     "window or refill frees them, never over-admission.",
+     [(rate_by("event", "tollgate_lease_units_total") + " * 60", "{{event}} per minute")]),
     ("Plan reloads", "short", False,
      "Plans put in force while the service runs (Limiter::reload_plan, PlanWatcher), and plans "
      "refused (they failed to build or the audit): the plan in force stayed.",
