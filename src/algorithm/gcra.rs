@@ -19,8 +19,8 @@
 //! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
 //! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
 
+use super::LimitAlgorithm;
 use super::{ceil_div, InPlace, PolicyDecision};
-use super::{in_place_by_parts, LimitAlgorithm};
 use crate::policy::{Algorithm, Limits};
 
 /// The theoretical arrival time: `tat + frac/N` ms since the epoch.
@@ -196,18 +196,15 @@ impl LimitAlgorithm for Gcra {
         state.tat + u64::from(state.frac > 0)
     }
 
-    #[inline]
-    fn decide_in_place(
+    #[inline(always)]
+    fn decide_common_case(
         state: &mut Self::State,
         now: u64,
         limits: &Limits,
         cost: u64,
         charge: bool,
-    ) -> InPlace {
-        match common_case(state, now, limits, cost, charge) {
-            Some(done) => done,
-            None => in_place_by_parts::<Self>(state, now, limits, cost, charge),
-        }
+    ) -> Option<InPlace> {
+        common_case(state, now, limits, cost, charge)
     }
 }
 

@@ -262,9 +262,25 @@ pub trait LimitAlgorithm: sealed::Sealed {
         (d, state)
     }
 
+    /// The answer of [`decide_in_place`](Self::decide_in_place) in one pass, for the
+    /// requests an algorithm can decide more cheaply than by evaluating and then committing
+    /// (a window index or backlog computed once); `None`, the default, for every other
+    /// request.
+    #[inline(always)]
+    fn decide_common_case(
+        state: &mut Self::State,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+        charge: bool,
+    ) -> Option<InPlace> {
+        let _ = (state, now, limits, cost, charge);
+        None
+    }
+
     /// Evaluates and, when `charge` and allowed, commits, in place: the decision and, when
-    /// charged, the state's new [expiry](Self::expires_at). Algorithms whose evaluation and
-    /// commit share work (a window index, a backlog) compute it once here.
+    /// charged, the state's new [expiry](Self::expires_at). Takes the
+    /// [common case](Self::decide_common_case) when the algorithm has one.
     #[inline]
     fn decide_in_place(
         state: &mut Self::State,
@@ -273,7 +289,10 @@ pub trait LimitAlgorithm: sealed::Sealed {
         cost: u64,
         charge: bool,
     ) -> InPlace {
-        in_place_by_parts::<Self>(state, now, limits, cost, charge)
+        match Self::decide_common_case(state, now, limits, cost, charge) {
+            Some(done) => done,
+            None => in_place_by_parts::<Self>(state, now, limits, cost, charge),
+        }
     }
 }
 

@@ -23,7 +23,7 @@
 //! just under `2N`.
 
 use super::PolicyDecision;
-use super::{in_place_by_parts, InPlace, LimitAlgorithm};
+use super::{InPlace, LimitAlgorithm};
 use crate::policy::{Algorithm, Limits};
 
 /// The current window's index and the counts of it and the window before.
@@ -260,18 +260,15 @@ impl LimitAlgorithm for SlidingWindowCounter {
         (state.window + 2) * limits.window_millis()
     }
 
-    #[inline]
-    fn decide_in_place(
+    #[inline(always)]
+    fn decide_common_case(
         state: &mut Self::State,
         now: u64,
         limits: &Limits,
         cost: u64,
         charge: bool,
-    ) -> InPlace {
-        match common_case(state, now, limits, cost, charge) {
-            Some(done) => done,
-            None => in_place_by_parts::<Self>(state, now, limits, cost, charge),
-        }
+    ) -> Option<InPlace> {
+        common_case(state, now, limits, cost, charge)
     }
 }
 
