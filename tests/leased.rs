@@ -316,6 +316,54 @@ async fn redis_commands_per_decision_fall_with_leases() {
     assert!(per <= 0.05, "{per} script calls per decision");
 }
 
+/// Cold keys are decided exactly by the ledger, one call each; calls that queue behind a
+/// busy connection leave together as one script call, and each is still decided exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_keys_share_script_calls_and_stay_exact() {
+    let _heavy = HEAVY.lock().await;
+    let server = RedisServer::start();
+    let store = LeasedStore::new(
+        RedisStore::builder()
+            .prefix("cold")
+            .build_with_url(&server.url())
+            .unwrap(),
+    );
+    // Limit 3: too small to lease (a block would be under two requests), so every decision
+    // is one exact ledger call.
+    let p = Policy::new("cold", Rate::per_minute(3)).unwrap();
+    let before = server.command_calls("evalsha") + server.command_calls("eval");
+    let mut tasks = Vec::new();
+    for k in 0..200 {
+        for _ in 0..5 {
+            let (store, p) = (store.clone(), p.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = Key::new("ip", k.to_string());
+                let d = store.check(&key, &[p], &[1]).await.unwrap();
+                (k, d.is_allowed())
+            }));
+        }
+    }
+    let mut admitted = vec![0u32; 200];
+    for t in tasks {
+        let (k, ok) = t.await.unwrap();
+        admitted[k] += u32::from(ok);
+    }
+    let calls = server.command_calls("evalsha") + server.command_calls("eval") - before;
+    println!(
+        "1000 cold decisions, {calls} script calls; {:?}",
+        store.stats()
+    );
+    assert!(
+        admitted.iter().all(|&a| a == 3),
+        "every key admits exactly its limit: {admitted:?}"
+    );
+    assert_eq!(store.stats().grants, 0, "no key is leased at limit 3");
+    assert!(
+        calls < 500,
+        "{calls} script calls for 1000 concurrent decisions: queued calls were not batched"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_loses_at_most_its_block_and_the_bound_holds() {
     let _heavy = HEAVY.lock().await;

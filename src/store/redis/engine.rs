@@ -13,8 +13,9 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use smallvec::SmallVec;
 
-use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
+use super::batch::{queued_answer, Admission, Lanes, Queued, Request, Runner};
 use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
+use super::lease::LedgerRequest;
 use super::wire;
 pub(crate) use super::wire::Mode;
 use super::wire::{assemble, parse_batch_reply, Assembled};
@@ -148,6 +149,8 @@ pub(crate) struct Core<C: Connector> {
     prefix: Box<str>,
     clock: Arc<dyn Clock>,
     lanes: Lanes<C::Lane>,
+    /// The lease ledger's calls queue on lanes of their own (see `lease.rs`).
+    ledger_lanes: Lanes<C::Lane, LedgerRequest>,
     /// Bumped when the server answers with another `run_id` than before: it restarted (or
     /// failed over) and lost the state it held. See [`Store::generation`](crate::store::Store).
     generation: AtomicU64,
@@ -199,6 +202,7 @@ impl<C: Connector> Core<C> {
                 .clock
                 .unwrap_or_else(|| Arc::new(SystemClock::new())),
             lanes: Lanes::new(options.max_batch, options.max_in_flight),
+            ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
             generation: AtomicU64::new(0),
             verify: AtomicBool::new(true),
             run_id: parking_lot::Mutex::new(None),
@@ -277,6 +281,15 @@ impl<C: Connector> Core<C> {
                 Err(store_error(e))
             }
         }
+    }
+
+    /// The lane a call whose first key is `state_key` runs on.
+    pub(crate) fn lane(&self, state_key: &str) -> C::Lane {
+        self.connector.lane(state_key)
+    }
+
+    pub(crate) fn ledger_lanes(&self) -> &Lanes<C::Lane, LedgerRequest> {
+        &self.ledger_lanes
     }
 
     pub(crate) fn prefix(&self) -> &str {
