@@ -805,11 +805,21 @@ fn a_flood_of_distinct_keys_costs_calls_never_memory() {
         for _ in 0..200 {
             assert!(store.check(&hot, &p, &[1]).await.unwrap().is_allowed());
         }
+        let flood = |i: u32| Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
         for i in 0..2_000u32 {
-            let key = Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
-            let d = store.check(&key, &p, &[1]).await.unwrap();
+            let d = store.check(&flood(i), &p, &[1]).await.unwrap();
             assert!(d.is_allowed(), "new key {i} refused");
             assert_eq!(d.limit(), 1_000);
+        }
+        // Keys seen once are not tracked at all.
+        let stats = store.stats();
+        assert_eq!(stats.tracked_keys, 1, "{stats:?}");
+        assert!(stats.first_sightings >= 2_000, "{stats:?}");
+        // Keys that come back are tracked, up to the cap.
+        for i in 0..2_000u32 {
+            for _ in 0..2 {
+                assert!(store.check(&flood(i), &p, &[1]).await.unwrap().is_allowed());
+            }
         }
         let stats = store.stats();
         assert!(stats.tracked_keys <= 8, "{stats:?}");
@@ -817,7 +827,7 @@ fn a_flood_of_distinct_keys_costs_calls_never_memory() {
         assert!(stats.grants >= 1, "the hot key leased: {stats:?}");
         // Past the cap, each new key is still decided against the shared limit.
         let flooded = Key::new("ip", "10.0.0.1");
-        for _ in 0..999 {
+        for _ in 0..997 {
             store.check(&flooded, &p, &[1]).await.unwrap();
         }
         assert!(!store.check(&flooded, &p, &[1]).await.unwrap().is_allowed());
