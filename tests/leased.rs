@@ -768,8 +768,21 @@ fn a_plan_leases_its_shared_store_and_refuses_lease_mistakes() {
         ))
         .unwrap()
     };
-    let ok = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"300ms\"\nlease_max_block_percent = 20");
-    assert!(ok.store().is_ok());
+    let ok = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"300ms\"\nlease_max_block_percent = 20\nlease_max_keys = 5000");
+    let built = format!("{:?}", ok.store().unwrap());
+    for read in ["lease_ms: 300", "max_block_fraction: 0.2", "max_keys: 5000"] {
+        assert!(built.contains(read), "{read} not in {built}");
+    }
+    let err = plan(
+        "kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1s\"\nlease_max_keys = 0",
+    )
+    .store()
+    .unwrap_err();
+    assert_eq!((err.field(), err.value()), ("store.lease_max_keys", "0"));
+    let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_max_keys = 10")
+        .store()
+        .unwrap_err();
+    assert_eq!(err.field(), "store.lease_max_keys");
     let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1ms\"")
         .store()
         .unwrap_err();

@@ -296,6 +296,7 @@ impl<S: fmt::Debug> fmt::Debug for LeasedStore<S> {
             .field("inner", &self.shared.inner)
             .field("lease_ms", &self.shared.lease_ms)
             .field("max_block_fraction", &self.shared.fraction)
+            .field("max_keys", &self.shared.max_keys)
             .finish()
     }
 }
