@@ -8,7 +8,7 @@
 --       of its entries.
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
 --       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
---       then twelve integers per policy:
+--       then one binary string: twelve little-endian doubles (whole numbers) per policy:
 --       kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
 --       capacity C, a, b, c, d:
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
@@ -18,11 +18,11 @@
 --        integers separated by spaces.
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
--- mode, period, lease id, previous id, number of policies and twelve integers per policy;
--- KEYS: each call's keys in turn. The calls run in order, each against the state the
--- earlier ones left, exactly as if sent one by one at the same instant; the reply is each
--- call's reply, one per line.
+-- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
+-- The calls run in order, each against the state the earlier ones left, exactly as if sent
+-- one by one at the same instant; the reply is each call's reply, one per line.
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
+local unpack_struct = struct.unpack
 local TTL_MARGIN_MS = 1000
 
 local function idiv(a, b)
@@ -55,21 +55,16 @@ else
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
--- The `count` policies of a call whose integers start after ARGV[o] and keys after KEYS[k].
-local function policies(o, k, count)
-  local P = {}
+-- The policies of a call from its binary string, their keys after KEYS[k]; and how many.
+local function policies(blob, k)
+  local P, pos, count = {}, 1, floor(#blob / 96)
   for i = 1, count do
-    local b = o + (i - 1) * 12
-    P[i] = {
-      kind = tonumber(ARGV[b + 1]), n = tonumber(ARGV[b + 2]), w = tonumber(ARGV[b + 3]),
-      cap = tonumber(ARGV[b + 4]), a = tonumber(ARGV[b + 5]), b = tonumber(ARGV[b + 6]),
-      c = tonumber(ARGV[b + 7]), d = tonumber(ARGV[b + 8]),
-      e = tonumber(ARGV[b + 9]), f = tonumber(ARGV[b + 10]), g = tonumber(ARGV[b + 11]),
-      h = tonumber(ARGV[b + 12]),
-      key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i],
-    }
+    local p = { key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i] }
+    p.kind, p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h, pos =
+      unpack_struct('<dddddddddddd', blob, pos)
+    P[i] = p
   end
-  return P
+  return P, count
 end
 
 -- Loading: counter {w, c, p}, fixed {w, c}, bucket {d, u}; the log reads its live units.
@@ -400,15 +395,14 @@ local function call(mode, period, lease_id, previous, P, count)
 end
 
 if ARGV[1] ~= 'B' then
-  return call(ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5], policies(5, 0, (#ARGV - 5) / 12),
-    (#ARGV - 5) / 12)
+  local P, count = policies(ARGV[6], 0)
+  return call(ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5], P, count)
 end
 local replies, o, k = {}, 3, 0
 for j = 1, tonumber(ARGV[3]) do
-  local count = tonumber(ARGV[o + 5])
-  replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4],
-    policies(o + 5, k, count), count)
-  o = o + 5 + 12 * count
+  local P, count = policies(ARGV[o + 5], k)
+  replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  o = o + 5
   k = k + 2 * count
 end
 return table.concat(replies, '\n')

@@ -60,8 +60,9 @@ impl Queued for LedgerRequest {
     }
 }
 
-/// One call's part of the script's arguments: mode, period, lease ids, then each policy's
-/// twelve integers (`count` first in a batch).
+/// One call's part of the script's arguments: mode, (the clock, alone), period, lease ids,
+/// then each policy's twelve integers as little-endian doubles in one binary string (read by
+/// one `struct.unpack` per policy, where twelve text arguments cost twelve `tonumber`s).
 fn push_call(inv: &mut ScriptInvocation<'static>, call: &LedgerCall, in_batch: bool) {
     inv.arg(call.mode.code());
     if !in_batch {
@@ -70,23 +71,7 @@ fn push_call(inv: &mut ScriptInvocation<'static>, call: &LedgerCall, in_batch: b
     inv.arg(call.period_ms)
         .arg(call.lease_id)
         .arg(call.previous);
-    if in_batch {
-        inv.arg(call.parts.len());
-    }
-    for part in &call.parts {
-        inv.arg(part.kind as u8)
-            .arg(part.n)
-            .arg(part.w)
-            .arg(part.cap)
-            .arg(part.a)
-            .arg(part.b)
-            .arg(part.c)
-            .arg(part.d)
-            .arg(part.e)
-            .arg(part.f)
-            .arg(part.g)
-            .arg(part.h);
-    }
+    inv.arg(call.packed_parts());
 }
 
 /// The script call for `batch`: the single-call layout for one call, the batch layout

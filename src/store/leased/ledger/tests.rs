@@ -14,7 +14,6 @@ fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCa
 }
 
 fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u64) -> LedgerReply {
-    let p = &c.parts[0];
     let reply: Vec<u8> = redis::cmd("EVAL")
         .arg(include_str!("../../../../lua/lease.lua"))
         .arg(2)
@@ -25,8 +24,7 @@ fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u6
         .arg(c.period_ms)
         .arg(c.lease_id)
         .arg(c.previous)
-        .arg(p.kind as u8)
-        .arg(&[p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h])
+        .arg(c.packed_parts())
         .query(conn)
         .expect("lease script");
     LedgerReply::parse(&reply, 1).expect("reply")
@@ -47,14 +45,11 @@ fn lua_batch(
     }
     cmd.arg("B").arg(now).arg(calls.len());
     for c in calls {
-        let p = &c.parts[0];
         cmd.arg(c.mode.code())
             .arg(c.period_ms)
             .arg(c.lease_id)
             .arg(c.previous)
-            .arg(1)
-            .arg(p.kind as u8)
-            .arg(&[p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h]);
+            .arg(c.packed_parts());
     }
     let reply: Vec<u8> = cmd.query(conn).expect("lease script, batched");
     let lines: Vec<&[u8]> = reply.split(|&b| b == b'\n').collect();
@@ -174,5 +169,34 @@ fn differential(batched: bool) {
             .arg(&ukey)
             .query(&mut conn)
             .unwrap();
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
+    let ok = LedgerReply::parse(b"1 250 1700000000000 5 40 800 0", 1).unwrap();
+    assert!(ok.granted);
+    assert_eq!((ok.valid_ms, ok.now_ms), (250, 1_700_000_000_000));
+    assert_eq!(ok.answers[0].remaining, 40);
+    assert!(LedgerReply::parse(b"1 0 1700000000000", 2)
+        .unwrap()
+        .answers
+        .is_empty());
+    for bad in [
+        &b""[..],
+        b"1 0",
+        b"1 0 17 5 40 800",
+        b"1 0 17 5 40 800 0 1",
+        b"1 0 17 5 -1 800 0",
+        b"1  0 17",
+        b"1 0 17 5 40 800 99999999999999999999",
+        b"\xff 0 17",
+    ] {
+        assert!(
+            matches!(LedgerReply::parse(bad, 1), Err(StoreError::Protocol(_))),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
     }
 }
