@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use super::script_call::ScriptCall;
 use smallvec::SmallVec;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Request, Runner};
@@ -245,10 +247,7 @@ impl<C: Connector> Core<C> {
     /// second try the first call after Redis is back would fail on that stale error and waste
     /// the circuit breaker's probe. After any connection failure, the next call that gets
     /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)).
-    pub(crate) async fn invoke(
-        &self,
-        inv: &ScriptInvocation<'static>,
-    ) -> Result<Vec<u8>, StoreError> {
+    pub(crate) async fn invoke(&self, inv: &ScriptCall) -> Result<Vec<u8>, StoreError> {
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
             Err(e) => {
@@ -256,7 +255,7 @@ impl<C: Connector> Core<C> {
                 return Err(e);
             }
         };
-        let mut reply = inv.invoke_async(&mut conn).await;
+        let mut reply = inv.send(&mut conn).await;
         if reply.as_ref().is_err_and(RedisError::is_connection_refusal) {
             conn = match self.connector.connection().await {
                 Ok(c) => c,
@@ -265,7 +264,7 @@ impl<C: Connector> Core<C> {
                     return Err(e);
                 }
             };
-            reply = inv.invoke_async(&mut conn).await;
+            reply = inv.send(&mut conn).await;
         }
         match reply {
             Ok(r) => {
@@ -331,7 +330,7 @@ impl<C: Connector> Core<C> {
     }
 
     /// The script call for one assembled batch.
-    pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptInvocation<'static> {
+    pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptCall {
         let now = self.clock.is_injected().then(|| self.clock.now_millis());
         wire::invocation(batch, now)
     }

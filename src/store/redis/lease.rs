@@ -4,12 +4,13 @@
 
 use std::sync::{Arc, OnceLock};
 
-use redis::{Script, ScriptInvocation};
+use redis::Script;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::engine::{Connector, Core};
+use super::script_call::ScriptCall;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -63,7 +64,7 @@ impl Queued for LedgerRequest {
 /// One call's part of the script's arguments: mode, (the clock, alone), period, lease ids,
 /// then each policy's twelve integers as little-endian doubles in one binary string (read by
 /// one `struct.unpack` per policy, where twelve text arguments cost twelve `tonumber`s).
-fn push_call(inv: &mut ScriptInvocation<'static>, call: &LedgerCall, in_batch: bool) {
+fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
     inv.arg(call.mode.code());
     if !in_batch {
         inv.arg("");
@@ -76,8 +77,13 @@ fn push_call(inv: &mut ScriptInvocation<'static>, call: &LedgerCall, in_batch: b
 
 /// The script call for `batch`: the single-call layout for one call, the batch layout
 /// (`'B'`, the clock, the number of calls, then each call) for more.
-fn invocation(batch: &[LedgerRequest]) -> ScriptInvocation<'static> {
-    let mut inv = script().prepare_invoke();
+fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
+    let keys = batch.iter().map(|r| r.keys.len()).sum();
+    let bytes = batch
+        .iter()
+        .map(|r| r.keys.iter().map(String::len).sum::<usize>() + 64 + 96 * r.call.parts.len())
+        .sum();
+    let mut inv = ScriptCall::new(script(), keys, 3 + 5 * batch.len(), bytes);
     for request in batch {
         for key in &request.keys {
             inv.key(key.as_str());
