@@ -4,8 +4,8 @@
 # Sides run interleaved for ROUNDS rounds of SECS seconds, on one hot key (the peer IP) and on
 # cold keys (each request a random key out of COLD_KEYS, so no key is hot enough to lease).
 # Prints req/s and p99 per run, the median per side, the ratio to bare, the server's CPU time
-# per request (user + system from /proc), and script calls (EVALSHA + EVAL) per request
-# from INFO commandstats.
+# per request (user + system from /proc), and script calls (EVALSHA + EVAL) per request and
+# Redis's microseconds in them per request, from INFO commandstats.
 #
 #   bash benches/scripts/leased.sh
 set -euo pipefail
@@ -32,11 +32,11 @@ request = function()
   return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, $COLD_KEYS)) })
 end
 LUA
-calls() {
+calls() { # script calls and Redis microseconds in them, so far
   redis-cli -p "$RPORT" info commandstats |
-    awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+    awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3; u += $5} END {print n + 0, u + 0}'
 }
-declare -A rps p99 cpr cpu
+declare -A rps p99 cpr cpu rcpu
 for round in $(seq 1 "$ROUNDS"); do
   for load in $LOADS; do
     for side in bare exact leased; do
@@ -46,12 +46,12 @@ for round in $(seq 1 "$ROUNDS"); do
         curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
         sleep 0.1
       done
-      before=$(calls)
+      read -r before ubefore < <(calls)
       script=()
       [ "$load" = cold ] && script=(-s "$dir/cold.lua")
       t0=$(awk '{print $14 + $15}' "/proc/$server/stat")
       out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "${script[@]}" "http://127.0.0.1:$PORT/")
-      after=$(calls)
+      read -r after uafter < <(calls)
       t1=$(awk '{print $14 + $15}' "/proc/$server/stat")
       kill "$server" 2>/dev/null || true
       wait "$server" 2>/dev/null || true
@@ -60,8 +60,10 @@ for round in $(seq 1 "$ROUNDS"); do
       l=$(awk '$1 == "99%" {print $2}' <<<"$out")
       c=$(awk -v a="$before" -v b="$after" -v n="$total" 'BEGIN {printf "%.4f", (b - a) / n}')
       u=$(awk -v t="$((t1 - t0))" -v n="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
-      echo "round $round $load $side $r req/s p99 $l server CPU $u µs/request script calls/request $c"
+      ru=$(awk -v a="$ubefore" -v b="$uafter" -v n="$total" 'BEGIN {printf "%.2f", (b - a) / n}')
+      echo "round $round $load $side $r req/s p99 $l server CPU $u µs/request Redis $ru µs/request script calls/request $c"
       cpu[$load.$side]="${cpu[$load.$side]:-} $u"
+      rcpu[$load.$side]="${rcpu[$load.$side]:-} $ru"
       rps[$load.$side]="${rps[$load.$side]:-} $r"
       p99[$load.$side]="${p99[$load.$side]:-} $l"
       cpr[$load.$side]="${cpr[$load.$side]:-} $c"
@@ -69,7 +71,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo
-printf '%-14s %12s %8s %12s %10s %14s\n' side "median req/s" ratio "CPU µs/req" "p99s" "calls/request"
+printf '%-14s %12s %8s %12s %14s %10s %14s\n' side "median req/s" ratio "CPU µs/req" "Redis µs/req" "p99s" "calls/request"
 for load in $LOADS; do
   bare=
   for side in bare exact leased; do
@@ -77,6 +79,7 @@ for load in $LOADS; do
     [ "$side" = bare ] && bare=$med
     ratio=$(awk -v a="$med" -v b="$bare" 'BEGIN {printf "%.3f", a/b}')
     c=$(echo "${cpu[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
-    printf '%-14s %12s %8s %12s %10s %14s\n' "$load.$side" "$med" "$ratio" "$c" "$(echo ${p99[$load.$side]} | tr ' ' ',')" "$(echo ${cpr[$load.$side]} | tr ' ' ',')"
+    rc=$(echo "${rcpu[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+    printf '%-14s %12s %8s %12s %14s %10s %14s\n' "$load.$side" "$med" "$ratio" "$c" "$rc" "$(echo ${p99[$load.$side]} | tr ' ' ',')" "$(echo ${cpr[$load.$side]} | tr ' ' ',')"
   done
 done

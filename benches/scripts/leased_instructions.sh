@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Server instructions per request under callgrind, benches/leased_server.rs against a private
+# redis-server: each side runs twice under valgrind while wrk sends requests for SHORT and
+# LONG seconds; (instructions of the long run − the short run) / (requests − requests) leaves
+# out start-up and shutdown. Counts instructions, not time, so it holds on a busy machine.
+# LOAD=cold sends a random key out of 1 000 000 per request (no key leased), LOAD=hot one key.
+#
+#   bash benches/scripts/leased_instructions.sh
+#   SIDES="exact leased" LOAD=hot bash benches/scripts/leased_instructions.sh
+#   BIN=path/to/a/saved/leased_server bash benches/scripts/leased_instructions.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SIDES=${SIDES:-"bare exact leased"}
+LOAD=${LOAD:-cold}
+SHORT=${SHORT:-4}
+LONG=${LONG:-10}
+PORT=${PORT:-38241}
+RPORT=${RPORT:-38242}
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
+target=${CARGO_TARGET_DIR:-target}
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  cargo bench --bench leased_server --features redis --no-run 2>/dev/null
+  bin=$(ls -t "$target"/release/deps/leased_server-* | grep -v '\.d$' | head -1)
+fi
+dir=$(mktemp -d)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no >/dev/null &
+redis=$!
+trap 'kill $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
+for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+export REDIS_URL="redis://127.0.0.1:$RPORT"
+cat >"$dir/cold.lua" <<'LUA'
+request = function()
+  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, 1000000)) })
+end
+LUA
+script=()
+[ "$LOAD" = cold ] && script=(-s "$dir/cold.lua")
+run() { # side seconds -> "requests instructions"
+  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$PORT" $(($2 + 15)) >/dev/null 2>"$dir/vg" &
+  local vg=$!
+  for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.2; done
+  local n
+  n=$(wrk -t1 -c8 -d"$2s" "${script[@]}" "http://127.0.0.1:$PORT/" | awk '/requests in/ {print $1}')
+  wait "$vg" || true
+  echo "$n $(awk '/refs/ {gsub(",", "", $4); print $4}' "$dir/vg")"
+}
+for side in $SIDES; do
+  read -r n1 i1 < <(run "$side" "$SHORT")
+  read -r n2 i2 < <(run "$side" "$LONG")
+  printf '%-8s %-5s %8s instructions/request  (%s and %s requests)\n' "$side" "$LOAD" $(( (i2 - i1) / (n2 - n1) )) "$n1" "$n2"
+done
