@@ -22,7 +22,7 @@
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
 -- one by one at the same instant; the reply is each call's reply, one per line.
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
-local unpack_struct = struct.unpack
+local unpack_struct, pack = struct.unpack, struct.pack
 local TTL_MARGIN_MS = 1000
 
 local function idiv(a, b)
@@ -56,18 +56,24 @@ else
 end
 
 -- The policies of a call from its binary string, their keys after KEYS[k]; and how many.
+-- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
   local P, pos, count = {}, 1, floor(#blob / 96)
   for i = 1, count do
-    local p = { key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i] }
-    p.kind, p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h, pos =
-      unpack_struct('<dddddddddddd', blob, pos)
-    P[i] = p
+    local kind, n, w, cap, a, b, c, d, e, f, g, h
+    kind, n, w, cap, a, b, c, d, e, f, g, h, pos = unpack_struct('<dddddddddddd', blob, pos)
+    P[i] = {
+      key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i], kind = kind, n = n, w = w, cap = cap,
+      a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h,
+      idx = 0, prev = 0, cur = 0, sw = 0, sc = 0, sp = 0, deficit = 0, updated = 0,
+      entries = false, used = 0,
+    }
   end
   return P, count
 end
 
--- Loading: counter {w, c, p}, fixed {w, c}, bucket {d, u}; the log reads its live units.
+-- Loading: one string of three little-endian doubles: counter {w, c, p}, fixed {w, c, 0},
+-- bucket {d, u, 0}; the log reads its live units (a sorted set and a hash).
 local function load(p)
   if p.kind == 2 then
     local dead = redis.call('ZRANGEBYSCORE', p.key, '-inf', now - p.w)
@@ -85,8 +91,11 @@ local function load(p)
     p.entries, p.used = entries, used
     return
   end
-  local h = redis.call('HMGET', p.key, 'x', 'y', 'z')
-  local x, y, z = tonumber(h[1] or '0') or 0, tonumber(h[2] or '0') or 0, tonumber(h[3] or '0') or 0
+  local v = redis.call('GET', p.key)
+  local x, y, z = 0, 0, 0
+  if v then
+    x, y, z = unpack_struct('<ddd', v)
+  end
   local idx = idiv(now, p.w)
   p.idx = idx
   if p.kind == 1 then
@@ -205,14 +214,14 @@ end
 -- Writes back a counter, fixed window or bucket state; the log writes as it goes.
 local function store(p)
   if p.kind == 1 then
-    redis.call('HSET', p.key, 'x', int(p.idx), 'y', int(p.cur), 'z', int(p.prev))
-    redis.call('PEXPIRE', p.key, (p.idx + 2) * p.w - now + TTL_MARGIN_MS)
+    redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, p.prev),
+      'PX', (p.idx + 2) * p.w - now + TTL_MARGIN_MS)
   elseif p.kind == 4 then
-    redis.call('HSET', p.key, 'x', int(p.idx), 'y', int(p.cur))
-    redis.call('PEXPIRE', p.key, (p.idx + 1) * p.w - now + TTL_MARGIN_MS)
+    redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, 0),
+      'PX', (p.idx + 1) * p.w - now + TTL_MARGIN_MS)
   elseif p.kind == 3 then
-    redis.call('HSET', p.key, 'x', int(p.deficit), 'y', int(max(now, p.updated)))
-    redis.call('PEXPIRE', p.key, ceil_div(p.deficit, p.n) + TTL_MARGIN_MS)
+    redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
+      'PX', ceil_div(p.deficit, p.n) + TTL_MARGIN_MS)
   end
 end
 
@@ -262,13 +271,13 @@ local function give(p, id, k, u, g, valid)
   local gidx = idiv(g, p.w)
   if p.kind == 1 then
     if p.sw == gidx then
-      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+      redis.call('SET', p.key, pack('<ddd', p.sw, max(p.sc - u, 0), p.sp), 'KEEPTTL')
     elseif p.sw == gidx + 1 then
-      redis.call('HSET', p.key, 'z', int(max(p.sp - u, 0)))
+      redis.call('SET', p.key, pack('<ddd', p.sw, p.sc, max(p.sp - u, 0)), 'KEEPTTL')
     end
   elseif p.kind == 4 then
     if p.sw == gidx then
-      redis.call('HSET', p.key, 'y', int(max(p.sc - u, 0)))
+      redis.call('SET', p.key, pack('<ddd', p.sw, max(p.sc - u, 0), 0), 'KEEPTTL')
     end
   elseif p.deficit > 0 then
     local fin = g + valid
