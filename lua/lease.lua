@@ -8,7 +8,7 @@
 --       of its entries.
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
 --       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
---       then twelve integers per policy:
+--       then one binary string: twelve little-endian doubles (whole numbers) per policy:
 --       kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
 --       capacity C, a, b, c, d:
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
@@ -16,7 +16,13 @@
 --         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
 -- Reply: "allowed valid now" then "granted remaining reset_after retry_after" per policy,
 --        integers separated by spaces.
+--
+-- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
+-- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
+-- The calls run in order, each against the state the earlier ones left, exactly as if sent
+-- one by one at the same instant; the reply is each call's reply, one per line.
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
+local unpack_struct = struct.unpack
 local TTL_MARGIN_MS = 1000
 
 local function idiv(a, b)
@@ -41,7 +47,6 @@ local function int(x)
   return format('%.0f', x)
 end
 
-local mode = ARGV[1]
 local now
 if ARGV[2] ~= '' then
   now = tonumber(ARGV[2])
@@ -49,24 +54,17 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local period = tonumber(ARGV[3])
-local lease_id = ARGV[4]
-local previous = ARGV[5]
-local count = (#ARGV - 5) / 12
 
--- Per-policy parameters and states.
-local P = {}
-for i = 1, count do
-  local o = 5 + (i - 1) * 12
-  local p = {
-    kind = tonumber(ARGV[o + 1]), n = tonumber(ARGV[o + 2]), w = tonumber(ARGV[o + 3]),
-    cap = tonumber(ARGV[o + 4]), a = tonumber(ARGV[o + 5]), b = tonumber(ARGV[o + 6]),
-    c = tonumber(ARGV[o + 7]), d = tonumber(ARGV[o + 8]),
-    e = tonumber(ARGV[o + 9]), f = tonumber(ARGV[o + 10]), g = tonumber(ARGV[o + 11]),
-    h = tonumber(ARGV[o + 12]),
-    key = KEYS[2 * i - 1], ukey = KEYS[2 * i],
-  }
-  P[i] = p
+-- The policies of a call from its binary string, their keys after KEYS[k]; and how many.
+local function policies(blob, k)
+  local P, pos, count = {}, 1, floor(#blob / 96)
+  for i = 1, count do
+    local p = { key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i] }
+    p.kind, p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h, pos =
+      unpack_struct('<dddddddddddd', blob, pos)
+    P[i] = p
+  end
+  return P, count
 end
 
 -- Loading: counter {w, c, p}, fixed {w, c}, bucket {d, u}; the log reads its live units.
@@ -239,15 +237,6 @@ local function charge(p, k, valid, id)
   store(p)
 end
 
-local out = {}
-
-if mode == 'x' then
-  for i = 1, count do
-    redis.call('DEL', P[i].key, P[i].ukey)
-  end
-  return '1 0 ' .. int(now)
-end
-
 -- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms
 -- (for the bucket, also the refill reserved for the rest of its period; for the log, the
 -- time its entry still counts).
@@ -290,105 +279,130 @@ local function give(p, id, k, u, g, valid)
   end
 end
 
-if mode == 'r' then
-  for i = 1, count do
-    local p = P[i]
-    give(p, lease_id, p.a, p.b, p.c, p.d)
-  end
-  return '1 0 ' .. int(now)
-end
+-- One call: `P` its `count` policies. Returns its reply.
+local function call(mode, period, lease_id, previous, P, count)
+  local out = {}
 
-if mode == 'g' and previous ~= '0' then
-  for i = 1, count do
-    local p = P[i]
-    give(p, previous, p.e, p.f, p.g, p.h)
-  end
-end
-
-for i = 1, count do
-  load(P[i])
-end
-
-if mode == 'f' then
-  for i = 1, count do
-    local p = P[i]
-    if p.a > 0 then
-      if p.kind == 3 then
-        local before = p.deficit
-        p.deficit = min(before + p.a * p.w, max(before, (2 * p.cap - 1) * p.w))
-        store(p)
-      else
-        charge(p, p.a, 0, lease_id)
-      end
+  if mode == 'x' then
+    for i = 1, count do
+      redis.call('DEL', P[i].key, P[i].ukey)
     end
+    return '1 0 ' .. int(now)
   end
-  return '1 0 ' .. int(now)
-end
 
--- Grant (or peek): a block valid for `period` when every policy has room for at least
--- its cost, else one exact request, else a refusal.
-local valid, granted = -1, {}
-if mode == 'g' and period > 0 then
-  local all = true
-  for i = 1, count do
-    if most(P[i], period) < P[i].a then
-      all = false
-    end
-  end
-  if all then
-    valid = period
+  if mode == 'r' then
     for i = 1, count do
       local p = P[i]
-      granted[i] = max(min(p.b, most(p, period)), p.a)
-      if p.kind == 1 or p.kind == 4 then
-        valid = min(valid, (p.idx + 1) * p.w - now)
+      give(p, lease_id, p.a, p.b, p.c, p.d)
+    end
+    return '1 0 ' .. int(now)
+  end
+
+  if mode == 'g' and previous ~= '0' then
+    for i = 1, count do
+      local p = P[i]
+      give(p, previous, p.e, p.f, p.g, p.h)
+    end
+  end
+
+  for i = 1, count do
+    load(P[i])
+  end
+
+  if mode == 'f' then
+    for i = 1, count do
+      local p = P[i]
+      if p.a > 0 then
+        if p.kind == 3 then
+          local before = p.deficit
+          p.deficit = min(before + p.a * p.w, max(before, (2 * p.cap - 1) * p.w))
+          store(p)
+        else
+          charge(p, p.a, 0, lease_id)
+        end
+      end
+    end
+    return '1 0 ' .. int(now)
+  end
+
+  -- Grant (or peek): a block valid for `period` when every policy has room for at least
+  -- its cost, else one exact request, else a refusal.
+  local valid, granted = -1, {}
+  if mode == 'g' and period > 0 then
+    local all = true
+    for i = 1, count do
+      if most(P[i], period) < P[i].a then
+        all = false
+      end
+    end
+    if all then
+      valid = period
+      for i = 1, count do
+        local p = P[i]
+        granted[i] = max(min(p.b, most(p, period)), p.a)
+        if p.kind == 1 or p.kind == 4 then
+          valid = min(valid, (p.idx + 1) * p.w - now)
+        end
       end
     end
   end
-end
-if valid < 0 then
-  local all = true
-  for i = 1, count do
-    if most(P[i], 0) < P[i].a then
-      all = false
-    end
-  end
-  if all then
-    valid = 0
+  if valid < 0 then
+    local all = true
     for i = 1, count do
-      granted[i] = P[i].a
+      if most(P[i], 0) < P[i].a then
+        all = false
+      end
+    end
+    if all then
+      valid = 0
+      for i = 1, count do
+        granted[i] = P[i].a
+      end
     end
   end
-end
 
-if valid < 0 then
-  out[1] = '0 0 ' .. int(now)
+  if valid < 0 then
+    out[1] = '0 0 ' .. int(now)
+    for i = 1, count do
+      local p = P[i]
+      local remaining, reset = view(p)
+      local r = 0
+      if most(p, 0) < p.a then
+        r = retry(p, p.a)
+      end
+      out[#out + 1] = '0 ' .. int(remaining) .. ' ' .. int(reset) .. ' ' .. int(r)
+    end
+    return table.concat(out, ' ')
+  end
+
+  out[1] = '1 ' .. int(valid) .. ' ' .. int(now)
   for i = 1, count do
     local p = P[i]
-    local remaining, reset = view(p)
-    local r = 0
-    if most(p, 0) < p.a then
-      r = retry(p, p.a)
+    if mode == 'g' then
+      charge(p, granted[i], valid, lease_id)
+    elseif p.kind == 2 then
+      p.used = p.used + granted[i]
+      p.entries[#p.entries + 1] = { now, granted[i] }
+    elseif p.kind == 3 then
+      p.deficit = p.deficit + granted[i] * p.w
+    else
+      p.cur = p.cur + granted[i]
     end
-    out[#out + 1] = '0 ' .. int(remaining) .. ' ' .. int(reset) .. ' ' .. int(r)
+    local remaining, reset = view(p)
+    out[#out + 1] = int(granted[i]) .. ' ' .. int(remaining) .. ' ' .. int(reset) .. ' 0'
   end
   return table.concat(out, ' ')
 end
 
-out[1] = '1 ' .. int(valid) .. ' ' .. int(now)
-for i = 1, count do
-  local p = P[i]
-  if mode == 'g' then
-    charge(p, granted[i], valid, lease_id)
-  elseif p.kind == 2 then
-    p.used = p.used + granted[i]
-    p.entries[#p.entries + 1] = { now, granted[i] }
-  elseif p.kind == 3 then
-    p.deficit = p.deficit + granted[i] * p.w
-  else
-    p.cur = p.cur + granted[i]
-  end
-  local remaining, reset = view(p)
-  out[#out + 1] = int(granted[i]) .. ' ' .. int(remaining) .. ' ' .. int(reset) .. ' 0'
+if ARGV[1] ~= 'B' then
+  local P, count = policies(ARGV[6], 0)
+  return call(ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5], P, count)
 end
-return table.concat(out, ' ')
+local replies, o, k = {}, 3, 0
+for j = 1, tonumber(ARGV[3]) do
+  local P, count = policies(ARGV[o + 5], k)
+  replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  o = o + 5
+  k = k + 2 * count
+end
+return table.concat(replies, '\n')

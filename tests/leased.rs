@@ -316,6 +316,54 @@ async fn redis_commands_per_decision_fall_with_leases() {
     assert!(per <= 0.05, "{per} script calls per decision");
 }
 
+/// Cold keys are decided exactly by the ledger, one call each; calls that queue behind a
+/// busy connection leave together as one script call, and each is still decided exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_keys_share_script_calls_and_stay_exact() {
+    let _heavy = HEAVY.lock().await;
+    let server = RedisServer::start();
+    let store = LeasedStore::new(
+        RedisStore::builder()
+            .prefix("cold")
+            .build_with_url(&server.url())
+            .unwrap(),
+    );
+    // Limit 3: too small to lease (a block would be under two requests), so every decision
+    // is one exact ledger call.
+    let p = Policy::new("cold", Rate::per_minute(3)).unwrap();
+    let before = server.command_calls("evalsha") + server.command_calls("eval");
+    let mut tasks = Vec::new();
+    for k in 0..200 {
+        for _ in 0..5 {
+            let (store, p) = (store.clone(), p.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = Key::new("ip", k.to_string());
+                let d = store.check(&key, &[p], &[1]).await.unwrap();
+                (k, d.is_allowed())
+            }));
+        }
+    }
+    let mut admitted = vec![0u32; 200];
+    for t in tasks {
+        let (k, ok) = t.await.unwrap();
+        admitted[k] += u32::from(ok);
+    }
+    let calls = server.command_calls("evalsha") + server.command_calls("eval") - before;
+    println!(
+        "1000 cold decisions, {calls} script calls; {:?}",
+        store.stats()
+    );
+    assert!(
+        admitted.iter().all(|&a| a == 3),
+        "every key admits exactly its limit: {admitted:?}"
+    );
+    assert_eq!(store.stats().grants, 0, "no key is leased at limit 3");
+    assert!(
+        calls < 500,
+        "{calls} script calls for 1000 concurrent decisions: queued calls were not batched"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_loses_at_most_its_block_and_the_bound_holds() {
     let _heavy = HEAVY.lock().await;
@@ -720,8 +768,21 @@ fn a_plan_leases_its_shared_store_and_refuses_lease_mistakes() {
         ))
         .unwrap()
     };
-    let ok = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"300ms\"\nlease_max_block_percent = 20");
-    assert!(ok.store().is_ok());
+    let ok = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"300ms\"\nlease_max_block_percent = 20\nlease_max_keys = 5000");
+    let built = format!("{:?}", ok.store().unwrap());
+    for read in ["lease_ms: 300", "max_block_fraction: 0.2", "max_keys: 5000"] {
+        assert!(built.contains(read), "{read} not in {built}");
+    }
+    let err = plan(
+        "kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1s\"\nlease_max_keys = 0",
+    )
+    .store()
+    .unwrap_err();
+    assert_eq!((err.field(), err.value()), ("store.lease_max_keys", "0"));
+    let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_max_keys = 10")
+        .store()
+        .unwrap_err();
+    assert_eq!(err.field(), "store.lease_max_keys");
     let err = plan("kind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nlease_time = \"1ms\"")
         .store()
         .unwrap_err();
@@ -757,11 +818,21 @@ fn a_flood_of_distinct_keys_costs_calls_never_memory() {
         for _ in 0..200 {
             assert!(store.check(&hot, &p, &[1]).await.unwrap().is_allowed());
         }
+        let flood = |i: u32| Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
         for i in 0..2_000u32 {
-            let key = Key::new("ip", format!("10.0.{}.{}", i / 256, i % 256));
-            let d = store.check(&key, &p, &[1]).await.unwrap();
+            let d = store.check(&flood(i), &p, &[1]).await.unwrap();
             assert!(d.is_allowed(), "new key {i} refused");
             assert_eq!(d.limit(), 1_000);
+        }
+        // Keys seen once are not tracked at all.
+        let stats = store.stats();
+        assert_eq!(stats.tracked_keys, 1, "{stats:?}");
+        assert!(stats.first_sightings >= 2_000, "{stats:?}");
+        // Keys that come back are tracked, up to the cap.
+        for i in 0..2_000u32 {
+            for _ in 0..2 {
+                assert!(store.check(&flood(i), &p, &[1]).await.unwrap().is_allowed());
+            }
         }
         let stats = store.stats();
         assert!(stats.tracked_keys <= 8, "{stats:?}");
@@ -769,7 +840,7 @@ fn a_flood_of_distinct_keys_costs_calls_never_memory() {
         assert!(stats.grants >= 1, "the hot key leased: {stats:?}");
         // Past the cap, each new key is still decided against the shared limit.
         let flooded = Key::new("ip", "10.0.0.1");
-        for _ in 0..999 {
+        for _ in 0..997 {
             store.check(&flooded, &p, &[1]).await.unwrap();
         }
         assert!(!store.check(&flooded, &p, &[1]).await.unwrap().is_allowed());

@@ -3,8 +3,9 @@
 # core 1 (1 thread, 32 connections), a private redis-server (unpinned) for INFO commandstats.
 # Sides run interleaved for ROUNDS rounds of SECS seconds, on one hot key (the peer IP) and on
 # cold keys (each request a random key out of COLD_KEYS, so no key is hot enough to lease).
-# Prints req/s and p99 per run, the median per side, the ratio to bare, and script calls
-# (EVALSHA + EVAL) per request from INFO commandstats.
+# Prints req/s and p99 per run, the median per side, the ratio to bare, the server's CPU time
+# per request (user + system from /proc), and script calls (EVALSHA + EVAL) per request
+# from INFO commandstats.
 #
 #   bash benches/scripts/leased.sh
 set -euo pipefail
@@ -15,6 +16,7 @@ CONNS=${CONNS:-32}
 PORT=${PORT:-38231}
 RPORT=${RPORT:-38232}
 COLD_KEYS=${COLD_KEYS:-1000000}
+LOADS=${LOADS:-"hot cold"}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
 cargo bench --bench leased_server --features redis --no-run 2>/dev/null
@@ -34,9 +36,9 @@ calls() {
   redis-cli -p "$RPORT" info commandstats |
     awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
 }
-declare -A rps p99 cpr
+declare -A rps p99 cpr cpu
 for round in $(seq 1 "$ROUNDS"); do
-  for load in hot cold; do
+  for load in $LOADS; do
     for side in bare exact leased; do
       taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
       server=$!
@@ -47,15 +49,19 @@ for round in $(seq 1 "$ROUNDS"); do
       before=$(calls)
       script=()
       [ "$load" = cold ] && script=(-s "$dir/cold.lua")
+      t0=$(awk '{print $14 + $15}' "/proc/$server/stat")
       out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "${script[@]}" "http://127.0.0.1:$PORT/")
       after=$(calls)
+      t1=$(awk '{print $14 + $15}' "/proc/$server/stat")
       kill "$server" 2>/dev/null || true
       wait "$server" 2>/dev/null || true
       r=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
       total=$(awk '/requests in/ {print $1}' <<<"$out")
       l=$(awk '$1 == "99%" {print $2}' <<<"$out")
       c=$(awk -v a="$before" -v b="$after" -v n="$total" 'BEGIN {printf "%.4f", (b - a) / n}')
-      echo "round $round $load $side $r req/s p99 $l script calls/request $c"
+      u=$(awk -v t="$((t1 - t0))" -v n="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
+      echo "round $round $load $side $r req/s p99 $l server CPU $u µs/request script calls/request $c"
+      cpu[$load.$side]="${cpu[$load.$side]:-} $u"
       rps[$load.$side]="${rps[$load.$side]:-} $r"
       p99[$load.$side]="${p99[$load.$side]:-} $l"
       cpr[$load.$side]="${cpr[$load.$side]:-} $c"
@@ -63,13 +69,14 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo
-printf '%-14s %12s %8s %10s %14s\n' side "median req/s" ratio "p99s" "calls/request"
-for load in hot cold; do
+printf '%-14s %12s %8s %12s %10s %14s\n' side "median req/s" ratio "CPU µs/req" "p99s" "calls/request"
+for load in $LOADS; do
   bare=
   for side in bare exact leased; do
     med=$(echo "${rps[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
     [ "$side" = bare ] && bare=$med
     ratio=$(awk -v a="$med" -v b="$bare" 'BEGIN {printf "%.3f", a/b}')
-    printf '%-14s %12s %8s %10s %14s\n' "$load.$side" "$med" "$ratio" "$(echo ${p99[$load.$side]} | tr ' ' ',')" "$(echo ${cpr[$load.$side]} | tr ' ' ',')"
+    c=$(echo "${cpu[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+    printf '%-14s %12s %8s %12s %10s %14s\n' "$load.$side" "$med" "$ratio" "$c" "$(echo ${p99[$load.$side]} | tr ' ' ',')" "$(echo ${cpr[$load.$side]} | tr ' ' ',')"
   done
 done

@@ -62,6 +62,9 @@ pub struct StoreConfig {
     pub lease_time: Option<String>,
     /// With `lease_time`: the largest block, in percent of each limit (1 to 50; default 10).
     pub lease_max_block_percent: Option<u8>,
+    /// With `lease_time`: the most keys an instance tracks for leasing (at least 1; default
+    /// 100 000). Keys past it are decided exactly, one call each.
+    pub lease_max_keys: Option<usize>,
 }
 
 /// Which store.

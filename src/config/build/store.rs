@@ -64,6 +64,13 @@ impl Plan {
                     "is read only with store.lease_time: set it or delete this line",
                 ));
             }
+            if let Some(n) = s.lease_max_keys {
+                return Err(ConfigError::new(
+                    "store.lease_max_keys",
+                    n,
+                    "is read only with store.lease_time: set it or delete this line",
+                ));
+            }
         }
         match ignored.into_iter().find(|(_, set, _)| *set) {
             Some((field, _, value)) => Err(ConfigError::new(
@@ -166,6 +173,16 @@ impl Plan {
                 ));
             }
             b = b.max_block_fraction(f64::from(p) / 100.0);
+        }
+        if let Some(n) = self.store.lease_max_keys {
+            if n == 0 {
+                return Err(ConfigError::new(
+                    "store.lease_max_keys",
+                    n,
+                    "must be at least 1",
+                ));
+            }
+            b = b.max_keys(n);
         }
         b.build().map(Some).map_err(|e| e.within("store"))
     }

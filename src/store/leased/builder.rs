@@ -1,6 +1,5 @@
 //! Building a [`LeasedStore`]: every setting checked at build time.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -47,10 +46,13 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
     }
 
     /// The most keys this instance tracks at once (default [`DEFAULT_MAX_KEYS`], at least
-    /// 1). Each tracked key keeps its observed rate and its block; idle keys are forgotten
-    /// after eight lease times (at least 5 s). While the cap is reached, a request for a new
-    /// key is decided exactly (one ledger call) and not remembered, so a flood of distinct
-    /// keys costs calls, never memory ([`LeaseStats::untracked`] counts them).
+    /// 1). A key is tracked from its second decision (the first is decided exactly and
+    /// leaves only its hash in a short memory of recent keys: one 8-byte slot per key of the
+    /// cap, 1 024 to 65 536 slots); a tracked key keeps its observed rate, its block and its
+    /// last refusal, and is forgotten after eight idle lease times (at least 5 s). While the cap is reached, a
+    /// request for an untracked key is decided exactly (one ledger call) and not remembered,
+    /// so a flood of distinct keys costs calls, never memory ([`LeaseStats::first_sightings`]
+    /// and [`LeaseStats::untracked`] count them).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -118,7 +120,7 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
                 fraction: self.fraction,
                 max_keys: self.max_keys,
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
-                entries: parking_lot::Mutex::new(HashMap::new()),
+                entries: super::table::EntryTable::new(self.max_keys),
                 next_id: AtomicU64::new(seed >> 1),
                 counters: Counters::default(),
                 sweeper: AtomicBool::new(false),

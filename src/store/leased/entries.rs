@@ -17,10 +17,24 @@ use crate::policy::{Algorithm, Policy};
 
 /// One key and policy set on this instance.
 pub(super) struct Entry {
+    /// Its hash in the [`EntryTable`](super::table::EntryTable).
+    pub(super) hash: u64,
     pub(super) key: Key,
     pub(super) policies: Box<[Policy]>,
     pub(super) st: parking_lot::Mutex<EntryState>,
     pub(super) refill: tokio::sync::Mutex<()>,
+}
+
+impl Entry {
+    pub(super) fn new(hash: u64, key: &Key, policies: &[Policy]) -> Self {
+        Self {
+            hash,
+            key: key.clone(),
+            policies: policies.into(),
+            st: parking_lot::Mutex::new(EntryState::default()),
+            refill: tokio::sync::Mutex::new(()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -125,18 +139,6 @@ pub(super) fn limit_of(policy: &Policy) -> u64 {
     }
 }
 
-pub(super) fn entry_name(key: &Key, policies: &[Policy]) -> Box<str> {
-    let mut s = String::with_capacity(key.as_str().len() + 16 * policies.len());
-    s.push_str(key.as_str());
-    for p in policies {
-        s.push('\0');
-        s.push_str(p.name());
-        s.push('\0');
-        s.push_str(p.algorithm().as_str());
-    }
-    s.into_boxed_str()
-}
-
 pub(super) fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(fut);
@@ -144,29 +146,30 @@ pub(super) fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static)
 }
 
 impl<S: LeaseBackend> Shared<S> {
-    pub(super) fn entry(&self, key: &Key, policies: &[Policy]) -> Arc<Entry> {
-        let name = entry_name(key, policies);
-        let mut map = self.entries.lock();
-        if let Some(e) = map.get(&name) {
-            return e.clone();
+    /// The entry of `key` and `policies`, made on the key's second sighting (see
+    /// [`table`](super::table)); `None` for a key seen once, or new while `max_keys` keys are
+    /// tracked: decided exactly and not remembered.
+    pub(super) fn entry(&self, key: &Key, policies: &[Policy]) -> Option<Arc<Entry>> {
+        let hash = self.entries.hash(key, policies);
+        if let Some(e) = self.entries.get(hash, key, policies) {
+            return Some(e);
         }
-        let e = Arc::new(Entry {
-            key: key.clone(),
-            policies: policies.into(),
-            st: parking_lot::Mutex::new(EntryState::default()),
-            refill: tokio::sync::Mutex::new(()),
-        });
-        if map.len() >= self.max_keys {
-            // Not remembered: with no observed rate the request is decided exactly.
+        if !self.entries.seen_before(hash) {
+            bump(&self.counters.first_sightings, 1);
+            return None;
+        }
+        let e = self
+            .entries
+            .get_or_insert(hash, key, policies, self.max_keys);
+        if e.is_none() {
             bump(&self.counters.untracked, 1);
-            return e;
         }
-        map.insert(name, e.clone());
         e
     }
 
     pub(super) fn existing(&self, key: &Key, policies: &[Policy]) -> Option<Arc<Entry>> {
-        self.entries.lock().get(&entry_name(key, policies)).cloned()
+        let hash = self.entries.hash(key, policies);
+        self.entries.get(hash, key, policies)
     }
 
     /// The answer from what this instance holds, if it has one.
@@ -300,8 +303,7 @@ impl<S: LeaseBackend> Shared<S> {
         let idle = (self.lease_ms * 8).max(5_000);
         let mut expired = Vec::new();
         {
-            let mut map = self.entries.lock();
-            map.retain(|_, e| {
+            self.entries.retain(|e| {
                 let mut st = e.st.lock();
                 if st.block.as_ref().is_some_and(|b| now >= b.expires) {
                     if let Some(b) = st.block.take() {

@@ -131,6 +131,35 @@ pub struct LedgerCall {
     pub(crate) parts: SmallVec<[Part; 2]>,
 }
 
+impl LedgerCall {
+    /// Each policy's twelve integers (kind, N, W, C, a–h) as little-endian doubles, the
+    /// binary string `lua/lease.lua` reads. Exact: every value is a whole number below 2^53
+    /// (counts, milliseconds).
+    #[cfg(feature = "redis")]
+    pub(crate) fn packed_parts(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(96 * self.parts.len());
+        for p in &self.parts {
+            for x in [
+                p.kind as u64,
+                p.n,
+                p.w,
+                p.cap,
+                p.a,
+                p.b,
+                p.c,
+                p.d,
+                p.e,
+                p.f,
+                p.g,
+                p.h,
+            ] {
+                v.extend_from_slice(&(x as f64).to_le_bytes());
+            }
+        }
+        v
+    }
+}
+
 /// One policy's answer from the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Answer {
@@ -160,23 +189,37 @@ impl LedgerReply {
                 String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
             )))
         };
-        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
-        let mut numbers = text.split(' ').map(|s| s.parse::<u64>());
-        let mut next = || numbers.next().and_then(Result::ok).ok_or_else(bad);
-        let granted = next()? == 1;
-        let valid_ms = next()?;
-        let now_ms = next()?;
-        let mut answers = SmallVec::new();
-        if text.split(' ').count() > 3 {
-            for _ in 0..policies {
-                answers.push(Answer {
-                    granted: next()?,
-                    remaining: next()?,
-                    reset_after_ms: next()?,
-                    retry_after_ms: next()?,
-                });
+        // One pass over the bytes: the reply is parsed on every exact decision.
+        let mut numbers: SmallVec<[u64; 11]> = SmallVec::new();
+        for token in bytes.split(|&b| b == b' ') {
+            let mut n: u64 = 0;
+            if token.is_empty() || token.len() > 19 {
+                return Err(bad());
             }
+            for &b in token {
+                if !b.is_ascii_digit() {
+                    return Err(bad());
+                }
+                n = n * 10 + u64::from(b - b'0');
+            }
+            numbers.push(n);
         }
+        let &[granted, valid_ms, now_ms, ref rest @ ..] = numbers.as_slice() else {
+            return Err(bad());
+        };
+        if !(rest.is_empty() || rest.len() == 4 * policies) {
+            return Err(bad());
+        }
+        let granted = granted == 1;
+        let answers = rest
+            .chunks_exact(4)
+            .map(|a| Answer {
+                granted: a[0],
+                remaining: a[1],
+                reset_after_ms: a[2],
+                retry_after_ms: a[3],
+            })
+            .collect();
         Ok(Self {
             granted,
             valid_ms,
@@ -214,7 +257,17 @@ pub trait LeaseBackend: Store {
 /// The key of one policy's ledger state: `<prefix>:{<key>}:<policy>:lease-<alg>`, the same
 /// hash tag as the key's other states.
 pub(crate) fn ledger_key(prefix: &str, key: &Key, policy: &str, kind: Kind) -> String {
-    format!("{prefix}:{{{}}}:{policy}:{}", key.as_str(), kind.part())
+    let (key, part) = (key.as_str(), kind.part());
+    // Room for the `:u` the log's second key adds.
+    let mut s = String::with_capacity(prefix.len() + key.len() + policy.len() + part.len() + 7);
+    s.push_str(prefix);
+    s.push_str(":{");
+    s.push_str(key);
+    s.push_str("}:");
+    s.push_str(policy);
+    s.push(':');
+    s.push_str(part);
+    s
 }
 
 /// One policy's ledger state.

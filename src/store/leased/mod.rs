@@ -131,13 +131,13 @@ mod builder;
 mod entries;
 mod ledger;
 mod store_impl;
+mod table;
 
 pub use builder::LeasedStoreBuilder;
 use entries::{limit_of, spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
 
 pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -246,9 +246,14 @@ pub struct LeaseStats {
     /// Keys tracked now (observed rate, block, refusal): at most
     /// [`max_keys`](LeasedStoreBuilder::max_keys).
     pub tracked_keys: u64,
-    /// Decisions for new keys while [`max_keys`](LeasedStoreBuilder::max_keys) keys were
-    /// tracked: decided exactly, one ledger call each, and not remembered.
+    /// Decisions for keys seen before while [`max_keys`](LeasedStoreBuilder::max_keys) keys
+    /// were tracked: decided exactly, one ledger call each, and not remembered. A steady
+    /// count here says the cap is too small for the keys that come back.
     pub untracked: u64,
+    /// Decisions for keys seen for the first time (as far as the store's short memory of
+    /// recent keys tells): decided exactly, one ledger call each, and not tracked; a key is
+    /// tracked from its second decision.
+    pub first_sightings: u64,
 }
 
 #[derive(Debug, Default)]
@@ -262,6 +267,7 @@ struct Counters {
     units_returned: AtomicU64,
     units_dropped: AtomicU64,
     untracked: AtomicU64,
+    first_sightings: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -290,6 +296,7 @@ impl<S: fmt::Debug> fmt::Debug for LeasedStore<S> {
             .field("inner", &self.shared.inner)
             .field("lease_ms", &self.shared.lease_ms)
             .field("max_block_fraction", &self.shared.fraction)
+            .field("max_keys", &self.shared.max_keys)
             .finish()
     }
 }
@@ -300,7 +307,7 @@ struct Shared<S> {
     fraction: f64,
     max_keys: usize,
     clock: Arc<dyn Clock>,
-    entries: parking_lot::Mutex<HashMap<Box<str>, Arc<Entry>>>,
+    entries: table::EntryTable,
     next_id: AtomicU64,
     counters: Counters,
     sweeper: AtomicBool,
@@ -348,18 +355,13 @@ impl<S: LeaseBackend> LeasedStore<S> {
     /// ```
     pub fn stats(&self) -> LeaseStats {
         let c = &self.shared.counters;
-        let entries = self.shared.entries.lock();
-        let tracked_keys = entries.len() as u64;
-        let held = entries
-            .values()
-            .map(|e| {
-                e.st.lock()
-                    .block
-                    .as_ref()
-                    .map_or(0, |b| b.parts.iter().map(|p| p.left).max().unwrap_or(0))
-            })
-            .sum();
-        drop(entries);
+        let (tracked_keys, held) = self.shared.entries.sum(|e| {
+            e.st.lock()
+                .block
+                .as_ref()
+                .map_or(0, |b| b.parts.iter().map(|p| p.left).max().unwrap_or(0))
+        });
+        let tracked_keys = tracked_keys as u64;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         LeaseStats {
             grants: get(&c.grants),
@@ -373,6 +375,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
             units_held: held,
             tracked_keys,
             untracked: get(&c.untracked),
+            first_sightings: get(&c.first_sightings),
         }
     }
 
@@ -391,7 +394,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
     /// # });
     /// ```
     pub async fn shutdown(&self) {
-        let entries: Vec<Arc<Entry>> = self.shared.entries.lock().values().cloned().collect();
+        let entries = self.shared.entries.all();
         let mut returns = Vec::new();
         for e in entries {
             let block = e.st.lock().block.take();
@@ -436,7 +439,9 @@ impl<S: LeaseBackend> Shared<S> {
         policies: &[Policy],
         costs: &[u64],
     ) -> Result<(Decision, Taken), StoreError> {
-        let entry = self.entry(key, policies);
+        let Some(entry) = self.entry(key, policies) else {
+            return self.exact(None, key, policies, costs).await;
+        };
         let now = self.now();
         if let Some(d) = self.local(&entry, costs, now, true) {
             return Ok((d, Taken::Nothing));
@@ -448,7 +453,7 @@ impl<S: LeaseBackend> Shared<S> {
             self.plan(&st, policies, costs, now)
         };
         match plan {
-            Plan::Exact => self.exact(&entry, key, policies, costs).await,
+            Plan::Exact => self.exact(Some(&entry), key, policies, costs).await,
             Plan::Lease { period, wants } => {
                 let _refill = entry.refill.lock().await;
                 let now = self.now();
@@ -486,7 +491,17 @@ impl<S: LeaseBackend> Shared<S> {
                             bump(&self.counters.units_returned, unused);
                             crate::telemetry::lease_units("returned", unused);
                         }
-                        Ok(self.install(&entry, policies, costs, reply, id, sent, generation))
+                        Ok(
+                            self.install(
+                                Some(&entry),
+                                policies,
+                                costs,
+                                reply,
+                                id,
+                                sent,
+                                generation,
+                            ),
+                        )
                     }
                     Err(e) => {
                         // The call may have run (a reply lost to a timeout): the block it
@@ -502,10 +517,11 @@ impl<S: LeaseBackend> Shared<S> {
         }
     }
 
-    /// One request decided by one ledger call.
+    /// One request decided by one ledger call; its refusal kept on `entry`, if the key has
+    /// one.
     async fn exact(
         self: &Arc<Self>,
-        entry: &Entry,
+        entry: Option<&Entry>,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
@@ -519,14 +535,20 @@ impl<S: LeaseBackend> Shared<S> {
         let generation = self.inner.generation();
         let sent = self.now();
         let reply = self.inner.ledger(key, policies, call).await?;
+        if reply.granted && reply.valid_ms > 0 {
+            return Err(StoreError::Protocol(crate::error::Cause::from(
+                "the lease ledger granted a block to a call that asked for none",
+            )));
+        }
         Ok(self.install(entry, policies, costs, reply, id, sent, generation))
     }
 
-    /// Turns a ledger reply into the request's decision, keeping a block or a refusal.
+    /// Turns a ledger reply into the request's decision, keeping a block or a refusal on
+    /// `entry` (always there for a block: only a tracked key asks for one).
     #[allow(clippy::too_many_arguments)]
     fn install(
         self: &Arc<Self>,
-        entry: &Entry,
+        entry: Option<&Entry>,
         policies: &[Policy],
         costs: &[u64],
         reply: LedgerReply,
@@ -552,6 +574,9 @@ impl<S: LeaseBackend> Shared<S> {
                 })
                 .collect();
             let wait = answers.iter().map(|a| a.retry_after_ms).max().unwrap_or(0);
+            let Some(entry) = entry else {
+                return (Decision::from_policies(decisions), Taken::Nothing);
+            };
             let mut st = entry.st.lock();
             st.denied = Some(Denied {
                 generation,
@@ -575,18 +600,22 @@ impl<S: LeaseBackend> Shared<S> {
                 )
             },
         ));
-        if reply.valid_ms == 0 {
-            bump(&self.counters.exact_calls, 1);
-            let mut st = entry.st.lock();
-            st.denied = None;
-            return (
-                decision,
-                Taken::Ledger {
-                    id,
-                    at: reply.now_ms,
-                },
-            );
-        }
+        let entry = match entry {
+            Some(entry) if reply.valid_ms > 0 => entry,
+            _ => {
+                bump(&self.counters.exact_calls, 1);
+                if let Some(entry) = entry {
+                    entry.st.lock().denied = None;
+                }
+                return (
+                    decision,
+                    Taken::Ledger {
+                        id,
+                        at: reply.now_ms,
+                    },
+                );
+            }
+        };
         bump(&self.counters.grants, 1);
         let granted: u64 = answers.iter().map(|a| a.granted).max().unwrap_or(0);
         bump(&self.counters.units_granted, granted);

@@ -258,8 +258,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         let (li, _) = split(policies);
         let lp = pick(policies, &li);
         if !lp.is_empty() {
-            let mut map = self.shared.entries.lock();
-            map.retain(|_, e| e.key != *key);
+            self.shared.entries.retain(|e| e.key != *key);
         }
         let shared = self.shared.clone();
         let key = key.clone();

@@ -10,6 +10,9 @@
 //!
 //! Queued batches run in tasks of their own, so a caller that gives up (a timeout) takes no
 //! one else's decision with it.
+//!
+//! The lease ledger's calls (`lua/lease.lua`) queue the same way, on lanes of their own: a
+//! batch of them is one script call that runs each in order.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -35,12 +38,33 @@ pub(crate) struct Request {
     pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,
 }
 
-impl Request {
-    pub(crate) fn abandoned(&self) -> bool {
+/// Something that can wait in a lane's queue: it carries the sender its answer goes to.
+pub(crate) trait Queued: Send + 'static {
+    /// What a successful call answers it.
+    type Output: Send + 'static;
+
+    /// Where its answer goes, once it is queued.
+    fn reply_to(&mut self, tx: oneshot::Sender<Result<Self::Output, StoreError>>);
+
+    /// Whether its caller gave up waiting.
+    fn abandoned(&self) -> bool;
+
+    /// Sends its answer (dropped when the caller gave up).
+    fn answer(self, result: Result<Self::Output, StoreError>);
+}
+
+impl Queued for Request {
+    type Output = Decision;
+
+    fn reply_to(&mut self, tx: oneshot::Sender<Result<Decision, StoreError>>) {
+        self.reply = Some(tx);
+    }
+
+    fn abandoned(&self) -> bool {
         self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
     }
 
-    pub(crate) fn answer(self, result: Result<Decision, StoreError>) {
+    fn answer(self, result: Result<Decision, StoreError>) {
         if let Some(tx) = self.reply {
             // The caller may have given up; its answer is then dropped.
             let _ = tx.send(result);
@@ -49,37 +73,45 @@ impl Request {
 }
 
 /// How many calls a lane has in flight and who waits for the next one.
-#[derive(Default)]
-struct Lane {
+struct Lane<R> {
     in_flight: usize,
-    waiting: Vec<Request>,
+    waiting: Vec<R>,
 }
 
-/// The lanes of one store.
-pub(crate) struct Lanes<L> {
-    lanes: Mutex<HashMap<L, Lane>>,
+impl<R> Default for Lane<R> {
+    fn default() -> Self {
+        Self {
+            in_flight: 0,
+            waiting: Vec::new(),
+        }
+    }
+}
+
+/// The lanes of one store, for one kind of call (`R`: decisions, or ledger calls).
+pub(crate) struct Lanes<L, R = Request> {
+    lanes: Mutex<HashMap<L, Lane<R>>>,
     pub(crate) max_batch: usize,
     pub(crate) max_in_flight: usize,
 }
 
 /// What a caller does with its request.
-pub(crate) enum Admission<L: Copy + Hash + Eq + Send + 'static> {
+pub(crate) enum Admission<L: Copy + Hash + Eq + Send + 'static, R: Queued = Request> {
     /// Run it now, holding an in-flight place of the lane until the call ends.
-    Run(InFlight<L>, Request),
+    Run(InFlight<L, R>, R),
     /// Queued: the answer comes through this receiver.
-    Queued(oneshot::Receiver<Result<Decision, StoreError>>),
+    Queued(oneshot::Receiver<Result<R::Output, StoreError>>),
 }
 
 /// Something that runs batches: the store core.
-pub(crate) trait Runner<L>: Send + Sync + 'static {
-    /// Sends one script call deciding `batch` in order, answering every request in it.
-    fn run(self: Arc<Self>, batch: Vec<Request>) -> crate::store::BoxFuture<()>;
+pub(crate) trait Runner<L, R: Queued = Request>: Send + Sync + 'static {
+    /// Sends one script call running `batch` in order, answering every request in it.
+    fn run(self: Arc<Self>, batch: Vec<R>) -> crate::store::BoxFuture<()>;
 
     /// The lanes of this runner.
-    fn lanes(&self) -> &Lanes<L>;
+    fn lanes(&self) -> &Lanes<L, R>;
 }
 
-impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
+impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Lanes<L, R> {
     pub(crate) fn new(max_batch: usize, max_in_flight: usize) -> Self {
         Self {
             lanes: Mutex::new(HashMap::new()),
@@ -89,11 +121,11 @@ impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
     }
 
     /// Admits `request` on `lane`: to be run by the caller, or queued.
-    pub(crate) fn admit<R: Runner<L>>(
-        runner: &Arc<R>,
+    pub(crate) fn admit<X: Runner<L, R>>(
+        runner: &Arc<X>,
         lane: L,
-        mut request: Request,
-    ) -> Admission<L> {
+        mut request: R,
+    ) -> Admission<L, R> {
         let lanes = runner.lanes();
         let mut map = lanes.lanes.lock();
         let state = map.entry(lane).or_default();
@@ -101,13 +133,13 @@ impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
             state.in_flight += 1;
             drop(map);
             let guard = InFlight {
-                runner: Arc::clone(runner) as Arc<dyn Runner<L>>,
+                runner: Arc::clone(runner) as Arc<dyn Runner<L, R>>,
                 lane,
             };
             Admission::Run(guard, request)
         } else {
             let (tx, rx) = oneshot::channel();
-            request.reply = Some(tx);
+            request.reply_to(tx);
             state.waiting.push(request);
             Admission::Queued(rx)
         }
@@ -116,12 +148,12 @@ impl<L: Copy + Hash + Eq + Send + 'static> Lanes<L> {
 
 /// An in-flight place on a lane. When it is given back (the call ended, or its caller gave
 /// up), the requests that queued meanwhile leave as the next call, in a task of their own.
-pub(crate) struct InFlight<L: Copy + Hash + Eq + Send + 'static> {
-    runner: Arc<dyn Runner<L>>,
+pub(crate) struct InFlight<L: Copy + Hash + Eq + Send + 'static, R: Queued = Request> {
+    runner: Arc<dyn Runner<L, R>>,
     lane: L,
 }
 
-impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
+impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for InFlight<L, R> {
     fn drop(&mut self) {
         loop {
             let batch = {
@@ -170,9 +202,9 @@ impl<L: Copy + Hash + Eq + Send + 'static> Drop for InFlight<L> {
 
 /// The answer of a queued request; an error when its call was dropped unanswered (the
 /// runtime shut down under it).
-pub(crate) async fn queued_answer(
-    rx: oneshot::Receiver<Result<Decision, StoreError>>,
-) -> Result<Decision, StoreError> {
+pub(crate) async fn queued_answer<T>(
+    rx: oneshot::Receiver<Result<T, StoreError>>,
+) -> Result<T, StoreError> {
     rx.await.unwrap_or_else(|_| {
         Err(StoreError::Connection(crate::error::Cause::from(
             "the batched script call was dropped before it answered",

@@ -10,11 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use super::script_call::ScriptCall;
 use smallvec::SmallVec;
 
-use super::batch::{queued_answer, Admission, Lanes, Request, Runner};
+use super::batch::{queued_answer, Admission, Lanes, Queued, Request, Runner};
 use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
+use super::lease::LedgerRequest;
 use super::wire;
 pub(crate) use super::wire::Mode;
 use super::wire::{assemble, parse_batch_reply, Assembled};
@@ -148,6 +151,8 @@ pub(crate) struct Core<C: Connector> {
     prefix: Box<str>,
     clock: Arc<dyn Clock>,
     lanes: Lanes<C::Lane>,
+    /// The lease ledger's calls queue on lanes of their own (see `lease.rs`).
+    ledger_lanes: Lanes<C::Lane, LedgerRequest>,
     /// Bumped when the server answers with another `run_id` than before: it restarted (or
     /// failed over) and lost the state it held. See [`Store::generation`](crate::store::Store).
     generation: AtomicU64,
@@ -199,6 +204,7 @@ impl<C: Connector> Core<C> {
                 .clock
                 .unwrap_or_else(|| Arc::new(SystemClock::new())),
             lanes: Lanes::new(options.max_batch, options.max_in_flight),
+            ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
             generation: AtomicU64::new(0),
             verify: AtomicBool::new(true),
             run_id: parking_lot::Mutex::new(None),
@@ -241,10 +247,7 @@ impl<C: Connector> Core<C> {
     /// second try the first call after Redis is back would fail on that stale error and waste
     /// the circuit breaker's probe. After any connection failure, the next call that gets
     /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)).
-    pub(crate) async fn invoke(
-        &self,
-        inv: &ScriptInvocation<'static>,
-    ) -> Result<Vec<u8>, StoreError> {
+    pub(crate) async fn invoke(&self, inv: &ScriptCall) -> Result<Vec<u8>, StoreError> {
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
             Err(e) => {
@@ -252,7 +255,7 @@ impl<C: Connector> Core<C> {
                 return Err(e);
             }
         };
-        let mut reply = inv.invoke_async(&mut conn).await;
+        let mut reply = inv.send(&mut conn).await;
         if reply.as_ref().is_err_and(RedisError::is_connection_refusal) {
             conn = match self.connector.connection().await {
                 Ok(c) => c,
@@ -261,7 +264,7 @@ impl<C: Connector> Core<C> {
                     return Err(e);
                 }
             };
-            reply = inv.invoke_async(&mut conn).await;
+            reply = inv.send(&mut conn).await;
         }
         match reply {
             Ok(r) => {
@@ -277,6 +280,15 @@ impl<C: Connector> Core<C> {
                 Err(store_error(e))
             }
         }
+    }
+
+    /// The lane a call whose first key is `state_key` runs on.
+    pub(crate) fn lane(&self, state_key: &str) -> C::Lane {
+        self.connector.lane(state_key)
+    }
+
+    pub(crate) fn ledger_lanes(&self) -> &Lanes<C::Lane, LedgerRequest> {
+        &self.ledger_lanes
     }
 
     pub(crate) fn prefix(&self) -> &str {
@@ -318,7 +330,7 @@ impl<C: Connector> Core<C> {
     }
 
     /// The script call for one assembled batch.
-    pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptInvocation<'static> {
+    pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptCall {
         let now = self.clock.is_injected().then(|| self.clock.now_millis());
         wire::invocation(batch, now)
     }

@@ -1,11 +1,16 @@
 //! The lease ledger of both Redis stores: `lua/lease.lua`, one atomic `EVALSHA` per ledger
-//! call, under the key's hash tag. See [`crate::store::leased`].
+//! call, under the key's hash tag; calls that queue behind a busy lane leave together, as one
+//! `EVALSHA` that runs each in order. See [`crate::store::leased`].
 
 use std::sync::{Arc, OnceLock};
 
 use redis::Script;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
 
+use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::engine::{Connector, Core};
+use super::script_call::ScriptCall;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -29,44 +34,163 @@ pub fn lease_script_source() -> &'static str {
     LEASE
 }
 
-/// One ledger call on `core`.
+/// One ledger call waiting for, or in, a script call.
+pub(crate) struct LedgerRequest {
+    /// Two keys per policy: its ledger state and its entries' units.
+    keys: SmallVec<[String; 4]>,
+    call: LedgerCall,
+    reply: Option<oneshot::Sender<Result<LedgerReply, StoreError>>>,
+}
+
+impl Queued for LedgerRequest {
+    type Output = LedgerReply;
+
+    fn reply_to(&mut self, tx: oneshot::Sender<Result<LedgerReply, StoreError>>) {
+        self.reply = Some(tx);
+    }
+
+    fn abandoned(&self) -> bool {
+        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+    }
+
+    fn answer(self, result: Result<LedgerReply, StoreError>) {
+        if let Some(tx) = self.reply {
+            // The caller may have given up; its answer is then dropped.
+            let _ = tx.send(result);
+        }
+    }
+}
+
+/// One call's part of the script's arguments: mode, (the clock, alone), period, lease ids,
+/// then each policy's twelve integers as little-endian doubles in one binary string (read by
+/// one `struct.unpack` per policy, where twelve text arguments cost twelve `tonumber`s).
+fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
+    inv.arg(call.mode.code());
+    if !in_batch {
+        inv.arg("");
+    }
+    inv.arg(call.period_ms)
+        .arg(call.lease_id)
+        .arg(call.previous);
+    inv.arg(call.packed_parts());
+}
+
+/// The script call for `batch`: the single-call layout for one call, the batch layout
+/// (`'B'`, the clock, the number of calls, then each call) for more.
+fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
+    let keys = batch.iter().map(|r| r.keys.len()).sum();
+    let bytes = batch
+        .iter()
+        .map(|r| r.keys.iter().map(String::len).sum::<usize>() + 64 + 96 * r.call.parts.len())
+        .sum();
+    let mut inv = ScriptCall::new(script(), keys, 3 + 5 * batch.len(), bytes);
+    for request in batch {
+        for key in &request.keys {
+            inv.key(key.as_str());
+        }
+    }
+    if let [one] = batch {
+        push_call(&mut inv, &one.call, false);
+    } else {
+        inv.arg("B").arg("").arg(batch.len());
+        for request in batch {
+            push_call(&mut inv, &request.call, true);
+        }
+    }
+    inv
+}
+
+/// Runs `batch` in one script call: each call's reply, in order (the call's error for all
+/// when it failed).
+async fn run_batch<C: Connector>(
+    core: &Core<C>,
+    batch: &[LedgerRequest],
+) -> Vec<Result<LedgerReply, StoreError>> {
+    match core.invoke(&invocation(batch)).await {
+        Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
+        Ok(bytes) => {
+            let mut lines = bytes.split(|&b| b == b'\n');
+            let mut replies: Vec<_> = batch
+                .iter()
+                .map(|r| match lines.next() {
+                    Some(line) => LedgerReply::parse(line, r.call.parts.len()),
+                    None => Err(StoreError::Protocol(crate::error::Cause::from(
+                        "the lease script answered fewer calls than it was sent",
+                    ))),
+                })
+                .collect();
+            if lines.next().is_some() {
+                let e = StoreError::Protocol(crate::error::Cause::from(
+                    "the lease script answered more calls than it was sent",
+                ));
+                replies.iter_mut().for_each(|r| *r = Err(e.clone()));
+            }
+            replies
+        }
+    }
+}
+
+/// One ledger call on `core`: sent at once when its lane has room, else queued for the
+/// lane's next script call, which runs every queued call in order (see `batch.rs`).
 pub(crate) fn ledger<C: Connector>(
     core: &Arc<Core<C>>,
     key: &Key,
     policies: &[Policy],
     call: LedgerCall,
 ) -> BoxFuture<Result<LedgerReply, StoreError>> {
-    let mut inv = script().prepare_invoke();
+    let mut keys: SmallVec<[String; 4]> = SmallVec::new();
     for (policy, part) in policies.iter().zip(&call.parts) {
         let k = crate::store::leased::ledger_key(core.prefix(), key, policy.name(), part.kind);
         let u = format!("{k}:u");
-        inv.key(k).key(u);
+        keys.push(k);
+        keys.push(u);
     }
-    inv.arg(call.mode.code())
-        .arg("")
-        .arg(call.period_ms)
-        .arg(call.lease_id)
-        .arg(call.previous);
-    for part in &call.parts {
-        inv.arg(part.kind as u8)
-            .arg(part.n)
-            .arg(part.w)
-            .arg(part.cap)
-            .arg(part.a)
-            .arg(part.b)
-            .arg(part.c)
-            .arg(part.d)
-            .arg(part.e)
-            .arg(part.f)
-            .arg(part.g)
-            .arg(part.h);
+    let Some(first) = keys.first() else {
+        return Box::pin(std::future::ready(Err(StoreError::Protocol(
+            crate::error::Cause::from("a ledger call names no policy"),
+        ))));
+    };
+    let lane = core.lane(first);
+    let request = LedgerRequest {
+        keys,
+        call,
+        reply: None,
+    };
+    match Lanes::admit(core, lane, request) {
+        Admission::Run(place, request) => {
+            let core = Arc::clone(core);
+            Box::pin(async move {
+                let reply = run_batch(&core, std::slice::from_ref(&request)).await.pop();
+                drop(place);
+                reply.unwrap_or_else(|| {
+                    Err(StoreError::Protocol(crate::error::Cause::from(
+                        "the lease script answered nothing",
+                    )))
+                })
+            })
+        }
+        Admission::Queued(rx) => Box::pin(queued_answer(rx)),
     }
-    let core = core.clone();
-    let count = call.parts.len();
-    Box::pin(async move {
-        let bytes = core.invoke(&inv).await?;
-        LedgerReply::parse(&bytes, count)
-    })
+}
+
+impl<C: Connector> Runner<C::Lane, LedgerRequest> for Core<C> {
+    fn run(self: Arc<Self>, batch: Vec<LedgerRequest>) -> BoxFuture<()> {
+        Box::pin(async move {
+            // Calls whose callers gave up are skipped before the call is sent.
+            let batch: Vec<LedgerRequest> = batch.into_iter().filter(|r| !r.abandoned()).collect();
+            if batch.is_empty() {
+                return;
+            }
+            let replies = run_batch(&self, &batch).await;
+            for (request, reply) in batch.into_iter().zip(replies) {
+                request.answer(reply);
+            }
+        })
+    }
+
+    fn lanes(&self) -> &Lanes<C::Lane, LedgerRequest> {
+        self.ledger_lanes()
+    }
 }
 
 impl LeaseBackend for super::RedisStore {

@@ -91,6 +91,7 @@ mod engine;
 mod keys;
 mod lease;
 mod script;
+mod script_call;
 mod store_impl;
 mod wire;
 

@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use redis::ScriptInvocation;
+use super::script_call::ScriptCall;
 use smallvec::SmallVec;
 
 use super::batch::Request;
@@ -102,8 +102,12 @@ pub(crate) struct Assembled<'a> {
 
 /// The script call for one assembled batch; `now` is the injected clock's time, if any
 /// (otherwise the script reads `TIME`).
-pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptInvocation<'static> {
-    let mut inv = script().prepare_invoke();
+pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall {
+    let bytes = 2 * batch.keys.iter().map(|k| k.len() + 2).sum::<usize>()
+        + batch.params.len()
+        + batch.states.len()
+        + batch.requests.len();
+    let mut inv = ScriptCall::new(script(), 2 * batch.keys.len(), 4, bytes);
     for &k in &batch.keys {
         inv.key(k);
     }

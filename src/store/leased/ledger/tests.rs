@@ -14,7 +14,6 @@ fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCa
 }
 
 fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u64) -> LedgerReply {
-    let p = &c.parts[0];
     let reply: Vec<u8> = redis::cmd("EVAL")
         .arg(include_str!("../../../../lua/lease.lua"))
         .arg(2)
@@ -25,15 +24,55 @@ fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u6
         .arg(c.period_ms)
         .arg(c.lease_id)
         .arg(c.previous)
-        .arg(p.kind as u8)
-        .arg(&[p.n, p.w, p.cap, p.a, p.b, p.c, p.d, p.e, p.f, p.g, p.h])
+        .arg(c.packed_parts())
         .query(conn)
         .expect("lease script");
     LedgerReply::parse(&reply, 1).expect("reply")
 }
 
+/// Sends `calls` (all on `keys`) as one batched script call at `now`.
+fn lua_batch(
+    conn: &mut redis::Connection,
+    keys: (&str, &str),
+    calls: &[LedgerCall],
+    now: u64,
+) -> Vec<LedgerReply> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../../../../lua/lease.lua"))
+        .arg(2 * calls.len());
+    for _ in calls {
+        cmd.arg(keys.0).arg(keys.1);
+    }
+    cmd.arg("B").arg(now).arg(calls.len());
+    for c in calls {
+        cmd.arg(c.mode.code())
+            .arg(c.period_ms)
+            .arg(c.lease_id)
+            .arg(c.previous)
+            .arg(c.packed_parts());
+    }
+    let reply: Vec<u8> = cmd.query(conn).expect("lease script, batched");
+    let lines: Vec<&[u8]> = reply.split(|&b| b == b'\n').collect();
+    assert_eq!(lines.len(), calls.len(), "one reply line per call");
+    lines
+        .iter()
+        .map(|l| LedgerReply::parse(l, 1).expect("reply"))
+        .collect()
+}
+
 #[test]
 fn the_lua_ledger_matches_the_rust_ledger() {
+    differential(false);
+}
+
+/// Batched calls (one script call running several in order, as the Redis stores send
+/// queued calls) answer each call as if it were sent alone at the same instant.
+#[test]
+fn a_batch_of_ledger_calls_answers_as_the_calls_one_by_one() {
+    differential(true);
+}
+
+fn differential(batched: bool) {
     let Ok(client) = redis::Client::open("redis://127.0.0.1:6379") else {
         return;
     };
@@ -49,7 +88,12 @@ fn the_lua_ledger_matches_the_rust_ledger() {
         seed % m
     };
     for kind in [Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed] {
-        let key = format!("tg-ledger-diff-{}-{}:{{k}}", std::process::id(), kind as u8);
+        let key = format!(
+            "tg-ledger-diff-{}-{}-{}:{{k}}",
+            std::process::id(),
+            kind as u8,
+            u8::from(batched)
+        );
         let ukey = format!("{key}:u");
         let _: () = redis::cmd("DEL")
             .arg(&key)
@@ -73,36 +117,51 @@ fn the_lua_ledger_matches_the_rust_ledger() {
         let mut states: [Option<LState>; 1] = [None];
         let mut now = 1_700_000_000_000u64;
         let mut held: Option<(u64, u64, u64, u64)> = None; // id, granted, at, valid
-        for id in 1..400u64 {
+        let mut id = 0u64;
+        while id < 400 {
             now += rand(4) * rand(150);
-            let mut part = base;
-            let c = match rand(4) {
-                0 => {
-                    part.a = 1 + rand(2);
-                    call(Mode::Peek, 0, id, 0, part)
-                }
-                1 if held.is_some() => {
-                    let (hid, k, at, valid) = held.take().unwrap_or_default();
-                    (part.a, part.b, part.c, part.d) = (k, rand(k + 1), at, valid);
-                    call(Mode::Return, 0, hid, 0, part)
-                }
-                _ => {
-                    part.a = 1 + rand(2);
-                    part.b = part.a + rand(4);
-                    let period = [0, 50, 300][rand(3) as usize];
-                    let mut previous = 0;
-                    if let Some((hid, k, at, valid)) = held.take() {
-                        previous = hid;
-                        (part.e, part.f, part.g, part.h) = (k, rand(k + 1), at, valid);
+            let size = if batched { 1 + rand(4) } else { 1 };
+            let mut calls = Vec::new();
+            let mut wants = Vec::new();
+            for _ in 0..size {
+                id += 1;
+                let mut part = base;
+                let c = match rand(4) {
+                    0 => {
+                        part.a = 1 + rand(2);
+                        call(Mode::Peek, 0, id, 0, part)
                     }
-                    call(Mode::Grant, period, id, previous, part)
+                    1 if held.is_some() => {
+                        let (hid, k, at, valid) = held.take().unwrap_or_default();
+                        (part.a, part.b, part.c, part.d) = (k, rand(k + 1), at, valid);
+                        call(Mode::Return, 0, hid, 0, part)
+                    }
+                    _ => {
+                        part.a = 1 + rand(2);
+                        part.b = part.a + rand(4);
+                        let period = [0, 50, 300][rand(3) as usize];
+                        let mut previous = 0;
+                        if let Some((hid, k, at, valid)) = held.take() {
+                            previous = hid;
+                            (part.e, part.f, part.g, part.h) = (k, rand(k + 1), at, valid);
+                        }
+                        call(Mode::Grant, period, id, previous, part)
+                    }
+                };
+                let want = run(&c, &mut states, now);
+                if c.mode == Mode::Grant && want.granted && want.valid_ms > 0 {
+                    held = Some((id, want.answers[0].granted, now, want.valid_ms));
                 }
+                calls.push(c);
+                wants.push(want);
+            }
+            let gots = if batched {
+                lua_batch(&mut conn, (&key, &ukey), &calls, now)
+            } else {
+                vec![lua(&mut conn, (&key, &ukey), &calls[0], now)]
             };
-            let want = run(&c, &mut states, now);
-            let got = lua(&mut conn, (&key, &ukey), &c, now);
-            assert_eq!(got, want, "{kind:?} call {id} at {now}: {c:?}");
-            if c.mode == Mode::Grant && want.granted && want.valid_ms > 0 {
-                held = Some((id, want.answers[0].granted, now, want.valid_ms));
+            for ((got, want), c) in gots.iter().zip(&wants).zip(&calls) {
+                assert_eq!(got, want, "{kind:?} call {} at {now}: {c:?}", c.lease_id);
             }
         }
         let _: () = redis::cmd("DEL")
@@ -110,5 +169,34 @@ fn the_lua_ledger_matches_the_rust_ledger() {
             .arg(&ukey)
             .query(&mut conn)
             .unwrap();
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
+    let ok = LedgerReply::parse(b"1 250 1700000000000 5 40 800 0", 1).unwrap();
+    assert!(ok.granted);
+    assert_eq!((ok.valid_ms, ok.now_ms), (250, 1_700_000_000_000));
+    assert_eq!(ok.answers[0].remaining, 40);
+    assert!(LedgerReply::parse(b"1 0 1700000000000", 2)
+        .unwrap()
+        .answers
+        .is_empty());
+    for bad in [
+        &b""[..],
+        b"1 0",
+        b"1 0 17 5 40 800",
+        b"1 0 17 5 40 800 0 1",
+        b"1 0 17 5 -1 800 0",
+        b"1  0 17",
+        b"1 0 17 5 40 800 99999999999999999999",
+        b"\xff 0 17",
+    ] {
+        assert!(
+            matches!(LedgerReply::parse(bad, 1), Err(StoreError::Protocol(_))),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
     }
 }
