@@ -1,5 +1,6 @@
-//! Resident memory of the memory store holding 1 000 000 active keys, and after they expire
-//! and are swept; governor's keyed limiter with the same keys for comparison.
+//! Resident memory of the memory store holding 1 000 000 active keys (or `FOOTPRINT_KEYS`),
+//! and after they expire and are swept; governor's keyed limiter with the same keys for
+//! comparison.
 //!
 //! Each side runs in a child process of its own (so one side's freed memory cannot flatter the
 //! other) and reads its resident set size (`VmRSS` in `/proc/self/status`, Linux only) before
@@ -9,7 +10,11 @@
 //!
 //! ```text
 //! cargo bench --bench footprint
+//! FOOTPRINT_KEYS=2000000 cargo bench --bench footprint
 //! ```
+//!
+//! The figure moves with the key count: the store's tables double, so at some counts they are
+//! half empty and at others nearly full.
 
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -20,7 +25,12 @@ use tollgate::key::Key;
 use tollgate::store::{MemoryStore, Store};
 use tollgate::{Algorithm, Policy, Rate};
 
-const KEYS: usize = 1_000_000;
+/// How many keys each side fills: `FOOTPRINT_KEYS`, default 1 000 000.
+fn keys() -> usize {
+    std::env::var("FOOTPRINT_KEYS").ok().map_or(1_000_000, |n| {
+        n.parse().expect("FOOTPRINT_KEYS is a number")
+    })
+}
 
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -37,7 +47,7 @@ fn delta(a: Option<u64>, b: Option<u64>) -> String {
         (Some(a), Some(b)) => format!(
             "{:+.1} MiB ({:.0} B/key)",
             (b as f64 - a as f64) / 1024.0,
-            (b as f64 - a as f64) * 1024.0 / KEYS as f64
+            (b as f64 - a as f64) * 1024.0 / keys() as f64
         ),
         _ => "n/a".into(),
     }
@@ -50,7 +60,7 @@ fn material(i: usize) -> String {
 fn tollgate_side(algorithm: Algorithm) {
     let clock = ManualClock::new(1_700_000_000_000);
     let store = MemoryStore::builder()
-        .max_keys(2 * KEYS)
+        .max_keys(2 * keys())
         .background_sweep(false)
         .clock(clock.clone())
         .build()
@@ -61,7 +71,7 @@ fn tollgate_side(algorithm: Algorithm) {
         .unwrap()];
     let before = rss_kib();
     let start = Instant::now();
-    for i in 0..KEYS {
+    for i in 0..keys() {
         let key = Key::new("ip", material(i));
         assert!(store
             .check_now(&key, &policies, &[1])
@@ -92,7 +102,7 @@ fn governor_side() {
         governor::RateLimiter::keyed(governor::Quota::per_second(NonZeroU32::new(10).unwrap()));
     let before = rss_kib();
     let start = Instant::now();
-    for i in 0..KEYS {
+    for i in 0..keys() {
         assert!(limiter.check_key(&material(i)).is_ok());
     }
     let filled = start.elapsed();
@@ -118,7 +128,7 @@ fn main() {
         Some("governor") => governor_side(),
         _ => {
             // `cargo bench` passes `--bench`: run every side, each in a fresh process.
-            println!("resident memory, {KEYS} keys, one policy");
+            println!("resident memory, {} keys, one policy", keys());
             let exe = std::env::current_exe().expect("own path");
             for side in ["tollgate_counter", "tollgate_gcra", "governor"] {
                 let status = Command::new(&exe).arg(side).status().expect("child");
