@@ -5,7 +5,7 @@
 //! default (about 15 s in release, minutes in debug); run it with
 //!
 //! ```text
-//! cargo test --release --test memory_soak -- --ignored --nocapture
+//! cargo test --release --all-features --test memory_soak -- --ignored --nocapture
 //! ```
 
 mod support;
