@@ -14,13 +14,16 @@
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
 --         return: a = units granted, b = units unused, c = grant time, d = lease validity;
 --         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
--- Reply: "allowed valid now" then "granted remaining reset_after retry_after" per policy,
---        integers separated by spaces.
+-- Reply: binary, little-endian doubles holding whole numbers (no number is formatted as
+--        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
+--        allowed, valid, now, the number of answers (0 or one per policy), then per answer
+--        granted, remaining, reset_after, retry_after.
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
 -- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
--- one by one at the same instant; the reply is each call's reply, one per line.
+-- one by one at the same instant; the reply is each call's reply, one after the other (each
+-- says how many answers it holds).
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
 local unpack_struct, pack = struct.unpack, struct.pack
 local TTL_MARGIN_MS = 1000
@@ -296,7 +299,7 @@ local function call(mode, period, lease_id, previous, P, count)
     for i = 1, count do
       redis.call('DEL', P[i].key, P[i].ukey)
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   if mode == 'r' then
@@ -304,7 +307,7 @@ local function call(mode, period, lease_id, previous, P, count)
       local p = P[i]
       give(p, lease_id, p.a, p.b, p.c, p.d)
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   if mode == 'g' and previous ~= '0' then
@@ -331,7 +334,7 @@ local function call(mode, period, lease_id, previous, P, count)
         end
       end
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   -- Grant (or peek): a block valid for `period` when every policy has room for at least
@@ -371,7 +374,7 @@ local function call(mode, period, lease_id, previous, P, count)
   end
 
   if valid < 0 then
-    out[1] = '0 0 ' .. int(now)
+    out[1] = pack('<dddd', 0, 0, now, count)
     for i = 1, count do
       local p = P[i]
       local remaining, reset = view(p)
@@ -379,12 +382,12 @@ local function call(mode, period, lease_id, previous, P, count)
       if most(p, 0) < p.a then
         r = retry(p, p.a)
       end
-      out[#out + 1] = '0 ' .. int(remaining) .. ' ' .. int(reset) .. ' ' .. int(r)
+      out[#out + 1] = pack('<dddd', 0, remaining, reset, r)
     end
-    return table.concat(out, ' ')
+    return table.concat(out)
   end
 
-  out[1] = '1 ' .. int(valid) .. ' ' .. int(now)
+  out[1] = pack('<dddd', 1, valid, now, count)
   for i = 1, count do
     local p = P[i]
     if mode == 'g' then
@@ -398,9 +401,9 @@ local function call(mode, period, lease_id, previous, P, count)
       p.cur = p.cur + granted[i]
     end
     local remaining, reset = view(p)
-    out[#out + 1] = int(granted[i]) .. ' ' .. int(remaining) .. ' ' .. int(reset) .. ' 0'
+    out[#out + 1] = pack('<dddd', granted[i], remaining, reset, 0)
   end
-  return table.concat(out, ' ')
+  return table.concat(out)
 end
 
 if ARGV[1] ~= 'B' then
@@ -414,4 +417,4 @@ for j = 1, tonumber(ARGV[3]) do
   o = o + 5
   k = k + 2 * count
 end
-return table.concat(replies, '\n')
+return table.concat(replies)

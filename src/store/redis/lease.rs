@@ -109,20 +109,18 @@ async fn run_batch<C: Connector>(
     match core.invoke(&invocation(batch)).await {
         Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
         Ok(bytes) => {
-            let mut lines = bytes.split(|&b| b == b'\n');
+            let mut rest = bytes.as_slice();
             let mut replies: Vec<_> = batch
                 .iter()
-                .map(|r| match lines.next() {
-                    Some(line) => LedgerReply::parse(line, r.call.parts.len()),
-                    None => Err(StoreError::Protocol(crate::error::Cause::from(
-                        "the lease script answered fewer calls than it was sent",
-                    ))),
-                })
+                .map(|r| LedgerReply::parse_next(&mut rest, r.call.parts.len()))
                 .collect();
-            if lines.next().is_some() {
-                let e = StoreError::Protocol(crate::error::Cause::from(
-                    "the lease script answered more calls than it was sent",
-                ));
+            if !rest.is_empty() || replies.iter().any(Result::is_err) {
+                // One malformed reply puts every later one's boundary in doubt.
+                let e = StoreError::Protocol(crate::error::Cause::from(format!(
+                    "the lease script's reply to {} calls is malformed ({} bytes)",
+                    batch.len(),
+                    bytes.len()
+                )));
                 replies.iter_mut().for_each(|r| *r = Err(e.clone()));
             }
             replies

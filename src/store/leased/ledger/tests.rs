@@ -52,12 +52,13 @@ fn lua_batch(
             .arg(c.packed_parts());
     }
     let reply: Vec<u8> = cmd.query(conn).expect("lease script, batched");
-    let lines: Vec<&[u8]> = reply.split(|&b| b == b'\n').collect();
-    assert_eq!(lines.len(), calls.len(), "one reply line per call");
-    lines
+    let mut rest = reply.as_slice();
+    let replies: Vec<LedgerReply> = calls
         .iter()
-        .map(|l| LedgerReply::parse(l, 1).expect("reply"))
-        .collect()
+        .map(|_| LedgerReply::parse_next(&mut rest, 1).expect("reply"))
+        .collect();
+    assert!(rest.is_empty(), "one reply per call, nothing after them");
+    replies
 }
 
 #[test]
@@ -175,28 +176,41 @@ fn differential(batched: bool) {
 #[cfg(feature = "redis")]
 #[test]
 fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
-    let ok = LedgerReply::parse(b"1 250 1700000000000 5 40 800 0", 1).unwrap();
+    fn reply(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+    let now = 1_700_000_000_000.0;
+    let ok = LedgerReply::parse(&reply(&[1.0, 250.0, now, 1.0, 5.0, 40.0, 800.0, 0.0]), 1).unwrap();
     assert!(ok.granted);
     assert_eq!((ok.valid_ms, ok.now_ms), (250, 1_700_000_000_000));
     assert_eq!(ok.answers[0].remaining, 40);
-    assert!(LedgerReply::parse(b"1 0 1700000000000", 2)
+    assert!(LedgerReply::parse(&reply(&[1.0, 0.0, now, 0.0]), 2)
         .unwrap()
         .answers
         .is_empty());
+    let mut two = reply(&[1.0, 0.0, now, 0.0]);
+    two.extend(reply(&[0.0, 0.0, now, 1.0, 0.0, 0.0, 10.0, 10.0]));
+    let mut rest = two.as_slice();
+    assert!(LedgerReply::parse_next(&mut rest, 1).unwrap().granted);
+    assert!(!LedgerReply::parse_next(&mut rest, 1).unwrap().granted);
+    assert!(rest.is_empty());
     for bad in [
-        &b""[..],
-        b"1 0",
-        b"1 0 17 5 40 800",
-        b"1 0 17 5 40 800 0 1",
-        b"1 0 17 5 -1 800 0",
-        b"1  0 17",
-        b"1 0 17 5 40 800 99999999999999999999",
-        b"\xff 0 17",
+        Vec::new(),
+        reply(&[1.0, 0.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, 40.0, 800.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, 40.0, 800.0, 0.0, 1.0]),
+        reply(&[1.0, 0.0, now, 2.0, 5.0, 40.0, 800.0, 0.0]),
+        reply(&[2.0, 0.0, now, 0.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, -1.0, 800.0, 0.0]),
+        reply(&[1.0, 0.5, now, 0.0]),
+        reply(&[1.0, 0.0, f64::NAN, 0.0]),
+        reply(&[1.0, 0.0, f64::INFINITY, 0.0]),
+        reply(&[1.0, 0.0, 1e300, 0.0]),
+        b"1 0 1700000000000".to_vec(),
     ] {
         assert!(
-            matches!(LedgerReply::parse(bad, 1), Err(StoreError::Protocol(_))),
-            "{:?}",
-            String::from_utf8_lossy(bad)
+            matches!(LedgerReply::parse(&bad, 1), Err(StoreError::Protocol(_))),
+            "{bad:02x?}"
         );
     }
 }
