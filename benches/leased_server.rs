@@ -2,7 +2,7 @@
 //! (wrk against it, Redis `INFO commandstats` around it). Stops by itself after `<seconds>`.
 //!
 //! ```text
-//! leased_server <bare|exact|leased> <port> <seconds>
+//! leased_server <bare|memory|exact|leased> <port> <seconds>
 //! ```
 //!
 //! The key is the `x-key` request header (the wrk script picks it), else the peer IP (one
@@ -23,7 +23,7 @@ use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 4 || args.iter().any(|a| a == "--bench") {
-        eprintln!("usage: leased_server <bare|exact|leased> <port> <seconds>");
+        eprintln!("usage: leased_server <bare|memory|exact|leased> <port> <seconds>");
         return;
     }
     let side = args[1].clone();
@@ -56,6 +56,14 @@ async fn serve(side: String, port: u16, seconds: u64) {
     let policy = Policy::new("bench", Rate::per_minute(6_000_000_000)).unwrap();
     let app = match side.as_str() {
         "bare" => app,
+        "memory" => {
+            let limiter = Limiter::builder()
+                .extractor(extractor)
+                .policy(policy)
+                .build()
+                .unwrap();
+            app.layer(RateLimitLayer::new(limiter))
+        }
         "exact" => {
             let store = redis();
             store.ping().await.expect("Redis reachable");

@@ -4,8 +4,8 @@
 -- one request exactly (a block of `cost` used at once), peeks, gives unused units back, or
 -- charges extra units whatever the state (a cost settled above its reservation).
 --
--- KEYS: two per policy: its ledger state, and (sliding window log only) the units of each
---       of its entries.
+-- KEYS: per policy its ledger state, then (sliding window log only) the units of each of its
+--       entries.
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
 --       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
 --       then one binary string: twelve little-endian doubles (whole numbers) per policy:
@@ -58,7 +58,8 @@ else
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
--- The policies of a call from its binary string, their keys after KEYS[k]; and how many.
+-- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
+-- index of their last key.
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
   local P, pos, count = {}, 1, floor(#blob / 96)
@@ -66,13 +67,18 @@ local function policies(blob, k)
     local kind, n, w, cap, a, b, c, d, e, f, g, h
     kind, n, w, cap, a, b, c, d, e, f, g, h, pos = unpack_struct('<dddddddddddd', blob, pos)
     P[i] = {
-      key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i], kind = kind, n = n, w = w, cap = cap,
+      key = KEYS[k + 1], ukey = false, kind = kind, n = n, w = w, cap = cap,
       a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h,
       idx = 0, prev = 0, cur = 0, sw = 0, sc = 0, sp = 0, deficit = 0, updated = 0,
       entries = false, used = 0,
     }
+    k = k + 1
+    if kind == 2 then
+      P[i].ukey = KEYS[k + 1]
+      k = k + 1
+    end
   end
-  return P, count
+  return P, count, k
 end
 
 -- Loading: one string of three little-endian doubles: counter {w, c, p}, fixed {w, c, 0},
@@ -297,7 +303,11 @@ local function call(mode, period, lease_id, previous, P, count)
 
   if mode == 'x' then
     for i = 1, count do
-      redis.call('DEL', P[i].key, P[i].ukey)
+      if P[i].ukey then
+        redis.call('DEL', P[i].key, P[i].ukey)
+      else
+        redis.call('DEL', P[i].key)
+      end
     end
     return pack('<dddd', 1, 0, now, 0)
   end
@@ -412,9 +422,9 @@ if ARGV[1] ~= 'B' then
 end
 local replies, o, k = {}, 3, 0
 for j = 1, tonumber(ARGV[3]) do
-  local P, count = policies(ARGV[o + 5], k)
+  local P, count
+  P, count, k = policies(ARGV[o + 5], k)
   replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
   o = o + 5
-  k = k + 2 * count
 end
 return table.concat(replies)

@@ -13,12 +13,25 @@ fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCa
     }
 }
 
+/// The number of keys and the keys of `calls` (all one policy on `keys`): the state, and
+/// the entries' units for the sliding window log only.
+fn push_keys(cmd: &mut redis::Cmd, keys: (&str, &str), calls: &[LedgerCall]) {
+    let log = |c: &LedgerCall| c.parts.iter().any(|p| p.kind == Kind::Log);
+    let count: usize = calls.iter().map(|c| if log(c) { 2 } else { 1 }).sum();
+    cmd.arg(count);
+    for c in calls {
+        cmd.arg(keys.0);
+        if log(c) {
+            cmd.arg(keys.1);
+        }
+    }
+}
+
 fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u64) -> LedgerReply {
-    let reply: Vec<u8> = redis::cmd("EVAL")
-        .arg(include_str!("../../../../lua/lease.lua"))
-        .arg(2)
-        .arg(keys.0)
-        .arg(keys.1)
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    push_keys(&mut cmd, keys, std::slice::from_ref(c));
+    let reply: Vec<u8> = cmd
         .arg(c.mode.code())
         .arg(now)
         .arg(c.period_ms)
@@ -38,11 +51,8 @@ fn lua_batch(
     now: u64,
 ) -> Vec<LedgerReply> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../../../../lua/lease.lua"))
-        .arg(2 * calls.len());
-    for _ in calls {
-        cmd.arg(keys.0).arg(keys.1);
-    }
+    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    push_keys(&mut cmd, keys, calls);
     cmd.arg("B").arg(now).arg(calls.len());
     for c in calls {
         cmd.arg(c.mode.code())
