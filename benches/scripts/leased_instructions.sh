@@ -3,7 +3,8 @@
 # redis-server: each side runs twice under valgrind while wrk sends requests for SHORT and
 # LONG seconds; (instructions of the long run − the short run) / (requests − requests) leaves
 # out start-up and shutdown. Counts instructions, not time, so it holds on a busy machine.
-# LOAD=cold sends a random key out of 1 000 000 per request (no key leased), LOAD=hot one key.
+# LOAD=cold sends a random key out of 1 000 000 per request (no key leased), LOAD=keys64 one
+# of 64 (each leased), LOAD=hot one key.
 # WHO=redis counts the private redis-server's instructions per request instead (a fresh
 # redis-server under valgrind per run; the limiter server runs natively).
 #
@@ -39,13 +40,16 @@ start_redis() { # [valgrind...]
 }
 [ "$WHO" = server ] && start_redis
 export REDIS_URL="redis://127.0.0.1:$RPORT"
-cat >"$dir/cold.lua" <<'LUA'
+for keys in 64 1000000; do
+  cat >"$dir/keys$keys.lua" <<LUA
 request = function()
-  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, 1000000)) })
+  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, $keys)) })
 end
 LUA
+done
 script=()
-[ "$LOAD" = cold ] && script=(-s "$dir/cold.lua")
+[ "$LOAD" = keys64 ] && script=(-s "$dir/keys64.lua")
+[ "$LOAD" = cold ] && script=(-s "$dir/keys1000000.lua")
 run() { # side seconds -> "requests instructions"
   local vg n
   if [ "$WHO" = redis ]; then
