@@ -58,6 +58,92 @@ else
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
+-- The common call, decided with locals only, before the general path's functions are defined
+-- (every script call builds each of them again as a closure, and the general path's policy
+-- tables are garbage to collect): one request of one counter, fixed window or token bucket /
+-- GCRA policy that has room, charged at once (a grant with no period and no block to give
+-- back) or peeked, as a cold key's decisions are. The arithmetic is that of load(), most(),
+-- charge() and view() below for those kinds (and of ledger.rs; the differential tests in
+-- ledger/tests.rs hold all three to the same replies). Anything else, a refusal included,
+-- answers nil and goes to the general path, which reads the state afresh: nothing was written.
+local function quick(mode, period, previous, blob, key)
+  if #blob ~= 96 or previous ~= '0' or not (mode == 'p' or (mode == 'g' and period == 0)) then
+    return nil
+  end
+  local kind, n, w, cap, cost = unpack_struct('<ddddd', blob)
+  if kind ~= 1 and kind ~= 3 and kind ~= 4 then
+    return nil
+  end
+  local v = redis.call('GET', key)
+  local x, y, z = 0, 0, 0
+  if v then
+    x, y, z = unpack_struct('<ddd', v)
+  end
+  local remaining, reset = 0, 0
+  if kind == 3 then
+    local deficit = max(x - max(now - y, 0) * n, 0)
+    local room = cap * w - deficit
+    if room < 0 or idiv(room, w) < cost then
+      return nil
+    end
+    deficit = deficit + cost * w
+    if mode == 'g' then
+      redis.call('SET', key, pack('<ddd', deficit, max(now, y), 0),
+        'PX', ceil_div(deficit, n) + TTL_MARGIN_MS)
+    end
+    remaining, reset = idiv(max(cap * w - deficit, 0), w), ceil_div(deficit, n)
+  else
+    local idx = idiv(now, w)
+    local prev, cur = 0, 0
+    if x == idx then
+      prev, cur = z, y
+    elseif kind == 1 and x + 1 == idx then
+      prev = y
+    end
+    if kind == 4 then
+      prev = 0
+      if n - cur < cost then
+        return nil
+      end
+    else
+      local e = now - idx * w
+      local weighted = prev * (w - e) + cur * w
+      if idiv(max(n * w - weighted, 0), w) - ((weighted > n * w) and 1 or 0) < cost then
+        return nil
+      end
+    end
+    cur = cur + cost
+    if kind == 4 then
+      if mode == 'g' then
+        redis.call('SET', key, pack('<ddd', idx, cur, 0), 'PX', (idx + 1) * w - now + TTL_MARGIN_MS)
+      end
+      remaining = max(n - cur, 0)
+      if cur > 0 then
+        reset = (idx + 1) * w - now
+      end
+    else
+      if mode == 'g' then
+        redis.call('SET', key, pack('<ddd', idx, cur, prev), 'PX', (idx + 2) * w - now + TTL_MARGIN_MS)
+      end
+      local e = now - idx * w
+      remaining = idiv(max(n * w - prev * (w - e) - cur * w, 0), w)
+      if cur > 0 then
+        reset = (idx + 2) * w - now
+      elseif prev > 0 then
+        reset = (idx + 1) * w - now
+      end
+    end
+  end
+  return pack('<dddddddd', 1, 0, now, 1, cost, remaining, reset, 0)
+end
+
+if ARGV[1] ~= 'B' then
+  local reply = quick(ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6], KEYS[1])
+  if reply then
+    return reply
+  end
+end
+
 -- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
 -- index of their last key.
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
@@ -422,9 +508,15 @@ if ARGV[1] ~= 'B' then
 end
 local replies, o, k = {}, 3, 0
 for j = 1, tonumber(ARGV[3]) do
-  local P, count
-  P, count, k = policies(ARGV[o + 5], k)
-  replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  local reply = quick(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 4], ARGV[o + 5], KEYS[k + 1])
+  if reply then
+    k = k + 1
+  else
+    local P, count
+    P, count, k = policies(ARGV[o + 5], k)
+    reply = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  end
+  replies[j] = reply
   o = o + 5
 end
 return table.concat(replies)
