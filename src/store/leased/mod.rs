@@ -152,7 +152,8 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 #[cfg(feature = "redis")]
-pub(crate) use ledger::{ledger_key, Kind};
+pub(crate) use ledger::ledger_key;
+pub(crate) use ledger::Kind;
 use ledger::{Mode, Part};
 
 /// The default lease time: how long a block may be spent.
