@@ -136,9 +136,84 @@ impl PolicySet {
     }
 }
 
+/// What the lists, shadow policies and costs make of a key, before the store is asked.
+pub(crate) enum Screened<'s> {
+    /// Allow-listed key, or only shadow policies: go ahead, no headers.
+    Pass,
+    /// Deny-listed key, or a cost that never fits.
+    Refuse(Refusal),
+    /// Ask the store, charging these units to each enforced policy.
+    Ask(Costs<'s>),
+}
+
+/// The units a request charges each enforced policy: the set's own costs (borrowed, the
+/// common case) or given ones.
+pub(crate) enum Costs<'s> {
+    Own(&'s [u64]),
+    Given(SmallVec<[u64; 2]>),
+}
+
+impl Costs<'_> {
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        match self {
+            Costs::Own(c) => c,
+            Costs::Given(c) => c,
+        }
+    }
+}
+
 impl<S: Store> Limiter<S> {
-    /// Everything before the store answers, for a key: deny and allow lists, shadow
-    /// policies, the cost (`None`: each policy's own), penalties, and the store call.
+    /// Everything before the store is asked, for a key: deny and allow lists, shadow
+    /// policies, the cost (`None`: each policy's own) and its check against the capacities.
+    #[inline]
+    pub(crate) fn screen<'s>(
+        &self,
+        set: &'s Arc<PolicySet>,
+        lists: &Lists,
+        key: &Key,
+        cost: Option<u64>,
+        estimates: Option<&[u64]>,
+    ) -> Screened<'s> {
+        if lists.deny.contains(key) {
+            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
+            refusal.log(Some(key));
+            return Screened::Refuse(refusal);
+        }
+        if lists.allow.contains(key) {
+            return Screened::Pass;
+        }
+        if !set.shadow.is_empty() {
+            self.spawn_shadow_check(key, set, cost);
+        }
+        if set.enforced.is_empty() {
+            return Screened::Pass;
+        }
+        // A cost equal to every policy's own (an in-flight policy always takes one slot)
+        // charges the costs validated when the set was built: borrowed, not copied, and not
+        // checked again. The common case, on every request.
+        let own = estimates.is_none()
+            && cost.is_none_or(|c| {
+                set.enforced
+                    .iter()
+                    .zip(set.default_costs.iter())
+                    .all(|(p, &d)| if p.is_in_flight() { d == 1 } else { d == c })
+            });
+        if own {
+            return Screened::Ask(Costs::Own(&set.default_costs));
+        }
+        // Policies' own costs were checked when they were built; a given one is checked here.
+        let given = set.charged_costs(cost, estimates);
+        if let Some((p, &c)) = too_costly(&set.enforced, &given) {
+            let refusal = Refusal::cost_exceeds_capacity(p, c);
+            refusal.log(Some(key));
+            return Screened::Refuse(refusal);
+        }
+        Screened::Ask(Costs::Given(given))
+    }
+
+    /// Everything before the store answers, for a key: [`screen`](Self::screen), penalties,
+    /// and the store call.
     #[inline]
     pub(crate) fn prepare_key(
         &self,
@@ -149,45 +224,12 @@ impl<S: Store> Limiter<S> {
         estimates: Option<&[u64]>,
     ) -> Prepared<S::CheckFuture> {
         let common = &*self.inner.common;
-        if lists.deny.contains(&key) {
-            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
-            refusal.log(Some(&key));
-            return Prepared::Refuse(refusal);
-        }
-        if lists.allow.contains(&key) {
-            return Prepared::Pass;
-        }
-        if !set.shadow.is_empty() {
-            self.spawn_shadow_check(&key, &set, cost);
-        }
-        if set.enforced.is_empty() {
-            return Prepared::Pass;
-        }
-        // The policies' own costs are borrowed, not copied: the common case, on every request.
-        let given: SmallVec<[u64; 2]>;
-        // A cost equal to every policy's own (an in-flight policy always takes one slot)
-        // charges the costs validated when the set was built: no copy, no check.
-        let own = estimates.is_none()
-            && cost.is_none_or(|c| {
-                set.enforced
-                    .iter()
-                    .zip(set.default_costs.iter())
-                    .all(|(p, &d)| if p.is_in_flight() { d == 1 } else { d == c })
-            });
-        let costs: &[u64] = if own {
-            &set.default_costs
-        } else {
-            given = set.charged_costs(cost, estimates);
-            &given
+        let costs = match self.screen(&set, lists, &key, cost, estimates) {
+            Screened::Pass => return Prepared::Pass,
+            Screened::Refuse(refusal) => return Prepared::Refuse(refusal),
+            Screened::Ask(costs) => costs,
         };
-        // Policies' own costs were checked when they were built; a given one is checked here.
-        if !own {
-            if let Some((p, &c)) = too_costly(&set.enforced, costs) {
-                let refusal = Refusal::cost_exceeds_capacity(p, c);
-                refusal.log(Some(&key));
-                return Prepared::Refuse(refusal);
-            }
-        }
+        let costs = costs.as_slice();
         // The key goes along (moved, not copied) for the decision event, the span and the
         // top refused keys; each reads it only when it is wanted.
         let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {

@@ -19,6 +19,7 @@ mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
+use decide::Screened;
 pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
@@ -336,22 +337,54 @@ impl<S: Store> Limiter<S> {
     /// store fails.
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
         // One load of the plan for the set and the lists, released before any await.
-        let prepared = {
+        let (set, future) = {
             let plan = self.inner.plan.load();
             let Some(set) = plan.default_set() else {
                 return Ok(Decision::pass());
             };
-            self.prepare_key(Arc::clone(set), &plan.lists, key.clone(), Some(cost), None)
+            if !set.penalties.is_empty() {
+                match self.prepare_key(Arc::clone(set), &plan.lists, key.clone(), Some(cost), None)
+                {
+                    Prepared::Pass => return Ok(Decision::pass()),
+                    Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                    Prepared::Decided { set, outcome, .. } => {
+                        return self.admit(&set, key, outcome)
+                    }
+                    Prepared::Check { set, future, .. } => (set, future),
+                }
+            } else {
+                let costs = match self.screen(set, &plan.lists, key, Some(cost), None) {
+                    Screened::Pass => return Ok(Decision::pass()),
+                    Screened::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                    Screened::Ask(costs) => costs,
+                };
+                let store = &self.inner.common.store;
+                // A store that answers at once (the memory store) is decided right here:
+                // no prepared state, no future, no key copied.
+                if let Some(outcome) = store.check_now(key, &set.enforced, costs.as_slice()) {
+                    return self.admit(set, key, outcome);
+                }
+                let future = CheckFuture::Direct {
+                    future: store.check(key, &set.enforced, costs.as_slice()),
+                };
+                (Arc::clone(set), future)
+            }
         };
-        // Matched here rather than in `finish_direct`: a memory store's decision is already
-        // made, and one state machine less moves it one time less.
-        let (set, outcome) = match prepared {
-            Prepared::Pass => return Ok(Decision::pass()),
-            Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-            Prepared::Decided { set, outcome, .. } => (set, outcome),
-            Prepared::Check { set, future, .. } => (set, future.await),
-        };
-        self.record(&set, None, &outcome);
+        let outcome = future.await;
+        self.admit(&set, key, outcome)
+    }
+
+    /// What [`check`](Self::check) makes of the store's answer: it is recorded (metrics,
+    /// no trace event: `check` keeps no key for one), and a rate-limited refusal counts in
+    /// the top refused keys.
+    #[inline]
+    fn admit(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        outcome: Result<Decision, crate::StoreError>,
+    ) -> Result<Decision, CheckError> {
+        self.record(set, None, &outcome);
         let decision = outcome?;
         if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
             self.note_refused(key);
