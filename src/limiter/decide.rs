@@ -77,7 +77,8 @@ impl<S: Store> Limiter<S> {
     /// [`prepare_key`](Self::prepare_key). The request is decided by the plan in force now
     /// to its end, whatever a reload does meanwhile.
     pub(crate) fn prepare(&self, request: &RequestView<'_>) -> Prepared<S::CheckFuture> {
-        let plan = self.inner.plan.load();
+        let guard = self.plan();
+        let plan = &*guard;
         let Some(set) = plan.resolve(request) else {
             return Prepared::Pass;
         };

@@ -30,6 +30,7 @@ pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -127,9 +128,56 @@ pub(crate) struct PolicyNames {
 
 struct LimiterInner<S> {
     common: Arc<Common<S>>,
-    /// The plan in force: swapped whole by [`Limiter::reload`]; a request keeps the policy
-    /// set it started with.
+    /// The plan the limiter was built with: the plan in force until the first reload, read
+    /// without the cost of `plan`'s guard.
+    built: Arc<CompiledPlan>,
+    /// Set (once, for good) by the first [`Limiter::reload`]: the plan in force is `plan`'s.
+    reloaded: AtomicBool,
+    /// The plan in force after a reload: swapped whole by [`Limiter::reload`]; a request
+    /// keeps the policy set it started with.
     plan: ArcSwap<CompiledPlan>,
+}
+
+/// The plan in force, borrowed for one request or call ([`Limiter::plan`]).
+enum PlanRef<'a> {
+    Built(&'a CompiledPlan),
+    Reloaded(arc_swap::Guard<Arc<CompiledPlan>>),
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = CompiledPlan;
+
+    #[inline]
+    fn deref(&self) -> &CompiledPlan {
+        match self {
+            PlanRef::Built(plan) => plan,
+            PlanRef::Reloaded(guard) => guard,
+        }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// The plan in force. Until the first reload that is the plan built with the limiter,
+    /// read directly; after it, `plan`'s. A relaxed load of the flag is enough: a thread that
+    /// has not yet seen a reload decides by the plan before it, as a request that started
+    /// just before the reload would, and either plan is whole.
+    #[inline]
+    fn plan(&self) -> PlanRef<'_> {
+        if self.inner.reloaded.load(Ordering::Relaxed) {
+            PlanRef::Reloaded(self.inner.plan.load())
+        } else {
+            PlanRef::Built(&self.inner.built)
+        }
+    }
+
+    /// The plan in force, kept (see [`plan`](Self::plan)).
+    fn plan_full(&self) -> Arc<CompiledPlan> {
+        if self.inner.reloaded.load(Ordering::Relaxed) {
+            self.inner.plan.load_full()
+        } else {
+            Arc::clone(&self.inner.built)
+        }
+    }
 }
 
 /// Routes, policy sets, lists and the key: everything a reload replaces.
@@ -240,7 +288,7 @@ impl<S> Clone for Limiter<S> {
 
 impl<S: fmt::Debug> fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         f.debug_struct("Limiter")
             .field("store", &self.inner.common.store)
             .field("policy_sets", &plan.sets.len())
@@ -262,10 +310,13 @@ impl Limiter<MemoryStore> {
 impl<S> Limiter<S> {
     /// A limiter around `plan`, sharing `common`.
     fn from_parts(common: Arc<Common<S>>, plan: CompiledPlan) -> Self {
+        let built = Arc::new(plan);
         Self {
             inner: Arc::new(LimiterInner {
                 common,
-                plan: ArcSwap::from_pointee(plan),
+                plan: ArcSwap::new(Arc::clone(&built)),
+                built,
+                reloaded: AtomicBool::new(false),
             }),
         }
     }
@@ -286,12 +337,12 @@ impl<S: Store> Limiter<S> {
 
     /// The default route's policy set in the plan in force, `None` when it is exempt.
     fn default_set(&self) -> Option<Arc<PolicySet>> {
-        self.inner.plan.load().default_set().cloned()
+        self.plan().default_set().cloned()
     }
 
     /// The allow and deny lists, extractor and tier function in force.
     fn lists(&self) -> Arc<Lists> {
-        Arc::clone(&self.inner.plan.load().lists)
+        Arc::clone(&self.plan().lists)
     }
 
     /// How many shadow-policy checks would have allowed and denied so far (shared by every
@@ -320,7 +371,7 @@ impl<S: Store> Limiter<S> {
     /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
     /// the request must be rejected for want of a key.
     pub fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
-        self.inner.plan.load().lists.key_for(request)
+        self.plan().lists.key_for(request)
     }
 
     /// Checks `key` against the default route's policies, charging `cost` units to each —
@@ -338,7 +389,8 @@ impl<S: Store> Limiter<S> {
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
         // One load of the plan for the set and the lists, released before any await.
         let (set, future) = {
-            let plan = self.inner.plan.load();
+            let guard = self.plan();
+            let plan = &*guard;
             let Some(set) = plan.default_set() else {
                 return Ok(Decision::pass());
             };
@@ -539,7 +591,7 @@ impl<S: Store> Limiter<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
         let mut all: Vec<Policy> = vec![];
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         for set in &plan.sets {
             for p in set
                 .enforced
