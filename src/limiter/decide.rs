@@ -167,7 +167,7 @@ impl Costs<'_> {
 impl<S: Store> Limiter<S> {
     /// Everything before the store is asked, for a key: deny and allow lists, shadow
     /// policies, the cost (`None`: each policy's own) and its check against the capacities.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn screen<'s>(
         &self,
         set: &'s Arc<PolicySet>,
