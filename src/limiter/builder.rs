@@ -601,6 +601,7 @@ fn compile_set(
         meters: set_meters,
         default_costs: enforced.iter().map(Policy::cost).collect(),
         shadow_costs: shadow.iter().map(Policy::cost).collect(),
+        metric_keys: crate::telemetry::DecisionKeys::new(enforced.len()),
         enforced,
         shadow,
         penalties: penalties.into_boxed_slice(),

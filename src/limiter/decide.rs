@@ -279,7 +279,7 @@ impl<S: Store> Limiter<S> {
         // Store errors are counted by the store (or its resilience wrapper), not here.
         if let Ok(decision) = outcome {
             let store = self.inner.common.store.name();
-            telemetry::decision(decision, store, &set.enforced, &set.route);
+            telemetry::decision(decision, store, &set.enforced, &set.route, &set.metric_keys);
             if let Some(key) = key {
                 if tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG) {
                     trace_decision(key, decision, &set.enforced, store);

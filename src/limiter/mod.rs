@@ -264,6 +264,8 @@ pub(crate) struct PolicySet {
     cost: Cost,
     default_costs: SmallVec<[u64; 2]>,
     shadow_costs: SmallVec<[u64; 2]>,
+    /// The keys of the decisions counter (feature `metrics`), built once per set.
+    metric_keys: crate::telemetry::DecisionKeys,
 }
 
 /// The `route` label of the default route's decisions.
