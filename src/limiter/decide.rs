@@ -143,23 +143,47 @@ pub(crate) enum Screened<'s> {
     Pass,
     /// Deny-listed key, or a cost that never fits.
     Refuse(Refusal),
-    /// Ask the store, charging these units to each enforced policy.
-    Ask(Costs<'s>),
+    /// Ask the store, charging these units to each enforced policy: the set's own costs
+    /// (borrowed, the common case) or the given ones, kept where the caller said.
+    Ask(&'s [u64]),
 }
 
-/// The units a request charges each enforced policy: the set's own costs (borrowed, the
-/// common case) or given ones.
-pub(crate) enum Costs<'s> {
-    Own(&'s [u64]),
-    Given(SmallVec<[u64; 2]>),
+/// For which given costs a set's own costs can be charged instead: the costs validated when
+/// the set was built, neither copied nor checked again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OwnCosts {
+    /// Every cost: the set has only in-flight policies, each taking one slot.
+    Any,
+    /// This cost: every rate policy's own, and each in-flight policy takes one slot.
+    Only(u64),
+    /// None: the policies' own costs differ.
+    Never,
 }
 
-impl Costs<'_> {
+impl OwnCosts {
+    /// What `default_costs`, the own costs of `enforced`, allow.
+    pub(crate) fn of(enforced: &[Policy], default_costs: &[u64]) -> Self {
+        let mut own = OwnCosts::Any;
+        for (p, &d) in enforced.iter().zip(default_costs) {
+            own = match (own, p.is_in_flight()) {
+                (_, true) if d != 1 => return OwnCosts::Never,
+                (own, true) => own,
+                (OwnCosts::Any, false) => OwnCosts::Only(d),
+                (OwnCosts::Only(c), false) if c == d => own,
+                _ => return OwnCosts::Never,
+            };
+        }
+        own
+    }
+
+    /// Whether a request charging `cost` to every policy (in-flight ones one slot) charges
+    /// the set's own costs.
     #[inline]
-    pub(crate) fn as_slice(&self) -> &[u64] {
+    fn fits(self, cost: u64) -> bool {
         match self {
-            Costs::Own(c) => c,
-            Costs::Given(c) => c,
+            OwnCosts::Any => true,
+            OwnCosts::Only(c) => c == cost,
+            OwnCosts::Never => false,
         }
     }
 }
@@ -167,6 +191,7 @@ impl Costs<'_> {
 impl<S: Store> Limiter<S> {
     /// Everything before the store is asked, for a key: deny and allow lists, shadow
     /// policies, the cost (`None`: each policy's own) and its check against the capacities.
+    /// Costs other than the set's own are kept in `given`.
     #[inline(always)]
     pub(crate) fn screen<'s>(
         &self,
@@ -175,6 +200,7 @@ impl<S: Store> Limiter<S> {
         key: &Key,
         cost: Option<u64>,
         estimates: Option<&[u64]>,
+        given: &'s mut SmallVec<[u64; 2]>,
     ) -> Screened<'s> {
         if lists.deny.contains(key) {
             let refusal = Refusal::of_kind(RefusalKind::Forbidden);
@@ -190,27 +216,20 @@ impl<S: Store> Limiter<S> {
         if set.enforced.is_empty() {
             return Screened::Pass;
         }
-        // A cost equal to every policy's own (an in-flight policy always takes one slot)
-        // charges the costs validated when the set was built: borrowed, not copied, and not
-        // checked again. The common case, on every request.
-        let own = estimates.is_none()
-            && cost.is_none_or(|c| {
-                set.enforced
-                    .iter()
-                    .zip(set.default_costs.iter())
-                    .all(|(p, &d)| if p.is_in_flight() { d == 1 } else { d == c })
-            });
-        if own {
-            return Screened::Ask(Costs::Own(&set.default_costs));
+        // A cost equal to every policy's own charges the costs validated when the set was
+        // built: borrowed, not copied, and not checked again. The common case, on every
+        // request.
+        if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
+            return Screened::Ask(&set.default_costs);
         }
         // Policies' own costs were checked when they were built; a given one is checked here.
-        let given = set.charged_costs(cost, estimates);
-        if let Some((p, &c)) = too_costly(&set.enforced, &given) {
+        *given = set.charged_costs(cost, estimates);
+        if let Some((p, &c)) = too_costly(&set.enforced, given) {
             let refusal = Refusal::cost_exceeds_capacity(p, c);
             refusal.log(Some(key));
             return Screened::Refuse(refusal);
         }
-        Screened::Ask(Costs::Given(given))
+        Screened::Ask(given)
     }
 
     /// Everything before the store answers, for a key: [`screen`](Self::screen), penalties,
@@ -225,12 +244,12 @@ impl<S: Store> Limiter<S> {
         estimates: Option<&[u64]>,
     ) -> Prepared<S::CheckFuture> {
         let common = &*self.inner.common;
-        let costs = match self.screen(&set, lists, &key, cost, estimates) {
+        let mut given = SmallVec::new();
+        let costs = match self.screen(&set, lists, &key, cost, estimates, &mut given) {
             Screened::Pass => return Prepared::Pass,
             Screened::Refuse(refusal) => return Prepared::Refuse(refusal),
             Screened::Ask(costs) => costs,
         };
-        let costs = costs.as_slice();
         // The key goes along (moved, not copied) for the decision event, the span and the
         // top refused keys; each reads it only when it is wanted.
         let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {
@@ -363,4 +382,63 @@ fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'
         ratelimit.outcome = decision.decided_by().as_str(),
         "rate-limit decision"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnCosts;
+    use crate::policy::{Algorithm, Policy, Rate};
+
+    fn rate(cost: u64) -> Policy {
+        Policy::builder("rate", Rate::per_minute(100))
+            .cost(cost)
+            .build()
+            .unwrap()
+    }
+
+    fn in_flight() -> Policy {
+        Policy::builder("slots", Rate::per_minute(10))
+            .algorithm(Algorithm::InFlight)
+            .build()
+            .unwrap()
+    }
+
+    /// The rule `OwnCosts` stands for: every rate policy's own cost is `cost`, and every
+    /// in-flight policy's is one slot.
+    fn own_by_rule(policies: &[Policy], cost: u64) -> bool {
+        policies.iter().all(|p| {
+            if p.is_in_flight() {
+                p.cost() == 1
+            } else {
+                p.cost() == cost
+            }
+        })
+    }
+
+    #[test]
+    fn own_costs_agree_with_the_rule_they_stand_for() {
+        let sets = [
+            vec![rate(1)],
+            vec![rate(3)],
+            vec![rate(1), rate(1)],
+            vec![rate(1), rate(2)],
+            vec![in_flight()],
+            vec![in_flight(), rate(2)],
+            vec![rate(2), in_flight(), rate(2)],
+            vec![rate(2), in_flight(), rate(1)],
+        ];
+        for policies in &sets {
+            let costs: Vec<u64> = policies.iter().map(Policy::cost).collect();
+            let own = OwnCosts::of(policies, &costs);
+            for cost in 0..5 {
+                assert_eq!(
+                    own.fits(cost),
+                    own_by_rule(policies, cost),
+                    "{own:?}, cost {cost}"
+                );
+            }
+        }
+        assert_eq!(OwnCosts::of(&[in_flight()], &[1]), OwnCosts::Any);
+        assert_eq!(OwnCosts::of(&[rate(1), rate(2)], &[1, 2]), OwnCosts::Never);
+    }
 }

@@ -19,8 +19,8 @@ mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
-use decide::Screened;
 pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
+use decide::{OwnCosts, Screened};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
@@ -263,6 +263,8 @@ pub(crate) struct PolicySet {
     penalty_of: Box<[usize]>,
     cost: Cost,
     default_costs: SmallVec<[u64; 2]>,
+    /// For which given costs `default_costs` can be charged instead.
+    own_costs: OwnCosts,
     shadow_costs: SmallVec<[u64; 2]>,
     /// The keys of the decisions counter (feature `metrics`), built once per set.
     metric_keys: crate::telemetry::DecisionKeys,
@@ -407,7 +409,8 @@ impl<S: Store> Limiter<S> {
                     Prepared::Check { set, future, .. } => (set, future),
                 }
             } else {
-                let costs = match self.screen(set, &plan.lists, key, Some(cost), None) {
+                let mut given = SmallVec::new();
+                let costs = match self.screen(set, &plan.lists, key, Some(cost), None, &mut given) {
                     Screened::Pass => return Ok(Decision::pass()),
                     Screened::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
                     Screened::Ask(costs) => costs,
@@ -415,11 +418,11 @@ impl<S: Store> Limiter<S> {
                 let store = &self.inner.common.store;
                 // A store that answers at once (the memory store) is decided right here:
                 // no prepared state, no future, no key copied.
-                if let Some(outcome) = store.check_now(key, &set.enforced, costs.as_slice()) {
+                if let Some(outcome) = store.check_now(key, &set.enforced, costs) {
                     return self.admit(set, key, outcome);
                 }
                 let future = CheckFuture::Direct {
-                    future: store.check(key, &set.enforced, costs.as_slice()),
+                    future: store.check(key, &set.enforced, costs),
                 };
                 (Arc::clone(set), future)
             }
