@@ -2,11 +2,13 @@
 //! (wrk against it, Redis `INFO commandstats` around it). Stops by itself after `<seconds>`.
 //!
 //! ```text
-//! leased_server <bare|exact|leased> <port> <seconds>
+//! leased_server <bare|memory|exact|leased> <port> <seconds>
 //! ```
 //!
 //! The key is the `x-key` request header (the wrk script picks it), else the peer IP (one
-//! hot key). The policy is a per-minute limit no load here exhausts. Redis is `$REDIS_URL`
+//! hot key). The policy is a per-minute limit no load here exhausts. `HEADERS=near` sends the
+//! quota headers on allowed responses only near the limit (`QuotaHeaders::NearLimit`; default:
+//! on every response). Redis is `$REDIS_URL`
 //! (default `redis://127.0.0.1:6379`), with a key prefix unique to the process. Run with no
 //! arguments (as `cargo bench` does) it does nothing.
 
@@ -18,12 +20,12 @@ use axum::Router;
 use tollgate::key::{from_fn, Key};
 use tollgate::store::leased::LeasedStore;
 use tollgate::store::RedisStore;
-use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+use tollgate::{Limiter, Policy, QuotaHeaders, Rate, RateLimitLayer};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 4 || args.iter().any(|a| a == "--bench") {
-        eprintln!("usage: leased_server <bare|exact|leased> <port> <seconds>");
+        eprintln!("usage: leased_server <bare|memory|exact|leased> <port> <seconds>");
         return;
     }
     let side = args[1].clone();
@@ -56,6 +58,14 @@ async fn serve(side: String, port: u16, seconds: u64) {
     let policy = Policy::new("bench", Rate::per_minute(6_000_000_000)).unwrap();
     let app = match side.as_str() {
         "bare" => app,
+        "memory" => {
+            let limiter = Limiter::builder()
+                .extractor(extractor)
+                .policy(policy)
+                .build()
+                .unwrap();
+            app.layer(layer(RateLimitLayer::new(limiter)))
+        }
         "exact" => {
             let store = redis();
             store.ping().await.expect("Redis reachable");
@@ -65,7 +75,7 @@ async fn serve(side: String, port: u16, seconds: u64) {
                 .policy(policy)
                 .build()
                 .unwrap();
-            app.layer(RateLimitLayer::new(limiter))
+            app.layer(layer(RateLimitLayer::new(limiter)))
         }
         "leased" => {
             let store = redis();
@@ -76,7 +86,7 @@ async fn serve(side: String, port: u16, seconds: u64) {
                 .policy(policy)
                 .build()
                 .unwrap();
-            app.layer(RateLimitLayer::new(limiter))
+            app.layer(layer(RateLimitLayer::new(limiter)))
         }
         other => panic!("unknown side {other}"),
     };
@@ -88,4 +98,12 @@ async fn serve(side: String, port: u16, seconds: u64) {
         app.into_make_service_with_connect_info::<SocketAddr>(),
     );
     let _ = tokio::time::timeout(Duration::from_secs(seconds), server).await;
+}
+
+/// The layer with the quota headers `HEADERS` asks for.
+fn layer<S>(layer: RateLimitLayer<S>) -> RateLimitLayer<S> {
+    match std::env::var("HEADERS").as_deref() {
+        Ok("near") => layer.quota_headers(QuotaHeaders::NearLimit),
+        _ => layer,
+    }
 }

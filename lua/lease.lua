@@ -4,8 +4,8 @@
 -- one request exactly (a block of `cost` used at once), peeks, gives unused units back, or
 -- charges extra units whatever the state (a cost settled above its reservation).
 --
--- KEYS: two per policy: its ledger state, and (sliding window log only) the units of each
---       of its entries.
+-- KEYS: per policy its ledger state, then (sliding window log only) the units of each of its
+--       entries.
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
 --       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
 --       then one binary string: twelve little-endian doubles (whole numbers) per policy:
@@ -14,13 +14,16 @@
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
 --         return: a = units granted, b = units unused, c = grant time, d = lease validity;
 --         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
--- Reply: "allowed valid now" then "granted remaining reset_after retry_after" per policy,
---        integers separated by spaces.
+-- Reply: binary, little-endian doubles holding whole numbers (no number is formatted as
+--        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
+--        allowed, valid, now, the number of answers (0 or one per policy), then per answer
+--        granted, remaining, reset_after, retry_after.
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
 -- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
--- one by one at the same instant; the reply is each call's reply, one per line.
+-- one by one at the same instant; the reply is each call's reply, one after the other (each
+-- says how many answers it holds).
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
 local unpack_struct, pack = struct.unpack, struct.pack
 local TTL_MARGIN_MS = 1000
@@ -55,7 +58,94 @@ else
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
--- The policies of a call from its binary string, their keys after KEYS[k]; and how many.
+-- The common call, decided with locals only, before the general path's functions are defined
+-- (every script call builds each of them again as a closure, and the general path's policy
+-- tables are garbage to collect): one request of one counter, fixed window or token bucket /
+-- GCRA policy that has room, charged at once (a grant with no period and no block to give
+-- back) or peeked, as a cold key's decisions are. The arithmetic is that of load(), most(),
+-- charge() and view() below for those kinds (and of ledger.rs; the differential tests in
+-- ledger/tests.rs hold all three to the same replies). Anything else, a refusal included,
+-- answers nil and goes to the general path, which reads the state afresh: nothing was written.
+local function quick(mode, period, previous, blob, key)
+  if #blob ~= 96 or previous ~= '0' or not (mode == 'p' or (mode == 'g' and period == 0)) then
+    return nil
+  end
+  local kind, n, w, cap, cost = unpack_struct('<ddddd', blob)
+  if kind ~= 1 and kind ~= 3 and kind ~= 4 then
+    return nil
+  end
+  local v = redis.call('GET', key)
+  local x, y, z = 0, 0, 0
+  if v then
+    x, y, z = unpack_struct('<ddd', v)
+  end
+  local remaining, reset = 0, 0
+  if kind == 3 then
+    local deficit = max(x - max(now - y, 0) * n, 0)
+    local room = cap * w - deficit
+    if room < 0 or idiv(room, w) < cost then
+      return nil
+    end
+    deficit = deficit + cost * w
+    if mode == 'g' then
+      redis.call('SET', key, pack('<ddd', deficit, max(now, y), 0),
+        'PX', ceil_div(deficit, n) + TTL_MARGIN_MS)
+    end
+    remaining, reset = idiv(max(cap * w - deficit, 0), w), ceil_div(deficit, n)
+  else
+    local idx = idiv(now, w)
+    local prev, cur = 0, 0
+    if x == idx then
+      prev, cur = z, y
+    elseif kind == 1 and x + 1 == idx then
+      prev = y
+    end
+    if kind == 4 then
+      prev = 0
+      if n - cur < cost then
+        return nil
+      end
+    else
+      local e = now - idx * w
+      local weighted = prev * (w - e) + cur * w
+      if idiv(max(n * w - weighted, 0), w) - ((weighted > n * w) and 1 or 0) < cost then
+        return nil
+      end
+    end
+    cur = cur + cost
+    if kind == 4 then
+      if mode == 'g' then
+        redis.call('SET', key, pack('<ddd', idx, cur, 0), 'PX', (idx + 1) * w - now + TTL_MARGIN_MS)
+      end
+      remaining = max(n - cur, 0)
+      if cur > 0 then
+        reset = (idx + 1) * w - now
+      end
+    else
+      if mode == 'g' then
+        redis.call('SET', key, pack('<ddd', idx, cur, prev), 'PX', (idx + 2) * w - now + TTL_MARGIN_MS)
+      end
+      local e = now - idx * w
+      remaining = idiv(max(n * w - prev * (w - e) - cur * w, 0), w)
+      if cur > 0 then
+        reset = (idx + 2) * w - now
+      elseif prev > 0 then
+        reset = (idx + 1) * w - now
+      end
+    end
+  end
+  return pack('<dddddddd', 1, 0, now, 1, cost, remaining, reset, 0)
+end
+
+if ARGV[1] ~= 'B' then
+  local reply = quick(ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6], KEYS[1])
+  if reply then
+    return reply
+  end
+end
+
+-- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
+-- index of their last key.
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
   local P, pos, count = {}, 1, floor(#blob / 96)
@@ -63,13 +153,18 @@ local function policies(blob, k)
     local kind, n, w, cap, a, b, c, d, e, f, g, h
     kind, n, w, cap, a, b, c, d, e, f, g, h, pos = unpack_struct('<dddddddddddd', blob, pos)
     P[i] = {
-      key = KEYS[k + 2 * i - 1], ukey = KEYS[k + 2 * i], kind = kind, n = n, w = w, cap = cap,
+      key = KEYS[k + 1], ukey = false, kind = kind, n = n, w = w, cap = cap,
       a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h,
       idx = 0, prev = 0, cur = 0, sw = 0, sc = 0, sp = 0, deficit = 0, updated = 0,
       entries = false, used = 0,
     }
+    k = k + 1
+    if kind == 2 then
+      P[i].ukey = KEYS[k + 1]
+      k = k + 1
+    end
   end
-  return P, count
+  return P, count, k
 end
 
 -- Loading: one string of three little-endian doubles: counter {w, c, p}, fixed {w, c, 0},
@@ -294,9 +389,13 @@ local function call(mode, period, lease_id, previous, P, count)
 
   if mode == 'x' then
     for i = 1, count do
-      redis.call('DEL', P[i].key, P[i].ukey)
+      if P[i].ukey then
+        redis.call('DEL', P[i].key, P[i].ukey)
+      else
+        redis.call('DEL', P[i].key)
+      end
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   if mode == 'r' then
@@ -304,7 +403,7 @@ local function call(mode, period, lease_id, previous, P, count)
       local p = P[i]
       give(p, lease_id, p.a, p.b, p.c, p.d)
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   if mode == 'g' and previous ~= '0' then
@@ -331,7 +430,7 @@ local function call(mode, period, lease_id, previous, P, count)
         end
       end
     end
-    return '1 0 ' .. int(now)
+    return pack('<dddd', 1, 0, now, 0)
   end
 
   -- Grant (or peek): a block valid for `period` when every policy has room for at least
@@ -371,7 +470,7 @@ local function call(mode, period, lease_id, previous, P, count)
   end
 
   if valid < 0 then
-    out[1] = '0 0 ' .. int(now)
+    out[1] = pack('<dddd', 0, 0, now, count)
     for i = 1, count do
       local p = P[i]
       local remaining, reset = view(p)
@@ -379,12 +478,12 @@ local function call(mode, period, lease_id, previous, P, count)
       if most(p, 0) < p.a then
         r = retry(p, p.a)
       end
-      out[#out + 1] = '0 ' .. int(remaining) .. ' ' .. int(reset) .. ' ' .. int(r)
+      out[#out + 1] = pack('<dddd', 0, remaining, reset, r)
     end
-    return table.concat(out, ' ')
+    return table.concat(out)
   end
 
-  out[1] = '1 ' .. int(valid) .. ' ' .. int(now)
+  out[1] = pack('<dddd', 1, valid, now, count)
   for i = 1, count do
     local p = P[i]
     if mode == 'g' then
@@ -398,9 +497,9 @@ local function call(mode, period, lease_id, previous, P, count)
       p.cur = p.cur + granted[i]
     end
     local remaining, reset = view(p)
-    out[#out + 1] = int(granted[i]) .. ' ' .. int(remaining) .. ' ' .. int(reset) .. ' 0'
+    out[#out + 1] = pack('<dddd', granted[i], remaining, reset, 0)
   end
-  return table.concat(out, ' ')
+  return table.concat(out)
 end
 
 if ARGV[1] ~= 'B' then
@@ -409,9 +508,15 @@ if ARGV[1] ~= 'B' then
 end
 local replies, o, k = {}, 3, 0
 for j = 1, tonumber(ARGV[3]) do
-  local P, count = policies(ARGV[o + 5], k)
-  replies[j] = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  local reply = quick(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 4], ARGV[o + 5], KEYS[k + 1])
+  if reply then
+    k = k + 1
+  else
+    local P, count
+    P, count, k = policies(ARGV[o + 5], k)
+    reply = call(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3], ARGV[o + 4], P, count)
+  end
+  replies[j] = reply
   o = o + 5
-  k = k + 2 * count
 end
-return table.concat(replies, '\n')
+return table.concat(replies)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Leased quotas end to end: benches/leased_server.rs on core 0 (one tokio worker), wrk on
 # core 1 (1 thread, 32 connections), a private redis-server (unpinned) for INFO commandstats.
-# Sides run interleaved for ROUNDS rounds of SECS seconds, on one hot key (the peer IP) and on
-# cold keys (each request a random key out of COLD_KEYS, so no key is hot enough to lease).
+# Sides run interleaved for ROUNDS rounds of SECS seconds, on one hot key (the peer IP), on 64
+# keys (each request one of 64 at random: each key warm enough to lease) and on cold keys (each
+# request a random key out of COLD_KEYS, so no key is hot enough to lease). The sides: bare
+# axum, the memory store (the ceiling a layer in front of axum allows), the exact RedisStore
+# and LeasedStore<RedisStore>, all with the same policy and the default layer.
 # Prints req/s and p99 per run, the median per side, the ratio to bare, the server's CPU time
 # per request (user + system from /proc), and script calls (EVALSHA + EVAL) per request and
 # Redis's microseconds in them per request, from INFO commandstats.
@@ -16,7 +19,8 @@ CONNS=${CONNS:-32}
 PORT=${PORT:-38231}
 RPORT=${RPORT:-38232}
 COLD_KEYS=${COLD_KEYS:-1000000}
-LOADS=${LOADS:-"hot cold"}
+LOADS=${LOADS:-"hot keys64 cold"}
+SIDES=${SIDES:-"bare memory exact leased"}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"; exit 1; }
 target=${CARGO_TARGET_DIR:-target}
 cargo bench --bench leased_server --features redis --no-run 2>/dev/null
@@ -27,11 +31,13 @@ redis=$!
 trap 'kill $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 export REDIS_URL="redis://127.0.0.1:$RPORT"
-cat >"$dir/cold.lua" <<LUA
+for keys in 64 "$COLD_KEYS"; do
+  cat >"$dir/keys$keys.lua" <<LUA
 request = function()
-  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, $COLD_KEYS)) })
+  return wrk.format("GET", "/", { ["x-key"] = tostring(math.random(1, $keys)) })
 end
 LUA
+done
 calls() { # script calls and Redis microseconds in them, so far
   redis-cli -p "$RPORT" info commandstats |
     awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3; u += $5} END {print n + 0, u + 0}'
@@ -39,7 +45,7 @@ calls() { # script calls and Redis microseconds in them, so far
 declare -A rps p99 cpr cpu rcpu
 for round in $(seq 1 "$ROUNDS"); do
   for load in $LOADS; do
-    for side in bare exact leased; do
+    for side in $SIDES; do
       taskset -c 0 "$bin" "$side" "$PORT" $((SECS + 3)) &
       server=$!
       for _ in $(seq 1 50); do
@@ -48,7 +54,8 @@ for round in $(seq 1 "$ROUNDS"); do
       done
       read -r before ubefore < <(calls)
       script=()
-      [ "$load" = cold ] && script=(-s "$dir/cold.lua")
+      [ "$load" = keys64 ] && script=(-s "$dir/keys64.lua")
+      [ "$load" = cold ] && script=(-s "$dir/keys$COLD_KEYS.lua")
       t0=$(awk '{print $14 + $15}' "/proc/$server/stat")
       out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "${script[@]}" "http://127.0.0.1:$PORT/")
       read -r after uafter < <(calls)
@@ -74,7 +81,7 @@ echo
 printf '%-14s %12s %8s %12s %14s %10s %14s\n' side "median req/s" ratio "CPU µs/req" "Redis µs/req" "p99s" "calls/request"
 for load in $LOADS; do
   bare=
-  for side in bare exact leased; do
+  for side in $SIDES; do
     med=$(echo "${rps[$load.$side]}" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
     [ "$side" = bare ] && bare=$med
     ratio=$(awk -v a="$med" -v b="$bare" 'BEGIN {printf "%.3f", a/b}')

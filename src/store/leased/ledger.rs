@@ -180,52 +180,69 @@ pub struct LedgerReply {
 }
 
 impl LedgerReply {
-    #[cfg(feature = "redis")]
-    /// Parses the script's reply: `allowed valid now` then four integers per policy.
+    #[cfg(all(test, feature = "redis"))]
+    /// Parses one call's reply, which must be all of `bytes`.
     pub(crate) fn parse(bytes: &[u8], policies: usize) -> Result<Self, StoreError> {
-        let bad = || {
-            StoreError::Protocol(crate::error::Cause::from(format!(
-                "lease reply {:?}",
-                String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
-            )))
-        };
-        // One pass over the bytes: the reply is parsed on every exact decision.
-        let mut numbers: SmallVec<[u64; 11]> = SmallVec::new();
-        for token in bytes.split(|&b| b == b' ') {
-            let mut n: u64 = 0;
-            if token.is_empty() || token.len() > 19 {
-                return Err(bad());
-            }
-            for &b in token {
-                if !b.is_ascii_digit() {
-                    return Err(bad());
+        let mut rest = bytes;
+        let reply = Self::parse_next(&mut rest, policies)?;
+        if !rest.is_empty() {
+            return Err(Self::malformed(bytes));
+        }
+        Ok(reply)
+    }
+
+    #[cfg(feature = "redis")]
+    /// Parses the call's reply at the start of `bytes` and moves `bytes` past it: four
+    /// little-endian doubles (allowed, valid, now, the number of answers: 0 or `policies`),
+    /// then four per answer (granted, remaining, reset after, retry after). Every number is a
+    /// whole, non-negative double below 2^53; anything else is a protocol error.
+    pub(crate) fn parse_next(bytes: &mut &[u8], policies: usize) -> Result<Self, StoreError> {
+        let whole = *bytes;
+        let mut read = || -> Result<[u64; 4], StoreError> {
+            let mut out = [0u64; 4];
+            for o in &mut out {
+                let Some((number, tail)) = bytes.split_first_chunk::<8>() else {
+                    return Err(Self::malformed(whole));
+                };
+                let x = f64::from_le_bytes(*number);
+                if !(0.0..=9_007_199_254_740_992.0).contains(&x) || x.fract() != 0.0 {
+                    return Err(Self::malformed(whole));
                 }
-                n = n * 10 + u64::from(b - b'0');
+                // Whole and in range, so the conversion is exact.
+                *o = x as u64;
+                *bytes = tail;
             }
-            numbers.push(n);
-        }
-        let &[granted, valid_ms, now_ms, ref rest @ ..] = numbers.as_slice() else {
-            return Err(bad());
+            Ok(out)
         };
-        if !(rest.is_empty() || rest.len() == 4 * policies) {
-            return Err(bad());
+        let [allowed, valid_ms, now_ms, count] = read()?;
+        if allowed > 1 || !(count == 0 || count == policies as u64) {
+            return Err(Self::malformed(whole));
         }
-        let granted = granted == 1;
-        let answers = rest
-            .chunks_exact(4)
-            .map(|a| Answer {
-                granted: a[0],
-                remaining: a[1],
-                reset_after_ms: a[2],
-                retry_after_ms: a[3],
-            })
-            .collect();
+        let mut answers = SmallVec::new();
+        for _ in 0..count {
+            let [granted, remaining, reset_after_ms, retry_after_ms] = read()?;
+            answers.push(Answer {
+                granted,
+                remaining,
+                reset_after_ms,
+                retry_after_ms,
+            });
+        }
         Ok(Self {
-            granted,
+            granted: allowed == 1,
             valid_ms,
             now_ms,
             answers,
         })
+    }
+
+    #[cfg(feature = "redis")]
+    fn malformed(bytes: &[u8]) -> StoreError {
+        StoreError::Protocol(crate::error::Cause::from(format!(
+            "lease reply of {} bytes, starting {:02x?}",
+            bytes.len(),
+            &bytes[..bytes.len().min(32)]
+        )))
     }
 }
 

@@ -152,8 +152,8 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 #[cfg(feature = "redis")]
-pub(crate) use ledger::ledger_key;
-use ledger::{Kind, Mode, Part};
+pub(crate) use ledger::{ledger_key, Kind};
+use ledger::{Mode, Part};
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);

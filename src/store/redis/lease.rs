@@ -14,7 +14,7 @@ use super::script_call::ScriptCall;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::leased::{LeaseBackend, LedgerCall, LedgerReply};
+use crate::store::leased::{Kind, LeaseBackend, LedgerCall, LedgerReply};
 use crate::store::BoxFuture;
 
 const LEASE: &str = include_str!("../../../lua/lease.lua");
@@ -36,7 +36,7 @@ pub fn lease_script_source() -> &'static str {
 
 /// One ledger call waiting for, or in, a script call.
 pub(crate) struct LedgerRequest {
-    /// Two keys per policy: its ledger state and its entries' units.
+    /// Per policy its ledger state, then (sliding window log only) its entries' units.
     keys: SmallVec<[String; 4]>,
     call: LedgerCall,
     reply: Option<oneshot::Sender<Result<LedgerReply, StoreError>>>,
@@ -109,20 +109,18 @@ async fn run_batch<C: Connector>(
     match core.invoke(&invocation(batch)).await {
         Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
         Ok(bytes) => {
-            let mut lines = bytes.split(|&b| b == b'\n');
+            let mut rest = bytes.as_slice();
             let mut replies: Vec<_> = batch
                 .iter()
-                .map(|r| match lines.next() {
-                    Some(line) => LedgerReply::parse(line, r.call.parts.len()),
-                    None => Err(StoreError::Protocol(crate::error::Cause::from(
-                        "the lease script answered fewer calls than it was sent",
-                    ))),
-                })
+                .map(|r| LedgerReply::parse_next(&mut rest, r.call.parts.len()))
                 .collect();
-            if lines.next().is_some() {
-                let e = StoreError::Protocol(crate::error::Cause::from(
-                    "the lease script answered more calls than it was sent",
-                ));
+            if !rest.is_empty() || replies.iter().any(Result::is_err) {
+                // One malformed reply puts every later one's boundary in doubt.
+                let e = StoreError::Protocol(crate::error::Cause::from(format!(
+                    "the lease script's reply to {} calls is malformed ({} bytes)",
+                    batch.len(),
+                    bytes.len()
+                )));
                 replies.iter_mut().for_each(|r| *r = Err(e.clone()));
             }
             replies
@@ -141,9 +139,13 @@ pub(crate) fn ledger<C: Connector>(
     let mut keys: SmallVec<[String; 4]> = SmallVec::new();
     for (policy, part) in policies.iter().zip(&call.parts) {
         let k = crate::store::leased::ledger_key(core.prefix(), key, policy.name(), part.kind);
-        let u = format!("{k}:u");
-        keys.push(k);
-        keys.push(u);
+        if part.kind == Kind::Log {
+            let u = format!("{k}:u");
+            keys.push(k);
+            keys.push(u);
+        } else {
+            keys.push(k);
+        }
     }
     let Some(first) = keys.first() else {
         return Box::pin(std::future::ready(Err(StoreError::Protocol(

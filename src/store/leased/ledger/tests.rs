@@ -13,12 +13,25 @@ fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCa
     }
 }
 
+/// The number of keys and the keys of `calls` (all one policy on `keys`): the state, and
+/// the entries' units for the sliding window log only.
+fn push_keys(cmd: &mut redis::Cmd, keys: (&str, &str), calls: &[LedgerCall]) {
+    let log = |c: &LedgerCall| c.parts.iter().any(|p| p.kind == Kind::Log);
+    let count: usize = calls.iter().map(|c| if log(c) { 2 } else { 1 }).sum();
+    cmd.arg(count);
+    for c in calls {
+        cmd.arg(keys.0);
+        if log(c) {
+            cmd.arg(keys.1);
+        }
+    }
+}
+
 fn lua(conn: &mut redis::Connection, keys: (&str, &str), c: &LedgerCall, now: u64) -> LedgerReply {
-    let reply: Vec<u8> = redis::cmd("EVAL")
-        .arg(include_str!("../../../../lua/lease.lua"))
-        .arg(2)
-        .arg(keys.0)
-        .arg(keys.1)
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    push_keys(&mut cmd, keys, std::slice::from_ref(c));
+    let reply: Vec<u8> = cmd
         .arg(c.mode.code())
         .arg(now)
         .arg(c.period_ms)
@@ -38,11 +51,8 @@ fn lua_batch(
     now: u64,
 ) -> Vec<LedgerReply> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../../../../lua/lease.lua"))
-        .arg(2 * calls.len());
-    for _ in calls {
-        cmd.arg(keys.0).arg(keys.1);
-    }
+    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    push_keys(&mut cmd, keys, calls);
     cmd.arg("B").arg(now).arg(calls.len());
     for c in calls {
         cmd.arg(c.mode.code())
@@ -52,12 +62,13 @@ fn lua_batch(
             .arg(c.packed_parts());
     }
     let reply: Vec<u8> = cmd.query(conn).expect("lease script, batched");
-    let lines: Vec<&[u8]> = reply.split(|&b| b == b'\n').collect();
-    assert_eq!(lines.len(), calls.len(), "one reply line per call");
-    lines
+    let mut rest = reply.as_slice();
+    let replies: Vec<LedgerReply> = calls
         .iter()
-        .map(|l| LedgerReply::parse(l, 1).expect("reply"))
-        .collect()
+        .map(|_| LedgerReply::parse_next(&mut rest, 1).expect("reply"))
+        .collect();
+    assert!(rest.is_empty(), "one reply per call, nothing after them");
+    replies
 }
 
 #[test]
@@ -175,28 +186,41 @@ fn differential(batched: bool) {
 #[cfg(feature = "redis")]
 #[test]
 fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
-    let ok = LedgerReply::parse(b"1 250 1700000000000 5 40 800 0", 1).unwrap();
+    fn reply(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+    let now = 1_700_000_000_000.0;
+    let ok = LedgerReply::parse(&reply(&[1.0, 250.0, now, 1.0, 5.0, 40.0, 800.0, 0.0]), 1).unwrap();
     assert!(ok.granted);
     assert_eq!((ok.valid_ms, ok.now_ms), (250, 1_700_000_000_000));
     assert_eq!(ok.answers[0].remaining, 40);
-    assert!(LedgerReply::parse(b"1 0 1700000000000", 2)
+    assert!(LedgerReply::parse(&reply(&[1.0, 0.0, now, 0.0]), 2)
         .unwrap()
         .answers
         .is_empty());
+    let mut two = reply(&[1.0, 0.0, now, 0.0]);
+    two.extend(reply(&[0.0, 0.0, now, 1.0, 0.0, 0.0, 10.0, 10.0]));
+    let mut rest = two.as_slice();
+    assert!(LedgerReply::parse_next(&mut rest, 1).unwrap().granted);
+    assert!(!LedgerReply::parse_next(&mut rest, 1).unwrap().granted);
+    assert!(rest.is_empty());
     for bad in [
-        &b""[..],
-        b"1 0",
-        b"1 0 17 5 40 800",
-        b"1 0 17 5 40 800 0 1",
-        b"1 0 17 5 -1 800 0",
-        b"1  0 17",
-        b"1 0 17 5 40 800 99999999999999999999",
-        b"\xff 0 17",
+        Vec::new(),
+        reply(&[1.0, 0.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, 40.0, 800.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, 40.0, 800.0, 0.0, 1.0]),
+        reply(&[1.0, 0.0, now, 2.0, 5.0, 40.0, 800.0, 0.0]),
+        reply(&[2.0, 0.0, now, 0.0]),
+        reply(&[1.0, 0.0, now, 1.0, 5.0, -1.0, 800.0, 0.0]),
+        reply(&[1.0, 0.5, now, 0.0]),
+        reply(&[1.0, 0.0, f64::NAN, 0.0]),
+        reply(&[1.0, 0.0, f64::INFINITY, 0.0]),
+        reply(&[1.0, 0.0, 1e300, 0.0]),
+        b"1 0 1700000000000".to_vec(),
     ] {
         assert!(
-            matches!(LedgerReply::parse(bad, 1), Err(StoreError::Protocol(_))),
-            "{:?}",
-            String::from_utf8_lossy(bad)
+            matches!(LedgerReply::parse(&bad, 1), Err(StoreError::Protocol(_))),
+            "{bad:02x?}"
         );
     }
 }
