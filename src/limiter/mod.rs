@@ -129,7 +129,7 @@ pub(crate) struct PolicyNames {
 struct LimiterInner<S> {
     common: Arc<Common<S>>,
     /// The plan the limiter was built with: the plan in force until the first reload, read
-    /// without the cost of `plan`'s guard.
+    /// without the cost of `plan`'s guard (and kept, unused, after it).
     built: Arc<CompiledPlan>,
     /// Set (once, for good) by the first [`Limiter::reload`]: the plan in force is `plan`'s.
     reloaded: AtomicBool,
