@@ -98,7 +98,7 @@ pub(crate) fn span_decision(
 
 #[cfg(feature = "metrics")]
 mod counting {
-    use std::sync::{Arc, Once};
+    use std::sync::{Arc, Once, OnceLock};
 
     use crate::decision::{DecidedBy, Decision};
     use crate::error::StoreError;
@@ -158,15 +158,75 @@ mod counting {
         });
     }
 
-    fn error_kind(e: &StoreError) -> &'static str {
-        match e {
-            StoreError::Connection(_) => "connection",
-            StoreError::Timeout => "timeout",
-            StoreError::Backend(_) => "backend",
-            StoreError::Protocol(_) => "protocol",
-            StoreError::CircuitOpen => "circuit_open",
-            StoreError::Capacity => "capacity",
+    /// The metadata every metric is registered with: what `metrics::counter!` gives in
+    /// this module.
+    static METADATA: metrics::Metadata<'static> =
+        metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+    /// The counter of `key` in the recorder in force (a no-op one when none is installed).
+    #[inline]
+    fn counter(key: &metrics::Key) -> metrics::Counter {
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA))
+    }
+
+    /// How many [`DecidedBy`] outcomes there are: the width of [`DecisionKeys`]' table.
+    const OUTCOMES: usize = 5;
+
+    fn outcome_index(outcome: DecidedBy) -> usize {
+        match outcome {
+            DecidedBy::Decided => 0,
+            DecidedBy::FailOpen => 1,
+            DecidedBy::FailClosed => 2,
+            DecidedBy::Fallback => 3,
+            DecidedBy::CachedDeny => 4,
         }
+    }
+
+    /// The `tollgate_decisions_total` keys of one policy set: its labels are the set's
+    /// route, the store, the governing policy (or none), the outcome and allowed, so each
+    /// is built (and hashed) once, on first use, rather than on every decision. A key is
+    /// kept with the store name it was built for, and used only for that store.
+    pub(crate) struct DecisionKeys {
+        keys: Box<[OnceLock<(&'static str, metrics::Key)>]>,
+    }
+
+    impl DecisionKeys {
+        /// The table for a set of `policies` enforced policies.
+        pub(crate) fn new(policies: usize) -> Self {
+            let len = (policies + 1) * OUTCOMES * 2;
+            Self {
+                keys: (0..len).map(|_| OnceLock::new()).collect(),
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn decision_key(
+        decision: &Decision,
+        store: &'static str,
+        policies: &[Policy],
+        route: &Arc<str>,
+    ) -> metrics::Key {
+        let policy: metrics::SharedString = match policies.get(decision.governing_index()) {
+            Some(p) => Arc::clone(p.shared_name()).into(),
+            None => metrics::SharedString::const_str(""),
+        };
+        let labels = vec![
+            metrics::Label::new("outcome", decision.decided_by().as_str()),
+            metrics::Label::new(
+                "allowed",
+                if decision.is_allowed() {
+                    "true"
+                } else {
+                    "false"
+                },
+            ),
+            metrics::Label::new("store", store),
+            metrics::Label::new("policy", policy),
+            metrics::Label::new("route", Arc::clone(route)),
+        ];
+        metrics::Key::from_parts("tollgate_decisions_total", labels)
     }
 
     pub(crate) fn decision(
@@ -174,37 +234,97 @@ mod counting {
         store: &'static str,
         policies: &[Policy],
         route: &Arc<str>,
+        keys: &DecisionKeys,
     ) {
         describe();
-        let policy: metrics::SharedString = match policies.get(decision.governing_index()) {
-            Some(p) => Arc::clone(p.shared_name()).into(),
-            None => metrics::SharedString::const_str(""),
-        };
-        metrics::counter!(
-            "tollgate_decisions_total",
-            "outcome" => decision.decided_by().as_str(),
-            "allowed" => if decision.is_allowed() { "true" } else { "false" },
-            "store" => store,
-            "policy" => policy,
-            "route" => Arc::clone(route)
+        // A governing index past the policies is labelled with no policy: one entry for all.
+        let governing = decision.governing_index().min(policies.len());
+        let index = (governing * OUTCOMES + outcome_index(decision.decided_by())) * 2
+            + usize::from(decision.is_allowed());
+        let built = keys
+            .keys
+            .get(index)
+            .map(|slot| {
+                slot.get_or_init(|| (store, decision_key(decision, store, policies, route)))
+            })
+            .filter(|(built_for, _)| std::ptr::eq(*built_for, store) || *built_for == store);
+        match built {
+            Some((_, key)) => counter(key).increment(1),
+            None => counter(&decision_key(decision, store, policies, route)).increment(1),
+        }
+    }
+
+    /// A refusal of `kind` ([`RefusalKind::as_str`](crate::RefusalKind::as_str)), counted
+    /// under a key built at compile time for every kind tollgate has.
+    pub(crate) fn refusal(kind: &'static str) {
+        describe();
+        macro_rules! by_kind {
+            ($($kind:literal),* $(,)?) => {
+                match kind {
+                    $($kind => metrics::counter!("tollgate_refusals_total", "kind" => $kind),)*
+                    other => metrics::counter!("tollgate_refusals_total", "kind" => other),
+                }
+            };
+        }
+        by_kind!(
+            "rate_limited",
+            "cost_exceeds_capacity",
+            "missing_key",
+            "forbidden",
+            "store_unavailable",
+            "login_refused",
+            "login_body_too_large",
+            "login_body_unreadable",
+            "login_username_ambiguous",
         )
         .increment(1);
     }
 
-    /// A refusal of `kind` ([`RefusalKind::as_str`](crate::RefusalKind::as_str)).
-    pub(crate) fn refusal(kind: &'static str) {
-        describe();
-        metrics::counter!("tollgate_refusals_total", "kind" => kind).increment(1);
-    }
-
     pub(crate) fn outcome(outcome: DecidedBy) {
         describe();
-        metrics::counter!("tollgate_degraded_total", "outcome" => outcome.as_str()).increment(1);
+        match outcome {
+            DecidedBy::Decided => {
+                metrics::counter!("tollgate_degraded_total", "outcome" => "decided")
+            }
+            DecidedBy::FailOpen => {
+                metrics::counter!("tollgate_degraded_total", "outcome" => "fail_open")
+            }
+            DecidedBy::FailClosed => {
+                metrics::counter!("tollgate_degraded_total", "outcome" => "fail_closed")
+            }
+            DecidedBy::Fallback => {
+                metrics::counter!("tollgate_degraded_total", "outcome" => "fallback")
+            }
+            DecidedBy::CachedDeny => {
+                metrics::counter!("tollgate_degraded_total", "outcome" => "cached_deny")
+            }
+        }
+        .increment(1);
     }
 
     pub(crate) fn store_error(error: &StoreError) {
         describe();
-        metrics::counter!("tollgate_store_errors_total", "kind" => error_kind(error)).increment(1);
+        match error {
+            StoreError::Connection(_) => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "connection")
+            }
+            StoreError::Timeout => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "timeout")
+            }
+            StoreError::Backend(_) => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "backend")
+            }
+            StoreError::Protocol(_) => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "protocol")
+            }
+            StoreError::CircuitOpen => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "circuit_open")
+            }
+            StoreError::Capacity => {
+                metrics::counter!("tollgate_store_errors_total", "kind" => "capacity")
+            }
+        }
+        .increment(1);
     }
 
     pub(crate) fn store_latency(store: &'static str, elapsed: std::time::Duration) {
@@ -236,8 +356,11 @@ mod counting {
 
     pub(crate) fn plan_reload(ok: bool) {
         describe();
-        let result = if ok { "ok" } else { "refused" };
-        metrics::counter!("tollgate_plan_reloads_total", "result" => result).increment(1);
+        if ok {
+            metrics::counter!("tollgate_plan_reloads_total", "result" => "ok").increment(1);
+        } else {
+            metrics::counter!("tollgate_plan_reloads_total", "result" => "refused").increment(1);
+        }
     }
 }
 
@@ -249,8 +372,25 @@ mod counting {
     use crate::error::StoreError;
     use crate::policy::Policy;
 
+    /// Nothing to keep without metrics.
+    pub(crate) struct DecisionKeys;
+
+    impl DecisionKeys {
+        #[inline(always)]
+        pub(crate) fn new(_: usize) -> Self {
+            DecisionKeys
+        }
+    }
+
     #[inline(always)]
-    pub(crate) fn decision(_: &Decision, _: &'static str, _: &[Policy], _: &Arc<str>) {}
+    pub(crate) fn decision(
+        _: &Decision,
+        _: &'static str,
+        _: &[Policy],
+        _: &Arc<str>,
+        _: &DecisionKeys,
+    ) {
+    }
     #[inline(always)]
     pub(crate) fn refusal(_: &'static str) {}
     #[inline(always)]

@@ -595,12 +595,16 @@ fn compile_set(
         .filter(|p| p.is_in_flight())
         .cloned()
         .collect();
+    let default_costs: smallvec::SmallVec<[u64; 2]> = enforced.iter().map(Policy::cost).collect();
+    let own_costs = super::OwnCosts::of(&enforced, &default_costs);
     sets.push(PolicySet {
         route: Arc::clone(route),
         in_flight,
         meters: set_meters,
-        default_costs: enforced.iter().map(Policy::cost).collect(),
+        default_costs,
+        own_costs,
         shadow_costs: shadow.iter().map(Policy::cost).collect(),
+        metric_keys: crate::telemetry::DecisionKeys::new(enforced.len()),
         enforced,
         shadow,
         penalties: penalties.into_boxed_slice(),

@@ -77,7 +77,8 @@ impl<S: Store> Limiter<S> {
     /// [`prepare_key`](Self::prepare_key). The request is decided by the plan in force now
     /// to its end, whatever a reload does meanwhile.
     pub(crate) fn prepare(&self, request: &RequestView<'_>) -> Prepared<S::CheckFuture> {
-        let plan = self.inner.plan.load();
+        let guard = self.plan();
+        let plan = &*guard;
         let Some(set) = plan.resolve(request) else {
             return Prepared::Pass;
         };
@@ -136,9 +137,103 @@ impl PolicySet {
     }
 }
 
+/// What the lists, shadow policies and costs make of a key, before the store is asked.
+pub(crate) enum Screened<'s> {
+    /// Allow-listed key, or only shadow policies: go ahead, no headers.
+    Pass,
+    /// Deny-listed key, or a cost that never fits.
+    Refuse(Refusal),
+    /// Ask the store, charging these units to each enforced policy: the set's own costs
+    /// (borrowed, the common case) or the given ones, kept where the caller said.
+    Ask(&'s [u64]),
+}
+
+/// For which given costs a set's own costs can be charged instead: the costs validated when
+/// the set was built, neither copied nor checked again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OwnCosts {
+    /// Every cost: the set has only in-flight policies, each taking one slot.
+    Any,
+    /// This cost: every rate policy's own, and each in-flight policy takes one slot.
+    Only(u64),
+    /// None: the policies' own costs differ.
+    Never,
+}
+
+impl OwnCosts {
+    /// What `default_costs`, the own costs of `enforced`, allow.
+    pub(crate) fn of(enforced: &[Policy], default_costs: &[u64]) -> Self {
+        let mut own = OwnCosts::Any;
+        for (p, &d) in enforced.iter().zip(default_costs) {
+            own = match (own, p.is_in_flight()) {
+                (_, true) if d != 1 => return OwnCosts::Never,
+                (own, true) => own,
+                (OwnCosts::Any, false) => OwnCosts::Only(d),
+                (OwnCosts::Only(c), false) if c == d => own,
+                _ => return OwnCosts::Never,
+            };
+        }
+        own
+    }
+
+    /// Whether a request charging `cost` to every policy (in-flight ones one slot) charges
+    /// the set's own costs.
+    #[inline]
+    fn fits(self, cost: u64) -> bool {
+        match self {
+            OwnCosts::Any => true,
+            OwnCosts::Only(c) => c == cost,
+            OwnCosts::Never => false,
+        }
+    }
+}
+
 impl<S: Store> Limiter<S> {
-    /// Everything before the store answers, for a key: deny and allow lists, shadow
-    /// policies, the cost (`None`: each policy's own), penalties, and the store call.
+    /// Everything before the store is asked, for a key: deny and allow lists, shadow
+    /// policies, the cost (`None`: each policy's own) and its check against the capacities.
+    /// Costs other than the set's own are kept in `given`.
+    #[inline(always)]
+    pub(crate) fn screen<'s>(
+        &self,
+        set: &'s Arc<PolicySet>,
+        lists: &Lists,
+        key: &Key,
+        cost: Option<u64>,
+        estimates: Option<&[u64]>,
+        given: &'s mut SmallVec<[u64; 2]>,
+    ) -> Screened<'s> {
+        if lists.deny.contains(key) {
+            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
+            refusal.log(Some(key));
+            return Screened::Refuse(refusal);
+        }
+        if lists.allow.contains(key) {
+            return Screened::Pass;
+        }
+        if !set.shadow.is_empty() {
+            self.spawn_shadow_check(key, set, cost);
+        }
+        if set.enforced.is_empty() {
+            return Screened::Pass;
+        }
+        // A cost equal to every policy's own charges the costs validated when the set was
+        // built: borrowed, not copied, and not checked again. The common case, on every
+        // request.
+        if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
+            return Screened::Ask(&set.default_costs);
+        }
+        // Policies' own costs were checked when they were built; a given one is checked here.
+        *given = set.charged_costs(cost, estimates);
+        if let Some((p, &c)) = too_costly(&set.enforced, given) {
+            let refusal = Refusal::cost_exceeds_capacity(p, c);
+            refusal.log(Some(key));
+            return Screened::Refuse(refusal);
+        }
+        Screened::Ask(given)
+    }
+
+    /// Everything before the store answers, for a key: [`screen`](Self::screen), penalties,
+    /// and the store call.
     #[inline]
     pub(crate) fn prepare_key(
         &self,
@@ -149,45 +244,12 @@ impl<S: Store> Limiter<S> {
         estimates: Option<&[u64]>,
     ) -> Prepared<S::CheckFuture> {
         let common = &*self.inner.common;
-        if lists.deny.contains(&key) {
-            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
-            refusal.log(Some(&key));
-            return Prepared::Refuse(refusal);
-        }
-        if lists.allow.contains(&key) {
-            return Prepared::Pass;
-        }
-        if !set.shadow.is_empty() {
-            self.spawn_shadow_check(&key, &set, cost);
-        }
-        if set.enforced.is_empty() {
-            return Prepared::Pass;
-        }
-        // The policies' own costs are borrowed, not copied: the common case, on every request.
-        let given: SmallVec<[u64; 2]>;
-        // A cost equal to every policy's own (an in-flight policy always takes one slot)
-        // charges the costs validated when the set was built: no copy, no check.
-        let own = estimates.is_none()
-            && cost.is_none_or(|c| {
-                set.enforced
-                    .iter()
-                    .zip(set.default_costs.iter())
-                    .all(|(p, &d)| if p.is_in_flight() { d == 1 } else { d == c })
-            });
-        let costs: &[u64] = if own {
-            &set.default_costs
-        } else {
-            given = set.charged_costs(cost, estimates);
-            &given
+        let mut given = SmallVec::new();
+        let costs = match self.screen(&set, lists, &key, cost, estimates, &mut given) {
+            Screened::Pass => return Prepared::Pass,
+            Screened::Refuse(refusal) => return Prepared::Refuse(refusal),
+            Screened::Ask(costs) => costs,
         };
-        // Policies' own costs were checked when they were built; a given one is checked here.
-        if !own {
-            if let Some((p, &c)) = too_costly(&set.enforced, costs) {
-                let refusal = Refusal::cost_exceeds_capacity(p, c);
-                refusal.log(Some(&key));
-                return Prepared::Refuse(refusal);
-            }
-        }
         // The key goes along (moved, not copied) for the decision event, the span and the
         // top refused keys; each reads it only when it is wanted.
         let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {
@@ -236,7 +298,7 @@ impl<S: Store> Limiter<S> {
         // Store errors are counted by the store (or its resilience wrapper), not here.
         if let Ok(decision) = outcome {
             let store = self.inner.common.store.name();
-            telemetry::decision(decision, store, &set.enforced, &set.route);
+            telemetry::decision(decision, store, &set.enforced, &set.route, &set.metric_keys);
             if let Some(key) = key {
                 if tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG) {
                     trace_decision(key, decision, &set.enforced, store);
@@ -320,4 +382,63 @@ fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'
         ratelimit.outcome = decision.decided_by().as_str(),
         "rate-limit decision"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnCosts;
+    use crate::policy::{Algorithm, Policy, Rate};
+
+    fn rate(cost: u64) -> Policy {
+        Policy::builder("rate", Rate::per_minute(100))
+            .cost(cost)
+            .build()
+            .unwrap()
+    }
+
+    fn in_flight() -> Policy {
+        Policy::builder("slots", Rate::per_minute(10))
+            .algorithm(Algorithm::InFlight)
+            .build()
+            .unwrap()
+    }
+
+    /// The rule `OwnCosts` stands for: every rate policy's own cost is `cost`, and every
+    /// in-flight policy's is one slot.
+    fn own_by_rule(policies: &[Policy], cost: u64) -> bool {
+        policies.iter().all(|p| {
+            if p.is_in_flight() {
+                p.cost() == 1
+            } else {
+                p.cost() == cost
+            }
+        })
+    }
+
+    #[test]
+    fn own_costs_agree_with_the_rule_they_stand_for() {
+        let sets = [
+            vec![rate(1)],
+            vec![rate(3)],
+            vec![rate(1), rate(1)],
+            vec![rate(1), rate(2)],
+            vec![in_flight()],
+            vec![in_flight(), rate(2)],
+            vec![rate(2), in_flight(), rate(2)],
+            vec![rate(2), in_flight(), rate(1)],
+        ];
+        for policies in &sets {
+            let costs: Vec<u64> = policies.iter().map(Policy::cost).collect();
+            let own = OwnCosts::of(policies, &costs);
+            for cost in 0..5 {
+                assert_eq!(
+                    own.fits(cost),
+                    own_by_rule(policies, cost),
+                    "{own:?}, cost {cost}"
+                );
+            }
+        }
+        assert_eq!(OwnCosts::of(&[in_flight()], &[1]), OwnCosts::Any);
+        assert_eq!(OwnCosts::of(&[rate(1), rate(2)], &[1, 2]), OwnCosts::Never);
+    }
 }

@@ -191,7 +191,7 @@ impl<S: Store> Limiter<S> {
             blocked: false,
             policies: Vec::new(),
         };
-        let plan = self.inner.plan.load_full();
+        let plan = self.plan_full();
         let Some(set) = plan.resolve(request) else {
             return Ok(state);
         };
@@ -259,7 +259,7 @@ impl<S: Store> Limiter<S> {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn effective_plan(&self) -> EffectivePlan {
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         let sets = &plan.sets;
         let view = |id: usize, tier: Option<&str>| {
             let set = &sets[id];

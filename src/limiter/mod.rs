@@ -20,6 +20,7 @@ mod shadow;
 
 pub use builder::LimiterBuilder;
 pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
+use decide::{OwnCosts, Screened};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
@@ -29,6 +30,7 @@ pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -126,9 +128,56 @@ pub(crate) struct PolicyNames {
 
 struct LimiterInner<S> {
     common: Arc<Common<S>>,
-    /// The plan in force: swapped whole by [`Limiter::reload`]; a request keeps the policy
-    /// set it started with.
+    /// The plan the limiter was built with: the plan in force until the first reload, read
+    /// without the cost of `plan`'s guard (and kept, unused, after it).
+    built: Arc<CompiledPlan>,
+    /// Set (once, for good) by the first [`Limiter::reload`]: the plan in force is `plan`'s.
+    reloaded: AtomicBool,
+    /// The plan in force after a reload: swapped whole by [`Limiter::reload`]; a request
+    /// keeps the policy set it started with.
     plan: ArcSwap<CompiledPlan>,
+}
+
+/// The plan in force, borrowed for one request or call ([`Limiter::plan`]).
+enum PlanRef<'a> {
+    Built(&'a CompiledPlan),
+    Reloaded(arc_swap::Guard<Arc<CompiledPlan>>),
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = CompiledPlan;
+
+    #[inline]
+    fn deref(&self) -> &CompiledPlan {
+        match self {
+            PlanRef::Built(plan) => plan,
+            PlanRef::Reloaded(guard) => guard,
+        }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// The plan in force. Until the first reload that is the plan built with the limiter,
+    /// read directly; after it, `plan`'s. A relaxed load of the flag is enough: a thread that
+    /// has not yet seen a reload decides by the plan before it, as a request that started
+    /// just before the reload would, and either plan is whole.
+    #[inline]
+    fn plan(&self) -> PlanRef<'_> {
+        if self.inner.reloaded.load(Ordering::Relaxed) {
+            PlanRef::Reloaded(self.inner.plan.load())
+        } else {
+            PlanRef::Built(&self.inner.built)
+        }
+    }
+
+    /// The plan in force, kept (see [`plan`](Self::plan)).
+    fn plan_full(&self) -> Arc<CompiledPlan> {
+        if self.inner.reloaded.load(Ordering::Relaxed) {
+            self.inner.plan.load_full()
+        } else {
+            Arc::clone(&self.inner.built)
+        }
+    }
 }
 
 /// Routes, policy sets, lists and the key: everything a reload replaces.
@@ -214,7 +263,11 @@ pub(crate) struct PolicySet {
     penalty_of: Box<[usize]>,
     cost: Cost,
     default_costs: SmallVec<[u64; 2]>,
+    /// For which given costs `default_costs` can be charged instead.
+    own_costs: OwnCosts,
     shadow_costs: SmallVec<[u64; 2]>,
+    /// The keys of the decisions counter (feature `metrics`), built once per set.
+    metric_keys: crate::telemetry::DecisionKeys,
 }
 
 /// The `route` label of the default route's decisions.
@@ -239,7 +292,7 @@ impl<S> Clone for Limiter<S> {
 
 impl<S: fmt::Debug> fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         f.debug_struct("Limiter")
             .field("store", &self.inner.common.store)
             .field("policy_sets", &plan.sets.len())
@@ -261,10 +314,13 @@ impl Limiter<MemoryStore> {
 impl<S> Limiter<S> {
     /// A limiter around `plan`, sharing `common`.
     fn from_parts(common: Arc<Common<S>>, plan: CompiledPlan) -> Self {
+        let built = Arc::new(plan);
         Self {
             inner: Arc::new(LimiterInner {
                 common,
-                plan: ArcSwap::from_pointee(plan),
+                plan: ArcSwap::new(Arc::clone(&built)),
+                built,
+                reloaded: AtomicBool::new(false),
             }),
         }
     }
@@ -285,12 +341,12 @@ impl<S: Store> Limiter<S> {
 
     /// The default route's policy set in the plan in force, `None` when it is exempt.
     fn default_set(&self) -> Option<Arc<PolicySet>> {
-        self.inner.plan.load().default_set().cloned()
+        self.plan().default_set().cloned()
     }
 
     /// The allow and deny lists, extractor and tier function in force.
     fn lists(&self) -> Arc<Lists> {
-        Arc::clone(&self.inner.plan.load().lists)
+        Arc::clone(&self.plan().lists)
     }
 
     /// How many shadow-policy checks would have allowed and denied so far (shared by every
@@ -319,7 +375,7 @@ impl<S: Store> Limiter<S> {
     /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
     /// the request must be rejected for want of a key.
     pub fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
-        self.inner.plan.load().lists.key_for(request)
+        self.plan().lists.key_for(request)
     }
 
     /// Checks `key` against the default route's policies, charging `cost` units to each —
@@ -336,22 +392,56 @@ impl<S: Store> Limiter<S> {
     /// store fails.
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
         // One load of the plan for the set and the lists, released before any await.
-        let prepared = {
-            let plan = self.inner.plan.load();
+        let (set, future) = {
+            let guard = self.plan();
+            let plan = &*guard;
             let Some(set) = plan.default_set() else {
                 return Ok(Decision::pass());
             };
-            self.prepare_key(Arc::clone(set), &plan.lists, key.clone(), Some(cost), None)
+            if !set.penalties.is_empty() {
+                match self.prepare_key(Arc::clone(set), &plan.lists, key.clone(), Some(cost), None)
+                {
+                    Prepared::Pass => return Ok(Decision::pass()),
+                    Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                    Prepared::Decided { set, outcome, .. } => {
+                        return self.admit(&set, key, outcome)
+                    }
+                    Prepared::Check { set, future, .. } => (set, future),
+                }
+            } else {
+                let mut given = SmallVec::new();
+                let costs = match self.screen(set, &plan.lists, key, Some(cost), None, &mut given) {
+                    Screened::Pass => return Ok(Decision::pass()),
+                    Screened::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                    Screened::Ask(costs) => costs,
+                };
+                let store = &self.inner.common.store;
+                // A store that answers at once (the memory store) is decided right here:
+                // no prepared state, no future, no key copied.
+                if let Some(outcome) = store.check_now(key, &set.enforced, costs) {
+                    return self.admit(set, key, outcome);
+                }
+                let future = CheckFuture::Direct {
+                    future: store.check(key, &set.enforced, costs),
+                };
+                (Arc::clone(set), future)
+            }
         };
-        // Matched here rather than in `finish_direct`: a memory store's decision is already
-        // made, and one state machine less moves it one time less.
-        let (set, outcome) = match prepared {
-            Prepared::Pass => return Ok(Decision::pass()),
-            Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-            Prepared::Decided { set, outcome, .. } => (set, outcome),
-            Prepared::Check { set, future, .. } => (set, future.await),
-        };
-        self.record(&set, None, &outcome);
+        let outcome = future.await;
+        self.admit(&set, key, outcome)
+    }
+
+    /// What [`check`](Self::check) makes of the store's answer: it is recorded (metrics,
+    /// no trace event: `check` keeps no key for one), and a rate-limited refusal counts in
+    /// the top refused keys.
+    #[inline]
+    fn admit(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        outcome: Result<Decision, crate::StoreError>,
+    ) -> Result<Decision, CheckError> {
+        self.record(set, None, &outcome);
         let decision = outcome?;
         if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
             self.note_refused(key);
@@ -506,7 +596,7 @@ impl<S: Store> Limiter<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
         let mut all: Vec<Policy> = vec![];
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         for set in &plan.sets {
             for p in set
                 .enforced

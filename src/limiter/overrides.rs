@@ -92,7 +92,7 @@ impl<S: Store> Limiter<S> {
 
     /// Every enforced policy of the plan in force, each name once.
     fn all_policies(&self) -> Vec<Policy> {
-        let plan = self.inner.plan.load();
+        let plan = self.plan();
         let mut all: Vec<Policy> = vec![];
         for set in &plan.sets {
             for p in set.enforced.iter() {

@@ -52,7 +52,7 @@ impl<S: Store> Limiter<S> {
     /// # }).unwrap();
     /// ```
     pub fn reload(&self, next: &Limiter<S>) {
-        let plan = next.inner.plan.load_full();
+        let plan = next.plan_full();
         let names = next
             .inner
             .common
@@ -68,6 +68,11 @@ impl<S: Store> Limiter<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = names;
         self.inner.plan.store(plan);
+        // After the store, so that the swap holds the new plan by the time the flag sends
+        // readers to it.
+        self.inner
+            .reloaded
+            .store(true, std::sync::atomic::Ordering::Release);
         telemetry::plan_reload(true);
         tracing::info!(target: "tollgate::reload", "a new rate-limit plan is in force");
     }
