@@ -50,17 +50,17 @@ fn set(span: &Span, field: &'static str, value: FieldValue<'_>) {
             FieldValue::Bool(v) => span.record(field, v),
             FieldValue::U64(v) => span.record(field, v),
         };
-        return;
-    }
-    #[cfg(feature = "opentelemetry")]
-    {
-        use tracing_opentelemetry::OpenTelemetrySpanExt;
-        let value: opentelemetry::Value = match value {
-            FieldValue::Str(v) => v.to_owned().into(),
-            FieldValue::Bool(v) => v.into(),
-            FieldValue::U64(v) => i64::try_from(v).unwrap_or(i64::MAX).into(),
-        };
-        span.set_attribute(field, value);
+    } else {
+        #[cfg(feature = "opentelemetry")]
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt;
+            let value: opentelemetry::Value = match value {
+                FieldValue::Str(v) => v.to_owned().into(),
+                FieldValue::Bool(v) => v.into(),
+                FieldValue::U64(v) => i64::try_from(v).unwrap_or(i64::MAX).into(),
+            };
+            span.set_attribute(field, value);
+        }
     }
 }
 
