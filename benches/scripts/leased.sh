@@ -28,7 +28,7 @@ bin=$(ls -t "$target"/release/deps/leased_server-* | grep -v '\.d$' | head -1)
 dir=$(mktemp -d)
 redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no >/dev/null &
 redis=$!
-trap 'kill $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $redis 2>/dev/null || true; wait $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 export REDIS_URL="redis://127.0.0.1:$RPORT"
 for keys in 64 "$COLD_KEYS"; do

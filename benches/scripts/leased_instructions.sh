@@ -3,6 +3,8 @@
 # redis-server: each side runs twice under valgrind while wrk sends requests for SHORT and
 # LONG seconds; (instructions of the long run − the short run) / (requests − requests) leaves
 # out start-up and shutdown. Counts instructions, not time, so it holds on a busy machine.
+# CONNS (default 8) is how many connections wrk keeps open: CONNS=1 sends one request at a
+# time, so no decisions coalesce and the count does not move with batch sizes.
 # LOAD=cold sends a random key out of 1 000 000 per request (no key leased), LOAD=keys64 one
 # of 64 (each leased), LOAD=hot one key.
 # WHO=redis counts the private redis-server's instructions per request instead (a fresh
@@ -16,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIDES=${SIDES:-"bare exact leased"}
 LOAD=${LOAD:-cold}
+CONNS=${CONNS:-8}
 SHORT=${SHORT:-4}
 LONG=${LONG:-10}
 WHO=${WHO:-server}
@@ -31,7 +34,7 @@ else
 fi
 dir=$(mktemp -d)
 redis=
-trap 'kill $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $redis 2>/dev/null || true; wait $redis 2>/dev/null || true; rm -rf "$dir"' EXIT
 start_redis() { # [valgrind...]
   "$@" redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
     --daemonize no >/dev/null 2>"$dir/rvg" &
@@ -60,7 +63,7 @@ run() { # side seconds -> "requests instructions"
   fi
   vg=$!
   for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.2; done
-  n=$(wrk -t1 -c8 -d"$2s" "${script[@]}" "http://127.0.0.1:$PORT/" | awk '/requests in/ {print $1}')
+  n=$(wrk -t1 -c"$CONNS" -d"$2s" "${script[@]}" "http://127.0.0.1:$PORT/" | awk '/requests in/ {print $1}')
   if [ "$WHO" = redis ]; then
     kill "$vg" 2>/dev/null || true
     wait "$vg" 2>/dev/null || true

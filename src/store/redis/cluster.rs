@@ -175,19 +175,21 @@ impl Connector for Cluster {
     }
 
     async fn connection(&self) -> Result<Self::Conn, StoreError> {
+        // Boxed for the reason given in `Single::connection`: every decision's future would
+        // otherwise carry the pool's and the first connect's kilobytes.
         match self {
-            Cluster::Pool(pool) => pool
-                .get()
+            Cluster::Pool(pool) => Box::pin(pool.get())
                 .await
                 .map(PooledOrShared::Pooled)
                 .map_err(pool_error),
-            Cluster::Urls(lazy) => lazy
-                .1
-                .get_or_try_init(|| lazy.0.get_async_connection())
-                .await
-                .cloned()
-                .map(PooledOrShared::Shared)
-                .map_err(store_error),
+            Cluster::Urls(lazy) => match lazy.1.get() {
+                Some(connection) => Ok(PooledOrShared::Shared(connection.clone())),
+                None => Box::pin(lazy.1.get_or_try_init(|| lazy.0.get_async_connection()))
+                    .await
+                    .cloned()
+                    .map(PooledOrShared::Shared)
+                    .map_err(store_error),
+            },
         }
     }
 

@@ -20,7 +20,7 @@ use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
 use super::lease::LedgerRequest;
 use super::wire;
 pub(crate) use super::wire::Mode;
-use super::wire::{assemble, parse_batch_reply, Assembled};
+use super::wire::{assemble, parse_batch_reply_into, Assembled};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{Cause, ConfigError, StoreError};
@@ -376,9 +376,8 @@ impl<C: Connector> Core<C> {
         for (assembled, requests) in assemble(batch) {
             let inv = self.invocation(&assembled);
             let reply = self.invoke(&inv).await;
-            match reply.and_then(|r| parse_batch_reply(&r, requests)) {
-                Ok(r) => results.extend(r),
-                Err(e) => results.extend(requests.iter().map(|_| Err(e.clone()))),
+            if let Err(e) = reply.and_then(|r| parse_batch_reply_into(&r, requests, &mut results)) {
+                results.extend(requests.iter().map(|_| Err(e.clone())));
             }
         }
         results

@@ -299,22 +299,25 @@ impl Connector for Single {
     fn lane(&self, _state_key: &str) {}
 
     async fn connection(&self) -> Result<Self::Conn, StoreError> {
+        // The pool's `get` and the first connect are futures of kilobytes (deadpool's: 6.9 KB),
+        // and every decision's future would carry them and copy them into its box: boxed,
+        // they cost one allocation per pooled call, and nothing on a connection already made.
         match self {
-            Single::Pool(pool) => pool
-                .get()
+            Single::Pool(pool) => Box::pin(pool.get())
                 .await
                 .map(PooledOrShared::Pooled)
                 .map_err(pool_error),
-            Single::Url(lazy) => lazy
-                .manager
-                .get_or_try_init(|| {
+            Single::Url(lazy) => match lazy.manager.get() {
+                Some(manager) => Ok(PooledOrShared::Shared(manager.clone())),
+                None => Box::pin(lazy.manager.get_or_try_init(|| {
                     lazy.client
                         .get_connection_manager_with_config(lazy.config.clone())
-                })
+                }))
                 .await
                 .cloned()
                 .map(PooledOrShared::Shared)
                 .map_err(store_error),
+            },
         }
     }
 

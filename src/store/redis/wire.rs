@@ -20,8 +20,10 @@
 
 use std::collections::HashMap;
 
-use super::script_call::ScriptCall;
+use redis::{RedisWrite, ToRedisArgs};
 use smallvec::SmallVec;
+
+use super::script_call::ScriptCall;
 
 use super::batch::Request;
 use super::script::{algorithm_id, script};
@@ -54,11 +56,28 @@ pub(crate) enum Mode {
 /// Where a per-key override of a state lives: the state key with `:ovr` appended, holding the
 /// override's limit and capacity as two little-endian doubles (see [`override_value`]).
 pub(crate) fn override_key(state_key: &str) -> String {
-    let mut k = String::with_capacity(state_key.len() + 4);
+    let mut k = String::with_capacity(state_key.len() + OVERRIDE_SUFFIX.len());
     k.push_str(state_key);
-    k.push_str(":ovr");
+    k.push_str(OVERRIDE_SUFFIX);
     k
 }
+
+/// A state's override key ([`override_key`]) written straight into a command, without a
+/// `String` of its own: a script call names one per state.
+struct OverrideKey<'a>(&'a str);
+
+impl ToRedisArgs for OverrideKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        use std::io::Write;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(OVERRIDE_SUFFIX.as_bytes());
+    }
+}
+
+/// What an override key adds to its state key.
+const OVERRIDE_SUFFIX: &str = ":ovr";
 
 /// The value of an override key for `policy` (the overriding policy).
 pub(crate) fn override_value(policy: &Policy) -> Vec<u8> {
@@ -92,9 +111,9 @@ pub(crate) struct Assembled<'a> {
     pub(crate) keys: Vec<&'a str>,
     /// Per policy its five parameters, each a little-endian f64 (exact: all are below 2^53
     /// in practice, and the script computes in doubles anyway).
-    pub(crate) params: Vec<u8>,
+    pub(crate) params: SmallVec<[u8; 80]>,
     /// Per state, the index of its policy (from 1): little-endian u32.
-    pub(crate) states: Vec<u8>,
+    pub(crate) states: SmallVec<[u8; 32]>,
     /// Per request: its mode (u8), the number of policies m (u32), m pairs of state index (u32,
     /// from 1) and cost (f64), little-endian.
     pub(crate) requests: Vec<u8>,
@@ -113,7 +132,7 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
     }
     // Each state's override key, in the same order (same hash tag: same slot).
     for &k in &batch.keys {
-        inv.key(override_key(k));
+        inv.key(OverrideKey(k));
     }
     match now {
         Some(now) => inv.arg(now),
@@ -128,8 +147,8 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
 /// Splits `batch` into script calls: a state key named with two different parameter sets
 /// (two policies of the same name and algorithm but different limits, only possible through
 /// direct `Store` use) cannot share one call, so the call ends before the second.
-pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled<'_>, &[Request])> {
-    let mut out = Vec::new();
+pub(crate) fn assemble(batch: &[Request]) -> SmallVec<[(Assembled<'_>, &[Request]); 1]> {
+    let mut out = SmallVec::new();
     let mut start = 0;
     let mut current = Builder::new(batch.len());
     for (i, request) in batch.iter().enumerate() {
@@ -146,11 +165,19 @@ pub(crate) fn assemble(batch: &[Request]) -> Vec<(Assembled<'_>, &[Request])> {
     out
 }
 
+/// Up to this many states a call's states are looked up by scanning them; past it, through
+/// a map. A scan of a few keys costs less than hashing one (and most calls name one to a
+/// dozen states); the map keeps a batch of hundreds of distinct keys linear.
+const SCANNED_STATES: usize = 16;
+
 struct Builder<'a> {
     policies: SmallVec<[Params; 4]>,
-    /// Each state: its key, and the index of its policy (from 1).
-    states: Vec<(&'a str, u32)>,
-    index: HashMap<&'a str, (u32, Params)>,
+    /// Each state's key, in order.
+    keys: Vec<&'a str>,
+    /// Each state's policy (from 1), in the same order.
+    of_policy: SmallVec<[u32; 8]>,
+    /// Each state's index (from 1) by key, once there are more than [`SCANNED_STATES`].
+    index: Option<HashMap<&'a str, u32>>,
     requests: Vec<u8>,
 }
 
@@ -158,19 +185,38 @@ impl<'a> Builder<'a> {
     fn new(requests: usize) -> Self {
         Self {
             policies: SmallVec::new(),
-            states: Vec::with_capacity(requests),
-            index: HashMap::with_capacity(requests),
+            keys: Vec::with_capacity(requests),
+            of_policy: SmallVec::new(),
+            index: None,
             // One policy per request is the common case: 5 + 12 bytes.
             requests: Vec::with_capacity(requests * 17),
         }
     }
 
+    /// The index (from 1) of the state named `key`, if the call names it already.
+    fn state(&self, key: &str) -> Option<u32> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self
+                .keys
+                .iter()
+                .position(|&k| k == key)
+                .map(|i| index(i + 1)),
+        }
+    }
+
+    /// The parameters of state `i` (from 1).
+    fn params_of(&self, i: u32) -> &Params {
+        let policy = self.of_policy[i as usize - 1];
+        &self.policies[policy as usize - 1]
+    }
+
     fn fits(&self, request: &Request) -> bool {
-        request.keys.iter().zip(&request.params).all(|(k, p)| {
-            self.index
-                .get(k.as_str())
-                .is_none_or(|(_, known)| known == p)
-        })
+        request
+            .keys
+            .iter()
+            .zip(&request.params)
+            .all(|(k, p)| self.state(k).is_none_or(|i| self.params_of(i) == p))
     }
 
     fn push(&mut self, request: &'a Request) {
@@ -178,8 +224,8 @@ impl<'a> Builder<'a> {
         self.requests
             .extend_from_slice(&index(request.keys.len()).to_le_bytes());
         for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
-            let state = match self.index.get(key.as_str()) {
-                Some(&(i, _)) => i,
+            let state = match self.state(key) {
+                Some(i) => i,
                 None => {
                     let policy = match self.policies.iter().position(|p| p == params) {
                         Some(i) => index(i + 1),
@@ -188,9 +234,19 @@ impl<'a> Builder<'a> {
                             index(self.policies.len())
                         }
                     };
-                    self.states.push((key, policy));
-                    let i = index(self.states.len());
-                    self.index.insert(key, (i, *params));
+                    self.keys.push(key);
+                    self.of_policy.push(policy);
+                    let i = index(self.keys.len());
+                    if let Some(map) = &mut self.index {
+                        map.insert(key, i);
+                    } else if self.keys.len() > SCANNED_STATES {
+                        let map = self
+                            .keys
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &k)| (k, index(j + 1)));
+                        self.index = Some(map.collect());
+                    }
                     i
                 }
             };
@@ -207,20 +263,19 @@ impl<'a> Builder<'a> {
     }
 
     fn finish(self) -> Assembled<'a> {
-        let mut params = Vec::with_capacity(self.policies.len() * 40);
+        let mut params = SmallVec::with_capacity(self.policies.len() * 40);
         for p in &self.policies {
             for &x in p {
                 params.extend_from_slice(&(x as f64).to_le_bytes());
             }
         }
-        let mut keys = Vec::with_capacity(self.states.len());
-        let mut states = Vec::with_capacity(self.states.len() * 4);
-        for (key, policy) in self.states {
-            keys.push(key);
-            states.extend_from_slice(&policy.to_le_bytes());
-        }
+        let states = self
+            .of_policy
+            .iter()
+            .flat_map(|p| p.to_le_bytes())
+            .collect();
         Assembled {
-            keys,
+            keys: self.keys,
             params,
             states,
             requests: self.requests,
@@ -241,11 +296,36 @@ fn index(n: usize) -> u32 {
 /// A reply cut short, with bytes left over, or with a number that is not whole fails the
 /// whole call; a negative number, or an overall answer that disagrees with the per-policy
 /// ones, fails its own request.
+///
+/// The results are appended to `results`; when the call fails, `results` is left as it was.
+pub(crate) fn parse_batch_reply_into(
+    reply: &[u8],
+    requests: &[Request],
+    results: &mut Vec<Result<Decision, StoreError>>,
+) -> Result<(), StoreError> {
+    let start = results.len();
+    let read = read_batch_reply(reply, requests, results);
+    if read.is_err() {
+        results.truncate(start);
+    }
+    read
+}
+
+/// [`parse_batch_reply_into`] a vector of its own.
+#[cfg(test)]
 pub(crate) fn parse_batch_reply(
     reply: &[u8],
     requests: &[Request],
 ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
-    let mut results = Vec::with_capacity(requests.len());
+    let mut results = Vec::new();
+    parse_batch_reply_into(reply, requests, &mut results).map(|()| results)
+}
+
+fn read_batch_reply(
+    reply: &[u8],
+    requests: &[Request],
+    results: &mut Vec<Result<Decision, StoreError>>,
+) -> Result<(), StoreError> {
     let mut reader = Reader { rest: reply };
     for request in requests {
         let status = reader.byte()? as i8;
@@ -264,7 +344,7 @@ pub(crate) fn parse_batch_reply(
             requests.len()
         ))));
     }
-    Ok(results)
+    Ok(())
 }
 
 /// Reads the little-endian fields of a packed reply, failing on a reply cut short.

@@ -1,6 +1,7 @@
 //! Unit tests of the engine: batch assembly and reply parsing, without a server.
 use super::*;
 use crate::policy::Algorithm;
+use crate::store::redis::wire::parse_batch_reply;
 use crate::Rate;
 
 /// A connector that never connects: for tests of what would be sent and parsed.
@@ -65,10 +66,10 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
         .chain(&pb)
         .flat_map(|&x| (x as f64).to_le_bytes())
         .collect();
-    assert_eq!(assembled.params, expected);
+    assert_eq!(assembled.params[..], expected[..]);
     let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     // The policy of each state.
-    assert_eq!(assembled.states, u32s(&[1, 2, 1]));
+    assert_eq!(assembled.states[..], u32s(&[1, 2, 1])[..]);
     // Per request: the mode, the number of policies, then (state, cost) pairs.
     let request = |mode: u8, pairs: &[(u32, f64)]| {
         let mut out = vec![mode];
@@ -98,6 +99,37 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
     let parts = assemble(&split);
     assert_eq!(parts.len(), 2);
     assert_eq!(parts[1].1.len(), 1);
+}
+
+#[test]
+fn a_batch_of_many_keys_names_each_state_once() {
+    // Past a handful of states the call looks them up through a map rather than a scan:
+    // both must give every request the state of its own key.
+    let core = test_core();
+    let a = Policy::new("a", Rate::per_second(10)).unwrap();
+    let keys: Vec<Key> = (0..40)
+        .map(|i| Key::new("ip", format!("10.0.0.{i}").as_str()))
+        .collect();
+    // Every key twice: in order, then in reverse.
+    let batch: Vec<Request> = keys
+        .iter()
+        .chain(keys.iter().rev())
+        .map(|k| core.request(k, std::slice::from_ref(&a), &[1], Mode::Charge))
+        .collect();
+    let parts = assemble(&batch);
+    assert_eq!(parts.len(), 1);
+    let (assembled, requests) = &parts[0];
+    assert_eq!(requests.len(), 80);
+    assert_eq!(assembled.keys.len(), 40);
+    assert_eq!(assembled.states.len(), 40 * 4);
+    // Each request: mode, one policy, its state (u32) and cost (f64).
+    let mut seen = std::collections::HashSet::new();
+    for (request, bytes) in batch.iter().zip(assembled.requests.chunks(17)) {
+        let state = u32::from_le_bytes(bytes[5..9].try_into().unwrap()) as usize;
+        assert_eq!(assembled.keys[state - 1], request.keys[0]);
+        seen.insert(state);
+    }
+    assert_eq!(seen.len(), 40);
 }
 
 #[test]
