@@ -49,8 +49,11 @@ end
 
 local nk = #KEYS / 2
 -- P: each state's policy; S: the state; E: why it cannot be read; X: when the state as read
--- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
-local P, S, E, X = {}, {}, {}, {}
+-- expires (its key's TTL was set from it), and K: no later than that whatever policy it was
+-- written under (an algorithm's `kept_since`, where its expiry depends on the limit, which
+-- an override changes), to keep that TTL when a write leaves it in the same cell of the
+-- grid (`expiry` in prelude.lua).
+local P, S, E, X, K = {}, {}, {}, {}, {}
 local strings, string_index = {}, {}
 local state_policies, requests = ARGV[3], ARGV[4]
 if #state_policies ~= 4 * nk then
@@ -100,6 +103,7 @@ if ns > 0 then
       S[i] = a.decode(v)
       if S[i] then
         X[i] = a.expires_at(S[i], P[i])
+        K[i] = a.kept_since and a.kept_since(S[i]) or X[i]
       else
         E[i] = 'tollgate: unreadable state at ' .. KEYS[i]
       end
@@ -244,11 +248,14 @@ for i = 1, nk do
     if p.a.zset then
       p.a.store(KEYS[i], S[i], now, p)
     else
-      local expires_at = p.a.expires_at(S[i], p)
-      if expires_at == X[i] then
+      -- Both bounds of the key's TTL hold when the state as read was in the same cell as
+      -- the new one: K for the lower bound, X for the upper one (a refund moves the expiry
+      -- back; a charge, all single.lua sees, never does).
+      local target = expiry(p.a.expires_at(S[i], p), now)
+      if ttl_kept(K[i], target) and ttl_kept(X[i], target) then
         redis.call('SET', KEYS[i], p.a.encode(S[i]), 'KEEPTTL')
       else
-        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', ttl(expires_at, now))
+        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', target - now)
       end
     end
   end
