@@ -8,7 +8,8 @@
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch
 -- (read in single.lua, which runs first and answers the common call of one request).
 -- Then three binary strings (little-endian; struct.unpack reads them much faster than
--- tonumber parses decimal text): per policy its algorithm id, limit, window ms, capacity
+-- tonumber parses decimal text), or, for one policy and one state, the three one after the
+-- other as one string (ARGV[2] alone; see single.lua): per policy its algorithm id, limit, window ms, capacity
 -- and max delay ms (f64 each, np = #ARGV[2] / 40); per state the index of its policy
 -- (u32); per request its
 -- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
@@ -31,7 +32,11 @@
 -- One string costs Redis less to send, and the client far less to parse, than an array of
 -- six integers per request.
 -- `now` is read first, in single.lua, for this path and the common call alike.
-local params = ARGV[2]
+local params, state_policies, requests = ARGV[2], ARGV[3], ARGV[4]
+if #ARGV == 2 then
+  local one = ARGV[2]
+  params, state_policies, requests = one:sub(1, 40), one:sub(41, 44), one:sub(45)
+end
 local np = #params / 40
 local policies, built = {}, {}
 for k = 1, np do
@@ -55,7 +60,6 @@ local nk = #KEYS / 2
 -- grid (`expiry` in prelude.lua).
 local P, S, E, X, K = {}, {}, {}, {}, {}
 local strings, string_index = {}, {}
-local state_policies, requests = ARGV[3], ARGV[4]
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end
