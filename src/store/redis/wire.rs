@@ -398,3 +398,51 @@ impl<'a> Reader<'a> {
         Ok(Ok(decision))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(keys: &[&str]) -> Request {
+        Request {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            params: keys.iter().map(|_| [5, 10, 1_000, 10, 0]).collect(),
+            costs: keys.iter().map(|_| 1).collect(),
+            mode: Mode::Charge,
+            reply: None,
+        }
+    }
+
+    /// The command's arguments after `EVALSHA <sha> <numkeys>` and the keys.
+    fn script_args(batch: &[Request]) -> Vec<Vec<u8>> {
+        let calls = assemble(batch);
+        assert_eq!(calls.len(), 1);
+        let (assembled, _) = &calls[0];
+        let inv = invocation(assembled, None);
+        inv.cmd()
+            .args_iter()
+            .skip(3 + 2 * assembled.keys.len())
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => panic!("only plain arguments in a script call"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_policy_and_one_state_travel_as_one_argument() {
+        // A lone decision: the 61 bytes lua/single.lua decides from.
+        let args = script_args(&[request(&["k"])]);
+        assert_eq!(args.len(), 2);
+        assert_eq!((args[0].len(), args[1].len()), (0, 61));
+        assert_eq!(args[1][40..44], 1u32.to_le_bytes());
+        // A hot key's batch: still one state, so one argument that decide.lua splits.
+        let args = script_args(&[request(&["k"]), request(&["k"]), request(&["k"])]);
+        assert_eq!(args.len(), 2);
+        assert_eq!(args[1].len(), 44 + 3 * 17);
+        // Two policies: three strings.
+        let args = script_args(&[request(&["k", "l"])]);
+        let lengths: Vec<usize> = args.iter().map(Vec::len).collect();
+        assert_eq!(lengths, [0, 40, 8, 5 + 2 * 12]);
+    }
+}
