@@ -708,17 +708,26 @@ fn no_policies_allow_without_a_call_like_the_memory_store() {
     });
 }
 
-/// When Redis will expire a GCRA or token bucket state key (`PEXPIRETIME`, ms on the
-/// server's clock), and when the state it holds stops mattering (`expires_at` in lua/, on the
-/// same clock, since the script read the server's `TIME`). `limit` is the limit the state is
-/// decided with (the bucket refills `limit` tokens per window).
+/// When Redis will expire a GCRA or token bucket state key (ms on the server's clock), and
+/// when the state it holds stops mattering (`expires_at` in lua/, on the same clock, since
+/// the script read the server's `TIME`). `limit` is the limit the state is decided with (the
+/// bucket refills `limit` tokens per window).
 fn expiry_and_relevance(
     server: &RedisServer,
     key: &str,
     algorithm: Algorithm,
     limit: u64,
 ) -> (i64, i64) {
-    let expires: i64 = server.query(&["PEXPIRETIME", key]).unwrap();
+    // PEXPIRETIME, but also on Redis 6 (PEXPIRETIME is 7.0): TIME plus PTTL, in one script.
+    let expires: i64 = server
+        .query(&[
+            "EVAL",
+            "local t = redis.call('TIME') \
+             return t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1])",
+            "1",
+            key,
+        ])
+        .unwrap();
     let v: Vec<u8> = server.query(&["GET", key]).unwrap();
     assert_eq!(v.len(), 16, "{key}: {v:?}");
     let a = f64::from_le_bytes(v[..8].try_into().unwrap());
