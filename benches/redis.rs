@@ -275,19 +275,19 @@ async fn main() {
             let mut conn = conn.clone();
             Box::pin(async move {
                 // One policy (the sliding window counter), one state of policy 1 and its
-                // override key, one request charging 1 unit to state 1 (the binary layout of
-                // src/store/redis/wire.rs).
-                let params: Vec<u8> = [1, limit, window, limit, 0]
+                // override key, one request charging 1 unit to state 1, as one binary
+                // argument (the layout of src/store/redis/wire.rs for one policy and state).
+                let mut one: Vec<u8> = [1, limit, window, limit, 0]
                     .iter()
                     .flat_map(|&x| (x as f64).to_le_bytes())
                     .collect();
+                one.extend_from_slice(&1u32.to_le_bytes());
+                one.extend_from_slice(&REQUEST);
                 let reply: Vec<u8> = script
                     .key(&keys[t])
                     .key(format!("{}:ovr", keys[t]))
                     .arg("")
-                    .arg(&params[..])
-                    .arg(&1u32.to_le_bytes()[..])
-                    .arg(&REQUEST[..])
+                    .arg(&one[..])
                     .invoke_async(&mut conn)
                     .await
                     .expect("EVALSHA failed");

@@ -8,7 +8,8 @@
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch
 -- (read in single.lua, which runs first and answers the common call of one request).
 -- Then three binary strings (little-endian; struct.unpack reads them much faster than
--- tonumber parses decimal text): per policy its algorithm id, limit, window ms, capacity
+-- tonumber parses decimal text), or, for one policy and one state, the three one after the
+-- other as one string (ARGV[2] alone; see single.lua): per policy its algorithm id, limit, window ms, capacity
 -- and max delay ms (f64 each, np = #ARGV[2] / 40); per state the index of its policy
 -- (u32); per request its
 -- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
@@ -31,7 +32,11 @@
 -- One string costs Redis less to send, and the client far less to parse, than an array of
 -- six integers per request.
 -- `now` is read first, in single.lua, for this path and the common call alike.
-local params = ARGV[2]
+local params, state_policies, requests = ARGV[2], ARGV[3], ARGV[4]
+if #ARGV == 2 then
+  local one = ARGV[2]
+  params, state_policies, requests = one:sub(1, 40), one:sub(41, 44), one:sub(45)
+end
 local np = #params / 40
 local policies, built = {}, {}
 for k = 1, np do
@@ -49,10 +54,12 @@ end
 
 local nk = #KEYS / 2
 -- P: each state's policy; S: the state; E: why it cannot be read; X: when the state as read
--- expires (its key's TTL was set from it), to keep that TTL when a write leaves it unchanged.
-local P, S, E, X = {}, {}, {}, {}
+-- expires (its key's TTL was set from it), and K: no later than that whatever policy it was
+-- written under (an algorithm's `kept_since`, where its expiry depends on the limit, which
+-- an override changes), to keep that TTL when a write leaves it in the same cell of the
+-- grid (`expiry` in prelude.lua).
+local P, S, E, X, K = {}, {}, {}, {}, {}
 local strings, string_index = {}, {}
-local state_policies, requests = ARGV[3], ARGV[4]
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end
@@ -100,6 +107,7 @@ if ns > 0 then
       S[i] = a.decode(v)
       if S[i] then
         X[i] = a.expires_at(S[i], P[i])
+        K[i] = a.kept_since and a.kept_since(S[i]) or X[i]
       else
         E[i] = 'tollgate: unreadable state at ' .. KEYS[i]
       end
@@ -244,11 +252,14 @@ for i = 1, nk do
     if p.a.zset then
       p.a.store(KEYS[i], S[i], now, p)
     else
-      local expires_at = p.a.expires_at(S[i], p)
-      if expires_at == X[i] then
+      -- Both bounds of the key's TTL hold when the state as read was in the same cell as
+      -- the new one: K for the lower bound, X for the upper one (a refund moves the expiry
+      -- back; a charge, all single.lua sees, never does).
+      local target = expiry(p.a.expires_at(S[i], p), now)
+      if ttl_kept(K[i], target) and ttl_kept(X[i], target) then
         redis.call('SET', KEYS[i], p.a.encode(S[i]), 'KEEPTTL')
       else
-        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', ttl(expires_at, now))
+        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', target - now)
       end
     end
   end

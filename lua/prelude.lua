@@ -9,6 +9,9 @@ local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 
 -- Kept past expires_at, in ms, so a key never vanishes while its state still matters.
 local TTL_MARGIN_MS = 1000
+-- The string states' keys expire on a grid of this step (ms; at most TTL_MARGIN_MS, and a
+-- power of two, so dividing by it is exact in doubles): see `expiry`.
+local TTL_GRID_MS = 512
 -- The retry_after of a refusal by an in-flight policy (in_flight.rs RETRY_AFTER_MS).
 local IN_FLIGHT_RETRY_AFTER_MS = 1000
 
@@ -44,9 +47,41 @@ local function ttl(expires_at, now)
   return max(expires_at - now, 0) + TTL_MARGIN_MS
 end
 
+-- When the key of a string state (counter, bucket, fixed window, GCRA) that stops mattering
+-- at `expires_at` expires, on the decision's clock: the first multiple of TTL_GRID_MS at or
+-- after expires_at + TTL_MARGIN_MS, so between TTL_MARGIN_MS - TTL_GRID_MS (488 ms) and
+-- TTL_MARGIN_MS + TTL_GRID_MS (1 512 ms) after it. Written with `PX expiry - now`.
+--
+-- A key keeps the TTL it has (`SET … KEEPTTL`) when the expiry it was given fell in the
+-- same cell of the grid, (expiry - TTL_GRID_MS, expiry]: then it still expires within the
+-- bounds above. The invariant that makes this sound: a key's expiry lies in the cell of
+-- expires_at + TTL_MARGIN_MS of its state as last written. A write with PX puts it at the
+-- cell's end; a write with the exact margin (an earlier version of this script) puts it
+-- inside the cell; a KEEPTTL write happens only when the new state's cell is the old one.
+-- GCRA and the token bucket move their expiry on every charged request, usually by far
+-- less than a grid step, so most of their writes keep the TTL.
+--
+-- Redis counts a PX from its own time for the command, which can be a millisecond before
+-- or after `now` (TIME, read when the script starts, in whole ms): the 488 ms of margin
+-- left at worst cover that many times over.
+local function expiry(expires_at, now)
+  local t = max(expires_at, now) + TTL_MARGIN_MS
+  return t + (-t) % TTL_GRID_MS
+end
+
+-- Whether a key whose state, as read, expired at `was` (`kept_since` where the algorithm
+-- has one, see decide.lua) keeps its TTL for a state expiring at `target` (from `expiry`).
+local function ttl_kept(was, target)
+  if not was then
+    return false
+  end
+  local t = was + TTL_MARGIN_MS
+  return t <= target and t > target - TTL_GRID_MS
+end
+
 -- The states of the counter, bucket, fixed window and GCRA are small records of integers,
 -- kept as one string value of little-endian doubles: one GET (an MGET for the whole batch)
--- reads it and one SET ... PX writes it with its TTL.
+-- reads it and one SET ... PX (or KEEPTTL, see `expiry`) writes it with its TTL.
 local function packed(layout, size)
   return {
     decode = function(v)

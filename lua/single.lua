@@ -16,22 +16,27 @@ end
 -- layout. Anything else — a batch, several policies, a refund, a state that is missing
 -- because its key holds another type, or an unreadable one — falls through to the general
 -- path, which has done nothing yet.
+--
+-- A call of one policy and one state sends its three binary strings (decide.lua) as one
+-- ARGV[2]: one argument and one struct.unpack cost Redis less than three of each. For one
+-- request of one policy it is 61 bytes: the policy (5 f64), the state's policy (u32, 1),
+-- then the request (mode u8, m u32, state u32, cost f64).
 repeat
-  if #KEYS ~= 2 or #ARGV[2] ~= 40 or ARGV[3] ~= '\1\0\0\0' or #ARGV[4] ~= 17 then
+  local one = ARGV[2]
+  if #KEYS ~= 2 or #ARGV ~= 2 or #one ~= 61 then
     break
   end
   local unpack_struct, pack, floor, max, min = struct.unpack, struct.pack, math.floor, math.max, math.min
-  local id, n, w, capacity, max_delay = unpack_struct('<ddddd', ARGV[2])
+  local id, n, w, capacity, max_delay, sp, mode, m, i, cost = unpack_struct('<dddddI4BI4I4d', one)
+  if sp ~= 1 or mode > 1 or m ~= 1 or i ~= 1 then
+    break
+  end
   local size
   if id == 1 then
     size = 24
   elseif id == 3 or id == 4 or id == 5 then
     size = 16
   else
-    break
-  end
-  local mode, m, i, cost = unpack_struct('<BI4I4d', ARGV[4])
-  if mode > 1 or m ~= 1 or i ~= 1 then
     break
   end
   local charge = mode == 1
@@ -71,7 +76,8 @@ repeat
   end
 
   -- allowed, remaining, reset_after, retry_after, delay; with `write`, the new state and
-  -- when it expires (`expires_at`), and when the state as read expired (`was`).
+  -- when it expires (`expires_at`), and `was`: no later than when the state as read expired
+  -- under the policy it was written with (see `kept_since` in the algorithm's file).
   local allowed, remaining, reset_after, retry_after, delay = false, 0, 0, 0, 0
   local write, expires_at, was = false, nil, nil
   if id == 1 then
@@ -208,13 +214,14 @@ repeat
         reset_after = q
       end
     else
-      -- Token bucket (token_bucket.lua: evaluate, expires_at).
+      -- Token bucket (token_bucket.lua: evaluate, expires_at, kept_since). The state's
+      -- expiry depends on the limit, which an override may have changed since the key's
+      -- TTL was set: `was` is the part that does not.
       if not fresh then
-        q = idiv(s1, n)
-        if s1 - q * n > 0 then
-          q = q + 1
+        was = s2
+        if s1 > 0 then
+          was = s2 + 1
         end
-        was = s2 + q
       end
       local full = capacity * w
       local deficit = max(s1 - max(now - s2, 0) * n, 0)
@@ -254,11 +261,29 @@ repeat
     else
       state = pack('<dd', s1, s2)
     end
-    if expires_at == was then
-      redis.call('SET', key, state, 'KEEPTTL')
-    else
+    -- The key expires on a grid (`expiry` and `ttl_kept` in prelude.lua): at the first
+    -- multiple of TTL_GRID_MS at or after expires_at + TTL_MARGIN_MS, so between
+    -- TTL_MARGIN_MS - TTL_GRID_MS and TTL_MARGIN_MS + TTL_GRID_MS after the state stops
+    -- mattering. The TTL the key has is kept when the state as read had its expiry in the
+    -- same cell of the grid: a write of GCRA or the bucket moves the expiry by a fraction
+    -- of a grid step, and `SET … KEEPTTL` costs Redis less than `SET … PX <ttl>`. Every
+    -- branch above leaves expires_at >= now, so the TTL is at least TTL_MARGIN_MS.
+    local keep = expires_at == was
+    if not keep then
       local TTL_MARGIN_MS = 1000
-      redis.call('SET', key, state, 'PX', max(expires_at - now, 0) + TTL_MARGIN_MS)
+      local TTL_GRID_MS = 512
+      local target = expires_at + TTL_MARGIN_MS
+      target = target + (-target) % TTL_GRID_MS
+      if was then
+        local t = was + TTL_MARGIN_MS
+        keep = t <= target and t > target - TTL_GRID_MS
+      end
+      if not keep then
+        redis.call('SET', key, state, 'PX', target - now)
+      end
+    end
+    if keep then
+      redis.call('SET', key, state, 'KEEPTTL')
     end
   end
   local a = allowed and 1 or 0

@@ -61,5 +61,14 @@ ALG[3] = function()
     return s[2] + ceil_div(s[1], p.limit)
   end
 
+  -- No later than expires_at under any limit: the key's TTL may have been set under another
+  -- one (an override set or removed since), so only this part of it is known.
+  function bucket.kept_since(s)
+    if s[1] > 0 then
+      return s[2] + 1
+    end
+    return s[2]
+  end
+
   return bucket
 end

@@ -274,7 +274,11 @@ fn every_key_has_a_ttl_and_none_is_left_after_the_windows() {
                 assert_eq!(keys.len(), 8 * policies.len(), "{keys:?}");
                 for k in &keys {
                     let pttl: i64 = server.query(&["PTTL", k]).unwrap();
-                    let longest = 2 * 200 + tollgate::store::redis::TTL_MARGIN_MS as i64;
+                    // The counter's state matters for up to two windows; its key's expiry
+                    // is rounded up to the grid after the margin.
+                    let longest = 2 * 200
+                        + tollgate::store::redis::TTL_MARGIN_MS as i64
+                        + tollgate::store::redis::TTL_GRID_MS as i64;
                     assert!(pttl > 0 && pttl <= longest, "{k}: PTTL {pttl}");
                 }
             }
@@ -282,7 +286,7 @@ fn every_key_has_a_ttl_and_none_is_left_after_the_windows() {
         }
     });
     // The longest-lived state (the counter's) matters until two windows after its last
-    // charge, plus the margin.
+    // charge, plus the margin and at most one step of the grid.
     let deadline = std::time::Instant::now() + Duration::from_secs(4);
     loop {
         let left = server.scan(&pattern);
@@ -701,5 +705,263 @@ fn no_policies_allow_without_a_call_like_the_memory_store() {
         let one = std::slice::from_ref(&policy);
         assert!(redis.check(&key, one, &[1]).await.unwrap().is_allowed());
         assert!(!redis.check(&key, one, &[1]).await.unwrap().is_allowed());
+    });
+}
+
+/// When Redis will expire a GCRA or token bucket state key (ms on the server's clock), and
+/// when the state it holds stops mattering (`expires_at` in lua/, on the same clock, since
+/// the script read the server's `TIME`). `limit` is the limit the state is decided with (the
+/// bucket refills `limit` tokens per window).
+fn expiry_and_relevance(
+    server: &RedisServer,
+    key: &str,
+    algorithm: Algorithm,
+    limit: u64,
+) -> (i64, i64) {
+    // PEXPIRETIME, but also on Redis 6 (PEXPIRETIME is 7.0): TIME plus PTTL, in one script.
+    let expires: i64 = server
+        .query(&[
+            "EVAL",
+            "local t = redis.call('TIME') \
+             return t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1])",
+            "1",
+            key,
+        ])
+        .unwrap();
+    let v: Vec<u8> = server.query(&["GET", key]).unwrap();
+    assert_eq!(v.len(), 16, "{key}: {v:?}");
+    let a = f64::from_le_bytes(v[..8].try_into().unwrap());
+    let b = f64::from_le_bytes(v[8..].try_into().unwrap());
+    let stops = match algorithm {
+        // {tat, remainder in 1/N ms}
+        Algorithm::Gcra => a + if b > 0.0 { 1.0 } else { 0.0 },
+        // {deficit in tokens x W, updated_at}, refilled by N per ms
+        Algorithm::TokenBucket => b + (a / limit as f64).ceil(),
+        other => panic!("{other:?} has no string state here"),
+    };
+    (expires, stops as i64)
+}
+
+/// The key outlives its state, by at least the margin less one step of the grid, and by at
+/// most the margin plus one step (give or take Redis's time for the write against the
+/// script's `TIME`).
+fn assert_expiry_bounds(key: &str, expires: i64, stops: i64, step: usize) {
+    let margin = tollgate::store::redis::TTL_MARGIN_MS as i64;
+    let grid = tollgate::store::redis::TTL_GRID_MS as i64;
+    const CLOCK_MS: i64 = 5;
+    assert!(
+        expires >= stops + margin - grid - CLOCK_MS && expires <= stops + margin + grid + CLOCK_MS,
+        "step {step}, {key}: expires at {expires}, its state stops mattering at {stops} \
+         ({} ms after it)",
+        expires - stops
+    );
+}
+
+/// Follows one state key through decisions: checks the bounds after each, counts the writes
+/// that kept the TTL (the state's expiry moved, the key's did not), and with `as_before`
+/// now and then gives the key the exact TTL an earlier version of the script wrote
+/// (`expires_at + margin`).
+struct Watched<'a> {
+    server: &'a RedisServer,
+    key: String,
+    algorithm: Algorithm,
+    limit: u64,
+    last: Option<(i64, i64)>,
+    kept: u32,
+    as_before: bool,
+}
+
+impl<'a> Watched<'a> {
+    fn new(
+        server: &'a RedisServer,
+        store: &RedisStore,
+        user: &Key,
+        p: &Policy,
+        limit: u64,
+    ) -> Self {
+        let key = format!(
+            "{}:{{{}}}:{}:{}",
+            store.prefix(),
+            user.as_str(),
+            p.name(),
+            if p.algorithm() == Algorithm::Gcra {
+                "gcra"
+            } else {
+                "tb"
+            }
+        );
+        Watched {
+            server,
+            key,
+            algorithm: p.algorithm(),
+            limit,
+            last: None,
+            kept: 0,
+            as_before: false,
+        }
+    }
+
+    fn after_decision(&mut self, step: usize) {
+        let (expires, stops) =
+            expiry_and_relevance(self.server, &self.key, self.algorithm, self.limit);
+        assert_expiry_bounds(&self.key, expires, stops, step);
+        if self.last.is_some_and(|(e, s)| e == expires && s != stops) {
+            self.kept += 1;
+        }
+        self.last = Some((expires, stops));
+        if self.as_before && step % 30 == 15 {
+            let old = (stops + tollgate::store::redis::TTL_MARGIN_MS as i64).to_string();
+            let set: i64 = self.server.query(&["PEXPIREAT", &self.key, &old]).unwrap();
+            assert_eq!(set, 1);
+            self.last = None;
+        }
+    }
+}
+
+#[test]
+fn gcra_and_bucket_keys_expire_on_the_grid_and_never_before_their_state() {
+    let server = RedisServer::start();
+    let rt = support::runtime();
+    let store = RedisStore::builder()
+        .prefix(scenarios::unique_prefix("grid"))
+        .build_with_url(&server.url())
+        .unwrap();
+    // GCRA: one request every 25 ms, a burst of 80. Bucket: 10 000 tokens per second,
+    // refilled 1 per 0.1 ms, so its expiry stays within a few ms of now.
+    let gcra = scenarios::policy("g", Rate::new(80, Duration::from_secs(2)), Algorithm::Gcra);
+    let bucket = scenarios::policy(
+        "b",
+        Rate::new(10_000, Duration::from_secs(1)),
+        Algorithm::TokenBucket,
+    );
+    rt.block_on(async {
+        // Lone decisions (lua/single.lua).
+        // The bucket's expiry moves only when the ms turns between two requests, so fewer of
+        // its writes count as kept (its key kept its TTL while its state's expiry moved).
+        for (p, limit, requests, kept) in [(&gcra, 80, 80, 40), (&bucket, 10_000, 200, 25)] {
+            let user = Key::new("user", "single");
+            let mut w = Watched::new(&server, &store, &user, p, limit);
+            w.as_before = true;
+            for step in 0..requests {
+                let d = store
+                    .check(&user, std::slice::from_ref(p), &[1])
+                    .await
+                    .unwrap();
+                assert!(d.is_allowed(), "{}: step {step}", p.name());
+                w.after_decision(step);
+            }
+            assert!(
+                w.kept >= kept,
+                "{}: {} writes kept the TTL",
+                p.name(),
+                w.kept
+            );
+        }
+        // Two policies in one request (lua/decide.lua, the path of batches).
+        let user = Key::new("user", "general");
+        let both = [gcra.clone(), bucket.clone()];
+        let mut g = Watched::new(&server, &store, &user, &gcra, 80);
+        let mut b = Watched::new(&server, &store, &user, &bucket, 10_000);
+        g.as_before = true;
+        b.as_before = true;
+        for step in 0..80 {
+            let d = store.check(&user, &both, &[1, 1]).await.unwrap();
+            assert!(d.is_allowed(), "step {step}");
+            g.after_decision(step);
+            b.after_decision(step);
+        }
+        assert!(
+            g.kept >= 40 && b.kept >= 10,
+            "kept the TTL: {} and {}",
+            g.kept,
+            b.kept
+        );
+    });
+}
+
+#[test]
+fn a_gcra_key_stays_refused_until_its_retry_time_through_kept_ttls() {
+    let server = RedisServer::start();
+    let rt = support::runtime();
+    let store = RedisStore::builder()
+        .prefix(scenarios::unique_prefix("retry"))
+        .build_with_url(&server.url())
+        .unwrap();
+    let gcra = scenarios::policy("g", Rate::new(80, Duration::from_secs(2)), Algorithm::Gcra);
+    let one = std::slice::from_ref(&gcra);
+    let user = Key::new("user", "burst");
+    rt.block_on(async {
+        // A burst of 80 moves the TAT 2 s ahead, 25 ms per request: most writes keep the TTL
+        // the first ones set, which alone would end about 1.5 s after the burst.
+        let start = server.now_millis();
+        let mut w = Watched::new(&server, &store, &user, &gcra, 80);
+        for step in 0..80 {
+            assert!(store.check(&user, one, &[1]).await.unwrap().is_allowed());
+            w.after_decision(step);
+        }
+        assert!(w.kept >= 40, "{} writes kept the TTL", w.kept);
+        // A whole burst must wait until the TAT.
+        let d = store.check(&user, one, &[80]).await.unwrap();
+        assert!(!d.is_allowed());
+        let retry = d.retry_after().unwrap();
+        assert!(retry > Duration::from_millis(1_800), "{retry:?}");
+        // Past the end of the TTL the first writes set, the state still refuses.
+        while server.now_millis() < start + 1_700 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let d = store.check(&user, one, &[80]).await.unwrap();
+        assert!(!d.is_allowed(), "the state vanished before its retry time");
+        let left = d.retry_after().unwrap();
+        assert!(left > Duration::ZERO && left < retry, "{left:?}");
+        let (expires, stops) = expiry_and_relevance(&server, &w.key, Algorithm::Gcra, 80);
+        assert_expiry_bounds(&w.key, expires, stops, 80);
+        tokio::time::sleep(left).await;
+        assert!(store.check(&user, one, &[80]).await.unwrap().is_allowed());
+    });
+}
+
+#[test]
+fn a_bucket_key_outlives_its_state_when_an_override_slows_its_refill() {
+    let server = RedisServer::start();
+    let rt = support::runtime();
+    let store = RedisStore::builder()
+        .prefix(scenarios::unique_prefix("ovr-ttl"))
+        .build_with_url(&server.url())
+        .unwrap();
+    let w = Duration::from_secs(1);
+    let bucket = scenarios::policy("b", Rate::new(10_000, w), Algorithm::TokenBucket);
+    let slower = scenarios::policy(
+        "b",
+        Rate::new(100, w).with_burst(1_000),
+        Algorithm::TokenBucket,
+    );
+    // Alone (lua/single.lua), and with a second policy (lua/decide.lua).
+    let other = scenarios::policy("o", Rate::new(1_000, w), Algorithm::Gcra);
+    let pair = [bucket.clone(), other];
+    rt.block_on(async {
+        for round in 0..6 {
+            let user = Key::new("user", format!("r{round}"));
+            let policies = if round % 2 == 0 {
+                &pair[..1]
+            } else {
+                &pair[..]
+            };
+            let costs = |c: u64| vec![c; policies.len()];
+            let mut watched = Watched::new(&server, &store, &user, &bucket, 10_000);
+            // 100 tokens taken: refilled in 10 ms at the plan's rate...
+            let d = store.check(&user, policies, &costs(100)).await.unwrap();
+            assert!(d.is_allowed());
+            watched.after_decision(0);
+            // ...but in a second at the override's, which the TTL must follow at the next
+            // write even though the key's TTL was set for the faster refill.
+            store.set_override(&user, &slower, None).await.unwrap();
+            watched.limit = 100;
+            watched.last = None;
+            for step in 1..6 {
+                let d = store.check(&user, policies, &costs(1)).await.unwrap();
+                assert!(d.is_allowed());
+                watched.after_decision(step);
+            }
+        }
     });
 }

@@ -5,7 +5,7 @@ usage: redis_cpu.py PORT SIDE N KEYS
 Sends N sequential (uncoalesced: one decision per call, one call in flight) EVALSHA calls of
 tollgate's decision script, in the argument layout src/store/redis/wire.rs sends for one
 request of one policy (the state key and its override key, ARGV[1] "" so the script reads
-TIME), on KEYS distinct keys with a quota no request reaches, after a warm-up that creates
+TIME, ARGV[2] the policy, the state's policy index and the request as one binary string), on KEYS distinct keys with a quota no request reaches, after a warm-up that creates
 every key; then prints one line of JSON with Redis's own usec_per_call for EVALSHA (after
 CONFIG RESETSTAT, so only the measured calls count). SIDE: tollgate_fixed,
 tollgate_swc, tollgate_gcra, tollgate_bucket, or trivial (`return 1` with the same keys and
@@ -62,11 +62,12 @@ def main():
     alg = ALGORITHMS.get(side.split("_", 1)[-1], 1)
     limit, window = 10**12, 3_600_000
     # One policy: algorithm id, limit, window ms, capacity, max delay ms.
+    request = struct.pack("<I", 1) + struct.pack("<BIId", 1, 1, 1, 1.0)
     if before:
-        args = ["", 1, alg, limit, window, limit, 0]
+        # The layout of be00374: five decimal parameters, then the two binary strings.
+        args = ["", 1, alg, limit, window, limit, 0, request[:4], request[4:]]
     else:
-        args = ["", struct.pack("<5d", alg, limit, window, limit, 0)]
-    args += [struct.pack("<I", 1), struct.pack("<BIId", 1, 1, 1, 1.0)]
+        args = ["", struct.pack("<5d", alg, limit, window, limit, 0) + request]
     keys = [f"cpubench{os.getpid()}:{side}:{k}" for k in range(nkeys)]
 
     def decide(k):

@@ -5,7 +5,8 @@
 # rlf/bench.js for rate-limiter-flexible), sending N and then 2N sequential decisions on 16
 # keys; per decision = (refs at 2N - refs at N) / N, which cancels start-up, shutdown and the
 # warm-up. BEFORE=<commit> adds before_fixed, before_swc, before_gcra (that commit's script,
-# with its argument layout).
+# with its argument layout). OUT=<file> appends `redis_instructions <side> <ROUND> <value>`
+# lines (ROUND defaults to 1) for charts.py.
 #
 #   bash benches/scripts/redis_instructions.sh
 #   SIDES="trivial tollgate_swc rlf_fixed" N=500 bash benches/scripts/redis_instructions.sh
@@ -15,6 +16,7 @@ SIDES=${SIDES:-"trivial tollgate_fixed tollgate_swc tollgate_gcra tollgate_bucke
 N=${N:-500}
 PORT=${PORT:-38131}
 OUT=${OUT:-}
+ROUND=${ROUND:-1}
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 command -v redis-server >/dev/null || { echo "redis-server is not installed"; exit 1; }
 script=$(mktemp)
@@ -55,5 +57,5 @@ for side in $SIDES; do
   b=$(refs "$side" $((2 * N)))
   per=$(( (b - a) / N ))
   printf '%-16s %8s instr/decision\n' "$side" "$per"
-  [ -n "$OUT" ] && echo "redis_instructions $side 1 $per" >>"$OUT"
+  [ -n "$OUT" ] && echo "redis_instructions $side $ROUND $per" >>"$OUT"
 done

@@ -35,11 +35,15 @@
 //!   tests) passes that clock's time instead. ([`Store::now_millis`](crate::store::Store::now_millis), used only to render
 //!   absolute reset times in headers, reads the local clock.)
 //! * **Nothing left behind**: every key it writes gets a TTL that ends
-//!   [`TTL_MARGIN_MS`] after its state stops mattering.
+//!   [`TTL_MARGIN_MS`] after its state stops mattering, rounded up to a grid of
+//!   [`TTL_GRID_MS`] for the string states below: never before the state stops mattering
+//!   (488 ms after it at the earliest), and at most `TTL_MARGIN_MS + TTL_GRID_MS` (1 512 ms)
+//!   after it.
 //! * **Compact state**: a counter, bucket, fixed window or GCRA state is one string of
 //!   little-endian doubles (16 or 24 bytes), read for a whole batch with one `MGET` and written
-//!   with one `SET … PX` (or `SET … KEEPTTL` when its expiry did not move; Redis 6.0 or
-//!   later); the sliding window log is a sorted set.
+//!   with one `SET … PX`, or `SET … KEEPTTL` (Redis 6.0 or later) when its expiry stays in the
+//!   same cell of the grid, as it does for most writes of GCRA and the token bucket; the
+//!   sliding window log is a sorted set.
 //! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
 //!   share a hash tag, so the same script runs unchanged on
 //!   [`RedisClusterStore`].
@@ -100,7 +104,7 @@ pub use cluster::RedisClusterStore;
 pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 pub use keys::DEFAULT_PREFIX;
 pub use lease::lease_script_source;
-pub use script::TTL_MARGIN_MS;
+pub use script::{TTL_GRID_MS, TTL_MARGIN_MS};
 
 use std::fmt;
 use std::sync::Arc;

@@ -13,11 +13,31 @@ use redis::Script;
 use crate::algorithm::registration;
 use crate::policy::Algorithm;
 
-/// How long a key outlives the moment its state stops mattering, in milliseconds.
+/// How long a key outlives the moment its state stops mattering, in milliseconds, before
+/// its expiry is rounded up to the grid of [`TTL_GRID_MS`].
 ///
-/// Every key a script writes gets `PEXPIRE (expires_at − now) + TTL_MARGIN_MS`, where
-/// `expires_at` is the same instant [`crate::algorithm`] computes for the memory store.
+/// `expires_at` is the same instant [`crate::algorithm`] computes for the memory store. The
+/// key of a sliding window log or in-flight state gets `PEXPIRE (expires_at − now) +
+/// TTL_MARGIN_MS`. The key of a counter, token bucket, fixed window or GCRA state expires at
+/// the first multiple of [`TTL_GRID_MS`] at or after `expires_at + TTL_MARGIN_MS`: at least
+/// `TTL_MARGIN_MS − TTL_GRID_MS` (488 ms) and less than `TTL_MARGIN_MS + TTL_GRID_MS`
+/// (1 512 ms) after its state stops mattering. A write whose state's expiry stays in the
+/// same cell of that grid keeps the key's TTL (`SET … KEEPTTL`) instead of setting a new one,
+/// which is most writes of GCRA and the token bucket, whose expiry moves with every charged
+/// request.
+///
+/// Both bounds are on the script's clock (`TIME`, or an injected clock's time); Redis counts
+/// a TTL from its own time for the command, which can differ from it by about a
+/// millisecond, well inside the lower bound's 488 ms. One case keeps a key past the upper
+/// bound: a token bucket whose limit was raised by an override after its key's TTL was set
+/// keeps that TTL, computed for the slower refill, until a write moves its expiry to
+/// another cell of the grid.
 pub const TTL_MARGIN_MS: u64 = 1_000;
+
+/// The step of the grid on which the keys of string states expire, in milliseconds: see
+/// [`TTL_MARGIN_MS`]. At most `TTL_MARGIN_MS`, so a key never expires before its state stops
+/// mattering, and a power of two, so the script's rounding is exact in doubles.
+pub const TTL_GRID_MS: u64 = 512;
 
 const SINGLE: &str = include_str!("../../../lua/single.lua");
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
@@ -41,10 +61,14 @@ pub(crate) fn source() -> &'static str {
             .chain([DRIVER])
             .collect::<Vec<_>>()
             .join("\n")
-            // single.lua and prelude.lua both name the margin.
+            // single.lua and prelude.lua both name the margin and the grid.
             .replace(
                 "local TTL_MARGIN_MS = 1000",
                 &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
+            )
+            .replace(
+                "local TTL_GRID_MS = 512",
+                &format!("local TTL_GRID_MS = {TTL_GRID_MS}"),
             )
     })
 }
@@ -75,7 +99,14 @@ mod tests {
             );
             assert!(s.contains(registration(a).lua), "{a:?} missing");
         }
-        assert!(s.contains(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}")));
+        // Both files that name the constants get the values of this module.
+        let named = |text: &str| s.matches(text).count();
+        assert_eq!(
+            named(&format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}\n")),
+            2
+        );
+        assert_eq!(named(&format!("local TTL_GRID_MS = {TTL_GRID_MS}\n")), 2);
+        assert!(TTL_GRID_MS <= TTL_MARGIN_MS && TTL_GRID_MS.is_power_of_two());
         assert!(s.trim_end().ends_with("return table.concat(replies)"));
     }
 }

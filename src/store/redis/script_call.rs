@@ -52,6 +52,12 @@ impl ScriptCall {
         self
     }
 
+    /// The command as it will be sent.
+    #[cfg(test)]
+    pub(crate) fn cmd(&self) -> &Cmd {
+        &self.cmd
+    }
+
     /// Sends the call; on `NOSCRIPT` (a restarted or flushed server) loads the script and
     /// sends it once more.
     pub(crate) async fn send<C>(&self, conn: &mut C) -> RedisResult<Vec<u8>>

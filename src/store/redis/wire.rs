@@ -12,6 +12,9 @@
 //!   policies `m` (`u32`) and `m` pairs of state index (`u32`, from 1) and cost (`f64`).
 //!   Binary, because Redis's Lua parses a decimal argument with `strtod` (about as costly as
 //!   a `redis.call`), and each argument is one more string for Redis to build per call.
+//!   With one policy and one state (one request, or a hot key's batch) the three strings
+//!   travel as one `ARGV[2]`, one after the other: the common call then costs Redis one
+//!   argument and one `struct.unpack` instead of three of each.
 //!
 //! Received: one binary string (little-endian), per request its status (`i8`: 1 allowed, 0
 //! denied) then per policy `allowed` (`i8`) and remaining, reset after, retry after and delay
@@ -126,7 +129,13 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
         + batch.params.len()
         + batch.states.len()
         + batch.requests.len();
-    let mut inv = ScriptCall::new(script(), 2 * batch.keys.len(), 4, bytes);
+    let joined = batch.params.len() == PARAMS_BYTES && batch.states.len() == STATE_BYTES;
+    let mut inv = ScriptCall::new(
+        script(),
+        2 * batch.keys.len(),
+        if joined { 2 } else { 4 },
+        bytes,
+    );
     for &k in &batch.keys {
         inv.key(k);
     }
@@ -138,10 +147,35 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
         Some(now) => inv.arg(now),
         None => inv.arg(""), // the script reads TIME
     };
-    inv.arg(&batch.params[..]);
-    inv.arg(&batch.states[..]);
-    inv.arg(&batch.requests[..]);
+    if joined {
+        inv.arg(Joined([&batch.params, &batch.states, &batch.requests]));
+    } else {
+        inv.arg(&batch.params[..]);
+        inv.arg(&batch.states[..]);
+        inv.arg(&batch.requests[..]);
+    }
     inv
+}
+
+/// The bytes of one policy's parameters, and of one state's policy index.
+const PARAMS_BYTES: usize = 40;
+const STATE_BYTES: usize = 4;
+
+/// Binary strings sent as one argument, written straight into the command's buffer.
+struct Joined<'a>([&'a [u8]; 3]);
+
+impl redis::ToRedisArgs for Joined<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        use std::io::Write;
+        let mut arg = out.writer_for_next_arg();
+        for part in self.0 {
+            // The writer appends to the command's buffer in memory: it cannot fail.
+            let _ = arg.write_all(part);
+        }
+    }
 }
 
 /// Splits `batch` into script calls: a state key named with two different parameter sets
@@ -442,5 +476,53 @@ impl<'a> Reader<'a> {
             ))));
         }
         Ok(Ok(decision))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(keys: &[&str]) -> Request {
+        Request {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            params: keys.iter().map(|_| [5, 10, 1_000, 10, 0]).collect(),
+            costs: keys.iter().map(|_| 1).collect(),
+            mode: Mode::Charge,
+            reply: None,
+        }
+    }
+
+    /// The command's arguments after `EVALSHA <sha> <numkeys>` and the keys.
+    fn script_args(batch: &[Request]) -> Vec<Vec<u8>> {
+        let calls = assemble(batch);
+        assert_eq!(calls.len(), 1);
+        let (assembled, _) = &calls[0];
+        let inv = invocation(assembled, None);
+        inv.cmd()
+            .args_iter()
+            .skip(3 + 2 * assembled.keys.len())
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => panic!("only plain arguments in a script call"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_policy_and_one_state_travel_as_one_argument() {
+        // A lone decision: the 61 bytes lua/single.lua decides from.
+        let args = script_args(&[request(&["k"])]);
+        assert_eq!(args.len(), 2);
+        assert_eq!((args[0].len(), args[1].len()), (0, 61));
+        assert_eq!(args[1][40..44], 1u32.to_le_bytes());
+        // A hot key's batch: still one state, so one argument that decide.lua splits.
+        let args = script_args(&[request(&["k"]), request(&["k"]), request(&["k"])]);
+        assert_eq!(args.len(), 2);
+        assert_eq!(args[1].len(), 44 + 3 * 17);
+        // Two policies: three strings.
+        let args = script_args(&[request(&["k", "l"])]);
+        let lengths: Vec<usize> = args.iter().map(Vec::len).collect();
+        assert_eq!(lengths, [0, 40, 8, 5 + 2 * 12]);
     }
 }
