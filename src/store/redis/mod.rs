@@ -38,12 +38,14 @@
 //!   [`TTL_MARGIN_MS`] after its state stops mattering, rounded up to a grid of
 //!   [`TTL_GRID_MS`] for the string states below: never before the state stops mattering
 //!   (488 ms after it at the earliest), and at most `TTL_MARGIN_MS + TTL_GRID_MS` (1 512 ms)
-//!   after it.
+//!   after it, as the state was last written (see [`TTL_MARGIN_MS`] for the one case where
+//!   a token bucket's refill rate changes without a write).
 //! * **Compact state**: a counter, bucket, fixed window or GCRA state is one string of
 //!   little-endian doubles (16 or 24 bytes), read for a whole batch with one `MGET` and written
 //!   with one `SET … PX`, or `SET … KEEPTTL` (Redis 6.0 or later) when its expiry stays in the
-//!   same cell of the grid, as it does for most writes of GCRA and the token bucket; the
-//!   sliding window log is a sorted set.
+//!   same cell of the grid (for GCRA while a request's emission interval is under half a
+//!   second, for the token bucket while its deficit refills in about that); the sliding
+//!   window log is a sorted set.
 //! * **Cluster-safe keys**: `<prefix>:{<key>}:<policy>:<algorithm>`; one principal's keys
 //!   share a hash tag, so the same script runs unchanged on
 //!   [`RedisClusterStore`].

@@ -22,16 +22,22 @@ use crate::policy::Algorithm;
 /// the first multiple of [`TTL_GRID_MS`] at or after `expires_at + TTL_MARGIN_MS`: at least
 /// `TTL_MARGIN_MS − TTL_GRID_MS` (488 ms) and less than `TTL_MARGIN_MS + TTL_GRID_MS`
 /// (1 512 ms) after its state stops mattering. A write whose state's expiry stays in the
-/// same cell of that grid keeps the key's TTL (`SET … KEEPTTL`) instead of setting a new one,
-/// which is most writes of GCRA and the token bucket, whose expiry moves with every charged
-/// request.
+/// same cell of that grid keeps the key's TTL (`SET … KEEPTTL`) instead of setting a new one:
+/// for GCRA, whose expiry moves by the emission interval with each charged request, while
+/// that interval times the cost is under half a second; for the token bucket while its
+/// deficit refills in about that.
 ///
-/// Both bounds are on the script's clock (`TIME`, or an injected clock's time); Redis counts
-/// a TTL from its own time for the command, which can differ from it by about a
-/// millisecond, well inside the lower bound's 488 ms. One case keeps a key past the upper
-/// bound: a token bucket whose limit was raised by an override after its key's TTL was set
-/// keeps that TTL, computed for the slower refill, until a write moves its expiry to
-/// another cell of the grid.
+/// Both bounds are on the script's clock (`TIME`); Redis counts a TTL from its own time for
+/// the command, which can differ from it by about a millisecond, well inside the lower
+/// bound's 488 ms. With an injected clock, the bounds hold only while that clock runs at
+/// Redis's rate (a frozen test clock does not). The bounds hold for the state as last
+/// written, under the limit it was decided with. A token bucket's refill rate can change
+/// without a write: an override that lowers its limit, one that raised it expiring or being
+/// removed, or a reload with a lower limit. Until its next charge the key keeps the TTL
+/// computed for the faster refill, so it can expire while the slower refill would still
+/// hold it back, and the bucket then starts full; the memory store carries the usage on.
+/// Conversely, a bucket whose limit was raised keeps its longer TTL past the upper bound
+/// until a write moves its expiry to another cell of the grid.
 pub const TTL_MARGIN_MS: u64 = 1_000;
 
 /// The step of the grid on which the keys of string states expire, in milliseconds: see
