@@ -86,7 +86,9 @@ for i = 1, nk do
   if v and #v == 16 then
     local limit, capacity = unpack_struct('<dd', v)
     local p = P[i]
-    P[i] = { a = p.a, limit = limit, window = p.window, capacity = capacity, max_delay = p.max_delay, overridden = true }
+    -- `slowest`: the lower of the plan's limit and the override's, which a token bucket's
+    -- expiry follows (the override can end with no write to move the key's TTL).
+    P[i] = { a = p.a, limit = limit, window = p.window, capacity = capacity, max_delay = p.max_delay, overridden = true, slowest = min(limit, p.limit) }
   end
 end
 for i = 1, nk do

@@ -58,6 +58,7 @@ repeat
     s1, s2 = unpack_struct('<dd', v)
   end
   local overridden = false
+  local plan_n = n
   local o = values[2]
   if o and #o == 16 then
     n, capacity = unpack_struct('<dd', o)
@@ -231,8 +232,12 @@ repeat
         after = deficit + cost * w
         if charge then
           s1, s2 = after, max(now, s2)
-          q = idiv(s1, n)
-          if s1 - q * n > 0 then
+          -- Kept until the deficit would be refilled at the slower of the plan's rate and
+          -- an override's (token_bucket.lua: expires_at): the override can end, by its
+          -- TTL or removal, with no write to move the key's.
+          local slow = min(n, plan_n)
+          q = idiv(s1, slow)
+          if s1 - q * slow > 0 then
             q = q + 1
           end
           write, expires_at = true, s2 + q

@@ -57,8 +57,11 @@ ALG[3] = function()
     return true
   end
 
+  -- When the deficit is refilled. With a per-key override, at the slower of its rate and the
+  -- plan's: the override can end (its TTL, or removal) with no write to move the key's TTL,
+  -- and the plan's rate then refills what is left.
   function bucket.expires_at(s, p)
-    return s[2] + ceil_div(s[1], p.limit)
+    return s[2] + ceil_div(s[1], p.slowest or p.limit)
   end
 
   -- No later than expires_at under any limit: the key's TTL may have been set under another

@@ -9,7 +9,7 @@ use support::scenarios::{self, Step, ALGORITHMS};
 use support::RedisServer;
 use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::key::Key;
-use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::store::{DynStore, MemoryStore, RedisStore, Store};
 use tollgate::{Algorithm, Policy, Rate, StoreError};
 
 const T0: u64 = 1_700_000_000_123;
@@ -966,6 +966,128 @@ fn a_refund_that_moves_a_state_back_moves_its_expiry_back_too() {
             );
         }
     });
+}
+
+/// Runs `steps` against a Redis store and the memory store side by side on the real clock,
+/// and requires `expected` from both.
+async fn bucket_on_both<F>(server: &RedisServer, label: &str, expected: &[bool], steps: F)
+where
+    F: for<'a> Fn(
+        &'a DynStore,
+        &'a Key,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<bool>> + 'a>>,
+{
+    let redis = RedisStore::builder()
+        .prefix(scenarios::unique_prefix(label))
+        .build_with_url(&server.url())
+        .unwrap();
+    let (redis, memory) = (
+        DynStore::new(redis),
+        DynStore::new(MemoryStore::builder().build().unwrap()),
+    );
+    let user = Key::new("user", label);
+    let (r, m) = tokio::join!(steps(&redis, &user), steps(&memory, &user));
+    assert_eq!(
+        r, m,
+        "{label}: Redis answered {r:?}, the memory store {m:?}"
+    );
+    assert_eq!(r, expected, "{label}: both stores answered {r:?}");
+}
+
+#[test]
+fn a_bucket_slowed_by_an_override_keeps_its_usage_with_no_write_in_between() {
+    // 10 000 tokens taken at 10 000/s: the key's TTL is set for a refill of one second. An
+    // override then slows the refill to 100/s, and nothing is charged until the old TTL has
+    // run out: the usage must still hold (setting the override extends the TTL).
+    let server = RedisServer::start();
+    let rt = support::runtime();
+    let w = Duration::from_secs(1);
+    rt.block_on(bucket_on_both(
+        &server,
+        "slowed",
+        &[true, false],
+        |store, user| {
+            Box::pin(async move {
+                let plan = scenarios::policy(
+                    "b",
+                    Rate::new(10_000, w).with_burst(10_000),
+                    Algorithm::TokenBucket,
+                );
+                let slower = scenarios::policy(
+                    "b",
+                    Rate::new(100, w).with_burst(1_000),
+                    Algorithm::TokenBucket,
+                );
+                let one = std::slice::from_ref(&plan);
+                let mut answers = vec![store
+                    .check(user, one, &[10_000])
+                    .await
+                    .unwrap()
+                    .is_allowed()];
+                store.set_override(user, &slower, None).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(3_000)).await;
+                // 300 tokens refilled of 10 000 taken: far from the 1 000 the override's bucket holds.
+                answers.push(store.check(user, one, &[1]).await.unwrap().is_allowed());
+                answers
+            })
+        },
+    ));
+}
+
+#[test]
+fn a_bucket_keeps_its_usage_when_an_override_that_sped_it_up_is_removed() {
+    // Under an override of 10 000/s, 1 000 tokens taken would refill in 0.1 s; the plan's
+    // 100/s needs 10 s. The override is removed with no write after: the usage must hold
+    // under the plan's rate (the key's TTL followed the slower of the two rates). Alone
+    // (lua/single.lua) and beside a second policy (lua/decide.lua), at once.
+    let server = RedisServer::start();
+    let rt = support::runtime();
+    let w = Duration::from_secs(1);
+    let run = |label: &'static str, beside: bool| {
+        bucket_on_both(&server, label, &[true, false], move |store, user| {
+            Box::pin(async move {
+                let plan = scenarios::policy(
+                    "b",
+                    Rate::new(100, w).with_burst(1_000),
+                    Algorithm::TokenBucket,
+                );
+                let faster = scenarios::policy(
+                    "b",
+                    Rate::new(10_000, w).with_burst(10_000),
+                    Algorithm::TokenBucket,
+                );
+                let other = scenarios::policy("o", Rate::new(1_000_000, w), Algorithm::Gcra);
+                let policies = if beside {
+                    vec![plan.clone(), other]
+                } else {
+                    vec![plan.clone()]
+                };
+                let costs = |c: u64| {
+                    let mut v = vec![c];
+                    v.resize(policies.len(), 1);
+                    v
+                };
+                store.set_override(user, &faster, None).await.unwrap();
+                let mut answers = vec![store
+                    .check(user, &policies, &costs(1_000))
+                    .await
+                    .unwrap()
+                    .is_allowed()];
+                store.remove_override(user, &plan).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+                // About 250 tokens back at the plan's rate: 500 do not fit.
+                answers.push(
+                    store
+                        .check(user, &policies, &costs(500))
+                        .await
+                        .unwrap()
+                        .is_allowed(),
+                );
+                answers
+            })
+        })
+    };
+    rt.block_on(async { tokio::join!(run("sped", false), run("sped-beside", true)) });
 }
 
 #[test]

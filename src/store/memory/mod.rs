@@ -448,17 +448,25 @@ impl MemoryStore {
                 change(&mut entry.slots[at].state, now, p.limits(), c);
             }
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
-            // back frees its entry: recomputed from the states this store knows.
+            // back frees its entry: recomputed from the states this store knows, under the
+            // plan's limits and, where an override is in force, under its limits too (see
+            // `keep_for_plan`).
             let known = &shard.known;
             let entry = &mut shard.entries[i];
             entry.expires_at = entry
                 .slots
                 .iter()
                 .map(|s| {
-                    known
+                    let same =
+                        |k: &&Policy| k.id() == s.policy && k.algorithm() == s.state.algorithm();
+                    let plan = known
                         .iter()
-                        .find(|k| k.id() == s.policy && k.algorithm() == s.state.algorithm())
-                        .map_or(entry.expires_at, |p| s.state.expires_at(p.limits()))
+                        .find(same)
+                        .map_or(entry.expires_at, |p| s.state.expires_at(p.limits()));
+                    policies
+                        .iter()
+                        .find(same)
+                        .map_or(plan, |p| plan.max(s.state.expires_at(p.limits())))
                 })
                 .max()
                 .unwrap_or(0);
@@ -482,6 +490,18 @@ impl MemoryStore {
 }
 
 impl Inner {
+    /// Keeps `key`'s state of `policy` (an override just set) at least as long as the
+    /// override's limits need it: a token bucket's deficit refills more slowly under a lower
+    /// limit, and no decision may come to move the entry's expiry before the sweeper would
+    /// forget the usage.
+    fn keep_for_override(&self, key: &Key, policy: &Policy) {
+        let hash = hash_key(&self.hasher, key);
+        let mut shard = self.shard(hash).lock();
+        if let Some(i) = shard.find(hash, key) {
+            keep_for_plan(&mut shard.entries[i], std::slice::from_ref(policy));
+        }
+    }
+
     #[inline]
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
         &self.shards[((hash >> 32) & self.shard_mask) as usize].0
@@ -505,6 +525,8 @@ impl Inner {
         debug_assert_eq!(policies.len(), costs.len());
         let now = self.clock.now_millis();
         let effective = self.overrides.effective(key, policies, now);
+        // With an override in force, the plan's policies too: see `keep_for_plan`.
+        let plan = matches!(effective, std::borrow::Cow::Owned(_)).then_some(policies);
         let policies: &[Policy] = &effective;
         let hash = hash_key(&self.hasher, key);
         let mut guard = self.shard(hash).lock();
@@ -527,6 +549,9 @@ impl Inner {
                     .decide_in_place(now, policy.limits(), *cost, charge);
                 if let Some(expires) = expires {
                     entry.expires_at = entry.expires_at.max(expires);
+                    if let Some(plan) = plan {
+                        keep_for_plan(entry, plan);
+                    }
                 }
                 return Ok(Decision::single(d));
             }
@@ -540,6 +565,9 @@ impl Inner {
                 });
                 if charge && decision.is_allowed() {
                     entry.charge(now, policies, costs);
+                    if let Some(plan) = plan {
+                        keep_for_plan(entry, plan);
+                    }
                     shard.remember(policies);
                 }
                 Ok(decision)
@@ -560,6 +588,9 @@ impl Inner {
                         slots: Slots::new(),
                     };
                     entry.charge(now, policies, costs);
+                    if let Some(plan) = plan {
+                        keep_for_plan(&mut entry, plan);
+                    }
                     shard.remember(policies);
                     match room {
                         Some(i) => shard.put_at(i, hash, entry, &self.hasher),
@@ -570,6 +601,25 @@ impl Inner {
             }
         }
     }
+}
+
+/// Keeps `entry` at least until its states stop mattering under `plan`, the policies an
+/// override replaced for this decision. A token bucket's state matters until its deficit is
+/// refilled, which depends on the limit: with an override, the entry is kept for the slower
+/// of the two rates, because the override can end (its TTL, or removal) with no decision to
+/// move the entry's expiry, and an entry forgotten too early would start full again.
+fn keep_for_plan(entry: &mut Entry, plan: &[Policy]) {
+    let mut expires_at = entry.expires_at;
+    for p in plan {
+        if let Some(s) = entry
+            .slots
+            .iter()
+            .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
+        {
+            expires_at = expires_at.max(s.state.expires_at(p.limits()));
+        }
+    }
+    entry.expires_at = expires_at;
 }
 
 /// Evaluates every policy; when any denies, the ones that would have allowed report their
@@ -658,6 +708,7 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now_millis();
         let expires = ttl.map(|t| now.saturating_add(t.as_millis() as u64));
         self.inner.overrides.set(key, policy, expires, now);
+        self.inner.keep_for_override(key, policy);
         Box::pin(ready(Ok(())))
     }
 

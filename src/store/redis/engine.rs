@@ -488,13 +488,35 @@ impl<C: Connector> Core<C> {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
+        let ttl = ttl.map(|ttl| (ttl.as_millis() as u64).max(1));
+        let core = Arc::clone(self);
+        if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
+            // A bucket's key must outlive its deficit at the override's rate, which may be
+            // slower than the one its TTL was set for: one script sets the override and
+            // extends that TTL (lua/set_override.lua).
+            let mut call = super::script::set_override_script().prepare_invoke();
+            call.key(&state)
+                .key(wire::override_key(&state))
+                .arg(wire::override_value(policy))
+                .arg(ttl.map_or_else(String::new, |t| t.to_string()))
+                .arg(policy.limit())
+                .arg(if self.clock.is_injected() {
+                    self.clock.now_millis().to_string()
+                } else {
+                    String::new() // the script reads TIME
+                });
+            return Box::pin(async move {
+                let mut conn = core.connector.connection().await?;
+                let _: i64 = call.invoke_async(&mut conn).await.map_err(store_error)?;
+                Ok(())
+            });
+        }
         let mut cmd = redis::cmd("SET");
         cmd.arg(wire::override_key(&state))
             .arg(wire::override_value(policy));
         if let Some(ttl) = ttl {
-            cmd.arg("PX").arg((ttl.as_millis() as u64).max(1));
+            cmd.arg("PX").arg(ttl);
         }
-        let core = Arc::clone(self);
         Box::pin(async move {
             let mut conn = core.connector.connection().await?;
             let _: () = cmd.query_async(&mut conn).await.map_err(store_error)?;

@@ -38,8 +38,8 @@
 //!   [`TTL_MARGIN_MS`] after its state stops mattering, rounded up to a grid of
 //!   [`TTL_GRID_MS`] for the string states below: never before the state stops mattering
 //!   (488 ms after it at the earliest), and at most `TTL_MARGIN_MS + TTL_GRID_MS` (1 512 ms)
-//!   after it, as the state was last written (see [`TTL_MARGIN_MS`] for the one case where
-//!   a token bucket's refill rate changes without a write).
+//!   after it, as the state was last written (see [`TTL_MARGIN_MS`] for a token bucket
+//!   whose limit an override or a reload changes).
 //! * **Compact state**: a counter, bucket, fixed window or GCRA state is one string of
 //!   little-endian doubles (16 or 24 bytes), read for a whole batch with one `MGET` and written
 //!   with one `SET … PX`, or `SET … KEEPTTL` (Redis 6.0 or later) when its expiry stays in the

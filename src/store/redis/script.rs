@@ -30,14 +30,18 @@ use crate::policy::Algorithm;
 /// Both bounds are on the script's clock (`TIME`); Redis counts a TTL from its own time for
 /// the command, which can differ from it by about a millisecond, well inside the lower
 /// bound's 488 ms. With an injected clock, the bounds hold only while that clock runs at
-/// Redis's rate (a frozen test clock does not). The bounds hold for the state as last
-/// written, under the limit it was decided with. A token bucket's refill rate can change
-/// without a write: an override that lowers its limit, one that raised it expiring or being
-/// removed, or a reload with a lower limit. Until its next charge the key keeps the TTL
-/// computed for the faster refill, so it can expire while the slower refill would still
-/// hold it back, and the bucket then starts full; the memory store carries the usage on.
-/// Conversely, a bucket whose limit was raised keeps its longer TTL past the upper bound
-/// until a write moves its expiry to another cell of the grid.
+/// Redis's rate (a frozen test clock does not).
+///
+/// A token bucket's state matters until its deficit is refilled, which depends on its
+/// limit, and the limit can change without a write. Under a per-key override the key is
+/// kept for the slower of the override's and the plan's rates (the override can end, by
+/// its TTL or removal, with nothing written), and setting an override extends the key's
+/// TTL to what the override's rate needs; the memory store keeps its entries the same way.
+/// So a key outlives the upper bound by the slower rate's refill while an override that
+/// raised the limit is in force. One change is not covered: a reload that lowers a bucket's
+/// limit, until the key's next charge, can let a key whose deficit the old, faster rate
+/// would have refilled expire while the new rate would still hold it back (in either
+/// store: the memory store's sweeper forgets entries by the same expiry).
 pub const TTL_MARGIN_MS: u64 = 1_000;
 
 /// The step of the grid on which the keys of string states expire, in milliseconds: see
@@ -83,6 +87,25 @@ pub(crate) fn source() -> &'static str {
 pub(crate) fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| Script::new(source()))
+}
+
+/// The script that sets a token bucket's per-key override and extends its state key's TTL
+/// to what the override's refill rate needs (`lua/set_override.lua`), hashed once.
+pub(crate) fn set_override_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        Script::new(
+            &include_str!("../../../lua/set_override.lua")
+                .replace(
+                    "local TTL_MARGIN_MS = 1000",
+                    &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
+                )
+                .replace(
+                    "local TTL_GRID_MS = 512",
+                    &format!("local TTL_GRID_MS = {TTL_GRID_MS}"),
+                ),
+        )
+    })
 }
 
 /// The algorithm's number in the script's `ALG` table.
