@@ -65,22 +65,27 @@ pub(crate) fn source() -> &'static str {
             ),
         );
         let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
-        std::iter::once(SINGLE)
+        let text = std::iter::once(SINGLE)
             .chain([prelude.as_str()])
             .chain(algorithms)
             .chain([DRIVER])
             .collect::<Vec<_>>()
-            .join("\n")
-            // single.lua and prelude.lua both name the margin and the grid.
-            .replace(
-                "local TTL_MARGIN_MS = 1000",
-                &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
-            )
-            .replace(
-                "local TTL_GRID_MS = 512",
-                &format!("local TTL_GRID_MS = {TTL_GRID_MS}"),
-            )
+            .join("\n");
+        // single.lua and prelude.lua both name the margin and the grid.
+        with_ttl_constants(&text)
     })
+}
+
+/// `lua` with the margin and the grid it names set to [`TTL_MARGIN_MS`] and [`TTL_GRID_MS`].
+fn with_ttl_constants(lua: &str) -> String {
+    lua.replace(
+        "local TTL_MARGIN_MS = 1000",
+        &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
+    )
+    .replace(
+        "local TTL_GRID_MS = 512",
+        &format!("local TTL_GRID_MS = {TTL_GRID_MS}"),
+    )
 }
 
 /// The decision script, hashed once.
@@ -94,17 +99,9 @@ pub(crate) fn script() -> &'static Script {
 pub(crate) fn set_override_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        Script::new(
-            &include_str!("../../../lua/set_override.lua")
-                .replace(
-                    "local TTL_MARGIN_MS = 1000",
-                    &format!("local TTL_MARGIN_MS = {TTL_MARGIN_MS}"),
-                )
-                .replace(
-                    "local TTL_GRID_MS = 512",
-                    &format!("local TTL_GRID_MS = {TTL_GRID_MS}"),
-                ),
-        )
+        Script::new(&with_ttl_constants(include_str!(
+            "../../../lua/set_override.lua"
+        )))
     })
 }
 
