@@ -447,3 +447,109 @@ fn settings_out_of_range_are_refused_naming_the_setting() {
         "0 entries turns the cache off"
     );
 }
+
+/// A token bucket of 100 per second with a burst of 1 000, and a per-key override of it
+/// refilling a hundred times faster.
+fn bucket_and_faster() -> (Policy, Policy) {
+    let w = Duration::from_secs(1);
+    let plan = Policy::builder("b", Rate::new(100, w).with_burst(1_000))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    let faster = Policy::builder("b", Rate::new(10_000, w).with_burst(10_000))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    (plan, faster)
+}
+
+#[tokio::test]
+async fn a_bucket_keeps_its_usage_through_overrides_refunds_and_sweeps() {
+    // An override that changes a bucket's refill rate must not let the sweeper forget usage
+    // that the plan's slower rate still holds back, whichever call last touched the entry:
+    // a charge on a new key, a charge on a known one (the single-policy fast path), or a
+    // refund. Each case: 1 000 tokens taken (or left) under the fast override, the override
+    // removed, 2.5 s later (about 250 tokens back at the plan's rate) 500 must not fit.
+    let (plan, faster) = bucket_and_faster();
+    let one = std::slice::from_ref(&plan);
+    for case in ["new key", "known key", "refund"] {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let key = Key::new("user", case);
+        match case {
+            "new key" => {
+                store.set_override(&key, &faster, None).await.unwrap();
+                assert!(store.check(&key, one, &[1_000]).await.unwrap().is_allowed());
+            }
+            "known key" => {
+                assert!(store.check(&key, one, &[1]).await.unwrap().is_allowed());
+                clock.advance(Duration::from_millis(20));
+                store.set_override(&key, &faster, None).await.unwrap();
+                assert!(store.check(&key, one, &[1_000]).await.unwrap().is_allowed());
+            }
+            _ => {
+                store.set_override(&key, &faster, None).await.unwrap();
+                assert!(store.check(&key, one, &[1_000]).await.unwrap().is_allowed());
+                store.refund(&key, one, &[1]).await.unwrap();
+            }
+        }
+        store.remove_override(&key, &plan).await.unwrap();
+        clock.advance(Duration::from_millis(2_500));
+        store.sweep();
+        assert!(
+            !store.check(&key, one, &[500]).await.unwrap().is_allowed(),
+            "{case}: the usage was forgotten"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bucket_slowed_by_an_override_keeps_its_usage_without_a_charge() {
+    // 10 000 tokens taken at 10 000 per second: the entry is kept for a one-second refill.
+    // An override then slows the refill to 100 per second and nothing is charged: three
+    // seconds and a sweep later, 9 700 tokens are still missing, far more than the override's
+    // bucket of 1 000 holds.
+    let (slower, fast) = bucket_and_faster();
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let key = Key::new("user", "slowed");
+    let one = std::slice::from_ref(&fast);
+    assert!(store
+        .check(&key, one, &[10_000])
+        .await
+        .unwrap()
+        .is_allowed());
+    store.set_override(&key, &slower, None).await.unwrap();
+    clock.advance(Duration::from_secs(3));
+    store.sweep();
+    assert!(!store.check(&key, one, &[1]).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_refund_on_one_policy_keeps_an_overridden_bucket_beside_it() {
+    // Two policies on one key; an override slows the bucket. A refund that names only the
+    // other policy must not cut the entry's expiry to what the bucket needed before.
+    let (slower, fast) = bucket_and_faster();
+    let other = Policy::new("o", Rate::per_second(1_000)).unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let key = Key::new("user", "beside");
+    let both = [fast.clone(), other.clone()];
+    assert!(store
+        .check(&key, &both, &[10_000, 1])
+        .await
+        .unwrap()
+        .is_allowed());
+    store.set_override(&key, &slower, None).await.unwrap();
+    store
+        .refund(&key, std::slice::from_ref(&other), &[1])
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(3));
+    store.sweep();
+    assert!(!store
+        .check(&key, std::slice::from_ref(&fast), &[1])
+        .await
+        .unwrap()
+        .is_allowed());
+}

@@ -1075,10 +1075,11 @@ fn a_bucket_keeps_its_usage_when_an_override_that_sped_it_up_is_removed() {
                     .is_allowed()];
                 store.remove_override(user, &plan).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(2_500)).await;
-                // About 250 tokens back at the plan's rate: 500 do not fit.
+                // About 250 tokens back at the plan's rate (a whole bucket takes 10 s): the
+                // bucket's 1 000 do not fit.
                 answers.push(
                     store
-                        .check(user, &policies, &costs(500))
+                        .check(user, &policies, &costs(1_000))
                         .await
                         .unwrap()
                         .is_allowed(),
@@ -1127,6 +1128,10 @@ fn a_bucket_key_outlives_its_state_when_an_override_slows_its_refill() {
             store.set_override(&user, &slower, None).await.unwrap();
             watched.limit = 100;
             watched.last = None;
+            // Setting the override alone moved the key's expiry to the slower refill.
+            let (expires, stops) =
+                expiry_and_relevance(&server, &watched.key, Algorithm::TokenBucket, 100);
+            assert_expiry_bounds(&watched.key, expires, stops, 0);
             for step in 1..6 {
                 let d = store.check(&user, policies, &costs(1)).await.unwrap();
                 assert!(d.is_allowed());

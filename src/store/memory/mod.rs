@@ -419,11 +419,14 @@ impl MemoryStore {
     ) {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
-        let effective = inner.overrides.effective(key, policies, now);
-        let policies: &[Policy] = &effective;
         let hash = hash_key(&inner.hasher, key);
         let mut guard = inner.shard(hash).lock();
         let shard = &mut *guard;
+        // Read under the shard's lock, so an override set meanwhile either applies here or
+        // finds this change done when it extends the entry (`keep_for_override`).
+        let effective = inner.overrides.effective(key, policies, now);
+        let plan = policies;
+        let policies: &[Policy] = &effective;
         if let Some(i) = shard.find(hash, key) {
             let entry = &mut shard.entries[i];
             for (p, &c) in policies.iter().zip(costs) {
@@ -448,10 +451,10 @@ impl MemoryStore {
                 change(&mut entry.slots[at].state, now, p.limits(), c);
             }
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
-            // back frees its entry: recomputed from the states this store knows, under the
-            // plan's limits and, where an override is in force, under its limits too (see
-            // `keep_for_plan`).
-            let known = &shard.known;
+            // back frees its entry: recomputed for the states this call names, under the
+            // plan's limits and an override's where one is in force (see `keep_for_plan`).
+            // A state the call does not name keeps the entry's expiry as it was: its limits
+            // here are unknown (an override may be in force on it).
             let entry = &mut shard.entries[i];
             entry.expires_at = entry
                 .slots
@@ -459,14 +462,13 @@ impl MemoryStore {
                 .map(|s| {
                     let same =
                         |k: &&Policy| k.id() == s.policy && k.algorithm() == s.state.algorithm();
-                    let plan = known
-                        .iter()
-                        .find(same)
-                        .map_or(entry.expires_at, |p| s.state.expires_at(p.limits()));
-                    policies
-                        .iter()
-                        .find(same)
-                        .map_or(plan, |p| plan.max(s.state.expires_at(p.limits())))
+                    match (plan.iter().find(same), policies.iter().find(same)) {
+                        (Some(p), Some(e)) => s
+                            .state
+                            .expires_at(p.limits())
+                            .max(s.state.expires_at(e.limits())),
+                        _ => entry.expires_at,
+                    }
                 })
                 .max()
                 .unwrap_or(0);
@@ -524,13 +526,14 @@ impl Inner {
     ) -> Result<Decision, StoreError> {
         debug_assert_eq!(policies.len(), costs.len());
         let now = self.clock.now_millis();
+        let hash = hash_key(&self.hasher, key);
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        // Read under the shard's lock: see `adjust_now`.
         let effective = self.overrides.effective(key, policies, now);
         // With an override in force, the plan's policies too: see `keep_for_plan`.
         let plan = matches!(effective, std::borrow::Cow::Owned(_)).then_some(policies);
         let policies: &[Policy] = &effective;
-        let hash = hash_key(&self.hasher, key);
-        let mut guard = self.shard(hash).lock();
-        let shard = &mut *guard;
         if now >= shard.next_sweep {
             shard.sweep(now, self.sweep_interval_ms, &self.hasher);
         }

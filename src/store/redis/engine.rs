@@ -480,7 +480,9 @@ impl<C: Connector> Core<C> {
     }
 
     /// See [`Store::set_override`](crate::store::Store::set_override): one `SET` of the
-    /// state's override key, with `PX` when it expires.
+    /// state's override key, with `PX` when it expires; for a token bucket, one script that
+    /// also extends the state key's TTL to what the override's refill rate needs
+    /// (`lua/set_override.lua`).
     pub(crate) fn set_override(
         self: &Arc<Self>,
         key: &Key,

@@ -38,10 +38,13 @@ use crate::policy::Algorithm;
 /// its TTL or removal, with nothing written), and setting an override extends the key's
 /// TTL to what the override's rate needs; the memory store keeps its entries the same way.
 /// So a key outlives the upper bound by the slower rate's refill while an override that
-/// raised the limit is in force. One change is not covered: a reload that lowers a bucket's
-/// limit, until the key's next charge, can let a key whose deficit the old, faster rate
-/// would have refilled expire while the new rate would still hold it back (in either
-/// store: the memory store's sweeper forgets entries by the same expiry).
+/// raised the limit is in force. Not covered, until the key's next charge: a reload that
+/// lowers a bucket's limit (in either store: the memory store's sweeper forgets entries by
+/// the same expiry), an override set by an instance of an earlier version (a plain `SET`),
+/// and an override that raised the limit being removed when the key was last written by an
+/// earlier version's script (its TTL followed the override's rate alone). In each, a key
+/// whose deficit the faster rate would have refilled can expire while the slower one would
+/// still hold the bucket back.
 pub const TTL_MARGIN_MS: u64 = 1_000;
 
 /// The step of the grid on which the keys of string states expire, in milliseconds: see
