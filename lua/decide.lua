@@ -57,30 +57,53 @@ local nk = #KEYS / 2
 -- expires (its key's TTL was set from it), and K: no later than that whatever policy it was
 -- written under (an algorithm's `kept_since`, where its expiry depends on the limit, which
 -- an override changes), to keep that TTL when a write leaves it in the same cell of the
--- grid (`expiry` in prelude.lua).
+-- grid (`expiry` and `ttl_kept` in prelude.lua).
 local P, S, E, X, K = {}, {}, {}, {}, {}
-local strings, string_index = {}, {}
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end
--- One MGET reads every string state and every override; a state with an override decides
--- with a copy of its policy that has the override's limit and capacity.
-for i = 1, nk do
-  P[i] = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
-  if not P[i].a.zset then
-    strings[#strings + 1] = KEYS[i]
-    string_index[#string_index + 1] = i
+-- A batch of one policy (what the store coalesces most) names policy 1 for every state: one
+-- comparison instead of reading each index.
+if np == 1 and state_policies == string.rep('\1\0\0\0', nk) then
+  local p = policies[1]
+  for i = 1, nk do
+    P[i] = p
+  end
+else
+  for i = 1, nk do
+    P[i] = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
   end
 end
-local ns = #strings
-local names = {}
-for j = 1, ns do
-  names[j] = strings[j]
+local zsets = false
+for k = 1, np do
+  if policies[k].a.zset then
+    zsets = true
+  end
 end
-for i = 1, nk do
-  names[ns + i] = KEYS[nk + i]
+-- One MGET reads every string state and every override; a state with an override decides
+-- with a copy of its policy that has the override's limit and capacity. string_index[j]: the
+-- state of the MGET's j-th value (j itself when every state is a string).
+local values, ns, string_index
+if zsets then
+  local names = {}
+  string_index = {}
+  for i = 1, nk do
+    if not P[i].a.zset then
+      ns = #names + 1
+      names[ns] = KEYS[i]
+      string_index[ns] = i
+    end
+  end
+  ns = #names
+  for i = 1, nk do
+    names[ns + i] = KEYS[nk + i]
+  end
+  values = redis.call('MGET', unpack(names))
+else
+  -- KEYS is the list to read already: the states, then their overrides.
+  ns = nk
+  values = redis.call('MGET', unpack(KEYS))
 end
-local values = redis.call('MGET', unpack(names))
 for i = 1, nk do
   local v = values[ns + i]
   if v and #v == 16 then
@@ -91,10 +114,12 @@ for i = 1, nk do
     P[i] = { a = p.a, limit = limit, window = p.window, capacity = capacity, max_delay = p.max_delay, overridden = true, slowest = min(limit, p.limit) }
   end
 end
-for i = 1, nk do
-  local p = P[i]
-  if p.a.zset then
-    S[i], E[i] = p.a.load(KEYS[i], now, p)
+if zsets then
+  for i = 1, nk do
+    local p = P[i]
+    if p.a.zset then
+      S[i], E[i] = p.a.load(KEYS[i], now, p)
+    end
   end
 end
 
@@ -102,14 +127,21 @@ if ns > 0 then
   -- MGET answers nil both for a missing key and for a key of another type; the second must
   -- be an error, not a fresh state (writing would destroy somebody else's value).
   local missing = {}
-  for j = 1, #string_index do
-    local i, v = string_index[j], values[j]
-    local a = P[i].a
+  for j = 1, ns do
+    local i, v = j, values[j]
+    if string_index then
+      i = string_index[j]
+    end
+    local p = P[i]
+    local a = p.a
     if v then
-      S[i] = a.decode(v)
-      if S[i] then
-        X[i] = a.expires_at(S[i], P[i])
-        K[i] = a.kept_since and a.kept_since(S[i]) or X[i]
+      -- `decode` of `packed` in prelude.lua, inline.
+      if #v == a.size then
+        local s = { unpack_struct(a.layout, v) }
+        S[i] = s
+        local x = a.expires_at(s, p)
+        X[i] = x
+        K[i] = a.kept_since and a.kept_since(s) or x
       else
         E[i] = 'tollgate: unreadable state at ' .. KEYS[i]
       end
@@ -251,17 +283,27 @@ end
 for i = 1, nk do
   if dirty[i] then
     local p = P[i]
-    if p.a.zset then
-      p.a.store(KEYS[i], S[i], now, p)
+    local a, s = p.a, S[i]
+    if a.zset then
+      a.store(KEYS[i], s, now, p)
     else
       -- Both bounds of the key's TTL hold when the state as read was in the same cell as
       -- the new one: K for the lower bound, X for the upper one (a refund moves the expiry
-      -- back; a charge, all single.lua sees, never does).
-      local target = expiry(p.a.expires_at(S[i], p), now)
-      if ttl_kept(K[i], target) and ttl_kept(X[i], target) then
-        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'KEEPTTL')
+      -- back; a charge, all single.lua sees, never does). `expiry`, `ttl_kept` (both K and
+      -- X are set or neither) and `encode` of prelude.lua, inline: a function call costs
+      -- more than their arithmetic.
+      local t = a.expires_at(s, p)
+      if t < now then
+        t = now
+      end
+      t = t + TTL_MARGIN_MS
+      local target = t + (-t) % TTL_GRID_MS
+      local k, x = K[i], X[i]
+      local low = target - TTL_GRID_MS
+      if k and k + TTL_MARGIN_MS <= target and k + TTL_MARGIN_MS > low and x + TTL_MARGIN_MS <= target and x + TTL_MARGIN_MS > low then
+        redis.call('SET', KEYS[i], pack(a.layout, unpack(s)), 'KEEPTTL')
       else
-        redis.call('SET', KEYS[i], p.a.encode(S[i]), 'PX', target - now)
+        redis.call('SET', KEYS[i], pack(a.layout, unpack(s)), 'PX', target - now)
       end
     end
   end

@@ -81,17 +81,9 @@ end
 
 -- The states of the counter, bucket, fixed window and GCRA are small records of integers,
 -- kept as one string value of little-endian doubles: one GET (an MGET for the whole batch)
--- reads it and one SET ... PX (or KEEPTTL, see `expiry`) writes it with its TTL.
+-- reads it and one SET ... PX (or KEEPTTL, see `expiry`) writes it with its TTL. decide.lua
+-- reads a value of `size` bytes as `{ struct.unpack(layout, v) }` and writes
+-- `struct.pack(layout, unpack(s))`.
 local function packed(layout, size)
-  return {
-    decode = function(v)
-      if #v ~= size then
-        return nil
-      end
-      return { unpack_struct(layout, v) }
-    end,
-    encode = function(s)
-      return pack(layout, unpack(s))
-    end,
-  }
+  return { layout = layout, size = size }
 end

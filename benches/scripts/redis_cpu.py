@@ -13,6 +13,11 @@ arguments: the cost of a script call itself). The script is the concatenation
 src/store/redis/script.rs builds (TOLLGATE_SCRIPT: a file holding it). before_fixed,
 before_swc, before_gcra, before_bucket send BEFORE_SCRIPT (the script of an earlier commit)
 the earlier argument layout (each policy parameter a decimal argument).
+
+BATCH=<b> (tollgate and trivial sides only): each call decides b requests on b distinct
+keys (the general path of decide.lua, as a coalesced batch of one policy sends it: the
+policy, b state policy indices and b requests as three arguments), so N calls make N * b
+decisions; KEYS is then ignored (the b keys of a call are the same in every call).
 """
 import json
 import os
@@ -63,7 +68,13 @@ def main():
     limit, window = 10**12, 3_600_000
     # One policy: algorithm id, limit, window ms, capacity, max delay ms.
     request = struct.pack("<I", 1) + struct.pack("<BIId", 1, 1, 1, 1.0)
-    if before:
+    batch = int(os.environ.get("BATCH", "0"))
+    if batch:
+        assert not before
+        nkeys = batch
+        requests = b"".join(struct.pack("<BIId", 1, 1, k + 1, 1.0) for k in range(batch))
+        args = ["", struct.pack("<5d", alg, limit, window, limit, 0), struct.pack("<I", 1) * batch, requests]
+    elif before:
         # The layout of be00374: five decimal parameters, then the two binary strings.
         args = ["", 1, alg, limit, window, limit, 0, request[:4], request[4:]]
     else:
@@ -71,6 +82,12 @@ def main():
     keys = [f"cpubench{os.getpid()}:{side}:{k}" for k in range(nkeys)]
 
     def decide(k):
+        if batch:
+            reply = call("EVALSHA", sha, 2 * batch, *keys, *[k + ":ovr" for k in keys], *args)
+            if side != "trivial" and not os.environ.get("NOCHECK"):
+                assert isinstance(reply, bytes) and len(reply) == 34 * batch, reply
+                assert all(reply[34 * j:34 * j + 2] == b"\x01\x01" for j in range(batch)), reply
+            return
         reply = call("EVALSHA", sha, 2, keys[k], keys[k] + ":ovr", *args)
         if side != "trivial" and not os.environ.get("NOCHECK"):
             assert isinstance(reply, bytes) and reply[:2] == b"\x01\x01", reply

@@ -6,7 +6,9 @@
 # keys; per decision = (refs at 2N - refs at N) / N, which cancels start-up, shutdown and the
 # warm-up. BEFORE=<commit> adds before_fixed, before_swc, before_gcra (that commit's script,
 # with its argument layout). OUT=<file> appends `redis_instructions <side> <ROUND> <value>`
-# lines (ROUND defaults to 1) for charts.py.
+# lines (ROUND defaults to 1) for charts.py. BATCH=<b> sends each call as a batch of b requests
+# on b distinct keys (decide.lua's general path, see redis_cpu.py): per decision is then
+# divided by b too.
 #
 #   bash benches/scripts/redis_instructions.sh
 #   SIDES="trivial tollgate_swc rlf_fixed" N=500 bash benches/scripts/redis_instructions.sh
@@ -55,7 +57,7 @@ refs() { # side decisions
 for side in $SIDES; do
   a=$(refs "$side" "$N")
   b=$(refs "$side" $((2 * N)))
-  per=$(( (b - a) / N ))
+  per=$(( (b - a) / (N * ${BATCH:-1}) ))
   printf '%-16s %8s instr/decision\n' "$side" "$per"
   [ -n "$OUT" ] && echo "redis_instructions $side $ROUND $per" >>"$OUT"
 done
