@@ -15,21 +15,49 @@ ALG[5] = function()
     return 0
   end
 
-  -- With `charge`, an allowed request is also committed (what `commit` does).
+  -- With `charge`, an allowed request is also committed (what `commit` does). Taken once per
+  -- request of a batch, so on the allowing path `gcra_backlog`, `idiv`, `ceil_div` and `max`
+  -- are inline (each call costs more than its arithmetic), and idiv(after, n) serves both the
+  -- new TAT and ceil_div(after, n).
   function gcra.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local tolerance = p.capacity * w
     local slack = p.max_delay * n
-    local backlog = gcra_backlog(s, now, n)
+    local backlog = 0
+    if s[1] >= now then
+      backlog = (s[1] - now) * n + s[2]
+    end
     local after = backlog + cost * w
     local allowed = after <= tolerance + slack
     if allowed then
-      if charge then
-        local whole = idiv(after, n)
-        s[1], s[2] = now + whole, after - whole * n
+      local whole = floor(after / n)
+      if whole * n > after then
+        whole = whole - 1
+      elseif (whole + 1) * n <= after then
+        whole = whole + 1
       end
-      local delay = ceil_div(max(after - tolerance, 0), n)
-      return true, idiv(max(tolerance - after, 0), w), ceil_div(after, n), 0, delay
+      local frac = after - whole * n
+      if charge then
+        s[1], s[2] = now + whole, frac
+      end
+      local reset_after = whole
+      if frac > 0 then
+        reset_after = whole + 1
+      end
+      local delay = 0
+      if after - tolerance > 0 then
+        delay = ceil_div(after - tolerance, n)
+      end
+      local room, remaining = tolerance - after, 0
+      if room > 0 then
+        remaining = floor(room / w)
+        if remaining * w > room then
+          remaining = remaining - 1
+        elseif (remaining + 1) * w <= room then
+          remaining = remaining + 1
+        end
+      end
+      return true, remaining, reset_after, 0, delay
     end
     local retry_after = ceil_div(after - tolerance - slack, n)
     return false, idiv(max(tolerance - backlog, 0), w), ceil_div(backlog, n), retry_after, 0

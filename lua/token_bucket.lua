@@ -12,23 +12,55 @@ ALG[3] = function()
     return max(s[1] - elapsed * n, 0)
   end
 
-  -- With `charge`, an allowed request is also committed (what `commit` does).
+  -- With `charge`, an allowed request is also committed (what `commit` does). Taken once per
+  -- request of a batch, so `bucket_deficit`, `idiv`, `ceil_div` and `max` are inline: each
+  -- call costs more than its arithmetic.
   function bucket.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local full = p.capacity * w
-    local deficit = bucket_deficit(s, now, n)
+    local elapsed = now - s[2]
+    if 0 > elapsed then
+      elapsed = 0
+    end
+    local deficit = s[1] - elapsed * n
+    if 0 > deficit then
+      deficit = 0
+    end
     local allowed = deficit + cost * w <= full
     local after = deficit
     local retry_after = 0
     if allowed then
       after = deficit + cost * w
       if charge then
-        s[1], s[2] = after, max(now, s[2])
+        local updated = now
+        if s[2] > updated then
+          updated = s[2]
+        end
+        s[1], s[2] = after, updated
       end
     else
       retry_after = ceil_div(deficit + cost * w - full, n)
     end
-    return allowed, idiv(max(full - after, 0), w), ceil_div(after, n), retry_after, 0
+    local room = full - after
+    if 0 > room then
+      room = 0
+    end
+    local remaining = floor(room / w)
+    if remaining * w > room then
+      remaining = remaining - 1
+    elseif (remaining + 1) * w <= room then
+      remaining = remaining + 1
+    end
+    local reset_after = floor(after / n)
+    if reset_after * n > after then
+      reset_after = reset_after - 1
+    elseif (reset_after + 1) * n <= after then
+      reset_after = reset_after + 1
+    end
+    if after - reset_after * n > 0 then
+      reset_after = reset_after + 1
+    end
+    return allowed, remaining, reset_after, retry_after, 0
   end
 
   function bucket.commit(s, now, p, cost)
