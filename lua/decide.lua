@@ -57,7 +57,7 @@ local nk = #KEYS / 2
 -- expires (its key's TTL was set from it), and K: no later than that whatever policy it was
 -- written under (an algorithm's `kept_since`, where its expiry depends on the limit, which
 -- an override changes), to keep that TTL when a write leaves it in the same cell of the
--- grid (`expiry` and `ttl_kept` in prelude.lua).
+-- grid (the expiry and keep rules in prelude.lua).
 local P, S, E, X, K = {}, {}, {}, {}, {}
 if #state_policies ~= 4 * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
@@ -289,9 +289,9 @@ for i = 1, nk do
     else
       -- Both bounds of the key's TTL hold when the state as read was in the same cell as
       -- the new one: K for the lower bound, X for the upper one (a refund moves the expiry
-      -- back; a charge, all single.lua sees, never does). `expiry`, `ttl_kept` (both K and
-      -- X are set or neither) and `encode` of prelude.lua, inline: a function call costs
-      -- more than their arithmetic.
+      -- back; a charge, all single.lua sees, never does). The expiry and keep rules of
+      -- prelude.lua (both K and X are set or neither) and the state's encoding, inline: a
+      -- function call costs more than their arithmetic.
       local t = a.expires_at(s, p)
       if t < now then
         t = now

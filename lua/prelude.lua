@@ -10,7 +10,7 @@ local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 -- Kept past expires_at, in ms, so a key never vanishes while its state still matters.
 local TTL_MARGIN_MS = 1000
 -- The string states' keys expire on a grid of this step (ms; at most TTL_MARGIN_MS, and a
--- power of two, so dividing by it is exact in doubles): see `expiry`.
+-- power of two, so dividing by it is exact in doubles): see the expiry rule below.
 local TTL_GRID_MS = 512
 -- The retry_after of a refusal by an in-flight policy (in_flight.rs RETRY_AFTER_MS).
 local IN_FLIGHT_RETRY_AFTER_MS = 1000
@@ -64,24 +64,16 @@ end
 -- Redis counts a PX from its own time for the command, which can be a millisecond before
 -- or after `now` (TIME, read when the script starts, in whole ms): the 488 ms of margin
 -- left at worst cover that many times over.
-local function expiry(expires_at, now)
-  local t = max(expires_at, now) + TTL_MARGIN_MS
-  return t + (-t) % TTL_GRID_MS
-end
-
--- Whether a key whose state, as read, expired at `was` (`kept_since` where the algorithm
--- has one, see decide.lua) keeps its TTL for a state expiring at `target` (from `expiry`).
-local function ttl_kept(was, target)
-  if not was then
-    return false
-  end
-  local t = was + TTL_MARGIN_MS
-  return t <= target and t > target - TTL_GRID_MS
-end
+--
+-- In Lua, as decide.lua and single.lua write it inline (a function call costs Redis more
+-- than the arithmetic):
+--   expiry:   t = max(expires_at, now) + TTL_MARGIN_MS; target = t + (-t) % TTL_GRID_MS
+--   kept when the state as read expired at `was` (`kept_since` where the algorithm has
+--   one): was + TTL_MARGIN_MS in (target - TTL_GRID_MS, target]
 
 -- The states of the counter, bucket, fixed window and GCRA are small records of integers,
 -- kept as one string value of little-endian doubles: one GET (an MGET for the whole batch)
--- reads it and one SET ... PX (or KEEPTTL, see `expiry`) writes it with its TTL. decide.lua
+-- reads it and one SET ... PX (or KEEPTTL, see the expiry above) writes it with its TTL. decide.lua
 -- reads a value of `size` bytes as `{ struct.unpack(layout, v) }` and writes
 -- `struct.pack(layout, unpack(s))`.
 local function packed(layout, size)

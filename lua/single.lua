@@ -266,7 +266,7 @@ repeat
     else
       state = pack('<dd', s1, s2)
     end
-    -- The key expires on a grid (`expiry` and `ttl_kept` in prelude.lua): at the first
+    -- The key expires on a grid (the expiry and keep rules in prelude.lua): at the first
     -- multiple of TTL_GRID_MS at or after expires_at + TTL_MARGIN_MS, so between
     -- TTL_MARGIN_MS - TTL_GRID_MS and TTL_MARGIN_MS + TTL_GRID_MS after the state stops
     -- mattering. The TTL the key has is kept when the state as read had its expiry in the
