@@ -1,0 +1,547 @@
+//! Cancellation at every await point.
+//!
+//! Each public async operation that changes a store is dropped at each point it can stop
+//! at — before its first poll, and after each `Pending` (as it stopped, and once woken) —
+//! until a run completes; after each cancellation, and the background work it leaves
+//! (a release, a settlement) has had [`SETTLE`] to run, nothing is held or charged beyond the
+//! bound the code states, written next to each assertion.
+//!
+//! * Memory: the memory store answers at once, so it sits behind a [`Gated`] wrapper that
+//!   stops every call once before it reaches the store and (for rate operations) once after
+//!   the store answered, before the caller sees the answer. In-flight runs stop only before:
+//!   the memory store gives its answer in the call itself, so no production path loses the
+//!   answer of a memory call that took a slot (see `memory_store_check_dropped_unpolled`
+//!   for the one that does).
+//! * Redis: a real `redis-server` behind a [`Proxy`] that delays every reply, a fresh store
+//!   per run and the script cache flushed before the driven call, so the first call of a run
+//!   also connects, meets `NOSCRIPT`, loads the script, sends it again and reads the
+//!   server's `run_id`: every await the engine has.
+//!
+//! Each loop asserts how many await points its completed run stopped at, so no test passes
+//! without reaching the points it names.
+
+mod support;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame};
+use http_body_util::BodyExt;
+use tollgate::clock::ManualClock;
+use tollgate::key::{Global, Key};
+use tollgate::route::{Meter, Route};
+use tollgate::store::leased::{LeaseBackend, LeasedStore, MemoryLedger};
+use tollgate::store::{DynStore, FailureMode, MemoryStore, RedisStore, ResilientStore, Store};
+use tollgate::{Algorithm, Limiter, Override, Policy, Rate, RateLimitLayer};
+use tower::{Layer, Service, ServiceExt};
+
+use support::cancel::{settled, Moment, Points, Run, SETTLE};
+use support::gated::{Gated, Stops};
+use support::proxy::Proxy;
+use support::RedisServer;
+
+/// The in-flight limit of every case.
+const SLOTS: u64 = 4;
+
+/// How late the proxy makes every Redis reply.
+const REPLY_DELAY: Duration = Duration::from_millis(2);
+
+/// The key prefix of the Redis stores.
+const PREFIX: &str = "cancel";
+
+const MOMENTS: [Moment; 2] = [Moment::Reached, Moment::Woken];
+
+fn running() -> Policy {
+    Policy::in_flight("running", SLOTS).unwrap()
+}
+
+fn calls() -> Policy {
+    Policy::new("calls", Rate::per_hour(1_000)).unwrap()
+}
+
+fn tokens() -> Policy {
+    Policy::builder("tokens", Rate::per_hour(1_000))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap()
+}
+
+/// Where a case runs.
+enum Bench {
+    /// One memory store on a manual clock, behind a [`Gated`] wrapper; a case per key.
+    Memory { store: MemoryStore, stops: Stops },
+    /// A fresh `RedisStore` per case on a manual clock, reaching the server through a proxy
+    /// that delays every reply by [`REPLY_DELAY`].
+    Redis {
+        server: RedisServer,
+        proxy: Proxy,
+        clock: ManualClock,
+    },
+}
+
+impl Bench {
+    fn memory(stops: Stops) -> Self {
+        let clock = ManualClock::new(1_000_000_000);
+        Bench::Memory {
+            store: MemoryStore::builder().clock(clock).build().unwrap(),
+            stops,
+        }
+    }
+
+    async fn redis() -> Self {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port()).await;
+        proxy.set_delay(REPLY_DELAY);
+        Bench::Redis {
+            server,
+            proxy,
+            clock: ManualClock::new(1_000_000_000),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Bench::Memory { .. } => "memory",
+            Bench::Redis { .. } => "redis",
+        }
+    }
+
+    /// The store of one case: the shared memory store behind its gate, or a new Redis store
+    /// (not yet connected) through the proxy.
+    fn store(&self) -> DynStore {
+        match self {
+            Bench::Memory { store, stops } => DynStore::new(Gated::new(store.clone(), *stops)),
+            Bench::Redis { proxy, clock, .. } => DynStore::new(self::redis_store(proxy, clock)),
+        }
+    }
+
+    /// Before the driven call: on Redis the script cache is emptied, so the call meets
+    /// `NOSCRIPT`, loads the script and sends it again (three awaits instead of one).
+    fn flush_scripts(&self) {
+        if let Bench::Redis { server, .. } = self {
+            let _: String = server.query(&["SCRIPT", "FLUSH"]).unwrap();
+        }
+    }
+
+    /// Waits out a call that may still be on its way to the server (dropped as it was
+    /// written): after this, what the server will execute of it, it has.
+    async fn quiesce(&self) {
+        match self {
+            Bench::Memory { .. } => {
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Bench::Redis { .. } => {
+                tokio::time::sleep(REPLY_DELAY * 4 + Duration::from_millis(10)).await
+            }
+        }
+    }
+
+    /// `ZCARD` of `key`'s slot set in Redis (its in-flight state key); `None` on memory.
+    fn slots_in_redis(&self, key: &Key) -> Option<u64> {
+        let Bench::Redis { server, .. } = self else {
+            return None;
+        };
+        let state = format!("{PREFIX}:{{{}}}:running:inf", key.as_str());
+        Some(server.query(&["ZCARD", &state]).unwrap())
+    }
+
+    /// The least number of pending polls of one store call on this bench: the gate's stops,
+    /// or, on Redis with the script flushed, `NOSCRIPT`, the load and the call again (plus,
+    /// on a new store, the connection and the `run_id` read).
+    fn call_points(&self, stops: usize, first_call: bool) -> usize {
+        match self {
+            Bench::Memory { .. } => stops,
+            Bench::Redis { .. } if first_call => 5,
+            Bench::Redis { .. } => 3,
+        }
+    }
+}
+
+fn redis_store(proxy: &Proxy, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder()
+        .prefix(PREFIX)
+        .clock(clock.clone())
+        .build_with_url(&proxy.url())
+        .unwrap()
+}
+
+/// The units `key` has used under `policy` (for an in-flight policy: the slots held): its
+/// capacity less what a look at no cost leaves.
+async fn used<S: Store>(store: &S, key: &Key, policy: &Policy) -> u64 {
+    let d = store
+        .peek(key, std::slice::from_ref(policy), &[0])
+        .await
+        .unwrap();
+    policy.capacity() - d.remaining()
+}
+
+fn key(what: &str, k: usize, moment: Moment) -> Key {
+    Key::new("tenant", format!("{what}-{k}-{moment:?}"))
+}
+
+/// Bound: no slot is held. After background releases had [`SETTLE`] to run, the store counts
+/// no slot for `key` (on Redis the slot set is empty), `SLOTS` acquisitions held at once are
+/// all admitted and one more is refused (the limit is really enforced, so the check cannot
+/// pass by accident).
+async fn assert_no_slot_held(bench: &Bench, limiter: &Limiter<DynStore>, key: &Key, ctx: &str) {
+    let store = limiter.store();
+    let free = settled(async || {
+        used(store, key, &running()).await == 0 && bench.slots_in_redis(key).unwrap_or(0) == 0
+    })
+    .await;
+    let held = used(store, key, &running()).await;
+    assert!(
+        free,
+        "{ctx}: {held} slot(s) still held {SETTLE:?} after the cancellation (Redis slot set: {:?})",
+        bench.slots_in_redis(key)
+    );
+    let mut permits = vec![];
+    for i in 0..SLOTS {
+        let permit = limiter.acquire(key).await.unwrap();
+        assert!(
+            permit.is_allowed(),
+            "{ctx}: only {i} of {SLOTS} concurrent acquisitions admitted"
+        );
+        permits.push(permit);
+    }
+    assert!(
+        !limiter.acquire(key).await.unwrap().is_allowed(),
+        "{ctx}: more than {SLOTS} slots at once"
+    );
+    if let Some(set) = bench.slots_in_redis(key) {
+        assert_eq!(set, SLOTS, "{ctx}: the slot set holds the {SLOTS} permits");
+    }
+    drop(permits);
+}
+
+// ----------------------------------------------------------------------------------------
+// Limiter::check
+
+async fn check_charges_at_most_once(bench: &Bench) {
+    for moment in MOMENTS {
+        let mut points = Points::new(format!("Limiter::check on {}", bench.name()), moment);
+        while let Some(k) = points.next_k() {
+            let store = bench.store();
+            let limiter = Limiter::builder()
+                .store(store.clone())
+                .policy(calls())
+                .policy(tokens())
+                .build()
+                .unwrap();
+            let key = key("check", k, moment);
+            bench.flush_scripts();
+            let run = points.drive(limiter.check(&key, 3)).await;
+            let allowed = run.output().map(|d| d.unwrap().is_allowed());
+            bench.quiesce().await;
+            let (a, b) = (
+                used(&store, &key, &calls()).await,
+                used(&store, &key, &tokens()).await,
+            );
+            // Bound: a check is all or nothing across its policies, and charged at most once:
+            // a completed check exactly its cost, a cancelled one its cost or nothing.
+            assert_eq!(a, b, "{points}: charged to one policy and not the other");
+            match allowed {
+                Some(true) => assert_eq!(a, 3, "{points}: a completed check"),
+                Some(false) => panic!("{points}: refused on a fresh key"),
+                None => assert!(a == 0 || a == 3, "{points}: charged {a} for a cost of 3"),
+            }
+        }
+        points.assert_visited(bench.call_points(2, true));
+    }
+}
+
+#[tokio::test]
+async fn check_cancelled_anywhere_is_charged_at_most_once_memory() {
+    check_charges_at_most_once(&Bench::memory(Stops::BeforeAndAfter)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_cancelled_anywhere_is_charged_at_most_once_redis() {
+    check_charges_at_most_once(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Limiter::acquire
+
+fn slot_limiter(store: DynStore) -> Limiter<DynStore> {
+    Limiter::builder()
+        .store(store)
+        .policy(running())
+        .policy(calls())
+        .build()
+        .unwrap()
+}
+
+async fn acquire_holds_no_slot(bench: &Bench) {
+    for moment in MOMENTS {
+        let mut points = Points::new(format!("Limiter::acquire on {}", bench.name()), moment);
+        while let Some(k) = points.next_k() {
+            let limiter = slot_limiter(bench.store());
+            let key = key("acquire", k, moment);
+            bench.flush_scripts();
+            let run = points.drive(limiter.acquire(&key)).await;
+            let completed = matches!(run, Run::Completed(..));
+            if let Some(permit) = run.output() {
+                let permit = permit.unwrap();
+                assert!(permit.is_allowed(), "{points}: refused on a fresh key");
+                drop(permit);
+            }
+            bench.quiesce().await;
+            // Bound: the rate policy beside the slot is charged at most once.
+            let charged = used(limiter.store(), &key, &calls()).await;
+            assert!(
+                charged <= 1 && (!completed || charged == 1),
+                "{points}: {charged} calls charged"
+            );
+            assert_no_slot_held(bench, &limiter, &key, &points.to_string()).await;
+        }
+        points.assert_visited(bench.call_points(1, true));
+    }
+}
+
+#[tokio::test]
+async fn acquire_cancelled_anywhere_holds_no_slot_memory() {
+    acquire_holds_no_slot(&Bench::memory(Stops::Before)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_cancelled_anywhere_holds_no_slot_redis() {
+    acquire_holds_no_slot(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Limiter::reserve and Reservation::settle
+
+const ESTIMATE: u64 = 100;
+
+/// A route with an in-flight policy and a rate policy the estimate goes to.
+fn reserving_limiter(store: DynStore) -> Limiter<DynStore> {
+    Limiter::builder()
+        .store(store)
+        .policy(running())
+        .policy(tokens())
+        .build()
+        .unwrap()
+}
+
+async fn reserve_charges_at_most_once(bench: &Bench) {
+    for moment in MOMENTS {
+        let mut points = Points::new(format!("Limiter::reserve on {}", bench.name()), moment);
+        while let Some(k) = points.next_k() {
+            let limiter = reserving_limiter(bench.store());
+            let key = key("reserve", k, moment);
+            bench.flush_scripts();
+            let run = points.drive(limiter.reserve(&key, ESTIMATE)).await;
+            let completed = matches!(run, Run::Completed(..));
+            if let Some(reservation) = run.output() {
+                let reservation = reservation.unwrap();
+                assert!(reservation.decision().is_allowed(), "{points}: refused");
+                // Dropped unsettled: the estimate stands, the slot comes back.
+                drop(reservation);
+            }
+            bench.quiesce().await;
+            let charged = used(limiter.store(), &key, &tokens()).await;
+            // Bound: a reservation is charged at most once: its estimate, or nothing when it
+            // was cancelled before the store took it.
+            assert!(
+                charged == ESTIMATE || (!completed && charged == 0),
+                "{points}: {charged} units charged for an estimate of {ESTIMATE}"
+            );
+            assert_no_slot_held(bench, &limiter, &key, &points.to_string()).await;
+        }
+        points.assert_visited(bench.call_points(1, true));
+    }
+}
+
+#[tokio::test]
+async fn reserve_cancelled_anywhere_is_charged_at_most_once_memory() {
+    reserve_charges_at_most_once(&Bench::memory(Stops::Before)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_cancelled_anywhere_is_charged_at_most_once_redis() {
+    reserve_charges_at_most_once(&Bench::redis().await).await;
+}
+
+async fn settle_applies_at_most_once(bench: &Bench) {
+    for moment in MOMENTS {
+        for actual in [30, 250] {
+            let what = format!("Reservation::settle({actual}) on {}", bench.name());
+            let mut points = Points::new(what, moment);
+            while let Some(k) = points.next_k() {
+                let limiter = reserving_limiter(bench.store());
+                let key = key(&format!("settle{actual}"), k, moment);
+                let reservation = limiter.reserve(&key, ESTIMATE).await.unwrap();
+                assert!(reservation.decision().is_allowed());
+                bench.flush_scripts();
+                let run = points.drive(reservation.settle(actual)).await;
+                let completed = matches!(run, Run::Completed(..));
+                if let Some(result) = run.output() {
+                    result.unwrap();
+                }
+                bench.quiesce().await;
+                let charged = used(limiter.store(), &key, &tokens()).await;
+                // Bound: a settlement is applied at most once: the estimate still stands, or
+                // the actual cost replaced it (a completed one: the actual cost).
+                assert!(
+                    charged == actual || (!completed && charged == ESTIMATE),
+                    "{points}: {charged} units charged (estimate {ESTIMATE}, actual {actual})"
+                );
+                // The reservation's slot goes with it, settled or not.
+                assert_no_slot_held(bench, &limiter, &key, &points.to_string()).await;
+            }
+            points.assert_visited(bench.call_points(2, false));
+        }
+    }
+}
+
+#[tokio::test]
+async fn settle_cancelled_anywhere_is_applied_at_most_once_memory() {
+    settle_applies_at_most_once(&Bench::memory(Stops::BeforeAndAfter)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_cancelled_anywhere_is_applied_at_most_once_redis() {
+    settle_applies_at_most_once(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Limiter::refund
+
+async fn refund_applies_at_most_once(bench: &Bench) {
+    for moment in MOMENTS {
+        let mut points = Points::new(format!("Limiter::refund on {}", bench.name()), moment);
+        while let Some(k) = points.next_k() {
+            let store = bench.store();
+            let limiter = Limiter::builder()
+                .store(store.clone())
+                .policy(calls())
+                .policy(tokens())
+                .build()
+                .unwrap();
+            let key = key("refund", k, moment);
+            assert!(limiter.check(&key, 5).await.unwrap().is_allowed());
+            bench.flush_scripts();
+            let run = points.drive(limiter.refund(&key, 5)).await;
+            let completed = matches!(run, Run::Completed(..));
+            if let Some(result) = run.output() {
+                result.unwrap();
+            }
+            bench.quiesce().await;
+            let (a, b) = (
+                used(&store, &key, &calls()).await,
+                used(&store, &key, &tokens()).await,
+            );
+            // Bound: a refund is applied at most once, to all its policies or none.
+            assert_eq!(a, b, "{points}: refunded to one policy and not the other");
+            assert!(
+                a == 0 || (!completed && a == 5),
+                "{points}: {a} units left of 5 charged and 5 refunded"
+            );
+        }
+        points.assert_visited(bench.call_points(2, false));
+    }
+}
+
+#[tokio::test]
+async fn refund_cancelled_anywhere_is_applied_at_most_once_memory() {
+    refund_applies_at_most_once(&Bench::memory(Stops::BeforeAndAfter)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_cancelled_anywhere_is_applied_at_most_once_redis() {
+    refund_applies_at_most_once(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Limiter::set_override and remove_override
+
+/// The limit a check of `key` is decided by, and the override the store lists for it; the
+/// two must agree.
+async fn override_in_force(limiter: &Limiter<DynStore>, key: &Key, ctx: &str) -> Option<u64> {
+    let listed = limiter.overrides(key).await.unwrap();
+    assert!(listed.len() <= 1, "{ctx}: {listed:?}");
+    let listed = listed.first().map(|o| o.limit());
+    let decided = limiter.peek(key).await.unwrap().limit();
+    assert_eq!(
+        decided,
+        listed.unwrap_or(1_000),
+        "{ctx}: the decision's limit and the listed override disagree"
+    );
+    listed
+}
+
+async fn overrides_are_set_or_not(bench: &Bench) {
+    for moment in MOMENTS {
+        for removing in [false, true] {
+            let op = if removing {
+                "remove_override"
+            } else {
+                "set_override"
+            };
+            let what = format!("Limiter::{op} on {}", bench.name());
+            let mut points = Points::new(what, moment);
+            while let Some(k) = points.next_k() {
+                let limiter = Limiter::builder()
+                    .store(bench.store())
+                    .policy(calls())
+                    .build()
+                    .unwrap();
+                let key = key(op, k, moment);
+                let over = Override::new("calls", 50);
+                if removing {
+                    limiter.set_override(&key, over.clone()).await.unwrap();
+                }
+                bench.flush_scripts();
+                let run = if removing {
+                    points
+                        .drive(limiter.remove_override(&key, "calls"))
+                        .await
+                        .output()
+                } else {
+                    points
+                        .drive(limiter.set_override(&key, over))
+                        .await
+                        .output()
+                };
+                let completed = run.is_some();
+                if let Some(result) = run {
+                    result.unwrap();
+                }
+                bench.quiesce().await;
+                let now = override_in_force(&limiter, &key, &points.to_string()).await;
+                // Bound: an override is set (or removed) whole or not at all; a completed
+                // call has taken effect.
+                let done = if removing { None } else { Some(50) };
+                let before = if removing { Some(50) } else { None };
+                assert!(
+                    now == done || (!completed && now == before),
+                    "{points}: override in force {now:?}"
+                );
+            }
+            points.assert_visited(match bench {
+                Bench::Memory { .. } => 2,
+                Bench::Redis { .. } => 1,
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn overrides_cancelled_anywhere_are_set_whole_or_not_memory() {
+    overrides_are_set_or_not(&Bench::memory(Stops::BeforeAndAfter)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_cancelled_anywhere_are_set_whole_or_not_redis() {
+    overrides_are_set_or_not(&Bench::redis().await).await;
+}
