@@ -35,10 +35,13 @@ use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame};
 use http_body_util::BodyExt;
 use tollgate::clock::ManualClock;
+use tollgate::error::StoreError;
 use tollgate::key::{Global, Key};
 use tollgate::route::{Meter, Route};
 use tollgate::store::leased::{LeaseBackend, LeasedStore, MemoryLedger};
-use tollgate::store::{DynStore, FailureMode, MemoryStore, RedisStore, ResilientStore, Store};
+use tollgate::store::{
+    BoxFuture, DynStore, FailureMode, MemoryStore, RedisStore, ResilientStore, Store,
+};
 use tollgate::{Algorithm, Limiter, Override, Policy, Rate, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -76,7 +79,17 @@ fn tokens() -> Policy {
 /// Where a case runs.
 enum Bench {
     /// One memory store on a manual clock, behind a [`Gated`] wrapper; a case per key.
-    Memory { store: MemoryStore, stops: Stops },
+    Memory {
+        store: MemoryStore,
+        stops: Stops,
+        clock: ManualClock,
+    },
+    /// The memory store itself: it acts when called, so a call has no await point and
+    /// the one cancellation is a future dropped before its first poll.
+    RawMemory {
+        store: MemoryStore,
+        clock: ManualClock,
+    },
     /// A fresh `RedisStore` per case on a manual clock, reaching the server through a proxy
     /// that delays every reply by [`REPLY_DELAY`].
     Redis {
@@ -90,8 +103,25 @@ impl Bench {
     fn memory(stops: Stops) -> Self {
         let clock = ManualClock::new(1_000_000_000);
         Bench::Memory {
-            store: MemoryStore::builder().clock(clock).build().unwrap(),
+            store: MemoryStore::builder().clock(clock.clone()).build().unwrap(),
             stops,
+            clock,
+        }
+    }
+
+    fn raw_memory() -> Self {
+        let clock = ManualClock::new(1_000_000_000);
+        Bench::RawMemory {
+            store: MemoryStore::builder().clock(clock.clone()).build().unwrap(),
+            clock,
+        }
+    }
+
+    fn clock(&self) -> &ManualClock {
+        match self {
+            Bench::Memory { clock, .. }
+            | Bench::RawMemory { clock, .. }
+            | Bench::Redis { clock, .. } => clock,
         }
     }
 
@@ -108,7 +138,7 @@ impl Bench {
 
     fn name(&self) -> &'static str {
         match self {
-            Bench::Memory { .. } => "memory",
+            Bench::Memory { .. } | Bench::RawMemory { .. } => "memory",
             Bench::Redis { .. } => "redis",
         }
     }
@@ -117,7 +147,8 @@ impl Bench {
     /// (not yet connected) through the proxy.
     fn store(&self) -> DynStore {
         match self {
-            Bench::Memory { store, stops } => DynStore::new(Gated::new(store.clone(), *stops)),
+            Bench::Memory { store, stops, .. } => DynStore::new(Gated::new(store.clone(), *stops)),
+            Bench::RawMemory { store, .. } => DynStore::new(store.clone()),
             Bench::Redis { proxy, clock, .. } => DynStore::new(self::redis_store(proxy, clock)),
         }
     }
@@ -134,7 +165,7 @@ impl Bench {
     /// written): after this, what the server will execute of it, it has.
     async fn quiesce(&self) {
         match self {
-            Bench::Memory { .. } => {
+            Bench::Memory { .. } | Bench::RawMemory { .. } => {
                 for _ in 0..4 {
                     tokio::task::yield_now().await;
                 }
@@ -160,6 +191,7 @@ impl Bench {
     fn call_points(&self, stops: usize, first_call: bool) -> usize {
         match self {
             Bench::Memory { .. } => stops,
+            Bench::RawMemory { .. } => 0,
             Bench::Redis { .. } if first_call => 5,
             Bench::Redis { .. } => 3,
         }
@@ -174,14 +206,14 @@ fn redis_store(proxy: &Proxy, clock: &ManualClock) -> RedisStore {
         .unwrap()
 }
 
-/// The units `key` has used under `policy` (for an in-flight policy: the slots held): its
-/// capacity less what a look at no cost leaves.
+/// The units `key` has used under `policy` (for an in-flight policy: the slots held): the
+/// limit in force (an override's, if any) less what a look at no cost leaves.
 async fn used<S: Store>(store: &S, key: &Key, policy: &Policy) -> u64 {
     let d = store
         .peek(key, std::slice::from_ref(policy), &[0])
         .await
         .unwrap();
-    policy.capacity() - d.remaining()
+    d.limit() - d.remaining()
 }
 
 fn key(what: &str, k: usize, moment: Moment) -> Key {
@@ -529,8 +561,8 @@ async fn overrides_are_set_or_not(bench: &Bench) {
                 );
             }
             points.assert_visited(match bench {
-                Bench::Memory { .. } => 2,
                 Bench::Redis { .. } => 1,
+                _ => bench.call_points(2, false),
             });
         }
     }
@@ -544,4 +576,191 @@ async fn overrides_cancelled_anywhere_are_set_whole_or_not_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overrides_cancelled_anywhere_are_set_whole_or_not_redis() {
     overrides_are_set_or_not(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Store operations called directly
+
+/// One `Store` operation, with the state it needs made first and what it may leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreOp {
+    Check,
+    Refund,
+    Settle,
+    Release,
+    Reset,
+    SetOverride,
+}
+
+// The check last: its failures (a slot left held) must not hide the others' results.
+const STORE_OPS: [StoreOp; 6] = [
+    StoreOp::Refund,
+    StoreOp::Settle,
+    StoreOp::Release,
+    StoreOp::Reset,
+    StoreOp::SetOverride,
+    StoreOp::Check,
+];
+
+/// What the state of `key` shows after an operation: the units charged to `calls` and
+/// `tokens`, the slots held, the override of `calls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    calls: u64,
+    tokens: u64,
+    slots: u64,
+    over: Option<u64>,
+}
+
+async fn seen<S: Store>(store: &S, key: &Key) -> Seen {
+    let over = store
+        .overrides(key, &[calls()])
+        .await
+        .unwrap()
+        .first()
+        .map(|o| o.limit());
+    Seen {
+        calls: used(store, key, &calls()).await,
+        tokens: used(store, key, &tokens()).await,
+        slots: used(store, key, &running()).await,
+        over,
+    }
+}
+
+impl StoreOp {
+    /// Makes the state the operation acts on; the slot id to release, if any.
+    async fn prepare<S: Store>(self, store: &S, key: &Key) -> u64 {
+        match self {
+            StoreOp::Check | StoreOp::SetOverride => 0,
+            StoreOp::Refund | StoreOp::Reset => {
+                let d = store.check(key, &[calls()], &[5]).await.unwrap();
+                assert!(d.is_allowed());
+                0
+            }
+            StoreOp::Settle => {
+                let d = store.check(key, &[tokens()], &[ESTIMATE]).await.unwrap();
+                assert!(d.is_allowed());
+                0
+            }
+            StoreOp::Release => {
+                let d = store.check(key, &[running()], &[1]).await.unwrap();
+                assert!(d.is_allowed());
+                d.slot()
+            }
+        }
+    }
+
+    /// The operation's future; true when the store answered without an error.
+    fn call(self, store: &DynStore, key: &Key, slot: u64) -> BoxFuture<bool> {
+        let ok = |f: BoxFuture<Result<(), StoreError>>| -> BoxFuture<bool> {
+            Box::pin(async move { f.await.is_ok() })
+        };
+        match self {
+            StoreOp::Check => {
+                let check = store.check(key, &[running(), calls()], &[1, 1]);
+                // A completed check gives its slot back at once: only a cancelled one could
+                // leave it held.
+                let (store, key) = (store.clone(), key.clone());
+                Box::pin(async move {
+                    let d = check.await.unwrap();
+                    assert!(d.is_allowed());
+                    store.release(&key, &[running()], d.slot()).await.is_ok()
+                })
+            }
+            StoreOp::Refund => ok(store.refund(key, &[calls()], &[5])),
+            StoreOp::Settle => ok(store.settle(key, &[tokens()], &[ESTIMATE], &[30])),
+            StoreOp::Release => ok(store.release(key, &[running()], slot)),
+            StoreOp::Reset => ok(store.reset(key, &[calls()])),
+            StoreOp::SetOverride => {
+                let over = Policy::new("calls", Rate::per_hour(50)).unwrap();
+                ok(store.set_override(key, &over, None))
+            }
+        }
+    }
+
+    /// Bound: the states `before` (the call never took effect) and `after` (it did, once)
+    /// are the only ones a cancelled call may leave; a completed call leaves `after`.
+    fn allowed(self, before: Seen) -> Seen {
+        let mut after = before;
+        match self {
+            // A check's slot, taken or not, is never left held (the store chose its id and
+            // releases it by id when the caller is gone); its rate unit counts at most once.
+            StoreOp::Check => after.calls += 1,
+            StoreOp::Refund | StoreOp::Reset => after.calls = 0,
+            StoreOp::Settle => after.tokens = 30,
+            StoreOp::Release => after.slots = 0,
+            StoreOp::SetOverride => after.over = Some(50),
+        }
+        after
+    }
+}
+
+impl StoreOp {
+    /// The least number of pending polls of the operation on a warm Redis store with the
+    /// script cache flushed (see [`Bench::call_points`]).
+    fn redis_points(self) -> usize {
+        match self {
+            // The check, then the release of its slot (the script is loaded by then).
+            StoreOp::Check => 4,
+            StoreOp::Refund | StoreOp::Settle | StoreOp::Release => 3,
+            // One `UNLINK`, one `SET`.
+            StoreOp::Reset | StoreOp::SetOverride => 1,
+        }
+    }
+}
+
+async fn store_operations_stay_within_bounds(bench: &Bench) {
+    for op in STORE_OPS {
+        for moment in MOMENTS {
+            let mut points = Points::new(format!("Store::{op:?} on {}", bench.name()), moment);
+            while let Some(k) = points.next_k() {
+                let store = bench.store();
+                let key = key(&format!("store-{op:?}"), k, moment);
+                let slot = op.prepare(&store, &key).await;
+                let before = seen(&store, &key).await;
+                let after = op.allowed(before);
+                bench.flush_scripts();
+                let run = points.drive(op.call(&store, &key, slot)).await;
+                let completed = matches!(run, Run::Completed(..));
+                if let Some(ok) = run.output() {
+                    assert!(ok, "{points}: the store failed");
+                }
+                bench.quiesce().await;
+                let within = async || {
+                    let now = seen(&store, &key).await;
+                    now == after || (!completed && now == before)
+                };
+                let ok = settled(within).await;
+                let now = seen(&store, &key).await;
+                assert!(
+                    ok,
+                    "{points}: left {now:?}; only {before:?} (not applied) or {after:?} \
+                     (applied once) may be left {SETTLE:?} after the cancellation"
+                );
+                if op == StoreOp::Release && now.slots > 0 {
+                    // Bound: a release that never reached the store leaves the slot held
+                    // until its lease ends, not longer.
+                    bench
+                        .clock()
+                        .advance(Duration::from_millis(running().window_millis() + 1));
+                    let slots = used(&store, &key, &running()).await;
+                    assert_eq!(slots, 0, "{points}: the slot outlived its lease");
+                }
+            }
+            points.assert_visited(match bench {
+                Bench::Redis { .. } => op.redis_points(),
+                _ => bench.call_points(0, false),
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn store_operations_dropped_before_their_first_poll_stay_within_bounds_memory() {
+    store_operations_stay_within_bounds(&Bench::raw_memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_operations_cancelled_anywhere_stay_within_bounds_redis() {
+    store_operations_stay_within_bounds(&Bench::redis().await).await;
 }
