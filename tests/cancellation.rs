@@ -23,6 +23,7 @@
 mod support;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -763,4 +764,148 @@ async fn store_operations_dropped_before_their_first_poll_stay_within_bounds_mem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_operations_cancelled_anywhere_stay_within_bounds_redis() {
     store_operations_stay_within_bounds(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// A reply really late: sent, executed by Redis, held in the network when the caller goes
+
+impl Bench {
+    fn proxy(&self) -> &Proxy {
+        match self {
+            Bench::Redis { proxy, .. } => proxy,
+            _ => panic!("only the Redis bench has a proxy"),
+        }
+    }
+}
+
+/// Polls `future` once (on a warm store that sends its call), waits until Redis has
+/// executed the call while the proxy holds the reply, and drops the future; then lets the
+/// reply through, to a caller that is gone.
+async fn drop_while_reply_held<F: Future>(proxy: &Proxy, future: F, what: &str) {
+    let mut future = Box::pin(future);
+    let answered = proxy.answered();
+    proxy.hold();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(
+        future.as_mut().poll(&mut cx).is_pending(),
+        "{what}: answered without Redis"
+    );
+    let executed = proxy
+        .wait_answered_beyond(answered, Duration::from_secs(2))
+        .await;
+    drop(future);
+    proxy.release();
+    assert!(executed, "{what}: the call never reached Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_while_their_reply_is_late_redis() {
+    let bench = Bench::redis().await;
+    let proxy = bench.proxy();
+    let warm = async |limiter: &Limiter<DynStore>, key: &Key| {
+        // Connected, the script loaded and the server's run_id read: the next call is one
+        // EVALSHA, sent on its first poll.
+        limiter.peek(key).await.unwrap();
+    };
+
+    // Bound: a check and a refund are each applied once.
+    let limiter = Limiter::builder()
+        .store(bench.store())
+        .policy(calls())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "late-check");
+    warm(&limiter, &key).await;
+    drop_while_reply_held(proxy, limiter.check(&key, 3), "check").await;
+    bench.quiesce().await;
+    assert_eq!(used(limiter.store(), &key, &calls()).await, 3);
+    drop_while_reply_held(proxy, limiter.refund(&key, 3), "refund").await;
+    bench.quiesce().await;
+    assert_eq!(used(limiter.store(), &key, &calls()).await, 0);
+
+    // The connection survives replies nobody waits for: the next call is answered.
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+
+    // Bound: a settlement is applied once (executed: the actual cost), and the
+    // reservation's slot comes back with the dropped future.
+    let limiter = reserving_limiter(bench.store());
+    let key = Key::new("tenant", "late-settle");
+    let reservation = limiter.reserve(&key, ESTIMATE).await.unwrap();
+    drop_while_reply_held(proxy, reservation.settle(30), "settle").await;
+    bench.quiesce().await;
+    assert_eq!(used(limiter.store(), &key, &tokens()).await, 30);
+    assert_no_slot_held(&bench, &limiter, &key, "settle, reply held").await;
+
+    // Bound: a reservation is charged once (executed: its estimate) and holds no slot.
+    let limiter = reserving_limiter(bench.store());
+    let key = Key::new("tenant", "late-reserve");
+    warm(&limiter, &key).await;
+    drop_while_reply_held(proxy, limiter.reserve(&key, ESTIMATE), "reserve").await;
+    bench.quiesce().await;
+    assert_eq!(used(limiter.store(), &key, &tokens()).await, ESTIMATE);
+    assert_no_slot_held(&bench, &limiter, &key, "reserve, reply held").await;
+
+    // Bound: the slot an acquisition took is never left held.
+    let limiter = slot_limiter(bench.store());
+    let key = Key::new("tenant", "late-acquire");
+    warm(&limiter, &key).await;
+    drop_while_reply_held(proxy, limiter.acquire(&key), "acquire").await;
+    bench.quiesce().await;
+    assert_eq!(
+        used(limiter.store(), &key, &calls()).await,
+        1,
+        "charged once"
+    );
+    assert_no_slot_held(&bench, &limiter, &key, "acquire, reply held").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_acquisition_dropped_after_its_batch_ran_holds_no_slot_redis() {
+    let bench = Bench::redis().await;
+    let proxy = bench.proxy();
+    // One script call in flight at a time: a second decision queues behind the first and
+    // leaves in the batch sent when the first comes back.
+    let store = RedisStore::builder()
+        .prefix(PREFIX)
+        .clock(bench.clock().clone())
+        .max_in_flight(1)
+        .build_with_url(&proxy.url())
+        .unwrap();
+    let limiter = slot_limiter(DynStore::new(store));
+    let key = Key::new("tenant", "queued");
+    limiter.peek(&key).await.unwrap();
+    let late = Duration::from_millis(60);
+    proxy.set_delay(late);
+
+    let first = tokio::spawn({
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move { limiter.acquire(&key).await.unwrap() }
+    });
+    let before = proxy.answered();
+    assert!(
+        proxy.wait_answered_beyond(before, late).await,
+        "first call sent"
+    );
+    let first_answered = proxy.answered();
+    // The first call's reply is on its way: the second decision queues.
+    let mut second = Box::pin(limiter.acquire(&key));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    // Its batch leaves when the first reply arrives; once Redis executed it, its caller goes.
+    let ran = proxy.wait_answered_beyond(first_answered, late * 3).await;
+    drop(second);
+    proxy.set_delay(REPLY_DELAY);
+    assert!(ran, "the queued decision's batch never ran");
+    let permit = first.await.unwrap();
+    assert!(permit.is_allowed());
+    drop(permit);
+    bench.quiesce().await;
+    // Bound: the queued acquisition's slot is not left held.
+    assert_no_slot_held(
+        &bench,
+        &limiter,
+        &key,
+        "queued acquisition, dropped after its batch ran",
+    )
+    .await;
 }
