@@ -218,3 +218,38 @@ pub async fn settled(mut ready: impl AsyncFnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// The bounds a test found broken, each with the point it was found at. The test fails at
+/// its end listing every one, so that one broken point does not hide the others.
+#[derive(Debug, Default)]
+pub struct Findings(Vec<String>);
+
+impl Findings {
+    /// Records `finding()` unless `holds`.
+    pub fn check(&mut self, holds: bool, finding: impl FnOnce() -> String) {
+        if !holds {
+            let finding = finding();
+            if std::env::var_os("CANCEL_TRACE").is_some() {
+                eprintln!("FINDING: {finding}");
+            }
+            self.0.push(finding);
+        }
+    }
+
+    /// Records the error of `result`, if any.
+    pub fn add(&mut self, result: Result<(), String>) {
+        if let Err(finding) = result {
+            self.check(false, || finding);
+        }
+    }
+
+    /// Fails with every finding, if there is one.
+    pub fn assert_none(self) {
+        assert!(
+            self.0.is_empty(),
+            "{} bound(s) broken:\n  {}",
+            self.0.len(),
+            self.0.join("\n  ")
+        );
+    }
+}
