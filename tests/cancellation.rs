@@ -1104,3 +1104,168 @@ async fn a_shutdown_cancelled_anywhere_gives_back_at_most_once_redis() {
     let backend = || redis_store(bench.proxy(), bench.clock());
     leased_shutdown_returns_at_most_once(&bench, backend, 3).await;
 }
+
+// ----------------------------------------------------------------------------------------
+// The layer: RateLimitService's future, and a response body dropped before its end
+
+const FRAMES: usize = 3;
+
+/// What each frame of a response carries: ten units for a stream meter counting bytes.
+const FRAME: &[u8] = b"0123456789";
+
+/// The estimate of a stream-metered route, between one frame's count and two frames'.
+const STREAM_ESTIMATE: u64 = 15;
+
+/// A response body of [`FRAMES`] frames of [`FRAME`].
+struct Frames {
+    left: usize,
+}
+
+impl HttpBody for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(FRAME)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// The inner service: one await (a yield), then a response of [`FRAMES`] frames.
+async fn handler(_req: Request<()>) -> Result<Response<Frames>, Infallible> {
+    tokio::task::yield_now().await;
+    Ok(Response::new(Frames { left: FRAMES }))
+}
+
+fn tenant_request(material: &str) -> Request<()> {
+    Request::get("/")
+        .header("x-tenant", material)
+        .body(())
+        .unwrap()
+}
+
+fn layer_limiter(store: DynStore, route: Route) -> Limiter<DynStore> {
+    Limiter::builder()
+        .store(store)
+        .default_route(route)
+        .extractor(support::by_tenant())
+        .build()
+        .unwrap()
+}
+
+async fn layer_call_holds_nothing(bench: &Bench) {
+    let mut findings = Findings::default();
+    for moment in MOMENTS {
+        let what = format!("RateLimitService::call on {}", bench.name());
+        let mut points = Points::new(what, moment);
+        while let Some(k) = points.next_k() {
+            let route = Route::new().policy(running()).policy(calls());
+            let limiter = layer_limiter(bench.store(), route);
+            let mut service =
+                RateLimitLayer::new(limiter.clone()).layer(tower::service_fn(handler));
+            let material = format!("layer-{k}-{moment:?}");
+            let key = Key::new("tenant", &material);
+            bench.flush_scripts();
+            ServiceExt::<Request<()>>::ready(&mut service)
+                .await
+                .unwrap();
+            let run = points.drive(service.call(tenant_request(&material))).await;
+            let completed = matches!(run, Run::Completed(..));
+            if let Some(response) = run.output() {
+                let response = response.unwrap();
+                assert_eq!(response.status(), 200, "{points}");
+                // The body, dropped unread: before its end.
+                drop(response);
+            }
+            bench.quiesce().await;
+            // Bound: the rate policy beside the slot is charged at most once.
+            let charged = used(limiter.store(), &key, &calls()).await;
+            findings.check(charged <= 1 && (!completed || charged == 1), || {
+                format!("{points}: {charged} calls charged")
+            });
+            findings.add(no_slot_held(bench, &limiter, &key, &points.to_string()).await);
+        }
+        // The store's awaits, and the handler's own.
+        points.assert_visited(bench.call_points(1, true) + 1);
+    }
+    findings.assert_none();
+}
+
+#[tokio::test]
+async fn the_layer_cancelled_anywhere_holds_nothing_memory() {
+    layer_call_holds_nothing(&Bench::memory(Stops::Before)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_cancelled_anywhere_holds_nothing_redis() {
+    layer_call_holds_nothing(&Bench::redis().await).await;
+}
+
+async fn a_body_dropped_before_its_end_settles_what_it_counted(bench: &Bench) {
+    let mut findings = Findings::default();
+    for read in 0..=FRAMES {
+        let count = |frame: &Bytes| frame.len() as u64;
+        let route = Route::new().policy(running()).metered(
+            tokens(),
+            Meter::fixed(STREAM_ESTIMATE).settle_from_stream(count),
+        );
+        let limiter = layer_limiter(bench.store(), route);
+        let mut service = RateLimitLayer::new(limiter.clone()).layer(tower::service_fn(handler));
+        let material = format!("body-{read}");
+        let key = Key::new("tenant", &material);
+        let ctx = format!(
+            "a response body on {} dropped after {read} of {FRAMES} frames",
+            bench.name()
+        );
+        let response = ServiceExt::<Request<()>>::ready(&mut service)
+            .await
+            .unwrap()
+            .call(tenant_request(&material))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        for _ in 0..read {
+            body.frame().await.unwrap().unwrap();
+        }
+        drop(body);
+        bench.quiesce().await;
+        // Bound: a stream is settled with what was counted: at its end, the count; dropped
+        // before it, the count so far, and at least the estimate.
+        let counted = (read * FRAME.len()) as u64;
+        let due = if read == FRAMES {
+            counted
+        } else {
+            counted.max(STREAM_ESTIMATE)
+        };
+        let store = limiter.store();
+        let settled_right = settled(async || used(store, &key, &tokens()).await == due).await;
+        let charged = used(store, &key, &tokens()).await;
+        findings.check(settled_right, || {
+            format!("{ctx}: {charged} units charged, {due} due ({counted} counted, estimate {STREAM_ESTIMATE})")
+        });
+        // Bound: the slot goes with the body.
+        findings.add(no_slot_held(bench, &limiter, &key, &ctx).await);
+    }
+    findings.assert_none();
+}
+
+#[tokio::test]
+async fn a_body_dropped_before_its_end_settles_what_it_counted_memory() {
+    a_body_dropped_before_its_end_settles_what_it_counted(&Bench::memory(Stops::Before)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dropped_before_its_end_settles_what_it_counted_redis() {
+    a_body_dropped_before_its_end_settles_what_it_counted(&Bench::redis().await).await;
+}
