@@ -25,7 +25,6 @@ mod support;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -1268,4 +1267,156 @@ async fn a_body_dropped_before_its_end_settles_what_it_counted_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_dropped_before_its_end_settles_what_it_counted_redis() {
     a_body_dropped_before_its_end_settles_what_it_counted(&Bench::redis().await).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// Over HTTP: 300 requests each given up after 0–3 ms
+
+/// 300 requests, each wrapped in a timeout of 0 to 3 ms (what a timeout layer, an HTTP/2
+/// reset or a proxy giving up does), against `in_flight("running", 4)` on a shared key;
+/// afterwards every slot is free.
+async fn three_hundred_given_up_requests<S: Store + Clone>(
+    store: S,
+    slots_in_redis: impl Fn() -> Option<u64>,
+) where
+    S::CheckFuture: Send,
+{
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(Policy::in_flight("running", SLOTS).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                "done"
+            }),
+        )
+        .route(
+            "/hold",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "held"
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter.clone()));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..300u64 {
+        // Spread over 0 to 3 ms, in an order that mixes short and long ones.
+        let patience = Duration::from_micros(i * 7_919 % 3_001);
+        let (client, url) = (client.clone(), format!("http://{addr}/"));
+        tasks.spawn(async move {
+            let _ = tokio::time::timeout(patience, client.get(url).send()).await;
+        });
+        if tasks.len() >= 16 {
+            tasks.join_next().await;
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+
+    // Bound: every slot comes back within SETTLE of the last request given up.
+    let global = Key::global("all");
+    let store = limiter.store();
+    let free = settled(async || {
+        used(store, &global, &running()).await == 0 && slots_in_redis().unwrap_or(0) == 0
+    })
+    .await;
+    assert!(
+        free,
+        "{} slot(s) held {SETTLE:?} after 300 given-up requests (Redis slot set: {:?})",
+        used(store, &global, &running()).await,
+        slots_in_redis()
+    );
+    // ... and SLOTS requests at once are all admitted, one more is refused.
+    let held: Vec<_> = (0..SLOTS)
+        .map(|_| tokio::spawn(client.get(format!("http://{addr}/hold")).send()))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let over = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(
+        over.status(),
+        429,
+        "the limit holds while {SLOTS} are in flight"
+    );
+    for h in held {
+        let status = h.await.unwrap().unwrap().status();
+        assert_eq!(
+            status, 200,
+            "{SLOTS} concurrent requests after the given-up ones"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_given_up_requests_leave_every_slot_free_memory() {
+    three_hundred_given_up_requests(MemoryStore::new(), || None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_given_up_requests_leave_every_slot_free_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("http300")
+        .build_with_url(&server.url())
+        .unwrap();
+    let state = format!("http300:{{{}}}:running:inf", Key::global("all").as_str());
+    let slots = || Some(server.query::<u64>(&["ZCARD", &state]).unwrap());
+    three_hundred_given_up_requests(store, slots).await;
+}
+
+// ----------------------------------------------------------------------------------------
+// ResilientStore: a call given up by its timeout
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_by_the_resilient_timeout_leaves_no_slot_redis() {
+    let bench = Bench::redis().await;
+    let proxy = bench.proxy();
+    let mut findings = Findings::default();
+    let modes = [
+        FailureMode::FailOpen,
+        FailureMode::FailClosed,
+        FailureMode::LocalFallback { replicas: 1 },
+    ];
+    for mode in modes {
+        let primary = redis_store(proxy, bench.clock());
+        let store = ResilientStore::builder(primary.clone(), mode)
+            .timeout(Duration::from_millis(20))
+            .build()
+            .unwrap();
+        let limiter = slot_limiter(DynStore::new(store));
+        let direct = slot_limiter(DynStore::new(primary));
+        let key = Key::new("tenant", format!("resilient-{mode:?}"));
+        // Connected, the script loaded, before the replies turn late.
+        direct.peek(&key).await.unwrap();
+        let late = Duration::from_millis(80);
+        proxy.set_delay(late);
+        let answered = proxy.answered();
+        let permit = limiter.acquire(&key).await.unwrap();
+        let decided_by = permit.decided_by();
+        drop(permit);
+        // The call reached Redis, which executed it; its reply came after the timeout.
+        let executed = proxy.wait_answered_beyond(answered, late).await;
+        proxy.set_delay(REPLY_DELAY);
+        assert!(executed, "{mode:?}: the call never reached Redis");
+        tokio::time::sleep(late).await;
+        // Bound: a call given up by the timeout leaves no slot held in Redis (its slot id is
+        // the client's, so it can be released without the reply).
+        let free = settled(async || bench.slots_in_redis(&key) == Some(0)).await;
+        findings.check(free, || {
+            format!(
+                "ResilientStore ({mode:?}, decided by {decided_by:?}) after a timed-out \
+                 acquisition: {:?} slot(s) left in Redis {SETTLE:?} after its late reply",
+                bench.slots_in_redis(&key)
+            )
+        });
+        // Direct to Redis, so the breaker the timeout fed plays no part.
+        findings
+            .add(no_slot_held(&bench, &direct, &key, &format!("ResilientStore ({mode:?})")).await);
+    }
+    findings.assert_none();
 }
