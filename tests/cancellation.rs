@@ -90,6 +90,12 @@ enum Bench {
         store: MemoryStore,
         clock: ManualClock,
     },
+    /// The memory store behind a `ResilientStore`, whose check calls the memory store when
+    /// the check is made, not when it is first polled.
+    ResilientMemory {
+        store: ResilientStore<MemoryStore>,
+        clock: ManualClock,
+    },
     /// A fresh `RedisStore` per case on a manual clock, reaching the server through a proxy
     /// that delays every reply by [`REPLY_DELAY`].
     Redis {
@@ -117,10 +123,22 @@ impl Bench {
         }
     }
 
+    fn resilient_memory() -> Self {
+        let clock = ManualClock::new(1_000_000_000);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        Bench::ResilientMemory {
+            store: ResilientStore::builder(memory, FailureMode::FailClosed)
+                .build()
+                .unwrap(),
+            clock,
+        }
+    }
+
     fn clock(&self) -> &ManualClock {
         match self {
             Bench::Memory { clock, .. }
             | Bench::RawMemory { clock, .. }
+            | Bench::ResilientMemory { clock, .. }
             | Bench::Redis { clock, .. } => clock,
         }
     }
@@ -139,6 +157,7 @@ impl Bench {
     fn name(&self) -> &'static str {
         match self {
             Bench::Memory { .. } | Bench::RawMemory { .. } => "memory",
+            Bench::ResilientMemory { .. } => "resilient memory",
             Bench::Redis { .. } => "redis",
         }
     }
@@ -149,6 +168,7 @@ impl Bench {
         match self {
             Bench::Memory { store, stops, .. } => DynStore::new(Gated::new(store.clone(), *stops)),
             Bench::RawMemory { store, .. } => DynStore::new(store.clone()),
+            Bench::ResilientMemory { store, .. } => DynStore::new(store.clone()),
             Bench::Redis { proxy, clock, .. } => DynStore::new(self::redis_store(proxy, clock)),
         }
     }
@@ -165,7 +185,7 @@ impl Bench {
     /// written): after this, what the server will execute of it, it has.
     async fn quiesce(&self) {
         match self {
-            Bench::Memory { .. } | Bench::RawMemory { .. } => {
+            Bench::Memory { .. } | Bench::RawMemory { .. } | Bench::ResilientMemory { .. } => {
                 for _ in 0..4 {
                     tokio::task::yield_now().await;
                 }
@@ -191,7 +211,7 @@ impl Bench {
     fn call_points(&self, stops: usize, first_call: bool) -> usize {
         match self {
             Bench::Memory { .. } => stops,
-            Bench::RawMemory { .. } => 0,
+            Bench::RawMemory { .. } | Bench::ResilientMemory { .. } => 0,
             Bench::Redis { .. } if first_call => 5,
             Bench::Redis { .. } => 3,
         }
@@ -955,16 +975,14 @@ fn leased_store<S: LeaseBackend>(backend: S, clock: &ManualClock) -> LeasedStore
 /// admitted.
 async fn lease_a_block<S: LeaseBackend>(store: &LeasedStore<S>, key: &Key, spend: bool) -> u64 {
     let p = [leased()];
-    let mut admitted = 0;
     let mut leased = false;
-    for _ in 0..500 {
+    for admitted in 0..500 {
         let held = store.stats().units_held;
         leased |= held > 0;
         if leased && (!spend || held == 0) {
             return admitted;
         }
         assert!(store.check(key, &p, &[1]).await.unwrap().is_allowed());
-        admitted += 1;
     }
     panic!("no block was leased in 500 decisions");
 }
@@ -1204,6 +1222,13 @@ async fn layer_call_holds_nothing(bench: &Bench) {
 #[tokio::test]
 async fn the_layer_cancelled_anywhere_holds_nothing_memory() {
     layer_call_holds_nothing(&Bench::memory(Stops::Before)).await;
+}
+
+/// The one await point of the store is the layer's future before its first poll: the check
+/// has been made (in `call`), and with it the memory store's charge.
+#[tokio::test]
+async fn the_layer_cancelled_anywhere_holds_nothing_resilient_memory() {
+    layer_call_holds_nothing(&Bench::resilient_memory()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
