@@ -1,24 +1,31 @@
 //! Cancellation at every await point.
 //!
-//! Each public async operation that changes a store is dropped at each point it can stop
-//! at — before its first poll, and after each `Pending` (as it stopped, and once woken) —
-//! until a run completes; after each cancellation, and the background work it leaves
-//! (a release, a settlement) has had [`SETTLE`] to run, nothing is held or charged beyond the
-//! bound the code states, written next to each assertion.
+//! Each public async operation that changes a store — `Limiter::check`, `acquire`,
+//! `reserve`, `Reservation::settle`, `refund`, `set_override` / `remove_override`, the
+//! `Store` operations themselves, a `LeasedStore`'s grants and returns, the layer's future and
+//! its response body — is dropped at each point it can stop at: before its first poll, and
+//! after each `Pending` (as it stopped, and once woken), until a run completes. After each
+//! cancellation, and once the background work it leaves (a release, a settlement) has had
+//! [`SETTLE`] to run, nothing is held or charged beyond the bound the code states, written
+//! next to each assertion.
 //!
 //! * Memory: the memory store answers at once, so it sits behind a [`Gated`] wrapper that
 //!   stops every call once before it reaches the store and (for rate operations) once after
 //!   the store answered, before the caller sees the answer. In-flight runs stop only before:
-//!   the memory store gives its answer in the call itself, so no production path loses the
-//!   answer of a memory call that took a slot (see `memory_store_check_dropped_unpolled`
-//!   for the one that does).
+//!   the memory store gives its answer in the call itself, so only a future dropped before
+//!   its first poll can lose the answer of a memory call that took a slot (the
+//!   `…_memory` store-operation and resilient-memory layer tests drive that point).
 //! * Redis: a real `redis-server` behind a [`Proxy`] that delays every reply, a fresh store
 //!   per run and the script cache flushed before the driven call, so the first call of a run
 //!   also connects, meets `NOSCRIPT`, loads the script, sends it again and reads the
-//!   server's `run_id`: every await the engine has.
+//!   server's `run_id`: every await the engine has. Calls dropped while the proxy holds
+//!   their reply (executed, reply late), a queued decision dropped after its batch ran, 300
+//!   HTTP requests given up after 0–3 ms, and calls given up by a `ResilientStore`'s timeout
+//!   cover the network's own moments.
 //!
 //! Each loop asserts how many await points its completed run stopped at, so no test passes
-//! without reaching the points it names.
+//! without reaching the points it names; each lists every bound it found broken (set
+//! `CANCEL_TRACE=1` to see every run).
 
 mod support;
 
@@ -233,7 +240,7 @@ async fn used<S: Store>(store: &S, key: &Key, policy: &Policy) -> u64 {
         .peek(key, std::slice::from_ref(policy), &[0])
         .await
         .unwrap();
-    d.limit() - d.remaining()
+    d.limit().saturating_sub(d.remaining())
 }
 
 fn key(what: &str, k: usize, moment: Moment) -> Key {
@@ -917,11 +924,11 @@ async fn a_queued_acquisition_dropped_after_its_batch_ran_holds_no_slot_redis() 
     let late = Duration::from_millis(60);
     proxy.set_delay(late);
 
+    let before = proxy.answered();
     let first = tokio::spawn({
         let (limiter, key) = (limiter.clone(), key.clone());
         async move { limiter.acquire(&key).await.unwrap() }
     });
-    let before = proxy.answered();
     assert!(
         proxy.wait_answered_beyond(before, late).await,
         "first call sent"
@@ -990,7 +997,7 @@ async fn lease_a_block<S: LeaseBackend>(store: &LeasedStore<S>, key: &Key, spend
 /// The units the ledger has charged `key`.
 async fn ledger_used<S: LeaseBackend>(store: &LeasedStore<S>, key: &Key) -> u64 {
     let d = store.peek(key, &[leased()], &[0]).await.unwrap();
-    d.limit() - d.remaining()
+    d.limit().saturating_sub(d.remaining())
 }
 
 /// Where the leased cases run: a memory ledger behind a gate, or a fresh Redis store per
