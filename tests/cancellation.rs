@@ -288,6 +288,17 @@ async fn no_slot_held(
         assert_eq!(set, SLOTS, "{ctx}: the slot set holds the {SLOTS} permits");
     }
     drop(permits);
+    // Their releases are done before the next case starts (which flushes the script cache
+    // and must not see a release load it again meanwhile).
+    let back = settled(async || {
+        used(store, key, &running()).await == 0 && bench.slots_in_redis(key).unwrap_or(0) == 0
+    })
+    .await;
+    if !back {
+        return Err(format!(
+            "{ctx}: dropped permits did not give their slots back"
+        ));
+    }
     Ok(())
 }
 
