@@ -139,7 +139,8 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         let slot = decision.slot();
-        let refresher = (slot != 0)
+        let refresher = decision
+            .slot_expires()
             .then(|| self.spawn_refresher(key, policies, slot))
             .flatten();
         let limiter = self.clone();

@@ -575,13 +575,26 @@ impl<S: Store> Limiter<S> {
         }
         let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
-        if !set.enforced.iter().any(|p| cost > p.capacity()) {
-            policies.extend(set.enforced.iter().cloned());
-            costs.extend(set.enforced.iter().map(|_| cost));
+        // Slots are not units: an in-flight policy's slot comes back when its permit or
+        // response body is dropped, never by a refund.
+        let units = |p: &&Policy| !p.is_in_flight();
+        if !set
+            .enforced
+            .iter()
+            .filter(units)
+            .any(|p| cost > p.capacity())
+        {
+            policies.extend(set.enforced.iter().filter(units).cloned());
+            costs.extend(set.enforced.iter().filter(units).map(|_| cost));
         }
         // Shadow policies were charged with the cost capped at their capacity.
-        policies.extend(set.shadow.iter().cloned());
-        costs.extend(set.shadow.iter().map(|p| cost.min(p.capacity())));
+        policies.extend(set.shadow.iter().filter(units).cloned());
+        costs.extend(
+            set.shadow
+                .iter()
+                .filter(units)
+                .map(|p| cost.min(p.capacity())),
+        );
         if policies.is_empty() {
             return Ok(());
         }
