@@ -420,3 +420,76 @@ fn named_slots_are_kept_apart() {
         assert_ne!(a.slot(), b.slot());
     });
 }
+
+/// A settlement or a refund whose caller gives up after sending it still applies, once: the
+/// call is finished in the background rather than cut off wherever it stood.
+async fn cancelled_settlements_still_apply<S: Store>(store: S, direct: &S) {
+    let tokens = Policy::new("tokens", Rate::per_minute(1_000)).unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(tokens.clone())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let key = Key::global("all");
+    let used = || async {
+        let d = direct
+            .peek(&key, std::slice::from_ref(&tokens), &[0])
+            .await
+            .unwrap();
+        1_000 - d.remaining()
+    };
+    // A future never polled has done nothing (as any Rust future); from its first poll on, it
+    // is finished whatever happens to it.
+    for polls in 1..4 {
+        limiter.reset(&key).await.unwrap();
+        let reservation = limiter.reserve(&key, 400).await.unwrap();
+        assert!(reservation.decision().is_allowed());
+        let mut settle = Box::pin(reservation.settle(100));
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..polls {
+            if settle.as_mut().poll(&mut cx).is_ready() {
+                break;
+            }
+        }
+        drop(settle);
+        let start = Instant::now();
+        while used().await != 100 {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "a settlement dropped after {polls} polls left {} charged, not 100",
+                used().await
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut refund = Box::pin(limiter.refund(&key, 30));
+        for _ in 0..polls {
+            if refund.as_mut().poll(&mut cx).is_ready() {
+                break;
+            }
+        }
+        drop(refund);
+        let start = Instant::now();
+        while used().await != 70 {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "a refund dropped after {polls} polls left {} charged, not 70",
+                used().await
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_settlements_still_apply_memory() {
+    let store = MemoryStore::new();
+    cancelled_settlements_still_apply(store.clone(), &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_settlements_still_apply_redis() {
+    let server = RedisServer::start();
+    let store = redis_store(&server, "settle_cancel");
+    cancelled_settlements_still_apply(store.clone(), &store).await;
+}

@@ -561,6 +561,10 @@ impl<S: Store> Limiter<S> {
     /// # }).unwrap();
     /// ```
     ///
+    /// In-flight policies are not refunded: a slot comes back when its
+    /// [`Permit`](crate::Permit) or response body is dropped, never by a refund.
+    /// Cancel-safe: a refund whose future is dropped before it answers still applies, once.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the charge may then stand).
@@ -598,7 +602,8 @@ impl<S: Store> Limiter<S> {
         if policies.is_empty() {
             return Ok(());
         }
-        Ok(common.store.refund(key, &policies, &costs).await?)
+        let call = common.store.refund(key, &policies, &costs);
+        Ok(hold::Completing::new("refund", call).await?)
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
