@@ -106,11 +106,12 @@ async fn cancelled_acquisitions_hold_no_slot_redis() {
     cancelled_acquisitions_hold_nothing(limiter_on(redis_store(&server, "cancel"), 4)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_acquisitions_hold_no_slot_redis_under_timeouts() {
-    // What a timeout layer does: the same acquisitions, each given 0 to 3 ms.
-    let server = RedisServer::start();
-    let limiter = limiter_on(redis_store(&server, "timeouts"), 4);
+/// What a timeout layer does: 300 acquisitions each given 0 to 3 ms, then every slot free.
+/// `check` sees the same slots as `limiter` (the same limiter, or another on the same store).
+async fn acquisitions_under_timeouts_hold_nothing<S: Store, T: Store>(
+    limiter: Limiter<S>,
+    check: &Limiter<T>,
+) {
     let key = Key::new("tenant", "shared");
     let mut tasks = vec![];
     for i in 0..300u64 {
@@ -129,7 +130,42 @@ async fn cancelled_acquisitions_hold_no_slot_redis_under_timeouts() {
     for t in tasks {
         t.await.unwrap();
     }
-    all_free_within(&limiter, &key, 4, Duration::from_secs(2)).await;
+    all_free_within(check, &key, 4, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_hold_no_slot_redis_under_timeouts() {
+    let server = RedisServer::start();
+    let limiter = limiter_on(redis_store(&server, "timeouts"), 4);
+    acquisitions_under_timeouts_hold_nothing(limiter.clone(), &limiter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_hold_no_slot_cluster_under_timeouts() {
+    let cluster = support::RedisCluster::start();
+    let store = tollgate::store::RedisClusterStore::builder()
+        .prefix("timeouts")
+        .build_cluster_with_urls(cluster.urls())
+        .unwrap();
+    let limiter = limiter_on(store, 4);
+    acquisitions_under_timeouts_hold_nothing(limiter.clone(), &limiter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_hold_no_slot_resilient_redis_under_timeouts() {
+    // The resilient store's own timeout cuts the store's call short too.
+    let server = RedisServer::start();
+    let store = tollgate::store::ResilientStore::builder(
+        redis_store(&server, "resilient"),
+        tollgate::store::FailureMode::FailClosed,
+    )
+    .timeout(Duration::from_millis(1))
+    .build()
+    .unwrap();
+    // Checked through a plain store on the same Redis: the 1 ms timeout would refuse some of
+    // the check's own acquisitions on a busy machine.
+    let check = limiter_on(redis_store(&server, "resilient"), 4);
+    acquisitions_under_timeouts_hold_nothing(limiter_on(store, 4), &check).await;
 }
 
 /// Requests that give up before their answer, over HTTP: each client waits 0 to 3 ms.
