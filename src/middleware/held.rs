@@ -52,11 +52,13 @@ pub(crate) struct BodyHold {
     stream: Option<StreamCount>,
 }
 
+/// One counted policy of a stream: its index in the set, the frame cost, the units
+/// reserved and the units counted so far.
+type Counter = (usize, Arc<FrameCostFn>, u64, u64);
+
 /// A settlement from the frames of the body.
 struct StreamCount {
-    /// Per counted policy: its index in the set, the frame cost, the units reserved and the
-    /// units counted so far.
-    counters: SmallVec<[(usize, Arc<FrameCostFn>, u64, u64); 1]>,
+    counters: SmallVec<[Counter; 1]>,
     settle: Arc<SettleFn>,
     done: bool,
 }
