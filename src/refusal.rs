@@ -441,6 +441,12 @@ impl Refusal {
                 }
                 let retry = self.retry_after_secs().unwrap_or(1);
                 Cow::Owned(match self.policy() {
+                    // An in-flight limit is a number at once; its window is the slot lease.
+                    Some(p) if p.is_in_flight() => format!(
+                        "Too many requests in progress: at most {} at once ({}). Retry in {retry} s.",
+                        p.limit(),
+                        p.name()
+                    ),
                     Some(p) => format!(
                         "Rate limit exceeded: {} ({}). Retry in {retry} s.",
                         p.rate(),

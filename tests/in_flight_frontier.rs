@@ -529,3 +529,63 @@ async fn cancelled_settlements_still_apply_redis() {
     let store = redis_store(&server, "settle_cancel");
     cancelled_settlements_still_apply(store.clone(), &store).await;
 }
+
+#[tokio::test]
+async fn an_in_flight_refusal_speaks_of_requests_at_once() {
+    let limiter = Limiter::builder()
+        .policy(Policy::in_flight("exports-running", 2).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "ok"
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter.clone()));
+    let addr = support::serve(app).await;
+    let url = format!("http://{addr}/");
+    let held = tokio::spawn({
+        let url = url.clone();
+        async move { futures_at_once(&reqwest::Client::new(), &url, 2).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = reqwest::Client::new().get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        body["message"],
+        "Too many requests in progress: at most 2 at once (exports-running). Retry in 1 s."
+    );
+    assert_eq!(held.await.unwrap(), vec![200, 200]);
+}
+
+/// `Limiter::check` admits only while a slot is free, and holds none: nothing would give it
+/// back.
+async fn a_check_holds_no_slot<S: Store>(limiter: Limiter<S>) {
+    let key = Key::global("all");
+    for _ in 0..5 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await; // a Redis release is sent meanwhile
+    let held = limiter.acquire(&key).await.unwrap();
+    assert!(held.is_allowed(), "checks left their slots held");
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_check_holds_no_slot_memory() {
+    a_check_holds_no_slot(limiter_on(MemoryStore::new(), 1)).await;
+}
+
+#[tokio::test]
+async fn a_check_holds_no_slot_redis() {
+    let server = RedisServer::start();
+    a_check_holds_no_slot(limiter_on(redis_store(&server, "check"), 1)).await;
+}

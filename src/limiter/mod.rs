@@ -382,7 +382,10 @@ impl<S: Store> Limiter<S> {
     /// all of them or none — through the same path as the layer: a deny-listed key is
     /// refused, an allow-listed key passes uncharged (an allowed decision with no policies),
     /// a running penalty refuses, shadow policies are checked and counted. With an exempt
-    /// default route every key passes uncharged.
+    /// default route every key passes uncharged. An [in-flight](crate::Algorithm::InFlight)
+    /// policy admits the request only if a slot is free now, and holds none afterwards (the
+    /// slot is given back at once): [`acquire`](Self::acquire) holds slots until its
+    /// [`Permit`](crate::Permit) is dropped.
     ///
     /// # Errors
     ///
@@ -446,6 +449,9 @@ impl<S: Store> Limiter<S> {
         if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
             self.note_refused(key);
         }
+        // `check` holds no slot: nothing would give it back. The slot an in-flight policy
+        // took to admit the request goes back at once; `acquire` is the way to hold one.
+        drop(self.hold_slots(set, key, &decision));
         Ok(decision)
     }
 
