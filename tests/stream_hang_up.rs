@@ -153,3 +153,39 @@ async fn hanging_up_pays_for_what_was_streamed_redis() {
         .unwrap();
     hanging_up_pays_for_what_was_streamed(store).await;
 }
+
+/// A body over `EstimateFromJsonLayer`'s cap gets a 413 that names the cap and says nothing
+/// of logins.
+#[tokio::test]
+async fn an_estimate_body_over_the_cap_gets_a_neutral_413() {
+    let tokens = Policy::new("tokens", Rate::per_minute(100)).unwrap();
+    let limiter = Limiter::builder()
+        .route(
+            "POST /v1/completions",
+            Route::new().metered(tokens, Meter::from_body(1)),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/v1/completions", post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter))
+        .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(512));
+    let addr = support::serve(app).await;
+    let big = format!(r#"{{"max_tokens":1,"prompt":"{}"}}"#, "x".repeat(600));
+    let res = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "payload_too_large");
+    assert_eq!(
+        body["message"],
+        "The request body is too large: at most 512 bytes are accepted."
+    );
+}
