@@ -30,8 +30,11 @@ use axum::{routing::get, Router};
 use tollgate::admin::Admin;
 use tollgate::config::Plan;
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let mut plan = Plan::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/admin.toml"))?;
     if let Ok(url) = std::env::var("REDIS_URL") {
         plan.store.url = Some(url);

@@ -394,3 +394,31 @@ async fn leased_two_instances_never_pass_the_limit_together() {
     assert!(ok <= 1_000, "{ok} admitted");
     assert!(ok >= 800, "{ok} admitted");
 }
+
+/// An example that cannot start says why in words: its error and causes with `Display`, not
+/// the debug structure of a `Box<dyn Error>`.
+#[cfg(feature = "redis")]
+#[test]
+fn an_example_that_cannot_start_says_why_in_words() {
+    let nowhere = format!(
+        "redis://127.0.0.1:{}",
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    let out = Command::new(example("axum_redis"))
+        .env("REDIS_URL", &nowhere)
+        .env("ADDR", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("Error: "), "{stderr}");
+    assert!(
+        !stderr.contains("Connection(") && !stderr.contains("Cause {") && !stderr.contains("{ "),
+        "a debug structure was printed: {stderr}"
+    );
+}
