@@ -320,6 +320,35 @@ async fn admin_shows_and_resets_a_refused_tenant_behind_its_token() {
         .unwrap();
     assert_eq!(reset.status(), 200);
     assert_eq!(search().await.unwrap().status(), 200);
+
+    // Guessing the token is limited: 5 failures a minute per client address (one was spent
+    // above), counted race-free, so 300 parallel guesses get at most 4 more answers.
+    let mut guesses = vec![];
+    for i in 0..300 {
+        let req = client
+            .get(format!("{admin}/top"))
+            .header("authorization", format!("Bearer guess-{i}"));
+        guesses.push(tokio::spawn(
+            async move { req.send().await.unwrap().status() },
+        ));
+    }
+    let mut unauthorized = 0;
+    for g in guesses {
+        match g.await.unwrap().as_u16() {
+            401 => unauthorized += 1,
+            429 => {}
+            other => panic!("a wrong token got {other}"),
+        }
+    }
+    assert_eq!(
+        unauthorized, 4,
+        "failed admin authentications are not limited"
+    );
+    // The right token is refused too while the address is locked out.
+    let locked = with_token(client.get(format!("{admin}/top")))
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), 429);
 }
 
 #[tokio::test]
