@@ -526,13 +526,10 @@ impl<S: Store> Store for ResilientStore<S> {
             cache.forget(key);
         }
         let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
-        let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, &ones);
+        let (_, fallback_policies, _) = inner.fallback_parts(policies, &ones);
         if !fallback_policies.is_empty() {
-            drop(
-                inner
-                    .fallback
-                    .refund(key, &fallback_policies, &fallback_costs),
-            );
+            // The memory store releases at call time; its future only reports success.
+            drop(inner.fallback.release(key, &fallback_policies, slot));
         }
         if slot == 0 {
             return Box::pin(std::future::ready(Ok(())));
