@@ -72,7 +72,7 @@
 //! ```
 
 use std::fmt;
-use std::future::{ready, Ready};
+use std::future::ready;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -716,11 +716,88 @@ pub(crate) fn all_or_nothing(
     Decision::from_policies(decisions)
 }
 
+/// The future of [`MemoryStore`]'s [`check`](Store::check): the store decides when it is
+/// called, so this is ready at once. An in-flight slot the decision took is given back if
+/// the future is dropped unread, so a check whose caller gave up before its first poll
+/// holds nothing.
+///
+/// ```
+/// use tollgate::key::Key;
+/// use tollgate::store::{MemoryStore, Store};
+/// use tollgate::Policy;
+///
+/// let store = MemoryStore::new();
+/// let one = [Policy::in_flight("running", 1)?];
+/// let key = Key::new("tenant", "acme");
+/// drop(store.check(&key, &one, &[1])); // never read: its slot comes back
+/// let taken = store.check_now(&key, &one, &[1]).unwrap().unwrap();
+/// assert!(taken.is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled; a dropped check gives back its slot"]
+pub struct MemoryCheck {
+    outcome: Option<Result<Decision, StoreError>>,
+    /// Set only when the decision took a slot: what to give back if nobody reads it.
+    taken: Option<Box<TakenSlot>>,
+}
+
+#[derive(Debug)]
+struct TakenSlot {
+    store: MemoryStore,
+    key: Key,
+    policies: SmallVec<[Policy; 1]>,
+    slot: u64,
+}
+
+impl std::future::Future for MemoryCheck {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.taken = None; // read: the slot is the caller's now
+        std::task::Poll::Ready(self.outcome.take().unwrap_or_else(|| {
+            Err(StoreError::Protocol(crate::error::Cause::from(
+                "a memory store check polled after it answered",
+            )))
+        }))
+    }
+}
+
+impl Drop for MemoryCheck {
+    fn drop(&mut self) {
+        if let Some(taken) = self.taken.take() {
+            taken
+                .store
+                .release_now(&taken.key, &taken.policies, taken.slot);
+        }
+    }
+}
+
 impl Store for MemoryStore {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckFuture = MemoryCheck;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        ready(self.inner.decide(key, policies, costs, true))
+        let outcome = self.inner.decide(key, policies, costs, true);
+        let taken = match &outcome {
+            Ok(d) if d.is_allowed() && d.slot() != 0 => Some(Box::new(TakenSlot {
+                store: self.clone(),
+                key: key.clone(),
+                policies: policies
+                    .iter()
+                    .filter(|p| p.is_in_flight())
+                    .cloned()
+                    .collect(),
+                slot: d.slot(),
+            })),
+            _ => None,
+        };
+        MemoryCheck {
+            outcome: Some(outcome),
+            taken,
+        }
     }
 
     #[inline]
