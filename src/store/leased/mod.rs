@@ -134,7 +134,7 @@ mod store_impl;
 mod table;
 
 pub use builder::LeasedStoreBuilder;
-use entries::{limit_of, spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
+use entries::{spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
 
 pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
 
@@ -151,9 +151,9 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
-#[cfg(feature = "redis")]
-pub(crate) use ledger::ledger_key;
 pub(crate) use ledger::Kind;
+#[cfg(feature = "redis")]
+pub(crate) use ledger::{ledger_key, PART_BYTES};
 use ledger::{Mode, Part};
 
 /// The default lease time: how long a block may be spent.
@@ -481,6 +481,7 @@ impl<S: LeaseBackend> Shared<S> {
                             part.f = bp.left;
                             part.g = old.granted_at;
                             part.h = old.valid;
+                            part.r = bp.rate;
                         }
                         kept = Some((old, unused));
                     }
@@ -558,6 +559,9 @@ impl<S: LeaseBackend> Shared<S> {
         generation: u64,
     ) -> (Decision, Taken) {
         let answers = &reply.answers;
+        if let Some(entry) = entry {
+            entry.st.lock().in_force = answers.iter().map(|a| (a.limit, a.capacity)).collect();
+        }
         if !reply.granted {
             bump(&self.counters.refusals, 1);
             let decisions: SmallVec<[PolicyDecision; 2]> = policies
@@ -566,7 +570,7 @@ impl<S: LeaseBackend> Shared<S> {
                 .map(|(p, a)| {
                     PolicyDecision::from_parts(
                         a.retry_after_ms == 0,
-                        limit_of(p),
+                        a.reported_limit(Kind::of(p)),
                         a.remaining,
                         a.reset_after_ms,
                         a.retry_after_ms,
@@ -582,7 +586,9 @@ impl<S: LeaseBackend> Shared<S> {
             st.denied = Some(Denied {
                 generation,
                 sent,
-                until: sent + wait,
+                // The ledger is asked again after a lease time at the latest: an override
+                // set meanwhile (on any instance) may allow the key sooner.
+                until: sent.saturating_add(wait.min(self.lease_ms)),
                 costs: costs.iter().copied().collect(),
                 decisions: decisions.clone(),
             });
@@ -591,10 +597,11 @@ impl<S: LeaseBackend> Shared<S> {
         let decision = Decision::from_policies(policies.iter().zip(answers).zip(costs).map(
             |((p, a), &cost)| {
                 let extra = a.granted.saturating_sub(cost);
+                let limit = a.reported_limit(Kind::of(p));
                 PolicyDecision::from_parts(
                     true,
-                    limit_of(p),
-                    (a.remaining + extra).min(limit_of(p)),
+                    limit,
+                    a.remaining.saturating_add(extra).min(limit),
                     a.reset_after_ms,
                     0,
                     0,
@@ -635,7 +642,8 @@ impl<S: LeaseBackend> Shared<S> {
                 .map(|((p, a), &cost)| BlockPart {
                     granted: a.granted,
                     left: a.granted.saturating_sub(cost),
-                    limit: limit_of(p),
+                    limit: a.reported_limit(Kind::of(p)),
+                    rate: a.limit,
                     shared_remaining: a.remaining,
                     reset_after: a.reset_after_ms,
                 })
@@ -684,6 +692,7 @@ impl<S: LeaseBackend> Shared<S> {
             part.b = bp.left;
             part.c = block.granted_at;
             part.d = block.valid;
+            part.r = bp.rate;
         }
         let fut = self.inner.ledger(&entry.key, &entry.policies, call);
         let me = self.clone();
@@ -712,7 +721,7 @@ impl<S: LeaseBackend> Shared<S> {
                     let mut st = e.st.lock();
                     if let Some(b) = &mut st.block {
                         for (p, c) in b.parts.iter_mut().zip(costs) {
-                            p.left = (p.left + c).min(p.granted);
+                            p.left = p.left.saturating_add(*c).min(p.granted);
                         }
                     }
                 }
@@ -722,7 +731,7 @@ impl<S: LeaseBackend> Shared<S> {
                     let mut st = e.st.lock();
                     if let Some(b) = st.block.as_mut().filter(|b| b.id == id) {
                         for (p, c) in b.parts.iter_mut().zip(costs) {
-                            p.left = (p.left + c).min(p.granted);
+                            p.left = p.left.saturating_add(*c).min(p.granted);
                         }
                     }
                 }

@@ -10,7 +10,7 @@ use super::ledger::{Kind, Mode};
 use super::*;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
-use crate::error::{Cause, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
@@ -82,12 +82,6 @@ impl<S: LeaseBackend> LeasedStore<S> {
     }
 }
 
-pub(super) fn not_leasable_overrides() -> StoreError {
-    StoreError::Backend(Cause::from(
-        "leased policies keep no per-key overrides".to_owned(),
-    ))
-}
-
 impl<S: LeaseBackend> Store for LeasedStore<S> {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
@@ -141,7 +135,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
                 Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
                     PolicyDecision::from_parts(
                         reply.granted || a.retry_after_ms == 0,
-                        limit_of(p),
+                        a.reported_limit(Kind::of(p)),
                         a.remaining,
                         a.reset_after_ms,
                         a.retry_after_ms,
@@ -272,20 +266,53 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         })
     }
 
+    /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
+    /// override key on Redis), then, for a token bucket or GCRA, keeps the key's ledger state
+    /// at least as long as the override's refill rate needs it, and gives back this
+    /// instance's blocks of the key. Every instance decides under the override within one
+    /// lease time: see [Overrides](super#per-key-overrides).
     fn set_override(
         &self,
         key: &Key,
         policy: &Policy,
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
-        if Kind::of(policy).is_some() {
-            return Box::pin(std::future::ready(Err(not_leasable_overrides())));
-        }
-        self.shared.inner.set_override(key, policy, ttl)
+        let Some(kind) = Kind::of(policy) else {
+            return self.shared.inner.set_override(key, policy, ttl);
+        };
+        let set = self.shared.inner.set_override(key, policy, ttl);
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let policy = policy.clone();
+        Box::pin(async move {
+            set.await?;
+            // Blocks and refusals of this instance were decided under the old limit.
+            shared.forget(&key);
+            if kind == Kind::Bucket {
+                let call = shared.call(Mode::Keep, 0, 0, std::slice::from_ref(&policy));
+                shared
+                    .inner
+                    .ledger(&key, std::slice::from_ref(&policy), call)
+                    .await?;
+            }
+            Ok(())
+        })
     }
 
+    /// Removes the override from the wrapped store and gives back this instance's blocks of
+    /// the key: the plan's limit applies on every instance within one lease time.
     fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.shared.inner.remove_override(key, policy)
+        let remove = self.shared.inner.remove_override(key, policy);
+        if Kind::of(policy).is_none() {
+            return remove;
+        }
+        let shared = self.shared.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            remove.await?;
+            shared.forget(&key);
+            Ok(())
+        })
     }
 
     fn overrides(

@@ -10,7 +10,9 @@ use tokio::sync::oneshot;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::engine::{Connector, Core};
+use super::keys::state_key;
 use super::script_call::ScriptCall;
+use super::wire::override_key;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -36,8 +38,10 @@ pub fn lease_script_source() -> &'static str {
 
 /// One ledger call waiting for, or in, a script call.
 pub(crate) struct LedgerRequest {
-    /// Per policy its ledger state, then (sliding window log only) its entries' units.
-    keys: SmallVec<[String; 4]>,
+    /// Per policy its ledger state, then (sliding window log only) its entries' units, then
+    /// the key's override of the policy: the exact store's override key, so one override
+    /// serves both modes (and the command line's `override set`).
+    keys: SmallVec<[String; 6]>,
     call: LedgerCall,
     reply: Option<oneshot::Sender<Result<LedgerReply, StoreError>>>,
 }
@@ -81,7 +85,11 @@ fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
     let keys = batch.iter().map(|r| r.keys.len()).sum();
     let bytes = batch
         .iter()
-        .map(|r| r.keys.iter().map(String::len).sum::<usize>() + 64 + 96 * r.call.parts.len())
+        .map(|r| {
+            r.keys.iter().map(String::len).sum::<usize>()
+                + 64
+                + crate::store::leased::PART_BYTES * r.call.parts.len()
+        })
         .sum();
     let mut inv = ScriptCall::new(script(), keys, 3 + 5 * batch.len(), bytes);
     for request in batch {
@@ -136,7 +144,7 @@ pub(crate) fn ledger<C: Connector>(
     policies: &[Policy],
     call: LedgerCall,
 ) -> BoxFuture<Result<LedgerReply, StoreError>> {
-    let mut keys: SmallVec<[String; 4]> = SmallVec::new();
+    let mut keys: SmallVec<[String; 6]> = SmallVec::new();
     for (policy, part) in policies.iter().zip(&call.parts) {
         let k = crate::store::leased::ledger_key(core.prefix(), key, policy.name(), part.kind);
         if part.kind == Kind::Log {
@@ -146,6 +154,12 @@ pub(crate) fn ledger<C: Connector>(
         } else {
             keys.push(k);
         }
+        keys.push(override_key(&state_key(
+            core.prefix(),
+            key,
+            policy.name(),
+            policy.algorithm(),
+        )));
     }
     let Some(first) = keys.first() else {
         return Box::pin(std::future::ready(Err(StoreError::Protocol(
