@@ -65,13 +65,20 @@ impl Queued for LedgerRequest {
     }
 }
 
-/// One call's part of the script's arguments: mode, (the clock, alone), period, lease ids,
-/// then each policy's twelve integers as little-endian doubles in one binary string (read by
-/// one `struct.unpack` per policy, where twelve text arguments cost twelve `tonumber`s).
-fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
+/// One call's part of the script's arguments: mode, (the clock, alone: an injected clock's
+/// time, or `""` for the server's `TIME`), period, lease ids, then each policy's thirteen
+/// integers as little-endian doubles in one binary string (read by one `struct.unpack` per
+/// policy, where thirteen text arguments cost thirteen `tonumber`s).
+fn push_call(inv: &mut ScriptCall, call: &LedgerCall, alone: Option<Option<u64>>) {
     inv.arg(call.mode.code());
-    if !in_batch {
-        inv.arg("");
+    match alone {
+        Some(Some(now)) => {
+            inv.arg(now);
+        }
+        Some(None) => {
+            inv.arg("");
+        }
+        None => {}
     }
     inv.arg(call.period_ms)
         .arg(call.lease_id)
@@ -80,8 +87,9 @@ fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
 }
 
 /// The script call for `batch`: the single-call layout for one call, the batch layout
-/// (`'B'`, the clock, the number of calls, then each call) for more.
-fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
+/// (`'B'`, the clock, the number of calls, then each call) for more. `now`: an injected
+/// clock's time (tests), else the script reads `TIME`.
+fn invocation(batch: &[LedgerRequest], now: Option<u64>) -> ScriptCall {
     let keys = batch.iter().map(|r| r.keys.len()).sum();
     let bytes = batch
         .iter()
@@ -98,11 +106,16 @@ fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
         }
     }
     if let [one] = batch {
-        push_call(&mut inv, &one.call, false);
+        push_call(&mut inv, &one.call, Some(now));
     } else {
-        inv.arg("B").arg("").arg(batch.len());
+        inv.arg("B");
+        match now {
+            Some(now) => inv.arg(now),
+            None => inv.arg(""),
+        };
+        inv.arg(batch.len());
         for request in batch {
-            push_call(&mut inv, &request.call, true);
+            push_call(&mut inv, &request.call, None);
         }
     }
     inv
@@ -114,7 +127,7 @@ async fn run_batch<C: Connector>(
     core: &Core<C>,
     batch: &[LedgerRequest],
 ) -> Vec<Result<LedgerReply, StoreError>> {
-    match core.invoke(&invocation(batch)).await {
+    match core.invoke(&invocation(batch, core.injected_now())).await {
         Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
         Ok(bytes) => {
             let mut rest = bytes.as_slice();
