@@ -8,7 +8,8 @@
 //! up or its period ends; what is left goes back to the ledger. Cold keys, and policies whose
 //! limit is small, stay exact: one ledger call per decision, the block being the request's
 //! own cost, used at once. A key refused by the ledger is refused locally until the time the
-//! ledger named (`retry_after`): an exhausted key costs no call per refused request.
+//! ledger named (`retry_after`) or for one lease time, whichever ends first: an exhausted key
+//! costs at most one call per lease time, not one per refused request.
 //!
 //! # The invariant: zero over-admission
 //!
@@ -68,6 +69,35 @@
 //! when the block ends or is replaced, when the store is [shut down](LeasedStore::shutdown),
 //! and within half a lease time of a block expiring unused (a background task); after a
 //! crash, they return when the window rolls over (the bucket: when it refills).
+//!
+//! # Per-key overrides
+//!
+//! [`set_override`](crate::Limiter::set_override) works on leased policies as on the exact
+//! stores: the override lives in the wrapped store (on Redis, the exact store's override key
+//! next to the key's state, same hash tag; in a [`MemoryLedger`], its own table), and every
+//! ledger call reads it and decides with its limit and capacity; its replies name them, so
+//! decisions report the override's limit and blocks are sized from it. The same holds for
+//! [`remove_override`](crate::Limiter::remove_override) and an override's expiry.
+//!
+//! **Bound: an override takes effect on every instance within one lease time.** A block
+//! lives at most one lease time (its period), and a refusal kept locally is asked again
+//! after at most one lease time (even when the ledger named a longer `retry_after`): so from
+//! `s + lease_time`, `s` the moment the override was written, every unit any instance admits
+//! comes from a ledger call made after `s`, which saw the override and every unit charged
+//! before it. The instance that sets or removes an override gives its own blocks of the key
+//! back at once. From then on the invariant above holds under the override's numbers: in
+//! every fixed window, units admitted from `s + lease_time` on number at most the override's
+//! limit (units charged before count against it); in any interval that starts at
+//! `s + lease_time` or later, the sliding window log, counter, token bucket and GCRA admit at
+//! most their exact-mode bound for the override's limit and capacity. The token bucket and
+//! GCRA carry the key's deficit into the new numbers as the exact stores do (tokens taken
+//! under a higher limit still have to refill, at the override's rate), and a block gives back
+//! its reserved refill at the lower of the rate it was reserved under and the one in force,
+//! so raising a limit never returns more than was reserved. On Redis a bucket's ledger key
+//! is kept for the slower of the plan's and the override's rate (setting one extends it), so
+//! it cannot expire while the override still holds tokens back. Until `s + lease_time`,
+//! blocks granted under the old limit may still be spent: at most one block per instance,
+//! each a [`max_block_fraction`](LeasedStoreBuilder::max_block_fraction) of the old limit.
 //!
 //! # Failures
 //!
