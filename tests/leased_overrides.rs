@@ -183,7 +183,7 @@ async fn lower_then_remove<S: LeaseBackend>(
     let last = (set_at + run) / W - 1;
     let in_last = settled.iter().filter(|&&t| t / W == last).count() as u64;
     assert!(
-        in_last >= LOW - 2 * (2 * LOW / 10) && in_last <= LOW,
+        (LOW - 2 * (2 * LOW / 10)..=LOW).contains(&in_last),
         "{a:?}: {in_last} of {LOW} admitted in a window under the override"
     );
 

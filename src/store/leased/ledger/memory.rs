@@ -34,13 +34,16 @@ pub struct MemoryLedger {
     states: Arc<parking_lot::Mutex<HashMap<String, LState>>>,
     /// Overrides of leased policies: by key, policy name and algorithm (as the Redis
     /// override key names them), the limit, the capacity and when it ends (ms), if it does.
-    overrides: Arc<parking_lot::Mutex<HashMap<OverrideSlot, (u64, u64, Option<u64>)>>>,
+    overrides: Arc<parking_lot::Mutex<HashMap<OverrideSlot, Kept>>>,
     clock: Arc<dyn Clock>,
     exact: MemoryStore,
 }
 
 /// Where an override of a leased policy is kept: the key, the policy's name and algorithm.
 type OverrideSlot = (Key, Box<str>, Algorithm);
+
+/// An override kept: its limit, its capacity, and when it ends (ms), if it does.
+type Kept = (u64, u64, Option<u64>);
 
 fn slot(key: &Key, policy: &Policy) -> OverrideSlot {
     (key.clone(), policy.name().into(), policy.algorithm())
