@@ -467,3 +467,82 @@ async fn the_admin_api_sets_and_removes_a_leased_override_over_http() {
         .filter(|&&(t, _)| t >= removed_at + LEASE)
         .all(|&(_, limit)| limit == N));
 }
+
+/// The command line on a leased plan goes through the lease ledger as the application does:
+/// `tollgate reset` forgets a leased key's ledger state, and `tollgate override set` on a
+/// token bucket keeps the ledger's state for the override's slower refill.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_resets_and_overrides_a_leased_plan() {
+    let server = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("tollgate-lease-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.toml");
+    std::fs::write(
+        &plan,
+        "[store]\nkind = \"redis\"\nprefix = \"clilease\"\nlease_time = \"250ms\"\n\n\
+         [[policies]]\nname = \"api\"\nlimit = 20\nwindow = \"1m\"\nalgorithm = \"token_bucket\"\n\n\
+         [default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let (url, plan) = (server.url(), plan.to_str().unwrap().to_owned());
+    let tollgate = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .args(["--redis", &url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let p = Policy::builder("api", Rate::per_minute(20))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    let app = limiter(
+        LeasedStore::builder(
+            RedisStore::builder()
+                .prefix("clilease")
+                .build_with_url(&server.url())
+                .unwrap(),
+        )
+        .lease_time(Duration::from_millis(10))
+        .build()
+        .unwrap(),
+        &p,
+    );
+    let key = Key::new("tenant", "acme");
+    while app.check(&key, 1).await.unwrap().is_allowed() {}
+
+    tollgate(&["reset", &plan, "tenant:acme"]);
+    // The app's own refusal of the key lasts at most its lease time.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..10 {
+        assert!(app.check(&key, 1).await.unwrap().is_allowed(), "reset");
+    }
+    let ledger = server.scan("clilease:*lease-tb*");
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    let pttl = || -> i64 { server.query(&["PTTL", &ledger[0]]).unwrap() };
+    // About 10 tokens missing (and a block's reserved refill) at 20 a minute: about 30 s.
+    assert!(pttl() <= 60_000, "{}", pttl());
+    tollgate(&[
+        "override",
+        "set",
+        &plan,
+        "tenant:acme",
+        "api",
+        "2",
+        "--burst",
+        "20",
+    ]);
+    // At 2 a minute the same 10 tokens take 300 s: the ledger's state is kept that long.
+    assert!(pttl() >= 299_000, "{}", pttl());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let d = app.check(&key, 1).await.unwrap();
+    assert_eq!(d.limit(), 20, "the override's capacity (its burst)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
