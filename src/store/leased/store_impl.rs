@@ -267,10 +267,12 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
     }
 
     /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
-    /// override key on Redis), then, for a token bucket or GCRA, keeps the key's ledger state
-    /// at least as long as the override's refill rate needs it, and gives back this
-    /// instance's blocks of the key. Every instance decides under the override within one
-    /// lease time: see [Overrides](super#per-key-overrides).
+    /// override key on Redis), and gives back this instance's blocks of the key. For a token
+    /// bucket or GCRA, the key's ledger state is first kept at least as long as the
+    /// override's refill rate needs it (before the override is written, so that a caller
+    /// giving up half way cannot leave an override whose slower rate outlives the state).
+    /// Every instance decides under the override within one lease time: see
+    /// [Per-key overrides](super#per-key-overrides).
     fn set_override(
         &self,
         key: &Key,
@@ -280,21 +282,24 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         let Some(kind) = Kind::of(policy) else {
             return self.shared.inner.set_override(key, policy, ttl);
         };
-        let set = self.shared.inner.set_override(key, policy, ttl);
+        let keep = (kind == Kind::Bucket).then(|| {
+            let call = self
+                .shared
+                .call(Mode::Keep, 0, 0, std::slice::from_ref(policy));
+            self.shared
+                .inner
+                .ledger(key, std::slice::from_ref(policy), call)
+        });
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
         Box::pin(async move {
-            set.await?;
+            if let Some(keep) = keep {
+                keep.await?;
+            }
+            shared.inner.set_override(&key, &policy, ttl).await?;
             // Blocks and refusals of this instance were decided under the old limit.
             shared.forget(&key);
-            if kind == Kind::Bucket {
-                let call = shared.call(Mode::Keep, 0, 0, std::slice::from_ref(&policy));
-                shared
-                    .inner
-                    .ledger(&key, std::slice::from_ref(&policy), call)
-                    .await?;
-            }
             Ok(())
         })
     }
