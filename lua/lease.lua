@@ -5,19 +5,24 @@
 -- charges extra units whatever the state (a cost settled above its reservation).
 --
 -- KEYS: per policy its ledger state, then (sliding window log only) the units of each of its
---       entries.
--- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset), now ('' reads TIME), the lease
---       period in ms, the lease id, the id of the block a grant gives back first ('0': none),
---       then one binary string: twelve little-endian doubles (whole numbers) per policy:
---       kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
---       capacity C, a, b, c, d:
+--       entries, then the key's override of the policy (the exact store's override key: two
+--       little-endian doubles, limit and capacity; absent when there is none).
+-- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset, 'k' keep), now ('' reads
+--       TIME), the lease period in ms, the lease id, the id of the block a grant gives back
+--       first ('0': none), then one binary string: thirteen little-endian doubles (whole
+--       numbers) per policy: kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N,
+--       window W in ms, capacity C (the plan's N and C: an override in force replaces them),
+--       a, b, c, d, e, f, g, h, r:
 --         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
 --         return: a = units granted, b = units unused, c = grant time, d = lease validity;
---         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return.
+--         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return;
+--         r: the limit in force when the block given back was granted (0: unknown).
+--       keep: an override was just set; each bucket's state key is kept at least as long as
+--       its deficit needs at the override's refill rate.
 -- Reply: binary, little-endian doubles holding whole numbers (no number is formatted as
 --        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
 --        allowed, valid, now, the number of answers (0 or one per policy), then per answer
---        granted, remaining, reset_after, retry_after.
+--        granted, remaining, reset_after, retry_after, and the limit and capacity in force.
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
 -- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
@@ -27,6 +32,9 @@
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
 local unpack_struct, pack = struct.unpack, struct.pack
 local TTL_MARGIN_MS = 1000
+-- Policies keep capacity x window within 2^50 (exact in doubles); an override that does not
+-- is ignored, as is anything in an override key that is not one.
+local MAX_PRODUCT = 1125899906842624
 
 local function idiv(a, b)
   local q = floor(a / b)
@@ -50,6 +58,19 @@ local function int(x)
   return format('%.0f', x)
 end
 
+-- The limit and capacity of an override key's value `v` for window `w`, or nil.
+local function usable(v, w)
+  if not v or #v ~= 16 then
+    return nil
+  end
+  local limit, cap = unpack_struct('<dd', v)
+  if limit >= 1 and cap >= 1 and limit == floor(limit) and cap == floor(cap)
+    and limit * w <= MAX_PRODUCT and cap * w <= MAX_PRODUCT then
+    return limit, cap
+  end
+  return nil
+end
+
 local now
 if ARGV[2] ~= '' then
   now = tonumber(ARGV[2])
@@ -66,15 +87,24 @@ end
 -- charge() and view() below for those kinds (and of ledger.rs; the differential tests in
 -- ledger/tests.rs hold all three to the same replies). Anything else, a refusal included,
 -- answers nil and goes to the general path, which reads the state afresh: nothing was written.
-local function quick(mode, period, previous, blob, key)
-  if #blob ~= 96 or previous ~= '0' or not (mode == 'p' or (mode == 'g' and period == 0)) then
+-- `key` is the state, `okey` the override.
+local function quick(mode, period, previous, blob, key, okey)
+  if #blob ~= 104 or previous ~= '0' or not (mode == 'p' or (mode == 'g' and period == 0)) then
     return nil
   end
   local kind, n, w, cap, cost = unpack_struct('<ddddd', blob)
   if kind ~= 1 and kind ~= 3 and kind ~= 4 then
     return nil
   end
-  local v = redis.call('GET', key)
+  local both = redis.call('MGET', key, okey)
+  local v = both[1]
+  -- A token bucket's key is kept for the slower of the plan's rate and the override's: the
+  -- override can end with nothing written.
+  local slowest = n
+  local on, oc = usable(both[2], w)
+  if on then
+    n, cap, slowest = on, oc, min(n, on)
+  end
   local x, y, z = 0, 0, 0
   if v then
     x, y, z = unpack_struct('<ddd', v)
@@ -89,7 +119,7 @@ local function quick(mode, period, previous, blob, key)
     deficit = deficit + cost * w
     if mode == 'g' then
       redis.call('SET', key, pack('<ddd', deficit, max(now, y), 0),
-        'PX', ceil_div(deficit, n) + TTL_MARGIN_MS)
+        'PX', ceil_div(deficit, slowest) + TTL_MARGIN_MS)
     end
     remaining, reset = idiv(max(cap * w - deficit, 0), w), ceil_div(deficit, n)
   else
@@ -134,27 +164,29 @@ local function quick(mode, period, previous, blob, key)
       end
     end
   end
-  return pack('<dddddddd', 1, 0, now, 1, cost, remaining, reset, 0)
+  return pack('<dddddddddd', 1, 0, now, 1, cost, remaining, reset, 0, n, cap)
 end
 
 if ARGV[1] ~= 'B' then
-  local reply = quick(ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6], KEYS[1])
+  local reply = quick(ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6], KEYS[1], KEYS[2])
   if reply then
     return reply
   end
 end
 
 -- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
--- index of their last key.
+-- index of their last key. A policy with an override in force decides with its limit and
+-- capacity (`pn`: the plan's limit, for the bucket's TTL).
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
-  local P, pos, count = {}, 1, floor(#blob / 96)
+  local P, pos, count = {}, 1, floor(#blob / 104)
+  local okeys = {}
   for i = 1, count do
-    local kind, n, w, cap, a, b, c, d, e, f, g, h
-    kind, n, w, cap, a, b, c, d, e, f, g, h, pos = unpack_struct('<dddddddddddd', blob, pos)
+    local kind, n, w, cap, a, b, c, d, e, f, g, h, r
+    kind, n, w, cap, a, b, c, d, e, f, g, h, r, pos = unpack_struct('<ddddddddddddd', blob, pos)
     P[i] = {
-      key = KEYS[k + 1], ukey = false, kind = kind, n = n, w = w, cap = cap,
-      a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h,
+      key = KEYS[k + 1], ukey = false, kind = kind, n = n, w = w, cap = cap, pn = n,
+      a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h, r = r,
       idx = 0, prev = 0, cur = 0, sw = 0, sc = 0, sp = 0, deficit = 0, updated = 0,
       entries = false, used = 0,
     }
@@ -162,6 +194,18 @@ local function policies(blob, k)
     if kind == 2 then
       P[i].ukey = KEYS[k + 1]
       k = k + 1
+    end
+    okeys[i] = KEYS[k + 1]
+    k = k + 1
+  end
+  if count > 0 then
+    local values = redis.call('MGET', unpack(okeys))
+    for i = 1, count do
+      local p = P[i]
+      local on, oc = usable(values[i], p.w)
+      if on then
+        p.n, p.cap = on, oc
+      end
     end
   end
   return P, count, k
@@ -260,6 +304,10 @@ end
 -- How long until a request of `cost` passes if nothing else happens (exact, period 0).
 local function retry(p, cost)
   if p.kind == 1 then
+    if cost > p.n then
+      -- Never passes; asked again after the counter forgot everything.
+      return 2 * p.w
+    end
     return max(earliest(p.prev, p.cur, p.idx, p.n, p.w, cost) - now, 1)
   elseif p.kind == 2 then
     table.sort(p.entries, function(l, r) return l[1] < r[1] end)
@@ -274,6 +322,9 @@ local function retry(p, cost)
     return max(at - now, 1)
   elseif p.kind == 4 then
     return (p.idx + 1) * p.w - now
+  elseif cost > p.cap then
+    -- Never passes; asked again once the bucket is full.
+    return max(ceil_div(p.deficit, p.n), 1)
   else
     return max(ceil_div(max(p.deficit + cost * p.w - p.cap * p.w, 0), p.n), 1)
   end
@@ -315,8 +366,9 @@ local function store(p)
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, 0),
       'PX', (p.idx + 1) * p.w - now + TTL_MARGIN_MS)
   elseif p.kind == 3 then
+    -- Kept for the slower of the plan's rate and an override's (which can end unwritten).
     redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
-      'PX', ceil_div(p.deficit, p.n) + TTL_MARGIN_MS)
+      'PX', ceil_div(p.deficit, min(p.n, p.pn)) + TTL_MARGIN_MS)
   end
 end
 
@@ -341,10 +393,10 @@ local function charge(p, k, valid, id)
   store(p)
 end
 
--- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms
--- (for the bucket, also the refill reserved for the rest of its period; for the log, the
--- time its entry still counts).
-local function give(p, id, k, u, g, valid)
+-- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms,
+-- under limit `r` (0: unknown) (for the bucket, also the refill reserved for the rest of its
+-- period; for the log, the time its entry still counts).
+local function give(p, id, k, u, g, valid, r)
   if not (u > 0 or p.kind == 2 or p.kind == 3) then
     return
   end
@@ -375,9 +427,16 @@ local function give(p, id, k, u, g, valid)
       redis.call('SET', p.key, pack('<ddd', p.sw, max(p.sc - u, 0), 0), 'KEEPTTL')
     end
   elseif p.deficit > 0 then
+    -- The reservation comes back at the lower of the rate it was made at and today's; the
+    -- block's weight decays at the higher.
+    local at_grant = p.n
+    if r > 0 then
+      at_grant = r
+    end
+    local slow, fast = min(p.n, at_grant), max(p.n, at_grant)
     local fin = g + valid
-    local back = max(min(u * p.w, k * p.w - p.n * max(now - fin, 0)), 0)
-      + p.n * max(fin - now, 0)
+    local back = max(min(u * p.w, k * p.w - fast * max(now - fin, 0)), 0)
+      + slow * max(fin - now, 0)
     p.deficit = max(p.deficit - back, 0)
     store(p)
   end
@@ -401,7 +460,24 @@ local function call(mode, period, lease_id, previous, P, count)
   if mode == 'r' then
     for i = 1, count do
       local p = P[i]
-      give(p, lease_id, p.a, p.b, p.c, p.d)
+      give(p, lease_id, p.a, p.b, p.c, p.d, p.r)
+    end
+    return pack('<dddd', 1, 0, now, 0)
+  end
+
+  if mode == 'k' then
+    for i = 1, count do
+      local p = P[i]
+      if p.kind == 3 then
+        load(p)
+        if p.deficit > 0 then
+          local ttl = ceil_div(p.deficit, min(p.n, p.pn)) + TTL_MARGIN_MS
+          local pttl = redis.call('PTTL', p.key)
+          if pttl >= 0 and pttl < ttl then
+            redis.call('PEXPIRE', p.key, ttl)
+          end
+        end
+      end
     end
     return pack('<dddd', 1, 0, now, 0)
   end
@@ -409,7 +485,7 @@ local function call(mode, period, lease_id, previous, P, count)
   if mode == 'g' and previous ~= '0' then
     for i = 1, count do
       local p = P[i]
-      give(p, previous, p.e, p.f, p.g, p.h)
+      give(p, previous, p.e, p.f, p.g, p.h, p.r)
     end
   end
 
@@ -417,6 +493,7 @@ local function call(mode, period, lease_id, previous, P, count)
     load(P[i])
   end
 
+  -- Force: no further than the exact algorithms' overcharge goes (ledger.rs `force`).
   if mode == 'f' then
     for i = 1, count do
       local p = P[i]
@@ -425,8 +502,10 @@ local function call(mode, period, lease_id, previous, P, count)
           local before = p.deficit
           p.deficit = min(before + p.a * p.w, max(before, (2 * p.cap - 1) * p.w))
           store(p)
+        elseif p.kind == 2 then
+          charge(p, min(p.a, p.n), 0, lease_id)
         else
-          charge(p, p.a, 0, lease_id)
+          charge(p, min(p.a, max(p.cur, p.n) - p.cur), 0, lease_id)
         end
       end
     end
@@ -478,7 +557,7 @@ local function call(mode, period, lease_id, previous, P, count)
       if most(p, 0) < p.a then
         r = retry(p, p.a)
       end
-      out[#out + 1] = pack('<dddd', 0, remaining, reset, r)
+      out[#out + 1] = pack('<dddddd', 0, remaining, reset, r, p.n, p.cap)
     end
     return table.concat(out)
   end
@@ -497,7 +576,7 @@ local function call(mode, period, lease_id, previous, P, count)
       p.cur = p.cur + granted[i]
     end
     local remaining, reset = view(p)
-    out[#out + 1] = pack('<dddd', granted[i], remaining, reset, 0)
+    out[#out + 1] = pack('<dddddd', granted[i], remaining, reset, 0, p.n, p.cap)
   end
   return table.concat(out)
 end
@@ -508,9 +587,10 @@ if ARGV[1] ~= 'B' then
 end
 local replies, o, k = {}, 3, 0
 for j = 1, tonumber(ARGV[3]) do
-  local reply = quick(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 4], ARGV[o + 5], KEYS[k + 1])
+  local reply = quick(ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 4], ARGV[o + 5], KEYS[k + 1],
+    KEYS[k + 2])
   if reply then
-    k = k + 1
+    k = k + 2
   else
     local P, count
     P, count, k = policies(ARGV[o + 5], k)

@@ -27,7 +27,8 @@
 //! (ask each instance), while key state and resets go to the store every instance shares.
 //! A reset also empties this instance's deny cache for the key (see
 //! [`ResilientStore`](crate::store::ResilientStore)); other instances' caches hold their
-//! denials for at most their `deny_cache_max_age` (1 s by default).
+//! denials until their store confirms them no more: at most their `deny_cache_recheck` (250 ms
+//! by default) plus one store call, and never past their `deny_cache_max_age` (1 s by default).
 //!
 //! # Examples
 //!

@@ -107,17 +107,23 @@ pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Fai
         .clone()
         .unwrap_or_else(|| "tollgate".to_owned());
     let built = |e: tollgate::ConfigError| invalid(format!("{}: {e}", path.display()));
+    // A leased plan keeps its leasable policies' state in the lease ledger: inspect, reset
+    // and overrides go through it as the application's store does.
+    let leased = plan.store.lease_time.is_some();
     let store = if let Some(url) = &args.redis {
-        redis_store(url, &prefix).map_err(|e| invalid(format!("--redis: {e}")))?
+        redis_store(url, &prefix, leased).map_err(|e| invalid(format!("--redis: {e}")))?
     } else if !args.cluster.is_empty() {
-        cluster_store(&args.cluster, &prefix).map_err(|e| invalid(format!("--cluster: {e}")))?
+        cluster_store(&args.cluster, &prefix, leased)
+            .map_err(|e| invalid(format!("--cluster: {e}")))?
     } else {
         match plan.store.kind {
             StoreKind::Redis => {
                 let url = plan.store.url.as_deref().unwrap_or_default();
-                redis_store(url, &prefix).map_err(built)?
+                redis_store(url, &prefix, leased).map_err(built)?
             }
-            StoreKind::RedisCluster => cluster_store(&plan.store.urls, &prefix).map_err(built)?,
+            StoreKind::RedisCluster => {
+                cluster_store(&plan.store.urls, &prefix, leased).map_err(built)?
+            }
             _ => {
                 return Err(invalid(format!(
                     "{}: store.kind = \"memory\": the state lives in each process; give --redis or \
@@ -134,18 +140,32 @@ pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Fai
     Ok((plan, limiter))
 }
 
-fn redis_store(url: &str, prefix: &str) -> Result<DynStore, tollgate::ConfigError> {
+fn redis_store(url: &str, prefix: &str, leased: bool) -> Result<DynStore, tollgate::ConfigError> {
     let store = tollgate::store::RedisStore::builder()
         .prefix(prefix)
         .build_with_url(url)?;
-    Ok(DynStore::new(store))
+    Ok(erase(store, leased))
 }
 
-fn cluster_store(urls: &[String], prefix: &str) -> Result<DynStore, tollgate::ConfigError> {
+fn cluster_store(
+    urls: &[String],
+    prefix: &str,
+    leased: bool,
+) -> Result<DynStore, tollgate::ConfigError> {
     let store = tollgate::store::RedisClusterStore::builder()
         .prefix(prefix)
         .build_cluster_with_urls(urls.iter().map(String::as_str))?;
-    Ok(DynStore::new(store))
+    Ok(erase(store, leased))
+}
+
+/// `store`, through a lease ledger when the plan leases (a one-shot command leases nothing:
+/// every decision is exact, but the state it reads, resets or overrides is the ledger's).
+fn erase<S: tollgate::store::leased::LeaseBackend>(store: S, leased: bool) -> DynStore {
+    if leased {
+        DynStore::new(tollgate::store::leased::LeasedStore::new(store))
+    } else {
+        DynStore::new(store)
+    }
 }
 
 pub(super) fn store_failed(e: impl std::fmt::Display) -> Failure {

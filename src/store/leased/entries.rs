@@ -13,7 +13,7 @@ use super::*;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::Policy;
 
 /// One key and policy set on this instance.
 pub(super) struct Entry {
@@ -43,6 +43,9 @@ pub(super) struct EntryState {
     pub(super) denied: Option<Denied>,
     pub(super) meter: Meter,
     pub(super) last_used: u64,
+    /// Per policy, the limit and capacity the ledger last decided with (a per-key override's,
+    /// or the plan's); empty until it answered. Blocks are sized from them.
+    pub(super) in_force: SmallVec<[(u64, u64); 2]>,
 }
 
 /// Units of each policy in hand, spendable until `expires` (local clock, exclusive).
@@ -59,12 +62,19 @@ pub(super) struct Block {
 pub(super) struct BlockPart {
     pub(super) granted: u64,
     pub(super) left: u64,
+    /// The limit decisions report (the capacity for the token bucket and GCRA), as in force
+    /// when the block was granted.
     pub(super) limit: u64,
+    /// The limit (refill rate) in force when the block was granted, sent back with its
+    /// return (`Part::r`).
+    pub(super) rate: u64,
     pub(super) shared_remaining: u64,
     pub(super) reset_after: u64,
 }
 
-/// A refusal by the ledger, in force until `until` for requests costing at least `costs`.
+/// A refusal by the ledger, in force until `until` for requests costing at least `costs`:
+/// the ledger's `retry_after`, but at most one lease time, so that a per-key override
+/// raising the limit (set on any instance) reaches this one within a lease time.
 pub(super) struct Denied {
     pub(super) generation: u64,
     pub(super) sent: u64,
@@ -112,7 +122,7 @@ impl Meter {
         let e = now.saturating_sub(self.start).min(period);
         let prev = self.prev.get(i).copied().unwrap_or(0);
         let cur = self.cur.get(i).copied().unwrap_or(0);
-        prev * (period - e) / period + cur
+        (prev.saturating_mul(period - e) / period).saturating_add(cur)
     }
 }
 
@@ -130,13 +140,6 @@ pub(super) enum Taken {
     Block(u64),
     Ledger { id: u64, at: u64 },
     Nothing,
-}
-
-pub(super) fn limit_of(policy: &Policy) -> u64 {
-    match policy.algorithm() {
-        Algorithm::TokenBucket | Algorithm::Gcra => policy.capacity(),
-        _ => policy.limit(),
-    }
 }
 
 pub(super) fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
@@ -194,7 +197,7 @@ impl<S: LeaseBackend> Shared<S> {
                     PolicyDecision::from_parts(
                         true,
                         p.limit,
-                        (p.left + p.shared_remaining).min(p.limit),
+                        p.left.saturating_add(p.shared_remaining).min(p.limit),
                         p.reset_after.saturating_sub(elapsed),
                         0,
                         0,
@@ -243,15 +246,27 @@ impl<S: LeaseBackend> Shared<S> {
     ) -> Plan {
         let mut period = self.lease_ms;
         let mut caps: SmallVec<[u64; 2]> = SmallVec::new();
-        for (p, &cost) in policies.iter().zip(costs) {
-            let cap = (limit_of(p) as f64 * self.fraction) as u64;
-            if cost == 0 || cap < 2 * cost {
+        for (i, (p, &cost)) in policies.iter().zip(costs).enumerate() {
+            // The limit in force (an override's, once the ledger named it), not the plan's:
+            // a block under a lowered limit stays a fraction of that limit.
+            let (limit, capacity) = st
+                .in_force
+                .get(i)
+                .copied()
+                .unwrap_or((p.limit(), p.capacity()));
+            let reported = if Kind::of(p) == Some(Kind::Bucket) {
+                capacity
+            } else {
+                limit
+            };
+            let cap = (reported as f64 * self.fraction) as u64;
+            if cost == 0 || cap < cost.saturating_mul(2) {
                 return Plan::Exact;
             }
             match Kind::of(p) {
                 // The reserved refill N·T/W stays within the block cap.
                 Some(Kind::Bucket) => {
-                    period = period.min(cap * p.window_millis() / p.limit().max(1));
+                    period = period.min(cap * p.window_millis() / limit.max(1));
                 }
                 // A block's entry counts T longer than its units need: T stays within the
                 // same fraction of the window.
@@ -268,11 +283,15 @@ impl<S: LeaseBackend> Shared<S> {
         let mut wants = SmallVec::new();
         for (i, (&cost, &cap)) in costs.iter().zip(&caps).enumerate() {
             // The units expected over the period, from those asked over the last lease time.
-            let expected = st.meter.estimate(now, self.lease_ms, i) * period / self.lease_ms;
-            if expected < 2 * cost {
+            let expected = st
+                .meter
+                .estimate(now, self.lease_ms, i)
+                .saturating_mul(period)
+                / self.lease_ms;
+            if expected < cost.saturating_mul(2) {
                 return Plan::Exact;
             }
-            wants.push((2 * expected).clamp(cost, cap));
+            wants.push(expected.saturating_mul(2).clamp(cost, cap));
         }
         Plan::Lease { period, wants }
     }
@@ -296,6 +315,28 @@ impl<S: LeaseBackend> Shared<S> {
                 me.sweep();
             }
         });
+    }
+
+    /// Gives back this instance's blocks of `key` (every policy set) and forgets its
+    /// refusals and the limits it learned: the key's next decisions ask the ledger.
+    pub(super) fn forget(self: &Arc<Self>, key: &Key) {
+        let mut blocks = Vec::new();
+        for e in self.entries.all() {
+            if e.key != *key {
+                continue;
+            }
+            let mut st = e.st.lock();
+            st.denied = None;
+            st.in_force.clear();
+            if let Some(b) = st.block.take() {
+                blocks.push((e.clone(), b));
+            }
+        }
+        for (e, b) in blocks {
+            if let Some(fut) = self.give_back(&e, b) {
+                spawn(fut);
+            }
+        }
     }
 
     pub(super) fn sweep(self: &Arc<Self>) {

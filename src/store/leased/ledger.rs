@@ -64,6 +64,9 @@ pub(crate) enum Mode {
     Return,
     Force,
     Reset,
+    /// An override was just set: keep each bucket state at least as long as the override's
+    /// refill rate needs it (Redis TTLs; nothing to do in process).
+    Keep,
 }
 
 impl Mode {
@@ -75,11 +78,15 @@ impl Mode {
             Mode::Return => "r",
             Mode::Force => "f",
             Mode::Reset => "x",
+            Mode::Keep => "k",
         }
     }
 }
 
 /// One policy's part of a ledger call (see `lua/lease.lua` for `a`–`d`).
+///
+/// `n` and `cap` are the plan's; the ledger decides with the key's override of the policy
+/// instead, when one is in force (see [`Override`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Part {
     pub(crate) kind: Kind,
@@ -96,6 +103,11 @@ pub(crate) struct Part {
     pub(crate) f: u64,
     pub(crate) g: u64,
     pub(crate) h: u64,
+    /// The limit (refill rate) in force when the block given back in this call (a return's
+    /// `a`–`d`, a grant's `e`–`h`) was granted; 0 when unknown (the one in force now). A
+    /// bucket gives back its reserved refill at the lower of that rate and today's, so an
+    /// override raised meanwhile cannot return more than the block reserved.
+    pub(crate) r: u64,
 }
 
 impl Part {
@@ -113,7 +125,39 @@ impl Part {
             f: 0,
             g: 0,
             h: 0,
+            r: 0,
         }
+    }
+
+    /// This part with `over`'s limit and capacity in place of the plan's, when given.
+    fn with_override(mut self, over: Option<Override>) -> Self {
+        if let Some(o) = over {
+            self.n = o.limit;
+            self.cap = o.capacity;
+        }
+        self
+    }
+}
+
+/// A per-key override of a leased policy, as the ledger reads it: the limit (refill rate per
+/// window) and capacity to decide with instead of the plan's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Override {
+    pub(crate) limit: u64,
+    pub(crate) capacity: u64,
+}
+
+impl Override {
+    /// An override the ledger can use with window `w`: both numbers at least 1 and within the
+    /// bounds every policy keeps (`× w ≤ 2^50`, so the arithmetic stays exact in Lua too).
+    /// Anything else is ignored: the plan's numbers apply.
+    pub(crate) fn usable(limit: u64, capacity: u64, w: u64) -> Option<Self> {
+        let fits = |x: u64| {
+            x >= 1
+                && x.checked_mul(w)
+                    .is_some_and(|p| p <= crate::policy::MAX_CAPACITY_WINDOW_PRODUCT)
+        };
+        (fits(limit) && fits(capacity)).then_some(Self { limit, capacity })
     }
 }
 
@@ -132,12 +176,13 @@ pub struct LedgerCall {
 }
 
 impl LedgerCall {
-    /// Each policy's twelve integers (kind, N, W, C, a–h) as little-endian doubles, the
-    /// binary string `lua/lease.lua` reads. Exact: every value is a whole number below 2^53
-    /// (counts, milliseconds).
+    /// Each policy's thirteen integers (kind, N, W, C, a–h, r) as little-endian doubles, the
+    /// binary string `lua/lease.lua` reads. Exact for every whole number below 2^53 (counts,
+    /// milliseconds); a cost above that (only a caller's settlement can send one) arrives
+    /// rounded, and is then far above any limit either way.
     #[cfg(feature = "redis")]
     pub(crate) fn packed_parts(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(96 * self.parts.len());
+        let mut v = Vec::with_capacity(PART_BYTES * self.parts.len());
         for p in &self.parts {
             for x in [
                 p.kind as u64,
@@ -152,6 +197,7 @@ impl LedgerCall {
                 p.f,
                 p.g,
                 p.h,
+                p.r,
             ] {
                 v.extend_from_slice(&(x as f64).to_le_bytes());
             }
@@ -160,13 +206,32 @@ impl LedgerCall {
     }
 }
 
-/// One policy's answer from the ledger.
+/// The bytes of one policy's part of a call: thirteen doubles.
+#[cfg(feature = "redis")]
+pub(crate) const PART_BYTES: usize = 13 * 8;
+
+/// One policy's answer from the ledger: units, its view, and the limit and capacity it
+/// decided with (the plan's, or the key's override's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Answer {
     pub(crate) granted: u64,
     pub(crate) remaining: u64,
     pub(crate) reset_after_ms: u64,
     pub(crate) retry_after_ms: u64,
+    pub(crate) limit: u64,
+    pub(crate) capacity: u64,
+}
+
+impl Answer {
+    /// The limit a decision reports: the capacity for the token bucket and GCRA, the limit
+    /// otherwise.
+    pub(crate) fn reported_limit(&self, kind: Option<Kind>) -> u64 {
+        if kind == Some(Kind::Bucket) {
+            self.capacity
+        } else {
+            self.limit
+        }
+    }
 }
 
 /// A ledger's answer: whether it granted, for how long, at what time (the ledger's clock),
@@ -194,13 +259,13 @@ impl LedgerReply {
     #[cfg(feature = "redis")]
     /// Parses the call's reply at the start of `bytes` and moves `bytes` past it: four
     /// little-endian doubles (allowed, valid, now, the number of answers: 0 or `policies`),
-    /// then four per answer (granted, remaining, reset after, retry after). Every number is a
-    /// whole, non-negative double below 2^53; anything else is a protocol error.
+    /// then six per answer (granted, remaining, reset after, retry after, the limit and the
+    /// capacity in force). Every number is a whole, non-negative double below 2^53; anything
+    /// else is a protocol error.
     pub(crate) fn parse_next(bytes: &mut &[u8], policies: usize) -> Result<Self, StoreError> {
         let whole = *bytes;
-        let mut read = || -> Result<[u64; 4], StoreError> {
-            let mut out = [0u64; 4];
-            for o in &mut out {
+        let mut read = |out: &mut [u64]| -> Result<(), StoreError> {
+            for o in out.iter_mut() {
                 let Some((number, tail)) = bytes.split_first_chunk::<8>() else {
                     return Err(Self::malformed(whole));
                 };
@@ -212,20 +277,26 @@ impl LedgerReply {
                 *o = x as u64;
                 *bytes = tail;
             }
-            Ok(out)
+            Ok(())
         };
-        let [allowed, valid_ms, now_ms, count] = read()?;
+        let mut head = [0u64; 4];
+        read(&mut head)?;
+        let [allowed, valid_ms, now_ms, count] = head;
         if allowed > 1 || !(count == 0 || count == policies as u64) {
             return Err(Self::malformed(whole));
         }
         let mut answers = SmallVec::new();
         for _ in 0..count {
-            let [granted, remaining, reset_after_ms, retry_after_ms] = read()?;
+            let mut a = [0u64; 6];
+            read(&mut a)?;
+            let [granted, remaining, reset_after_ms, retry_after_ms, limit, capacity] = a;
             answers.push(Answer {
                 granted,
                 remaining,
                 reset_after_ms,
                 retry_after_ms,
+                limit,
+                capacity,
             });
         }
         Ok(Self {
@@ -316,6 +387,12 @@ struct View {
     used: u64,
 }
 
+// The arithmetic below is the Lua's, in integers. A part's `n`, `w` and `cap` come from a
+// validated policy or a usable override (`n × w`, `cap × w` ≤ 2^50); the states only grow by
+// grants that fit and by capped overcharges, so they stay within a few times those products.
+// What a caller sends (costs, wants, settlements, refunds) can be any `u64`: every term it
+// enters saturates, so a hostile number is refused or capped, never wrapped.
+
 fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
     let idx = now / part.w;
     let mut v = View {
@@ -329,7 +406,7 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
         Some(LState::Counter { w, c, p }) => {
             if *w == idx {
                 (v.prev, v.cur) = (*p, *c);
-            } else if w + 1 == idx {
+            } else if w.saturating_add(1) == idx {
                 v.prev = *c;
             }
         }
@@ -341,29 +418,32 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
         Some(LState::Log(entries)) => {
             v.used = entries
                 .values()
-                .filter(|(end, _)| end + part.w > now)
-                .map(|(_, u)| u)
-                .sum();
+                .filter(|(end, _)| end.saturating_add(part.w) > now)
+                .fold(0u64, |sum, (_, u)| sum.saturating_add(*u));
         }
         _ => {}
     }
     v
 }
 
+/// The counter's weighted count at `now`, scaled by `w`.
+fn weighted(part: &Part, v: &View, now: u64) -> u64 {
+    let e = now - v.idx * part.w;
+    v.prev
+        .saturating_mul(part.w - e)
+        .saturating_add(v.cur.saturating_mul(part.w))
+}
+
 /// The most units a block valid `t` ms may hold now; `None` when not even one.
 fn most(part: &Part, v: &View, now: u64, t: u64) -> Option<u64> {
     match part.kind {
-        Kind::Counter => {
-            let e = now - v.idx * part.w;
-            let weighted = v.prev * (part.w - e) + v.cur * part.w;
-            (part.n * part.w)
-                .checked_sub(weighted)
-                .map(|room| room / part.w)
-        }
+        Kind::Counter => (part.n * part.w)
+            .checked_sub(weighted(part, v, now))
+            .map(|room| room / part.w),
         Kind::Log => part.n.checked_sub(v.used),
         Kind::Fixed => part.n.checked_sub(v.cur),
         Kind::Bucket => (part.cap * part.w)
-            .checked_sub(v.deficit + part.n * t)
+            .checked_sub(v.deficit.saturating_add(part.n.saturating_mul(t)))
             .map(|room| room / part.w),
     }
 }
@@ -387,23 +467,25 @@ fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> 
             let mut entries: Vec<(u64, u64)> = match state {
                 Some(LState::Log(e)) => e
                     .values()
-                    .filter(|(end, _)| end + part.w > now)
+                    .filter(|(end, _)| end.saturating_add(part.w) > now)
                     .copied()
                     .collect(),
                 _ => Vec::new(),
             };
             entries.sort_unstable();
-            let (mut freed, mut at) = (0, now + part.w);
+            let (mut freed, mut at) = (0u64, now + part.w);
             for (end, units) in entries {
-                freed += units;
-                at = end + part.w;
-                if v.used - freed + cost <= part.n {
+                freed = freed.saturating_add(units);
+                at = end.saturating_add(part.w);
+                if v.used.saturating_sub(freed).saturating_add(cost) <= part.n {
                     break;
                 }
             }
-            (at - now).max(1)
+            at.saturating_sub(now).max(1)
         }
         Kind::Fixed => (v.idx + 1) * part.w - now,
+        // A cost above the capacity never passes: asked again once the bucket is full.
+        Kind::Bucket if cost > part.cap => v.deficit.div_ceil(part.n).max(1),
         Kind::Bucket => (v.deficit + cost * part.w)
             .saturating_sub(part.cap * part.w)
             .div_ceil(part.n)
@@ -443,8 +525,6 @@ fn counter_retry(
 fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64) {
     match part.kind {
         Kind::Counter => {
-            let e = now - v.idx * part.w;
-            let weighted = v.prev * (part.w - e) + v.cur * part.w;
             let reset = if v.cur > 0 {
                 (v.idx + 2) * part.w - now
             } else if v.prev > 0 {
@@ -452,13 +532,16 @@ fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64
             } else {
                 0
             };
-            ((part.n * part.w).saturating_sub(weighted) / part.w, reset)
+            (
+                (part.n * part.w).saturating_sub(weighted(part, v, now)) / part.w,
+                reset,
+            )
         }
         Kind::Log => {
             let newest = match state {
                 Some(LState::Log(e)) => e
                     .values()
-                    .map(|(end, _)| (end + part.w).saturating_sub(now))
+                    .map(|(end, _)| end.saturating_add(part.w).saturating_sub(now))
                     .max()
                     .unwrap_or(0),
                 _ => 0,
@@ -492,7 +575,7 @@ fn charge(
 ) {
     match part.kind {
         Kind::Counter => {
-            v.cur += k;
+            v.cur = v.cur.saturating_add(k);
             *state = Some(LState::Counter {
                 w: v.idx,
                 c: v.cur,
@@ -500,11 +583,14 @@ fn charge(
             });
         }
         Kind::Fixed => {
-            v.cur += k;
+            v.cur = v.cur.saturating_add(k);
             *state = Some(LState::Fixed { w: v.idx, c: v.cur });
         }
         Kind::Bucket => {
-            v.deficit += k * part.w + part.n * valid;
+            v.deficit = v
+                .deficit
+                .saturating_add(k.saturating_mul(part.w))
+                .saturating_add(part.n.saturating_mul(valid));
             let u = match state {
                 Some(LState::Bucket { u, .. }) => now.max(*u),
                 _ => now,
@@ -512,7 +598,7 @@ fn charge(
             *state = Some(LState::Bucket { d: v.deficit, u });
         }
         Kind::Log => {
-            v.used += k;
+            v.used = v.used.saturating_add(k);
             let log = match state {
                 Some(LState::Log(log)) => log,
                 other => {
@@ -523,14 +609,40 @@ fn charge(
                     }
                 }
             };
-            log.retain(|_, (end, _)| *end + part.w > now);
+            log.retain(|_, (end, _)| end.saturating_add(part.w) > now);
             log.insert(id, (now + valid, k));
         }
     }
 }
 
+/// Charges `extra` units whatever the state (a settlement above its reservation), no
+/// further than the exact algorithms' `overcharge` goes: the windows' count to at most the
+/// higher of itself and the limit, the log by at most the limit, the bucket's deficit to at
+/// most the higher of itself and `2 × capacity − 1` tokens.
+fn force(part: &Part, state: &mut Option<LState>, now: u64, extra: u64, id: u64) {
+    let mut v = load(part, state.as_ref(), now);
+    match part.kind {
+        Kind::Bucket => {
+            let before = v.deficit;
+            v.deficit = before
+                .saturating_add(extra.saturating_mul(part.w))
+                .min(before.max((2 * part.cap).saturating_sub(1) * part.w));
+            let u = match state {
+                Some(LState::Bucket { u, .. }) => now.max(*u),
+                _ => now,
+            };
+            *state = Some(LState::Bucket { d: v.deficit, u });
+        }
+        Kind::Counter | Kind::Fixed => {
+            let k = extra.min(v.cur.max(part.n) - v.cur);
+            charge(part, &mut v, state, now, k, 0, id);
+        }
+        Kind::Log => charge(part, &mut v, state, now, extra.min(part.n), 0, id),
+    }
+}
+
 /// Runs one ledger call over `states` (one per part, in order) at `now`: the Rust twin of
-/// `lua/lease.lua`.
+/// `lua/lease.lua`. The call's parts already carry the overrides in force.
 fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerReply {
     let done = |granted| LedgerReply {
         granted,
@@ -553,21 +665,8 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
         }
         Mode::Force => {
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
-                if part.a == 0 {
-                    continue;
-                }
-                let mut v = load(part, state.as_ref(), now);
-                if part.kind == Kind::Bucket {
-                    let before = v.deficit;
-                    v.deficit = (before + part.a * part.w)
-                        .min(before.max((2 * part.cap).saturating_sub(1) * part.w));
-                    let u = match state {
-                        Some(LState::Bucket { u, .. }) => now.max(*u),
-                        _ => now,
-                    };
-                    *state = Some(LState::Bucket { d: v.deficit, u });
-                } else {
-                    charge(part, &mut v, state, now, part.a, 0, call.lease_id);
+                if part.a > 0 {
+                    force(part, state, now, part.a, call.lease_id);
                 }
             }
             return done(true);
@@ -578,6 +677,8 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             }
             return done(true);
         }
+        // Nothing expires in process memory.
+        Mode::Keep => return done(true),
         Mode::Grant | Mode::Peek => {}
     }
     if call.mode == Mode::Grant && call.previous != 0 {
@@ -645,6 +746,8 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
                     remaining,
                     reset_after_ms,
                     retry_after_ms,
+                    limit: p.n,
+                    capacity: p.cap,
                 }
             })
             .collect();
@@ -685,6 +788,8 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             remaining,
             reset_after_ms,
             retry_after_ms: 0,
+            limit: part.n,
+            capacity: part.cap,
         });
     }
     LedgerReply {
@@ -712,7 +817,7 @@ fn give_back(
         Some(LState::Counter { w, c, p }) => {
             if *w == gidx {
                 *c = c.saturating_sub(unused);
-            } else if *w == gidx + 1 {
+            } else if *w == gidx.saturating_add(1) {
                 *p = p.saturating_sub(unused);
             }
         }
@@ -733,10 +838,18 @@ fn give_back(
             if v.deficit == 0 {
                 return;
             }
-            let end = g + valid;
-            let back = (unused * part.w)
-                .min((k * part.w).saturating_sub(part.n * now.saturating_sub(end)))
-                + part.n * end.saturating_sub(now);
+            // The rate the block reserved its refill at, and the one in force now: the
+            // reservation comes back at the lower, the block's weight decays at the higher.
+            let at_grant = if part.r > 0 { part.r } else { part.n };
+            let (slow, fast) = (part.n.min(at_grant), part.n.max(at_grant));
+            let end = g.saturating_add(valid);
+            let back = unused
+                .saturating_mul(part.w)
+                .min(
+                    k.saturating_mul(part.w)
+                        .saturating_sub(fast.saturating_mul(now.saturating_sub(end))),
+                )
+                .saturating_add(slow.saturating_mul(end.saturating_sub(now)));
             let u = match state {
                 Some(LState::Bucket { u, .. }) => now.max(*u),
                 _ => now,

@@ -8,7 +8,8 @@
 //! up or its period ends; what is left goes back to the ledger. Cold keys, and policies whose
 //! limit is small, stay exact: one ledger call per decision, the block being the request's
 //! own cost, used at once. A key refused by the ledger is refused locally until the time the
-//! ledger named (`retry_after`): an exhausted key costs no call per refused request.
+//! ledger named (`retry_after`) or for one lease time, whichever ends first: an exhausted key
+//! costs at most one call per lease time, not one per refused request.
 //!
 //! # The invariant: zero over-admission
 //!
@@ -68,6 +69,35 @@
 //! when the block ends or is replaced, when the store is [shut down](LeasedStore::shutdown),
 //! and within half a lease time of a block expiring unused (a background task); after a
 //! crash, they return when the window rolls over (the bucket: when it refills).
+//!
+//! # Per-key overrides
+//!
+//! [`set_override`](crate::Limiter::set_override) works on leased policies as on the exact
+//! stores: the override lives in the wrapped store (on Redis, the exact store's override key
+//! next to the key's state, same hash tag; in a [`MemoryLedger`], its own table), and every
+//! ledger call reads it and decides with its limit and capacity; its replies name them, so
+//! decisions report the override's limit and blocks are sized from it. The same holds for
+//! [`remove_override`](crate::Limiter::remove_override) and an override's expiry.
+//!
+//! **Bound: an override takes effect on every instance within one lease time.** A block
+//! lives at most one lease time (its period), and a refusal kept locally is asked again
+//! after at most one lease time (even when the ledger named a longer `retry_after`): so from
+//! `s + lease_time`, `s` the moment the override was written, every unit any instance admits
+//! comes from a ledger call made after `s`, which saw the override and every unit charged
+//! before it. The instance that sets or removes an override gives its own blocks of the key
+//! back at once. From then on the invariant above holds under the override's numbers: in
+//! every fixed window, units admitted from `s + lease_time` on number at most the override's
+//! limit (units charged before count against it); in any interval that starts at
+//! `s + lease_time` or later, the sliding window log, counter, token bucket and GCRA admit at
+//! most their exact-mode bound for the override's limit and capacity. The token bucket and
+//! GCRA carry the key's deficit into the new numbers as the exact stores do (tokens taken
+//! under a higher limit still have to refill, at the override's rate), and a block gives back
+//! its reserved refill at the lower of the rate it was reserved under and the one in force,
+//! so raising a limit never returns more than was reserved. On Redis a bucket's ledger key
+//! is kept for the slower of the plan's and the override's rate (setting one extends it), so
+//! it cannot expire while the override still holds tokens back. Until `s + lease_time`,
+//! blocks granted under the old limit may still be spent: at most one block per instance,
+//! each a [`max_block_fraction`](LeasedStoreBuilder::max_block_fraction) of the old limit.
 //!
 //! # Failures
 //!
@@ -134,7 +164,7 @@ mod store_impl;
 mod table;
 
 pub use builder::LeasedStoreBuilder;
-use entries::{limit_of, spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
+use entries::{spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
 
 pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
 
@@ -151,9 +181,9 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
-#[cfg(feature = "redis")]
-pub(crate) use ledger::ledger_key;
 pub(crate) use ledger::Kind;
+#[cfg(feature = "redis")]
+pub(crate) use ledger::{ledger_key, PART_BYTES};
 use ledger::{Mode, Part};
 
 /// The default lease time: how long a block may be spent.
@@ -481,6 +511,7 @@ impl<S: LeaseBackend> Shared<S> {
                             part.f = bp.left;
                             part.g = old.granted_at;
                             part.h = old.valid;
+                            part.r = bp.rate;
                         }
                         kept = Some((old, unused));
                     }
@@ -558,6 +589,9 @@ impl<S: LeaseBackend> Shared<S> {
         generation: u64,
     ) -> (Decision, Taken) {
         let answers = &reply.answers;
+        if let Some(entry) = entry {
+            entry.st.lock().in_force = answers.iter().map(|a| (a.limit, a.capacity)).collect();
+        }
         if !reply.granted {
             bump(&self.counters.refusals, 1);
             let decisions: SmallVec<[PolicyDecision; 2]> = policies
@@ -566,7 +600,7 @@ impl<S: LeaseBackend> Shared<S> {
                 .map(|(p, a)| {
                     PolicyDecision::from_parts(
                         a.retry_after_ms == 0,
-                        limit_of(p),
+                        a.reported_limit(Kind::of(p)),
                         a.remaining,
                         a.reset_after_ms,
                         a.retry_after_ms,
@@ -582,7 +616,9 @@ impl<S: LeaseBackend> Shared<S> {
             st.denied = Some(Denied {
                 generation,
                 sent,
-                until: sent + wait,
+                // The ledger is asked again after a lease time at the latest: an override
+                // set meanwhile (on any instance) may allow the key sooner.
+                until: sent.saturating_add(wait.min(self.lease_ms)),
                 costs: costs.iter().copied().collect(),
                 decisions: decisions.clone(),
             });
@@ -591,10 +627,11 @@ impl<S: LeaseBackend> Shared<S> {
         let decision = Decision::from_policies(policies.iter().zip(answers).zip(costs).map(
             |((p, a), &cost)| {
                 let extra = a.granted.saturating_sub(cost);
+                let limit = a.reported_limit(Kind::of(p));
                 PolicyDecision::from_parts(
                     true,
-                    limit_of(p),
-                    (a.remaining + extra).min(limit_of(p)),
+                    limit,
+                    a.remaining.saturating_add(extra).min(limit),
                     a.reset_after_ms,
                     0,
                     0,
@@ -635,7 +672,8 @@ impl<S: LeaseBackend> Shared<S> {
                 .map(|((p, a), &cost)| BlockPart {
                     granted: a.granted,
                     left: a.granted.saturating_sub(cost),
-                    limit: limit_of(p),
+                    limit: a.reported_limit(Kind::of(p)),
+                    rate: a.limit,
                     shared_remaining: a.remaining,
                     reset_after: a.reset_after_ms,
                 })
@@ -684,6 +722,7 @@ impl<S: LeaseBackend> Shared<S> {
             part.b = bp.left;
             part.c = block.granted_at;
             part.d = block.valid;
+            part.r = bp.rate;
         }
         let fut = self.inner.ledger(&entry.key, &entry.policies, call);
         let me = self.clone();
@@ -712,7 +751,7 @@ impl<S: LeaseBackend> Shared<S> {
                     let mut st = e.st.lock();
                     if let Some(b) = &mut st.block {
                         for (p, c) in b.parts.iter_mut().zip(costs) {
-                            p.left = (p.left + c).min(p.granted);
+                            p.left = p.left.saturating_add(*c).min(p.granted);
                         }
                     }
                 }
@@ -722,7 +761,7 @@ impl<S: LeaseBackend> Shared<S> {
                     let mut st = e.st.lock();
                     if let Some(b) = st.block.as_mut().filter(|b| b.id == id) {
                         for (p, c) in b.parts.iter_mut().zip(costs) {
-                            p.left = (p.left + c).min(p.granted);
+                            p.left = p.left.saturating_add(*c).min(p.granted);
                         }
                     }
                 }

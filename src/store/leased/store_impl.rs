@@ -10,7 +10,7 @@ use super::ledger::{Kind, Mode};
 use super::*;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
-use crate::error::{Cause, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
@@ -82,12 +82,6 @@ impl<S: LeaseBackend> LeasedStore<S> {
     }
 }
 
-pub(super) fn not_leasable_overrides() -> StoreError {
-    StoreError::Backend(Cause::from(
-        "leased policies keep no per-key overrides".to_owned(),
-    ))
-}
-
 impl<S: LeaseBackend> Store for LeasedStore<S> {
     type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
 
@@ -141,7 +135,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
                 Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
                     PolicyDecision::from_parts(
                         reply.granted || a.retry_after_ms == 0,
-                        limit_of(p),
+                        a.reported_limit(Kind::of(p)),
                         a.remaining,
                         a.reset_after_ms,
                         a.retry_after_ms,
@@ -272,20 +266,58 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         })
     }
 
+    /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
+    /// override key on Redis), and gives back this instance's blocks of the key. For a token
+    /// bucket or GCRA, the key's ledger state is first kept at least as long as the
+    /// override's refill rate needs it (before the override is written, so that a caller
+    /// giving up half way cannot leave an override whose slower rate outlives the state).
+    /// Every instance decides under the override within one lease time: see
+    /// [Per-key overrides](super#per-key-overrides).
     fn set_override(
         &self,
         key: &Key,
         policy: &Policy,
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
-        if Kind::of(policy).is_some() {
-            return Box::pin(std::future::ready(Err(not_leasable_overrides())));
-        }
-        self.shared.inner.set_override(key, policy, ttl)
+        let Some(kind) = Kind::of(policy) else {
+            return self.shared.inner.set_override(key, policy, ttl);
+        };
+        let keep = (kind == Kind::Bucket).then(|| {
+            let call = self
+                .shared
+                .call(Mode::Keep, 0, 0, std::slice::from_ref(policy));
+            self.shared
+                .inner
+                .ledger(key, std::slice::from_ref(policy), call)
+        });
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let policy = policy.clone();
+        Box::pin(async move {
+            if let Some(keep) = keep {
+                keep.await?;
+            }
+            shared.inner.set_override(&key, &policy, ttl).await?;
+            // Blocks and refusals of this instance were decided under the old limit.
+            shared.forget(&key);
+            Ok(())
+        })
     }
 
+    /// Removes the override from the wrapped store and gives back this instance's blocks of
+    /// the key: the plan's limit applies on every instance within one lease time.
     fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.shared.inner.remove_override(key, policy)
+        let remove = self.shared.inner.remove_override(key, policy);
+        if Kind::of(policy).is_none() {
+            return remove;
+        }
+        let shared = self.shared.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            remove.await?;
+            shared.forget(&key);
+            Ok(())
+        })
     }
 
     fn overrides(

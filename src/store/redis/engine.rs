@@ -309,6 +309,11 @@ impl<C: Connector> Core<C> {
         self.clock.now_millis()
     }
 
+    /// The injected clock's time, for scripts that otherwise read the server's `TIME`.
+    pub(crate) fn injected_now(&self) -> Option<u64> {
+        self.clock.is_injected().then(|| self.clock.now_millis())
+    }
+
     /// The request for one decision: its state keys and each policy's parameters.
     pub(crate) fn request(
         &self,

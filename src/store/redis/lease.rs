@@ -10,7 +10,9 @@ use tokio::sync::oneshot;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::engine::{Connector, Core};
+use super::keys::state_key;
 use super::script_call::ScriptCall;
+use super::wire::override_key;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -36,8 +38,10 @@ pub fn lease_script_source() -> &'static str {
 
 /// One ledger call waiting for, or in, a script call.
 pub(crate) struct LedgerRequest {
-    /// Per policy its ledger state, then (sliding window log only) its entries' units.
-    keys: SmallVec<[String; 4]>,
+    /// Per policy its ledger state, then (sliding window log only) its entries' units, then
+    /// the key's override of the policy: the exact store's override key, so one override
+    /// serves both modes (and the command line's `override set`).
+    keys: SmallVec<[String; 6]>,
     call: LedgerCall,
     reply: Option<oneshot::Sender<Result<LedgerReply, StoreError>>>,
 }
@@ -61,13 +65,20 @@ impl Queued for LedgerRequest {
     }
 }
 
-/// One call's part of the script's arguments: mode, (the clock, alone), period, lease ids,
-/// then each policy's twelve integers as little-endian doubles in one binary string (read by
-/// one `struct.unpack` per policy, where twelve text arguments cost twelve `tonumber`s).
-fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
+/// One call's part of the script's arguments: mode, (the clock, alone: an injected clock's
+/// time, or `""` for the server's `TIME`), period, lease ids, then each policy's thirteen
+/// integers as little-endian doubles in one binary string (read by one `struct.unpack` per
+/// policy, where thirteen text arguments cost thirteen `tonumber`s).
+fn push_call(inv: &mut ScriptCall, call: &LedgerCall, alone: Option<Option<u64>>) {
     inv.arg(call.mode.code());
-    if !in_batch {
-        inv.arg("");
+    match alone {
+        Some(Some(now)) => {
+            inv.arg(now);
+        }
+        Some(None) => {
+            inv.arg("");
+        }
+        None => {}
     }
     inv.arg(call.period_ms)
         .arg(call.lease_id)
@@ -76,12 +87,17 @@ fn push_call(inv: &mut ScriptCall, call: &LedgerCall, in_batch: bool) {
 }
 
 /// The script call for `batch`: the single-call layout for one call, the batch layout
-/// (`'B'`, the clock, the number of calls, then each call) for more.
-fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
+/// (`'B'`, the clock, the number of calls, then each call) for more. `now`: an injected
+/// clock's time (tests), else the script reads `TIME`.
+fn invocation(batch: &[LedgerRequest], now: Option<u64>) -> ScriptCall {
     let keys = batch.iter().map(|r| r.keys.len()).sum();
     let bytes = batch
         .iter()
-        .map(|r| r.keys.iter().map(String::len).sum::<usize>() + 64 + 96 * r.call.parts.len())
+        .map(|r| {
+            r.keys.iter().map(String::len).sum::<usize>()
+                + 64
+                + crate::store::leased::PART_BYTES * r.call.parts.len()
+        })
         .sum();
     let mut inv = ScriptCall::new(script(), keys, 3 + 5 * batch.len(), bytes);
     for request in batch {
@@ -90,11 +106,16 @@ fn invocation(batch: &[LedgerRequest]) -> ScriptCall {
         }
     }
     if let [one] = batch {
-        push_call(&mut inv, &one.call, false);
+        push_call(&mut inv, &one.call, Some(now));
     } else {
-        inv.arg("B").arg("").arg(batch.len());
+        inv.arg("B");
+        match now {
+            Some(now) => inv.arg(now),
+            None => inv.arg(""),
+        };
+        inv.arg(batch.len());
         for request in batch {
-            push_call(&mut inv, &request.call, true);
+            push_call(&mut inv, &request.call, None);
         }
     }
     inv
@@ -106,7 +127,7 @@ async fn run_batch<C: Connector>(
     core: &Core<C>,
     batch: &[LedgerRequest],
 ) -> Vec<Result<LedgerReply, StoreError>> {
-    match core.invoke(&invocation(batch)).await {
+    match core.invoke(&invocation(batch, core.injected_now())).await {
         Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
         Ok(bytes) => {
             let mut rest = bytes.as_slice();
@@ -136,7 +157,7 @@ pub(crate) fn ledger<C: Connector>(
     policies: &[Policy],
     call: LedgerCall,
 ) -> BoxFuture<Result<LedgerReply, StoreError>> {
-    let mut keys: SmallVec<[String; 4]> = SmallVec::new();
+    let mut keys: SmallVec<[String; 6]> = SmallVec::new();
     for (policy, part) in policies.iter().zip(&call.parts) {
         let k = crate::store::leased::ledger_key(core.prefix(), key, policy.name(), part.kind);
         if part.kind == Kind::Log {
@@ -146,6 +167,12 @@ pub(crate) fn ledger<C: Connector>(
         } else {
             keys.push(k);
         }
+        keys.push(override_key(&state_key(
+            core.prefix(),
+            key,
+            policy.name(),
+            policy.algorithm(),
+        )));
     }
     let Some(first) = keys.first() else {
         return Box::pin(std::future::ready(Err(StoreError::Protocol(

@@ -16,6 +16,10 @@ use crate::error::ConfigError;
 use crate::policy::FailureMode;
 use crate::store::{MemoryStore, Store};
 
+/// How long a cached denial is answered before the store is asked whether it still stands,
+/// by default: see [`ResilientStoreBuilder::deny_cache_recheck`].
+pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(250);
+
 /// Builds a [`ResilientStore`].
 #[must_use]
 pub struct ResilientStoreBuilder<S> {
@@ -26,6 +30,7 @@ pub struct ResilientStoreBuilder<S> {
     cooldown: Duration,
     deny_cache: Option<usize>,
     deny_cache_max_age: Duration,
+    deny_cache_recheck: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -49,6 +54,7 @@ impl<S: Store> ResilientStore<S> {
             cooldown: Duration::from_secs(1),
             deny_cache: None,
             deny_cache_max_age: Duration::from_secs(1),
+            deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -76,10 +82,24 @@ impl<S: Store> ResilientStoreBuilder<S> {
     }
 
     /// The longest a denial is served from the deny cache (default 1 s), however long the
-    /// store said it lasts: the bound on how long the cache can outlive state the store lost
-    /// without this instance noticing (see the [module docs](crate::store::resilient)).
+    /// store said it lasts: after it, the next request goes to the store (see the
+    /// [module docs](crate::store::resilient)).
     pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
         self.deny_cache_max_age = max_age;
+        self
+    }
+
+    /// How long a cached denial is answered before the store is asked, off the request path,
+    /// whether it still stands (default [`DEFAULT_DENY_CACHE_RECHECK`], at least 1 ms): a
+    /// peek, charging nothing, at most one per cached denial at a time. A denial the store
+    /// would no longer give (it lost the key's state: a restart, a failover, `FLUSHALL`, an
+    /// eviction) is dropped with its answer, so the cache refuses a request the store would
+    /// allow for at most this long plus one store call (at most the
+    /// [`timeout`](Self::timeout)). Each hot refused key costs the store one peek per this
+    /// long per instance; a value at or above the max age asks nothing (the denial ends
+    /// first).
+    pub fn deny_cache_recheck(mut self, recheck: Duration) -> Self {
+        self.deny_cache_recheck = recheck;
         self
     }
 
@@ -94,13 +114,15 @@ impl<S: Store> ResilientStoreBuilder<S> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown` or
-    /// `deny_cache_max_age` is under 1 ms, or the breaker's `failures` is 0.
+    /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown`,
+    /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms, or the breaker's
+    /// `failures` is 0.
     pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
         for (field, value) in [
             ("timeout", self.timeout),
             ("circuit_breaker.cooldown", self.cooldown),
             ("deny_cache_max_age", self.deny_cache_max_age),
+            ("deny_cache_recheck", self.deny_cache_recheck),
         ] {
             if value < Duration::from_millis(1) {
                 return Err(ConfigError::new(
@@ -133,7 +155,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 },
                 deny_cache: self
                     .deny_cache
-                    .map(|n| DenyCache::new(n, self.deny_cache_max_age)),
+                    .map(|n| DenyCache::new(n, self.deny_cache_max_age, self.deny_cache_recheck)),
                 fallback: MemoryStore::builder()
                     .clock(ClockRef(clock.clone()))
                     .build()?,

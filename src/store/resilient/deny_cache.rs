@@ -1,5 +1,7 @@
 //! The deny cache of a [`ResilientStore`](super::ResilientStore): denials the store gave,
-//! answered again locally until they end, without a round trip.
+//! answered again locally until they end, without a round trip; each answered only under
+//! the store generation it was learned in, and confirmed by the store (a peek off the
+//! request path) at most every `recheck` while it is answered.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -19,6 +21,8 @@ use crate::policy::Policy;
 pub(super) struct DenyCache {
     capacity: usize,
     max_age_ms: u64,
+    /// How long a denial is answered before the store is asked to confirm it.
+    recheck_ms: u64,
     hasher: foldhash::fast::RandomState,
     /// slot → the denial.
     entries: Mutex<HashMap<u64, Cached>>,
@@ -28,19 +32,38 @@ pub(super) struct DenyCache {
 
 struct Cached {
     key: Key,
+    /// The request, to ask the store again.
+    policies: SmallVec<[Policy; 2]>,
+    costs: SmallVec<[u64; 2]>,
+    /// The store's generation when the store gave the denial.
+    generation: u64,
     at: u64,
     /// When the cache stops serving it: the store's moment, or the max age.
     until: u64,
     /// When the store said the request would be allowed.
     store_until: u64,
+    /// When the store last said so (the denial, or a peek since).
+    confirmed: u64,
+    /// Whether a peek to confirm it is under way.
+    checking: bool,
     decision: Decision,
 }
 
+/// A cached denial the store should confirm: the request to peek, and which entry it is.
+pub(super) struct Recheck {
+    pub(super) slot: u64,
+    pub(super) key: Key,
+    pub(super) policies: SmallVec<[Policy; 2]>,
+    pub(super) costs: SmallVec<[u64; 2]>,
+    at: u64,
+}
+
 impl DenyCache {
-    pub(super) fn new(capacity: usize, max_age: Duration) -> Self {
+    pub(super) fn new(capacity: usize, max_age: Duration, recheck: Duration) -> Self {
         Self {
             capacity,
             max_age_ms: max_age.as_millis().try_into().unwrap_or(u64::MAX),
+            recheck_ms: recheck.as_millis().try_into().unwrap_or(u64::MAX),
             hasher: foldhash::fast::RandomState::default(),
             entries: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -66,27 +89,90 @@ impl DenyCache {
         }
     }
 
-    pub(super) fn get(&self, slot: u64, key: &Key, now: u64) -> Option<Decision> {
+    /// The cached denial of this request, if one is in force at `now` and was learned under
+    /// the store's current `generation`; with it, when the store last confirmed it `recheck`
+    /// or more ago and no peek is under way, the peek to send (off the request path).
+    pub(super) fn get(
+        &self,
+        slot: u64,
+        key: &Key,
+        now: u64,
+        generation: u64,
+    ) -> Option<(Decision, Option<Recheck>)> {
         let mut entries = self.entries.lock();
-        let cached = entries.get(&slot)?;
+        let cached = entries.get_mut(&slot)?;
         if cached.key != *key {
             return None;
         }
-        if now >= cached.until {
+        // A denial from state the store has lost (it restarted, as far as it noticed) is
+        // never answered, whatever its moment.
+        if now >= cached.until || cached.generation != generation {
             entries.remove(&slot);
             return None;
         }
-        Some(shift(
+        let decision = shift(
             &cached.decision,
             now.saturating_sub(cached.at),
             cached.store_until.saturating_sub(now),
-        ))
+        );
+        let recheck = (!cached.checking && now >= cached.confirmed.saturating_add(self.recheck_ms))
+            .then(|| {
+                cached.checking = true;
+                Recheck {
+                    slot,
+                    key: cached.key.clone(),
+                    policies: cached.policies.clone(),
+                    costs: cached.costs.clone(),
+                    at: cached.at,
+                }
+            });
+        Some((decision, recheck))
     }
 
+    /// What the store said when asked to confirm a denial: `answer` is whether it would
+    /// allow the request now and, if not, its `retry_after` (ms); `None` when it did not
+    /// answer. An allowed request, or a store whose generation moved since the denial, drops
+    /// it; a confirmed denial is answered for another `recheck` (and ends no later than the
+    /// store now says).
+    pub(super) fn rechecked(
+        &self,
+        job: &Recheck,
+        answer: Option<(bool, u64)>,
+        now: u64,
+        generation: u64,
+    ) {
+        let mut entries = self.entries.lock();
+        let Some(cached) = entries.get_mut(&job.slot) else {
+            return;
+        };
+        if cached.key != job.key || cached.at != job.at {
+            return; // replaced meanwhile
+        }
+        cached.checking = false;
+        match answer {
+            _ if cached.generation != generation => {
+                entries.remove(&job.slot);
+            }
+            Some((true, _)) => {
+                entries.remove(&job.slot);
+            }
+            Some((false, retry_after)) => {
+                let store_until = now.saturating_add(retry_after);
+                cached.confirmed = now;
+                cached.store_until = cached.store_until.min(store_until);
+                cached.until = cached.until.min(store_until);
+            }
+            None => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &self,
         slot: u64,
         key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
         decision: Decision,
         now: u64,
         generation: u64,
@@ -98,7 +184,7 @@ impl DenyCache {
         let until = store_until.min(now.saturating_add(self.max_age_ms));
         let mut entries = self.entries.lock();
         if entries.len() >= self.capacity {
-            entries.retain(|_, c| c.until > now);
+            entries.retain(|_, c| c.until > now && c.generation == generation);
             if entries.len() >= self.capacity {
                 return;
             }
@@ -107,9 +193,14 @@ impl DenyCache {
             slot,
             Cached {
                 key: key.clone(),
+                policies: policies.iter().cloned().collect(),
+                costs: costs.iter().copied().collect(),
+                generation,
                 at: now,
                 until,
                 store_until,
+                confirmed: now,
+                checking: false,
                 decision,
             },
         );
@@ -146,6 +237,64 @@ pub(super) fn shift(decision: &Decision, elapsed: u64, left: u64) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn denied() -> Decision {
+        Decision::single(PolicyDecision::from_parts(false, 5, 0, 90_000, 90_000, 0))
+    }
+
+    #[test]
+    fn a_denial_is_never_answered_under_another_generation() {
+        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
+        let key = Key::new("user", "1");
+        let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
+        let slot = cache.slot(&key, &policies, &[1]);
+        cache.sync(3);
+        cache.insert(slot, &key, &policies, &[1], denied(), 1_000, 3);
+        assert!(cache.get(slot, &key, 1_001, 3).is_some());
+        // The store noticed it lost its state: the entry is gone, not merely skipped.
+        assert!(cache.get(slot, &key, 1_002, 4).is_none());
+        assert!(cache.get(slot, &key, 1_003, 3).is_none());
+        // A denial learned under a generation the cache has left is not kept.
+        cache.sync(5);
+        cache.insert(slot, &key, &policies, &[1], denied(), 1_004, 4);
+        assert!(cache.get(slot, &key, 1_005, 4).is_none());
+        assert!(cache.get(slot, &key, 1_005, 5).is_none());
+    }
+
+    #[test]
+    fn a_denial_is_confirmed_by_the_store_every_recheck() {
+        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_millis(100));
+        let key = Key::new("user", "1");
+        let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
+        let slot = cache.slot(&key, &policies, &[1]);
+        cache.insert(slot, &key, &policies, &[1], denied(), 1_000, 0);
+        assert!(cache.get(slot, &key, 1_099, 0).unwrap().1.is_none());
+        let (_, job) = cache.get(slot, &key, 1_100, 0).unwrap();
+        let job = job.expect("a recheck is due");
+        assert_eq!(
+            (job.key.clone(), job.costs.as_slice()),
+            (key.clone(), &[1][..])
+        );
+        // One peek at a time: later hits are answered without asking again.
+        assert!(cache.get(slot, &key, 1_150, 0).unwrap().1.is_none());
+        // The store still refuses, for 30 s more: answered until the next recheck, and
+        // never past the store's new moment.
+        cache.rechecked(&job, Some((false, 30_000)), 1_160, 0);
+        assert!(cache.get(slot, &key, 1_259, 0).unwrap().1.is_none());
+        let (d, job) = cache.get(slot, &key, 1_260, 0).unwrap();
+        assert!(d.retry_after_millis() <= 30_000 - 100);
+        // Now the store would allow it (its state was lost, or refunded elsewhere): gone.
+        cache.rechecked(&job.unwrap(), Some((true, 0)), 1_270, 0);
+        assert!(cache.get(slot, &key, 1_271, 0).is_none());
+        // A store that did not answer leaves the entry, to be asked again at the next hit.
+        cache.insert(slot, &key, &policies, &[1], denied(), 2_000, 0);
+        let (_, job) = cache.get(slot, &key, 2_100, 0).unwrap();
+        cache.rechecked(&job.unwrap(), None, 2_150, 0);
+        let (_, job) = cache.get(slot, &key, 2_151, 0).unwrap();
+        // And a store whose generation moved meanwhile drops it whatever it answered.
+        cache.rechecked(&job.expect("asked again"), Some((false, 9_000)), 2_160, 1);
+        assert!(cache.get(slot, &key, 2_161, 0).is_none());
+    }
 
     #[test]
     fn cached_denials_count_down() {

@@ -27,12 +27,30 @@
 //!   store's own `retry_after`, counted down). `T` is the earliest moment the store, keeping its
 //!   state, would allow that request; only a loss of that state can make it allow sooner:
 //!   a [`reset`](crate::Limiter::reset) (which clears the local cache too), or Redis losing
-//!   its data (a restart without persistence, a failover, `FLUSHALL`, eviction under
-//!   `maxmemory`). **Bound**: the cache refuses a request the store would allow for at most
-//!   the max age after the store lost the state, and not at all after a restart this instance
-//!   notices: a Redis store reads the server's `run_id` on the first call after a connection
-//!   failure and, when it changed, the whole cache is dropped (see
-//!   [`Store::generation`]).
+//!   its data (a restart without persistence, a failover, `FLUSHALL`/`FLUSHDB`, eviction under
+//!   `maxmemory`). Two rules keep a cached denial from outliving that state:
+//!
+//!   1. **Generation.** Each denial remembers the store's [`generation`](Store::generation)
+//!      it was learned under and is never answered once the store's generation differs (a
+//!      Redis store reads the server's `run_id` on the first call after a connection failure;
+//!      a new one means a restart or failover).
+//!   2. **Recheck.** A `FLUSHALL` or `FLUSHDB` keeps the `run_id`, and a restart can go
+//!      unnoticed (a pool that replaced its connections without failing a call, or no call
+//!      at all while the cache answers every request of the key), so while a denial is
+//!      answered the store is asked, off the request path, whether it still stands: a peek
+//!      (charging nothing) at most every
+//!      [`deny_cache_recheck`](ResilientStoreBuilder::deny_cache_recheck) (default 250 ms)
+//!      per cached denial, one at a time; the denial goes when the store would allow the
+//!      request or its generation moved.
+//!
+//!   **Bound**: while the store keeps its state, the cache never refuses a request the store
+//!   would allow. After the store loses a key's state by any means, the cache refuses that
+//!   key for at most `deny_cache_recheck` plus one store call (at most the
+//!   [`timeout`](ResilientStoreBuilder::timeout); a call that fails is asked again at the
+//!   next request), and never longer than `deny_cache_max_age`; a restart this instance has
+//!   noticed ends every cached denial at once. (A [`LeasedStore`](crate::store::leased) under
+//!   it keeps a refusal of its own for at most one lease time more.) While the circuit is
+//!   open nothing is asked, as for decisions.
 //!
 //! # Local fallback: what it admits
 //!
@@ -106,7 +124,7 @@ pub use crate::policy::FailureMode;
 use crate::policy::{Policy, Rate};
 use crate::telemetry;
 use breaker::{Breaker, Gate};
-pub use builder::ResilientStoreBuilder;
+pub use builder::{ResilientStoreBuilder, DEFAULT_DENY_CACHE_RECHECK};
 use deny_cache::DenyCache;
 
 /// A store that fails gracefully; see the [module docs](crate::store::resilient).
@@ -340,6 +358,39 @@ impl<S: Store> Inner<S> {
 }
 
 impl<S: Store> Inner<S> {
+    /// Asks the store, off the request path, whether a cached denial still stands: a peek,
+    /// which charges nothing, under the store's timeout. Skipped while the circuit is open
+    /// (the store is not being called) and without a runtime; the entry is then asked about
+    /// at a later hit.
+    fn recheck(self: &Arc<Self>, job: deny_cache::Recheck) {
+        let Some(cache) = &self.deny_cache else {
+            return;
+        };
+        let runtime = tokio::runtime::Handle::try_current();
+        let closed = self.breaker.open_until.load(Ordering::Acquire) == 0;
+        let (Ok(runtime), true) = (runtime, closed) else {
+            cache.rechecked(
+                &job,
+                None,
+                self.clock.now_millis(),
+                self.primary.generation(),
+            );
+            return;
+        };
+        let call = self.primary.peek(&job.key, &job.policies, &job.costs);
+        let this = Arc::clone(self);
+        runtime.spawn(async move {
+            let answer = match tokio::time::timeout(this.timeout, call).await {
+                Ok(Ok(d)) => Some((d.is_allowed(), d.retry_after_millis())),
+                Ok(Err(_)) | Err(_) => None,
+            };
+            if let Some(cache) = &this.deny_cache {
+                let now = this.clock.now_millis();
+                cache.rechecked(&job, answer, now, this.primary.generation());
+            }
+        });
+    }
+
     /// Lets a call that timed out run to its end in the background (the store may execute
     /// it anyway; a call still queued for its batch would otherwise be dropped unsent) and
     /// reconciles its answer with the fallback's. See the [module docs](self).
@@ -399,7 +450,10 @@ impl<S: Store> Store for ResilientStore<S> {
             c.slot(key, policies, costs)
         });
         if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
-            if let Some(d) = cache.get(slot, key, now) {
+            if let Some((d, recheck)) = cache.get(slot, key, now, generation) {
+                if let Some(job) = recheck {
+                    inner.recheck(job);
+                }
                 // Not degraded: the store is healthy and said no a moment ago. The limiter
                 // counts the decision with its own outcome, `cached_deny`.
                 return Box::pin(std::future::ready(Ok(d)));
@@ -433,7 +487,15 @@ impl<S: Store> Store for ResilientStore<S> {
                     if !decision.is_allowed() {
                         if let (Some(cache), Some(slot)) = (&this.deny_cache, slot) {
                             let now = this.clock.now_millis();
-                            cache.insert(slot, &key, decision.clone(), now, generation);
+                            cache.insert(
+                                slot,
+                                &key,
+                                &policies,
+                                &costs,
+                                decision.clone(),
+                                now,
+                                generation,
+                            );
                         }
                     }
                     this.learn(&key, &policies, &costs, &decision, None);
@@ -623,6 +685,12 @@ impl<S: Store> Store for ResilientStore<S> {
 
     fn name(&self) -> &'static str {
         self.inner.primary.name()
+    }
+
+    /// The wrapped store's: what it lost, this store's cached denials and fallback learned
+    /// from too.
+    fn generation(&self) -> u64 {
+        self.inner.primary.generation()
     }
 }
 

@@ -7,7 +7,9 @@ use super::*;
 /// standing for a Redis shared by several instances (tests, simulations, the proptest of
 /// the interval bounds).
 ///
-/// Clones share the ledger.
+/// Per-key [overrides](crate::overrides) of leased policies are kept here too, and read by
+/// every ledger call, as the Redis ledger reads the override key next to the key's state;
+/// overrides of the other policies go to the memory store. Clones share the ledger.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -30,8 +32,21 @@ use super::*;
 #[derive(Clone)]
 pub struct MemoryLedger {
     states: Arc<parking_lot::Mutex<HashMap<String, LState>>>,
+    /// Overrides of leased policies: by key, policy name and algorithm (as the Redis
+    /// override key names them), the limit, the capacity and when it ends (ms), if it does.
+    overrides: Arc<parking_lot::Mutex<HashMap<OverrideSlot, Kept>>>,
     clock: Arc<dyn Clock>,
     exact: MemoryStore,
+}
+
+/// Where an override of a leased policy is kept: the key, the policy's name and algorithm.
+type OverrideSlot = (Key, Box<str>, Algorithm);
+
+/// An override kept: its limit, its capacity, and when it ends (ms), if it does.
+type Kept = (u64, u64, Option<u64>);
+
+fn slot(key: &Key, policy: &Policy) -> OverrideSlot {
+    (key.clone(), policy.name().into(), policy.algorithm())
 }
 
 impl fmt::Debug for MemoryLedger {
@@ -73,13 +88,28 @@ impl MemoryLedger {
             .unwrap_or_else(|_| MemoryStore::new());
         Self {
             states: Arc::default(),
+            overrides: Arc::default(),
             exact,
             clock: Arc::new(clock),
         }
     }
 
+    /// `key`'s override of `policy` in force at `now`, usable with window `w`.
+    fn override_of(&self, key: &Key, policy: &Policy, now: u64, w: u64) -> Option<Override> {
+        let map = self.overrides.lock();
+        let &(limit, capacity, ends) = map.get(&slot(key, policy))?;
+        if ends.is_some_and(|e| e <= now) {
+            return None;
+        }
+        Override::usable(limit, capacity, w)
+    }
+
     fn call(&self, key: &Key, policies: &[Policy], call: &LedgerCall) -> LedgerReply {
         let now = self.clock.now_millis();
+        let mut call = call.clone();
+        for (p, part) in policies.iter().zip(call.parts.iter_mut()) {
+            *part = part.with_override(self.override_of(key, p, now, part.w));
+        }
         let names: SmallVec<[String; 2]> = policies
             .iter()
             .zip(&call.parts)
@@ -88,7 +118,7 @@ impl MemoryLedger {
         let mut map = self.states.lock();
         let mut states: SmallVec<[Option<LState>; 2]> =
             names.iter().map(|n| map.remove(n)).collect();
-        let reply = run(call, &mut states, now);
+        let reply = run(&call, &mut states, now);
         for (name, state) in names.into_iter().zip(states) {
             if let Some(s) = state {
                 map.insert(name, s);
@@ -175,12 +205,73 @@ impl Store for MemoryLedger {
         self.exact.reset(key, policies)
     }
 
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if Kind::of(policy).is_none() {
+            return self.exact.set_override(key, policy, ttl);
+        }
+        let now = self.clock.now_millis();
+        let ends = ttl.map(|t| {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1);
+            now.saturating_add(ms)
+        });
+        let mut map = self.overrides.lock();
+        map.retain(|_, (_, _, e)| e.is_none_or(|e| e > now));
+        map.insert(slot(key, policy), (policy.limit(), policy.capacity(), ends));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        if Kind::of(policy).is_none() {
+            return self.exact.remove_override(key, policy);
+        }
+        self.overrides.lock().remove(&slot(key, policy));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn overrides(
         &self,
         key: &Key,
         policies: &[Policy],
     ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        self.exact.overrides(key, policies)
+        let now = self.clock.now_millis();
+        let exact: Vec<Policy> = policies
+            .iter()
+            .filter(|p| Kind::of(p).is_none())
+            .cloned()
+            .collect();
+        let mut found: Vec<ActiveOverride> = {
+            let map = self.overrides.lock();
+            policies
+                .iter()
+                .filter(|p| Kind::of(p).is_some())
+                .filter_map(|p| {
+                    let &(limit, capacity, ends) = map.get(&slot(key, p))?;
+                    if ends.is_some_and(|e| e <= now) {
+                        return None;
+                    }
+                    let left = ends.map(|e| std::time::Duration::from_millis(e - now));
+                    Some(ActiveOverride::new(
+                        p.name().to_owned(),
+                        limit,
+                        capacity,
+                        left,
+                    ))
+                })
+                .collect()
+        };
+        let others = self.exact.overrides(key, &exact);
+        let order: Vec<String> = policies.iter().map(|p| p.name().to_owned()).collect();
+        Box::pin(async move {
+            found.extend(others.await?);
+            // In the order of `policies`, as the other stores list them.
+            found.sort_by_key(|o| order.iter().position(|n| n == o.policy()));
+            Ok(found)
+        })
     }
 
     fn now_millis(&self) -> u64 {
