@@ -169,6 +169,7 @@ use entries::{spawn, Block, BlockPart, Denied, Entry, Plan, Taken};
 pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -428,6 +429,8 @@ impl<S: LeaseBackend> LeasedStore<S> {
         let entries = self.shared.entries.all();
         let mut returns = Vec::new();
         for e in entries {
+            // A grant still running (its caller may have gone) installs its block first.
+            let _refill = e.refill.lock().await;
             let block = e.st.lock().block.take();
             if let Some(b) = block {
                 if let Some(fut) = self.shared.give_back(&e, b) {
@@ -486,65 +489,84 @@ impl<S: LeaseBackend> Shared<S> {
         match plan {
             Plan::Exact => self.exact(Some(&entry), key, policies, costs).await,
             Plan::Lease { period, wants } => {
-                let _refill = entry.refill.lock().await;
-                let now = self.now();
-                if let Some(d) = self.local(&entry, costs, now, false) {
-                    return Ok((d, Taken::Nothing));
+                // A grant runs to its end even when its caller gives up: cut off after the
+                // ledger charged the block, or after the block in hand was taken to be given
+                // back, it would lose a whole block (up to a tenth of the limit) until the
+                // window ends. Dropped once started, it is finished on the runtime; a caller
+                // that goes away costs at most its own units.
+                let grant = Arc::clone(self).grant(
+                    entry,
+                    key.clone(),
+                    policies.iter().cloned().collect(),
+                    costs.iter().copied().collect(),
+                    period,
+                    wants,
+                );
+                Finishing::new(grant).await
+            }
+        }
+    }
+
+    /// Takes a block for a request of `costs` on a tracked key (see [`decide`](Self::decide)),
+    /// giving back the block in hand in the same ledger call.
+    async fn grant(
+        self: Arc<Self>,
+        entry: Arc<Entry>,
+        key: Key,
+        policies: SmallVec<[Policy; 2]>,
+        costs: SmallVec<[u64; 2]>,
+        period: u64,
+        wants: SmallVec<[u64; 2]>,
+    ) -> Result<(Decision, Taken), StoreError> {
+        let (key, policies, costs) = (&key, &policies[..], &costs[..]);
+        let entry = &entry;
+        let _refill = entry.refill.lock().await;
+        let now = self.now();
+        if let Some(d) = self.local(&entry, costs, now, false) {
+            return Ok((d, Taken::Nothing));
+        }
+        let id = self.next_id();
+        let mut call = self.call(Mode::Grant, period, id, policies);
+        for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
+            part.a = cost;
+            part.b = want.max(cost);
+        }
+        let generation = self.inner.generation();
+        // The block in hand, used up or ended, goes back in the same call: its
+        // unused units, and the reserved refill or log time it still holds.
+        let old = entry.st.lock().block.take();
+        let mut kept = None;
+        if let Some(old) = old {
+            if old.generation == generation {
+                call.previous = old.id;
+                let unused = old.parts.iter().map(|p| p.left).max().unwrap_or(0);
+                for (part, bp) in call.parts.iter_mut().zip(&old.parts) {
+                    part.e = bp.granted;
+                    part.f = bp.left;
+                    part.g = old.granted_at;
+                    part.h = old.valid;
+                    part.r = bp.rate;
                 }
-                let id = self.next_id();
-                let mut call = self.call(Mode::Grant, period, id, policies);
-                for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
-                    part.a = cost;
-                    part.b = want.max(cost);
+                kept = Some((old, unused));
+            }
+        }
+        let sent = self.now();
+        match self.inner.ledger(key, policies, call).await {
+            Ok(reply) => {
+                if let Some((_, unused)) = kept {
+                    bump(&self.counters.units_returned, unused);
+                    crate::telemetry::lease_units("returned", unused);
                 }
-                let generation = self.inner.generation();
-                // The block in hand, used up or ended, goes back in the same call: its
-                // unused units, and the reserved refill or log time it still holds.
-                let old = entry.st.lock().block.take();
-                let mut kept = None;
-                if let Some(old) = old {
-                    if old.generation == generation {
-                        call.previous = old.id;
-                        let unused = old.parts.iter().map(|p| p.left).max().unwrap_or(0);
-                        for (part, bp) in call.parts.iter_mut().zip(&old.parts) {
-                            part.e = bp.granted;
-                            part.f = bp.left;
-                            part.g = old.granted_at;
-                            part.h = old.valid;
-                            part.r = bp.rate;
-                        }
-                        kept = Some((old, unused));
-                    }
+                Ok(self.install(Some(&entry), policies, costs, reply, id, sent, generation))
+            }
+            Err(e) => {
+                // The call may have run (a reply lost to a timeout): the block it
+                // gave back must not be spent again.
+                if let Some((_, unused)) = kept {
+                    bump(&self.counters.units_dropped, unused);
+                    crate::telemetry::lease_units("dropped", unused);
                 }
-                let sent = self.now();
-                match self.inner.ledger(key, policies, call).await {
-                    Ok(reply) => {
-                        if let Some((_, unused)) = kept {
-                            bump(&self.counters.units_returned, unused);
-                            crate::telemetry::lease_units("returned", unused);
-                        }
-                        Ok(
-                            self.install(
-                                Some(&entry),
-                                policies,
-                                costs,
-                                reply,
-                                id,
-                                sent,
-                                generation,
-                            ),
-                        )
-                    }
-                    Err(e) => {
-                        // The call may have run (a reply lost to a timeout): the block it
-                        // gave back must not be spent again.
-                        if let Some((_, unused)) = kept {
-                            bump(&self.counters.units_dropped, unused);
-                            crate::telemetry::lease_units("dropped", unused);
-                        }
-                        Err(e)
-                    }
-                }
+                Err(e)
             }
         }
     }
@@ -775,6 +797,51 @@ impl<S: LeaseBackend> Shared<S> {
                     part.d = 0;
                 }
                 let _ = self.inner.ledger(key, policies, call).await;
+            }
+        }
+    }
+}
+
+/// A future that, once polled, runs to its end even if its caller drops it: the rest is
+/// finished on the current Tokio runtime (without one, it is dropped where it stands).
+struct Finishing<F: Future + Send + 'static> {
+    future: Option<std::pin::Pin<Box<F>>>,
+    started: bool,
+}
+
+impl<F: Future + Send + 'static> Finishing<F> {
+    fn new(future: F) -> Self {
+        Self {
+            future: Some(Box::pin(future)),
+            started: false,
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Finishing<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.started = true;
+        let Some(future) = self.future.as_mut() else {
+            return std::task::Poll::Pending; // answered already; never polled again
+        };
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        std::task::Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Finishing<F> {
+    fn drop(&mut self) {
+        if let (Some(future), true) = (self.future.take(), self.started) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = future.await;
+                });
             }
         }
     }
