@@ -55,7 +55,7 @@ impl LimitAlgorithm for InFlight {
     #[inline]
     fn evaluate(state: &InFlightState, _now: u64, limits: &Limits, slots: u64) -> PolicyDecision {
         let n = limits.limit();
-        let allowed = state.held + slots <= n;
+        let allowed = state.held.saturating_add(slots) <= n;
         let after = if allowed {
             state.held + slots
         } else {
@@ -67,7 +67,7 @@ impl LimitAlgorithm for InFlight {
     /// Takes the slots of an allowed request.
     #[inline]
     fn commit(state: &mut InFlightState, _now: u64, _limits: &Limits, slots: u64) {
-        state.held += slots;
+        state.held = state.held.saturating_add(slots);
     }
 
     /// Gives `slots` slots back (a request ended), never below zero.

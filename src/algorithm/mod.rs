@@ -40,6 +40,27 @@
 //! versions give the same answer to the millisecond. Times are assumed not to go backwards;
 //! [`SystemClock`](crate::clock::SystemClock) and Redis `TIME` never do.
 //!
+//! # Arithmetic on caller-controlled numbers
+//!
+//! Costs, refunds and settlements come from callers, and limits from operators (a per-key
+//! override), so every function here takes any `u64` without overflow or underflow: sums
+//! and products saturate, differences stop at zero. A state never holds more than
+//! ⌊[`MAX_USAGE_WINDOW_PRODUCT`] / W⌋ units, so that the Lua twins, which compute in
+//! doubles, stay exact (every value they handle is below 2^53); the Redis stores send any
+//! cost above 2^53 − 1 as 2^53 − 1, which every function here answers exactly as it answers
+//! the larger cost.
+//!
+//! * A cost that no state could ever admit (above the capacity; for a shaping GCRA policy,
+//!   above what the burst and the longest delay hold) is denied, charges nothing, and is
+//!   answered with the state as it stands and a `retry_after` equal to its `reset_after`
+//!   (when the quota is whole again); [`PolicyDecision::exceeds_capacity`] tells it apart.
+//!   The [`Limiter`](crate::Limiter) refuses such a cost before asking the store, and
+//!   answers one that only a per-key override's lower capacity makes too large as
+//!   [`CostExceedsCapacity`](crate::CheckError::CostExceedsCapacity) too.
+//! * An [`overcharge`](LimitAlgorithm::overcharge) is never forgiven: a state may go past
+//!   its limit, and the excess is a debt the key pays back at the policy's rate (`N` units
+//!   per window) before it is admitted again. Debts saturate at the cap above.
+//!
 //! # Examples
 //!
 //! ```
@@ -90,6 +111,9 @@ pub struct PolicyDecision {
     pub(crate) reset_after_ms: u64,
     pub(crate) retry_after_ms: u64,
     pub(crate) delay_ms: u64,
+    /// The cost of a denied request above the capacity in force (`limit`), 0 otherwise: see
+    /// [`exceeds_capacity`](Self::exceeds_capacity).
+    pub(crate) excess: u64,
 }
 
 impl PolicyDecision {
@@ -110,7 +134,30 @@ impl PolicyDecision {
             reset_after_ms,
             retry_after_ms: if allowed { 0 } else { retry_after_ms.max(1) },
             delay_ms: if allowed { delay_ms } else { 0 },
+            excess: 0,
         }
+    }
+
+    /// The decision for a request of `cost`, marked when it was denied for a cost above the
+    /// capacity in force ([`limit`](Self::limit)), which no wait would cure. The stores mark
+    /// every decision they answer (the memory store and the Redis stores alike).
+    #[inline]
+    pub(crate) fn for_cost(mut self, cost: u64) -> Self {
+        if !self.allowed && cost > self.limit {
+            self.excess = cost;
+        }
+        self
+    }
+
+    /// Whether the request was denied because its cost is above the capacity in force (a
+    /// per-key override's, when one applies): no wait makes it fit.
+    pub fn exceeds_capacity(&self) -> bool {
+        self.excess > 0
+    }
+
+    /// The cost of a request denied for [exceeding the capacity](Self::exceeds_capacity).
+    pub(crate) fn excess_cost(&self) -> Option<u64> {
+        (self.excess > 0).then_some(self.excess)
     }
 
     /// Whether the request may pass.
@@ -163,6 +210,39 @@ impl PolicyDecision {
 #[inline]
 pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
     a.div_ceil(b)
+}
+
+/// The most usage a state holds, debt included, times the window in milliseconds: 2^52.
+///
+/// An [`overcharge`](LimitAlgorithm::overcharge) is charged in full, even far past the
+/// limit: the excess is a debt the key pays back at the policy's rate before it is admitted
+/// again. It saturates so that every number the Redis scripts handle stays below 2^53, where
+/// doubles are exact: a state holds at most ⌊2^52 / W⌋ units (W the window in ms), at least
+/// four times the limit since limit × W ≤
+/// [`MAX_CAPACITY_WINDOW_PRODUCT`](crate::policy::MAX_CAPACITY_WINDOW_PRODUCT) (2^50). A
+/// settlement of `u64::MAX` therefore leaves the key refused for about 2^52 / N ms (N the
+/// limit per window), until [`reset`](crate::Limiter::reset).
+pub const MAX_USAGE_WINDOW_PRODUCT: u64 = 1 << 52;
+
+/// The most units a state of `limits` holds: ⌊[`MAX_USAGE_WINDOW_PRODUCT`] / W⌋.
+#[inline]
+pub(crate) fn max_units(limits: &Limits) -> u64 {
+    MAX_USAGE_WINDOW_PRODUCT / limits.window_millis().max(1)
+}
+
+/// The answer to a request no state could ever admit, from `look`, the state's answer to a
+/// request of cost 0: denied, charging nothing, `retry_after` its `reset_after` (when the
+/// quota is whole again; the request does not fit then either).
+#[inline]
+pub(crate) fn never_fits(look: PolicyDecision) -> PolicyDecision {
+    PolicyDecision::from_parts(
+        false,
+        look.limit,
+        look.remaining,
+        look.reset_after_ms,
+        look.reset_after_ms,
+        0,
+    )
 }
 
 #[cfg(test)]
@@ -374,10 +454,14 @@ macro_rules! algorithms {
 
             /// See [`LimitAlgorithm::evaluate`].
             #[inline]
+            ///
+            /// The decision is marked when its cost
+            /// [exceeds the capacity](PolicyDecision::exceeds_capacity).
             pub fn evaluate(&self, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
                 match self {
                     $(AnyState::$variant(s) => <$alg>::evaluate(s, now, limits, cost),)*
                 }
+                .for_cost(cost)
             }
 
             /// See [`LimitAlgorithm::commit`].
@@ -421,9 +505,10 @@ macro_rules! algorithms {
                 cost: u64,
                 charge: bool,
             ) -> InPlace {
-                match self {
+                let (d, expires) = match self {
                     $(AnyState::$variant(s) => <$alg>::decide_in_place(s, now, limits, cost, charge),)*
-                }
+                };
+                (d.for_cost(cost), expires)
             }
 
             /// See [`LimitAlgorithm::expires_at`].
