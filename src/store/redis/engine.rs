@@ -409,7 +409,8 @@ impl<C: Connector> Core<C> {
     }
 
     /// See [`Store::settle`](crate::store::Store::settle): one request in settle mode, with
-    /// the signed difference per policy.
+    /// the signed difference per policy (its magnitude clamped, see
+    /// [`wire::settle_delta`]).
     pub(crate) fn settle(
         self: &Arc<Self>,
         key: &Key,
@@ -420,7 +421,7 @@ impl<C: Connector> Core<C> {
         let deltas: SmallVec<[u64; 2]> = reserved
             .iter()
             .zip(actual)
-            .map(|(&r, &a)| (a as i64).wrapping_sub(r as i64) as u64)
+            .map(|(&r, &a)| wire::settle_delta(r, a))
             .collect();
         let call = self.decide(key, policies, &deltas, Mode::Settle);
         Box::pin(async move { call.await.map(drop) })

@@ -60,13 +60,15 @@ const DRIVER: &str = include_str!("../../../lua/decide.lua");
 pub(crate) fn source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
     SOURCE.get_or_init(|| {
-        let prelude = PRELUDE.replace(
-            "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
-            &format!(
-                "local IN_FLIGHT_RETRY_AFTER_MS = {}",
-                crate::algorithm::in_flight::RETRY_AFTER_MS
-            ),
-        );
+        let prelude = PRELUDE
+            .replace(
+                "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
+                &format!(
+                    "local IN_FLIGHT_RETRY_AFTER_MS = {}",
+                    crate::algorithm::in_flight::RETRY_AFTER_MS
+                ),
+            )
+;
         let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
         let text = std::iter::once(SINGLE)
             .chain([prelude.as_str()])
@@ -74,8 +76,14 @@ pub(crate) fn source() -> &'static str {
             .chain([DRIVER])
             .collect::<Vec<_>>()
             .join("\n");
-        // single.lua and prelude.lua both name the margin and the grid.
-        with_ttl_constants(&text)
+        // single.lua and prelude.lua both name the margin, the grid and the usage cap.
+        with_ttl_constants(&text).replace(
+            "local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496",
+            &format!(
+                "local MAX_USAGE_WINDOW_PRODUCT = {}",
+                crate::algorithm::MAX_USAGE_WINDOW_PRODUCT
+            ),
+        )
     })
 }
 
@@ -137,5 +145,12 @@ mod tests {
         assert_eq!(named(&format!("local TTL_GRID_MS = {TTL_GRID_MS}\n")), 2);
         assert!(TTL_GRID_MS <= TTL_MARGIN_MS && TTL_GRID_MS.is_power_of_two());
         assert!(s.trim_end().ends_with("return table.concat(replies)"));
+        assert_eq!(
+            named(&format!(
+                "local MAX_USAGE_WINDOW_PRODUCT = {}\n",
+                crate::algorithm::MAX_USAGE_WINDOW_PRODUCT
+            )),
+            2
+        );
     }
 }
