@@ -116,9 +116,7 @@ impl LimitAlgorithm for FixedWindow {
         let count = count_at(state, idx, limits.limit());
         *state = FixedWindowState {
             window: idx,
-            count: count
-                .saturating_add(cost)
-                .min(count.max(max_units(limits))),
+            count: count.saturating_add(cost).min(count.max(max_units(limits))),
         };
     }
 

@@ -19,7 +19,9 @@
 //! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
 //! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
 
-use super::{ceil_div, never_fits, InPlace, LimitAlgorithm, PolicyDecision, MAX_USAGE_WINDOW_PRODUCT};
+use super::{
+    ceil_div, never_fits, InPlace, LimitAlgorithm, PolicyDecision, MAX_USAGE_WINDOW_PRODUCT,
+};
 use crate::policy::{Algorithm, Limits};
 
 /// The theoretical arrival time: `tat + frac/N` ms since the epoch.
@@ -91,6 +93,8 @@ fn common_case(
     }
     let (whole, frac) = (after / n, after % n);
     let reset_after = whole + u64::from(frac > 0);
+    // A clock at the end of the `u64` range takes `evaluate` and `commit`.
+    let expires = now.checked_add(reset_after)?;
     let d = PolicyDecision::from_parts(true, capacity, (tolerance - after) / w, reset_after, 0, 0);
     if !charge {
         return Some((d, None));
@@ -99,7 +103,7 @@ fn common_case(
         tat: now + whole,
         frac,
     };
-    Some((d, Some(now + reset_after)))
+    Some((d, Some(expires)))
 }
 
 /// The gcra algorithm; see the [module docs](self).

@@ -172,10 +172,12 @@ fn common_case(
     } else {
         (n * w - weighted_after) / w
     };
+    // The end of the next window; a clock at the end of the `u64` range takes `evaluate`.
+    let expires = idx.checked_add(2)?.checked_mul(w)?;
     let reset_after = if cur_after > 0 {
-        (idx + 2) * w - now
+        expires - now
     } else if prev > 0 {
-        (idx + 1) * w - now
+        expires - w - now
     } else {
         0
     };
@@ -188,7 +190,7 @@ fn common_case(
         current: cur_after,
         previous: prev,
     };
-    Some((d, Some((idx + 2) * w)))
+    Some((d, Some(expires)))
 }
 
 /// The sliding window counter algorithm; see the [module docs](self).

@@ -115,9 +115,13 @@ impl LimitAlgorithm for SlidingWindowLog {
         )
     }
 
-    /// Drops expired entries and logs an allowed request.
+    /// Drops expired entries and logs an allowed request (any other cost saturates at the
+    /// state's cap, see [`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT)).
     fn commit(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, cost: u64) {
-        trim(state, now, limits.window_millis());
+        let w = limits.window_millis();
+        let used = used(state, now, w);
+        let cost = used.saturating_add(cost).min(used.max(max_units(limits))) - used;
+        trim(state, now, w);
         log_at(state, now, cost);
     }
 

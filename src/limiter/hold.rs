@@ -241,6 +241,8 @@ impl<S: Store> Limiter<S> {
         let Some(set) = self.default_set() else {
             return Ok(Reservation::empty(self.clone(), key.clone()));
         };
+        // At least one unit, so that a spent budget refuses (see `PolicySet::charged_costs`).
+        let estimate = estimate.max(1);
         let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
             (Some(estimate), SmallVec::new())
         } else {

@@ -60,15 +60,13 @@ const DRIVER: &str = include_str!("../../../lua/decide.lua");
 pub(crate) fn source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
     SOURCE.get_or_init(|| {
-        let prelude = PRELUDE
-            .replace(
-                "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
-                &format!(
-                    "local IN_FLIGHT_RETRY_AFTER_MS = {}",
-                    crate::algorithm::in_flight::RETRY_AFTER_MS
-                ),
-            )
-;
+        let prelude = PRELUDE.replace(
+            "local IN_FLIGHT_RETRY_AFTER_MS = 1000",
+            &format!(
+                "local IN_FLIGHT_RETRY_AFTER_MS = {}",
+                crate::algorithm::in_flight::RETRY_AFTER_MS
+            ),
+        );
         let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
         let text = std::iter::once(SINGLE)
             .chain([prelude.as_str()])
