@@ -187,7 +187,11 @@ impl Decision {
     /// `remaining` becomes what it would be had `actual` been charged.
     pub(crate) fn settled(&mut self, index: usize, reserved: u64, actual: u64) {
         if let Some(d) = self.decisions.get_mut(index) {
-            d.remaining = (d.remaining + reserved).saturating_sub(actual).min(d.limit);
+            d.remaining = d
+                .remaining
+                .saturating_add(reserved)
+                .saturating_sub(actual)
+                .min(d.limit);
             if let Some(g) = self
                 .decisions
                 .iter()

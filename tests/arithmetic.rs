@@ -613,3 +613,106 @@ async fn a_bucket_under_overrides_refills_at_the_rate_in_force_on_both_stores() 
         assert_eq!(seen, expected, "{name}");
     }
 }
+
+/// A xorshift generator: the random traces below are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random traces of reservations settled one after another (estimates from 0 to the limit,
+/// actual costs up to thirty limits, gaps from 0 to three windows), checked against the
+/// bound each algorithm states (`Store::settle`): over `j` whole windows the fixed window and
+/// the counter serve at most `j·N`, over any span of `j` windows the log at most `j·N`, the
+/// fixed window and the counter `(j + 1)·N`, and the buckets `C + j·N`, each plus the
+/// overshoot (actual cost less reservation) of the last request admitted in it.
+async fn random_settlements_stay_within_the_stated_bounds(
+    store: &DynStore,
+    clock: &ManualClock,
+    seeds: u64,
+) {
+    let w = 60_000u64;
+    for seed in 1..=seeds {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        for algorithm in ALGORITHMS {
+            let n = 1 + rng.below(12);
+            let p = policy(algorithm, n, Duration::from_millis(w));
+            let limiter = limiter(store, &p);
+            let key = Key::new("user", format!("random-{seed}-{algorithm}"));
+            let mut t = T0 / w * w;
+            // (time, actual, overshoot) of each admitted request.
+            let mut served = vec![];
+            for _ in 0..300 {
+                t += match rng.below(4) {
+                    0 => 0,
+                    1 => rng.below(3_000),
+                    2 => rng.below(30_000),
+                    _ => rng.below(180_000),
+                };
+                clock.set_millis(t);
+                let estimate = rng.below(n + 1);
+                let actual = match rng.below(3) {
+                    0 => rng.below(n + 1),
+                    1 => rng.below(5 * n + 1),
+                    _ => rng.below(30 * n + 1),
+                };
+                let r = limiter.reserve(&key, estimate).await.unwrap();
+                if r.decision().is_allowed() {
+                    r.settle(actual).await.unwrap();
+                    served.push((t, actual, actual.saturating_sub(estimate.max(1))));
+                }
+            }
+            assert!(served.len() > 5, "{algorithm}: {} admitted", served.len());
+            let burst = if algorithm.has_burst() { n } else { 0 };
+            let windowed = matches!(
+                algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+            );
+            for j in 1..=6u64 {
+                for (i, &(at, _, _)) in served.iter().enumerate() {
+                    // Spans starting at each admission, and at the start of its window.
+                    for (from, limit) in [
+                        (at, j * n + burst + if windowed { n } else { 0 }),
+                        (at / w * w, j * n + burst),
+                    ] {
+                        let first = served[..=i].iter().position(|e| e.0 >= from).unwrap_or(i);
+                        let (mut total, mut last) = (0, 0);
+                        for &(t, actual, overshoot) in &served[first..] {
+                            if t >= from + j * w {
+                                break;
+                            }
+                            total += actual;
+                            last = overshoot;
+                        }
+                        assert!(
+                            total <= limit + last,
+                            "{} seed {seed} {algorithm} N={n}: {total} units in {j} windows from \
+                             {from} (bound {limit} + overshoot {last})",
+                            store.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn random_settlements_stay_within_the_stated_bounds_memory() {
+    let clock = ManualClock::new(T0);
+    random_settlements_stay_within_the_stated_bounds(&memory(&clock), &clock, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_settlements_stay_within_the_stated_bounds_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let store = redis(&server, &clock, "random");
+    random_settlements_stay_within_the_stated_bounds(&store, &clock, 8).await;
+}

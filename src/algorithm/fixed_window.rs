@@ -160,11 +160,12 @@ impl LimitAlgorithm for FixedWindow {
     /// paid per window, so the key waits until the windows it used up have passed. Saturates
     /// at ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT) / W⌋ units.
     ///
-    /// **Bound**: every request is admitted with room for its reservation, so over the
-    /// windows from any window start to the end of another, a key whose requests are settled
-    /// one after another is served at most `N` per window plus the overshoot (actual cost
-    /// less reservation) of its last request; requests reserved together add their
-    /// overshoots, which the following windows then pay back.
+    /// **Bound**: every request is admitted with room for its reservation, so a key whose
+    /// requests are settled one after another is served, over `j` whole windows, at most
+    /// `j·N` plus the overshoot (actual cost less reservation) of its last request; over any
+    /// `j·W` ms, `(j + 1)·N` plus it (the boundary burst). Requests reserved together add
+    /// their overshoots, which the following windows then pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut FixedWindowState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
         let count = count_at(state, idx, limits.limit());

@@ -14,6 +14,10 @@
 //! It admits exactly what the [token bucket](super::token_bucket) with the same rate and burst
 //! admits.
 //!
+//! **Per-key overrides** keep the TAT: a debt is time, which a new rate reads as more or fewer
+//! units. Its remainder, kept in `1/N` ms of the limit it was written under, reads as at most
+//! `(N − 1)/N` ms under a lower limit, so `retry_after` stays exact.
+//!
 //! **Shaping**: with [`PolicyBuilder::shape`](crate::PolicyBuilder::shape) a request that does
 //! not fit now but would within `max_delay` is allowed with a [`delay`](PolicyDecision::delay):
 //! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
@@ -204,6 +208,7 @@ impl LimitAlgorithm for Gcra {
     /// is served, over any span of `L` ms, at most `B + N·L/W` (`B` the burst) plus the
     /// overshoot (actual cost less reservation) of its last request; requests reserved
     /// together add their overshoots, which the meter then takes that much longer to drain.
+    /// See [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut GcraState, now: u64, limits: &Limits, extra: u64) {
         let n = limits.limit();
         let w = limits.window_millis();

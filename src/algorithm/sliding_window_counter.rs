@@ -311,10 +311,11 @@ impl LimitAlgorithm for SlidingWindowCounter {
     ///
     /// **Bound**: every request is admitted with room for its reservation, and the estimate
     /// it is admitted against counts the debt in full; so a key whose requests are settled one
-    /// after another is served, over any span, at most what the counter admits over it (see
-    /// the accuracy bound) plus the overshoot (actual cost less reservation) of its last
-    /// request; requests reserved together add their overshoots, which the following windows
-    /// then pay back.
+    /// after another is served, over `j` whole windows, at most `j·N` plus the overshoot
+    /// (actual cost less reservation) of its last request; over any `j·W` ms, `(j + 1)·N`
+    /// plus it (the accuracy bound above). Requests reserved together add their overshoots,
+    /// which the following windows then pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
         let (previous, current) = counts(state, idx, limits.limit());

@@ -174,10 +174,10 @@ impl LimitAlgorithm for SlidingWindowLog {
     /// at ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT) / W⌋ units.
     ///
     /// **Bound**: every request is admitted with room for its reservation, so a key whose
-    /// requests are settled one after another is served, over any span of `k` windows, at
-    /// most `k·N` plus the overshoot (actual cost less reservation) of its last request;
-    /// requests reserved together add their overshoots, which the following windows then
-    /// pay back.
+    /// requests are settled one after another is served, over any `j·W` ms, at most `j·N`
+    /// plus the overshoot (actual cost less reservation) of its last request; requests
+    /// reserved together add their overshoots, which the following windows then pay back.
+    /// See [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, extra: u64) {
         let n = limits.limit();
         let w = limits.window_millis();

@@ -15,6 +15,14 @@
 //! The token bucket and [GCRA](super::gcra) are two views of one meter: with the same rate and
 //! burst they admit exactly the same requests. The bucket stores a level and a time, GCRA one
 //! "theoretical arrival time"; GCRA can also shape.
+//!
+//! **Per-key overrides** change the refill rate from the moment they are set or removed: the
+//! store first brings the bucket up to date, the tokens refilled since its last charge put in
+//! at the rate in force until then, so a new rate never applies to time before it (the
+//! memory store and Redis alike). An override that ends by its expiry has no such moment:
+//! the time from the bucket's last charge to the next one is then refilled at the plan's
+//! rate, the expired override's stretch included (at most that stretch at the faster of the
+//! two rates, on every store alike).
 
 use super::{ceil_div, never_fits, LimitAlgorithm, PolicyDecision, MAX_USAGE_WINDOW_PRODUCT};
 use crate::policy::{Algorithm, Limits};
@@ -150,7 +158,8 @@ impl LimitAlgorithm for TokenBucket {
     /// **Bound**: as exact as the bucket: a key whose requests are settled one after another
     /// is served, over any span of `L` ms, at most `C + N·L/W` plus the overshoot (actual cost
     /// less reservation) of its last request; requests reserved together add their
-    /// overshoots, which the refill then takes that much longer to pay back.
+    /// overshoots, which the refill then takes that much longer to pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut TokenBucketState, now: u64, limits: &Limits, extra: u64) {
         let w = limits.window_millis();
         let deficit = deficit_at(state, now, limits.limit());

@@ -384,10 +384,15 @@ impl<S: Store> Limiter<S> {
     /// a running penalty refuses, shadow policies are checked and counted. With an exempt
     /// default route every key passes uncharged.
     ///
+    /// A `cost` of 0 is a look that charges nothing: it is allowed while the key is not past
+    /// its limit (a settlement's debt refuses it), so it never serves anything the limit
+    /// counts. A reservation ([`reserve`](Self::reserve)) reserves at least one unit.
+    ///
     /// # Errors
     ///
-    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity (such a
-    /// request could never pass, and charging it must not lock the key out),
+    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity, or a
+    /// per-key override's lower one (such a request could never pass, and charging it must
+    /// not lock the key out),
     /// [`CheckError::Forbidden`] for a deny-listed key, and [`CheckError::Store`] when the
     /// store fails.
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {

@@ -745,7 +745,8 @@ impl Store for MemoryStore {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let now = self.inner.clock.now_millis();
-        let expires = ttl.map(|t| now.saturating_add(t.as_millis() as u64));
+        let expires =
+            ttl.map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
         self.inner.change_override(key, policy, Some(expires), now);
         Box::pin(ready(Ok(())))
     }

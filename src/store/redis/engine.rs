@@ -491,7 +491,7 @@ impl<C: Connector> Core<C> {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
-        let ttl = ttl.map(|ttl| (ttl.as_millis() as u64).max(1));
+        let ttl = ttl.map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
             return self.bucket_override(&state, policy, Some(ttl));
         }
