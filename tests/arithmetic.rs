@@ -716,3 +716,130 @@ async fn random_settlements_stay_within_the_stated_bounds_redis() {
     let store = redis(&server, &clock, "random");
     random_settlements_stay_within_the_stated_bounds(&store, &clock, 8).await;
 }
+
+/// Over HTTP: settlements from a response header of any `u64` charge (the next request is
+/// refused), and a client whose every answer costs one and a half limits is served, over any
+/// run of whole windows, at most their limits plus one overshoot. Before, each window served
+/// a whole answer, so the client got one and a half times its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_over_http_charge_in_full() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    for (name, store) in both(&server, &clock, "http-settle") {
+        for actual in [1u64 << 53, (1 << 63) + 10, u64::MAX] {
+            clock.set_millis(T0);
+            let tokens = policy(Algorithm::FixedWindow, 100, MINUTE);
+            let addr = metered_app(store.clone(), &tokens).await;
+            store
+                .reset(&Key::global("all"), std::slice::from_ref(&tokens))
+                .await
+                .unwrap();
+            let res = send(addr, "/generate", r#"{"max_tokens":10}"#, actual).await;
+            assert_eq!(res.status(), 200);
+            let res = send(addr, "/generate", r#"{"max_tokens":1}"#, 1).await;
+            assert_eq!(
+                res.status(),
+                429,
+                "{name}: settled at {actual}, then refused"
+            );
+            clock.advance(MINUTE * 100);
+            let res = send(addr, "/generate", r#"{"max_tokens":1}"#, 1).await;
+            assert_eq!(res.status(), 429, "{name}: {actual} is still owed");
+        }
+        for algorithm in ALGORITHMS {
+            let tokens = policy(algorithm, 100, MINUTE);
+            let addr = metered_app(store.clone(), &tokens).await;
+            store
+                .reset(&Key::global("all"), std::slice::from_ref(&tokens))
+                .await
+                .unwrap();
+            let start = (T0 / 60_000 + 1) * 60_000;
+            clock.set_millis(start);
+            let mut served = [0u64; 8];
+            for step in 0..served.len() * 4 {
+                clock.set_millis(start + step as u64 * 15_000);
+                let res = send(addr, "/extension", r#"{"max_tokens":1}"#, 150).await;
+                if res.status() == 200 {
+                    served[step / 4] += 150;
+                }
+            }
+            let burst = if algorithm.has_burst() { 100 } else { 0 };
+            let mut total = 0;
+            for (k, s) in served.iter().enumerate() {
+                total += s;
+                assert!(
+                    total <= (k as u64 + 1) * 100 + burst + 149,
+                    "{name} {algorithm}: {total} served in {} windows ({served:?})",
+                    k + 1
+                );
+            }
+            assert!(total >= 300, "{name} {algorithm}: {served:?}");
+        }
+    }
+}
+
+/// Over HTTP, the token bucket trace of `a_bucket_under_overrides_refills_at_the_rate_in_force`:
+/// the quota headers show the refill before an override at the plan's rate, on both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_override_shows_the_refill_in_force_over_http() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    for (name, store) in both(&server, &clock, "http-bucket") {
+        clock.set_millis(T0);
+        let p = Policy::builder("b", Rate::per_second(10))
+            .algorithm(Algorithm::TokenBucket)
+            .build()
+            .unwrap();
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .route(
+                "POST /work",
+                Route::new().policy(p.clone()).cost_fn(|req| {
+                    req.headers()
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                }),
+            )
+            .default_route(Route::exempt())
+            .extractor(Global::new())
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/work", post(|| async { "done" }))
+            .layer(RateLimitLayer::new(limiter.clone()));
+        let addr = support::serve(app).await;
+        let work = |cost: u64| {
+            reqwest::Client::new()
+                .post(format!("http://{addr}/work"))
+                .header("x-cost", cost.to_string())
+                .send()
+        };
+        let remaining = |res: &reqwest::Response| {
+            res.headers()["x-ratelimit-remaining"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        let res = work(10).await.unwrap();
+        assert_eq!((res.status().as_u16(), remaining(&res)), (200, "0".into()));
+        clock.advance(Duration::from_millis(500));
+        limiter
+            .set_override(&Key::global("all"), Override::new("b", 1).burst(10))
+            .await
+            .unwrap();
+        let res = work(1).await.unwrap();
+        assert_eq!(
+            (res.status().as_u16(), remaining(&res)),
+            (200, "4".into()),
+            "{name}: five tokens came back at 10/s before the override"
+        );
+        clock.advance(Duration::from_secs(2));
+        let res = work(1).await.unwrap();
+        assert_eq!(
+            (res.status().as_u16(), remaining(&res)),
+            (200, "5".into()),
+            "{name}"
+        );
+    }
+}
