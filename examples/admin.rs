@@ -21,42 +21,66 @@
 //! the limits, `inspect` and `reset` act on both, and each has its own `top`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{routing::get, Router};
+use subtle::ConstantTimeEq;
 use tollgate::admin::Admin;
 use tollgate::config::Plan;
+use tollgate::key::Key;
+use tollgate::{Limiter, Policy, Rate};
+
+#[path = "support/report.rs"]
+mod report;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let mut plan = Plan::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/admin.toml"))?;
     if let Ok(url) = std::env::var("REDIS_URL") {
         plan.store.url = Some(url);
     }
     let built = plan.build()?;
 
-    // The admin API has no auth of its own: this stands in for the application's.
+    // The admin API has no auth of its own: this stands in for the application's. The
+    // token is compared in constant time (no timing tells how much of a guess was right),
+    // and failed attempts are limited per client address by tollgate itself: 5 per minute,
+    // counted race-free (a unit is reserved before the comparison and given back when the
+    // token is right, so parallel guesses cannot exceed the limit).
     let token = std::env::var("ADMIN_TOKEN").unwrap_or_else(|_| "let-me-in".to_owned());
-    let expected = format!("Bearer {token}");
+    let expected: Arc<[u8]> = format!("Bearer {token}").into_bytes().into();
+    let failures = Limiter::builder()
+        .policy(Policy::new("admin-auth-failures", Rate::per_minute(5))?)
+        .build()?;
     let admin = Admin::new(built.limiter().clone())
         .plan(&plan)
         .router()
         .layer(middleware::from_fn(move |req: Request, next: Next| {
-            let allowed = req
-                .headers()
-                .get("authorization")
-                .is_some_and(|v| v.as_bytes() == expected.as_bytes());
+            let (expected, failures) = (Arc::clone(&expected), failures.clone());
             async move {
-                if allowed {
+                let peer = req
+                    .extensions()
+                    .get::<ConnectInfo<SocketAddr>>()
+                    .map_or_else(String::new, |c| c.0.ip().to_string());
+                let client = Key::new("admin-ip", &peer);
+                let attempt = match failures.reserve(&client, 1).await {
+                    Ok(attempt) if attempt.decision().is_allowed() => attempt,
+                    _ => return status(StatusCode::TOO_MANY_REQUESTS),
+                };
+                let given = req
+                    .headers()
+                    .get("authorization")
+                    .map_or(&[][..], |v| v.as_bytes());
+                if bool::from(given.ct_eq(&expected)) {
+                    // The right token costs nothing.
+                    let _ = attempt.settle(0).await;
                     next.run(req).await
                 } else {
-                    Response::builder()
-                        .status(StatusCode::UNAUTHORIZED)
-                        .body(axum::body::Body::empty())
-                        .unwrap_or_default()
+                    // The unit stays charged: one failure counted.
+                    status(StatusCode::UNAUTHORIZED)
                 }
             }
         }));
@@ -80,4 +104,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// An empty response with `status`.
+fn status(status: StatusCode) -> Response {
+    Response::builder()
+        .status(status)
+        .body(axum::body::Body::empty())
+        .unwrap_or_default()
 }

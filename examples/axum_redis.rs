@@ -26,8 +26,11 @@ use tollgate::route::Route;
 use tollgate::store::{FailureMode, RedisStore, ResilientStore};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     // The application's own pool: tollgate borrows a connection per decision.
     let pool = deadpool_redis::Config::from_url(url.as_str())

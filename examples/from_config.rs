@@ -15,6 +15,9 @@ use std::net::SocketAddr;
 use axum::{http::StatusCode, routing::get, routing::post, Router};
 use tollgate::config::Plan;
 
+#[path = "support/report.rs"]
+mod report;
+
 /// The login handler: any username, one password.
 async fn login(body: String) -> (StatusCode, &'static str) {
     let form: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
@@ -26,7 +29,7 @@ async fn login(body: String) -> (StatusCode, &'static str) {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/examples/from_config.toml").to_owned()
     });

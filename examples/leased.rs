@@ -8,7 +8,11 @@
 //! for i in $(seq 1200); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:300$((i % 2))/; done | sort | uniq -c
 //! ```
 //!
-//! Both instances together admit at most 1000 requests per minute per client IP; each
+//! Both instances together admit what one exact limiter of 1000 per minute per client IP
+//! would, never more: the default sliding window counter admits about 1000 in any minute,
+//! at most 1000 within each calendar minute, and, across a minute boundary, at most
+//! `1000 + 1000·L/60 s` in any span of `L` (a few more than 1000 can pass in the 60 s
+//! straddling two windows; see `tollgate::algorithm::sliding_window_counter`). Each
 //! response carries `RateLimit-Limit: 1000`. A client that stays quiet is decided exactly,
 //! one call per request; a busy one takes blocks of at most a tenth of the limit, and the
 //! units it does not use go back to Redis when the block ends or on shutdown (Ctrl-C).
@@ -22,8 +26,11 @@ use tollgate::store::leased::LeasedStore;
 use tollgate::store::{FailureMode, RedisStore, ResilientStore};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let addr: SocketAddr = std::env::var("ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())

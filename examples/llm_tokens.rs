@@ -23,6 +23,9 @@ use bytes::Bytes;
 use tollgate::route::{Meter, Route};
 use tollgate::{EstimateFromJsonLayer, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
 
+#[path = "support/report.rs"]
+mod report;
+
 /// Counts the `data:` events in a chunk of an SSE stream: one token each here.
 fn tokens_in(frame: &Bytes) -> u64 {
     frame
@@ -76,7 +79,7 @@ impl http_body::Body for ChannelBody {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let completions = Route::new()
         .policy(Policy::new("requests", Rate::per_minute(60))?)
         .policy(Policy::in_flight("concurrent", 2)?)

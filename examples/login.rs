@@ -32,6 +32,9 @@ use tollgate::key::RequestView;
 use tollgate::login::{LoginGuard, LoginLayer};
 use tollgate::store::Store;
 
+#[path = "support/report.rs"]
+mod report;
+
 /// The demo's only account.
 const USER: &str = "alice";
 const PASSWORD: &str = "correct horse battery staple";
@@ -101,7 +104,7 @@ pub fn app<S: Store>(guard: LoginGuard<S>) -> Router {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     // Defaults: 5 failures per 15 minutes per (IP, username), 50 per IP, 20 per username.
     let guard = LoginGuard::builder().build()?;
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());

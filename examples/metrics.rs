@@ -31,6 +31,9 @@ use tollgate::route::Route;
 use tollgate::store::{DynStore, MemoryStore};
 use tollgate::{Limiter, Policy, Rate, RateLimitInfo, RateLimitLayer};
 
+#[path = "support/report.rs"]
+mod report;
+
 /// A fail-open `ResilientStore` over the Redis at `REDIS_URL`, when set (feature `redis`);
 /// else a memory store.
 fn store() -> Result<DynStore, Box<dyn std::error::Error>> {
@@ -48,7 +51,7 @@ fn store() -> Result<DynStore, Box<dyn std::error::Error>> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let metrics_addr: SocketAddr = std::env::var("METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:9000".to_owned())
         .parse()?;

@@ -14,8 +14,11 @@ use std::time::Duration;
 use axum::{routing::get, Router};
 use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     let limiter = Limiter::builder()
         .policy(Policy::new(
             "per-ip",

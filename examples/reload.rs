@@ -17,8 +17,11 @@ use std::net::SocketAddr;
 use axum::{routing::get, Router};
 use tollgate::config::{Plan, PlanWatcher};
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init();

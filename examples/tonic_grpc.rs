@@ -21,8 +21,11 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 
+#[path = "support/report.rs"]
+mod report;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), report::Report> {
     // Per-method policies: gRPC methods are paths (`/package.Service/Method`), so the route
     // table applies. One quota per method shared by all callers (`Global`); with the `tonic`
     // feature the default key, the peer IP, works for tonic servers too.

@@ -46,6 +46,8 @@ pub struct Decision {
     outcome: DecidedBy,
     decisions: SmallVec<[PolicyDecision; 2]>,
     slot: u64,
+    /// Whether `slot` expires unless its holder refreshes it (a shared store's lease).
+    slot_expires: bool,
 }
 
 /// Equal when the answers are: the [`slot`](Decision::slot) a store named is not part of
@@ -127,6 +129,7 @@ impl Decision {
             outcome: DecidedBy::Decided,
             decisions,
             slot: 0,
+            slot_expires: false,
         }
     }
 
@@ -144,6 +147,7 @@ impl Decision {
             outcome: DecidedBy::Decided,
             decisions: smallvec::smallvec![decision],
             slot: 0,
+            slot_expires: false,
         }
     }
 
@@ -170,17 +174,42 @@ impl Decision {
         self
     }
 
-    /// The name a shared store gave the in-flight slot this request took (0 when it took
-    /// none, or when the store counts slots without naming them, as the memory store does).
-    /// [`Store::release`](crate::store::Store::release) takes it back.
+    /// The name the store gave the in-flight slot this request took (0 when it took none,
+    /// or when the store counts slots without naming them).
+    /// [`Store::release`](crate::store::Store::release) takes it back: a store releases a
+    /// named slot only while the state it was taken from lives, so a slot taken before a
+    /// [`reset`](crate::store::Store::reset) and released after it frees nothing.
     pub fn slot(&self) -> u64 {
         self.slot
     }
 
-    /// The same decision, holding the in-flight slot named `slot`.
+    /// The same decision, holding the in-flight slot named `slot` in a shared store, where
+    /// the slot expires unless its holder refreshes it (see
+    /// [`Store::refresh`](crate::store::Store::refresh)).
     pub fn with_slot(mut self, slot: u64) -> Self {
         self.slot = slot;
+        self.slot_expires = true;
         self
+    }
+
+    /// The same decision, holding the in-flight slot named `slot` in a store whose slots
+    /// never expire (the memory store): nothing refreshes it.
+    pub(crate) fn with_local_slot(mut self, slot: u64) -> Self {
+        self.slot = slot;
+        self.slot_expires = false;
+        self
+    }
+
+    /// The same decision, holding the slot `other` holds.
+    pub(crate) fn with_slot_of(mut self, other: &Decision) -> Self {
+        self.slot = other.slot;
+        self.slot_expires = other.slot_expires;
+        self
+    }
+
+    /// Whether the slot expires unless refreshed.
+    pub(crate) fn slot_expires(&self) -> bool {
+        self.slot != 0 && self.slot_expires
     }
 
     /// Policy `index` was settled at `actual` units after `reserved` were charged: its

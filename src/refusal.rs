@@ -85,9 +85,10 @@ pub enum RefusalKind {
     StoreUnavailable,
     /// The login guard refused the attempt: a generic 429.
     LoginRefused,
-    /// A login request body larger than the login layer reads: 413.
+    /// A request body larger than the layer that reads it accepts (the login guard, or
+    /// [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer)): 413, naming the cap.
     LoginBodyTooLarge,
-    /// A login request body that could not be read: 400.
+    /// A request body that could not be read (by the same layers): 400.
     LoginBodyUnreadable,
     /// A login request whose username is given more than once (a JSON body with the
     /// username field twice): 400, since parsers disagree on which one counts.
@@ -201,6 +202,8 @@ struct Details {
     cost: Option<u64>,
     /// The capacity a cost exceeded, when not the policy's own (a per-key override's).
     capacity: Option<u64>,
+    /// For a body too large: the most bytes the layer reads.
+    body_limit: Option<usize>,
     store_error: Option<StoreError>,
     now_millis: u64,
     rendering: Rendering,
@@ -256,6 +259,7 @@ impl Refusal {
             policies: Arc::from(NO_POLICIES),
             cost: None,
             capacity: None,
+            body_limit: None,
             store_error: None,
             now_millis: 0,
             rendering: Rendering::default(),
@@ -333,6 +337,16 @@ impl Refusal {
     /// A refusal that needs no details (missing key, forbidden, login body problems).
     pub(crate) fn of_kind(kind: RefusalKind) -> Self {
         Self::from_details(Self::details(kind))
+    }
+
+    /// A refusal of a request body that could not be read whole within `limit` bytes (too
+    /// large, or unreadable), by whichever layer reads bodies (the login guard,
+    /// [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer)).
+    pub(crate) fn of_body(kind: RefusalKind, limit: usize) -> Self {
+        Self::from_details(Details {
+            body_limit: Some(limit),
+            ..Self::details(kind)
+        })
     }
 
     pub(crate) fn with_rendering(mut self, rendering: Rendering) -> Self {
@@ -467,6 +481,12 @@ impl Refusal {
                 }
                 let retry = self.retry_after_secs().unwrap_or(1);
                 Cow::Owned(match self.policy() {
+                    // An in-flight limit is a number at once; its window is the slot lease.
+                    Some(p) if p.is_in_flight() => format!(
+                        "Too many requests in progress: at most {} at once ({}). Retry in {retry} s.",
+                        p.limit(),
+                        p.name()
+                    ),
                     Some(p) => format!(
                         "Rate limit exceeded: {} ({}). Retry in {retry} s.",
                         p.rate(),
@@ -492,9 +512,14 @@ impl Refusal {
             RefusalKind::StoreUnavailable => {
                 Cow::Borrowed("The rate limiter is unavailable. Please retry shortly.")
             }
-            RefusalKind::LoginBodyTooLarge => Cow::Borrowed("The login request body is too large."),
+            RefusalKind::LoginBodyTooLarge => match self.inner.body_limit {
+                Some(limit) => Cow::Owned(format!(
+                    "The request body is too large: at most {limit} bytes are accepted."
+                )),
+                None => Cow::Borrowed("The request body is too large."),
+            },
             RefusalKind::LoginBodyUnreadable => {
-                Cow::Borrowed("The login request body could not be read.")
+                Cow::Borrowed("The request body could not be read.")
             }
             RefusalKind::LoginUsernameAmbiguous => {
                 Cow::Borrowed("The login request gives the username more than once.")

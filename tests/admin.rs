@@ -1,5 +1,5 @@
-//! The operator tools end to end: two axum servers built from one plan share the Redis on
-//! 127.0.0.1:6379 (under a key prefix of this run's own); a key pushed over its limit shows
+//! The operator tools end to end: two axum servers built from one plan share a Redis the
+//! test starts; a key pushed over its limit shows
 //! as refused in `tollgate inspect` and in `top` (the admin API and `tollgate top`), and
 //! `tollgate reset` lets its next request through on both servers.
 
@@ -17,9 +17,7 @@ use tollgate::config::Plan;
 use tollgate::key::Key;
 use tollgate::KeyState;
 
-const REDIS: &str = "redis://127.0.0.1:6379";
-
-fn plan_text(prefix: &str) -> String {
+fn plan_text(prefix: &str, redis: &str) -> String {
     format!(
         r#"
 replicas = 2
@@ -27,7 +25,7 @@ failure_mode = "fail_closed"
 
 [store]
 kind = "redis"
-url = "{REDIS}"
+url = "{redis}"
 prefix = "{prefix}"
 
 [key]
@@ -109,10 +107,6 @@ async fn get_json(client: &reqwest::Client, url: String) -> serde_json::Value {
     panic!("{url}: 503 five times");
 }
 
-fn redis_up() -> bool {
-    std::net::TcpStream::connect("127.0.0.1:6379").is_ok()
-}
-
 fn unique_prefix() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -123,15 +117,13 @@ fn unique_prefix() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() {
-    assert!(
-        redis_up(),
-        "these tests need redis-server on 127.0.0.1:6379 (.ci/run starts one)"
-    );
+    let server = support::RedisServer::start();
+    let redis = server.url();
     let prefix = unique_prefix();
     let dir = std::env::temp_dir().join(&prefix);
     std::fs::create_dir_all(&dir).unwrap();
     let plan_path: PathBuf = dir.join("plan.toml");
-    std::fs::write(&plan_path, plan_text(&prefix)).unwrap();
+    std::fs::write(&plan_path, plan_text(&prefix, &redis)).unwrap();
     let plan_arg = plan_path.to_str().unwrap();
     let plan = Plan::from_file(&plan_path).unwrap();
     let (a, b) = (instance(&plan).await, instance(&plan).await);
@@ -204,7 +196,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
         "--route",
         "/search",
         "--redis",
-        REDIS,
+        &redis,
     ]);
     let shown = text(&out);
     assert!(
@@ -328,6 +320,9 @@ fn the_cli_refuses_what_it_cannot_act_on() {
     )
     .unwrap();
     let memory = memory.to_str().unwrap();
+    // Each call is refused before it connects: nothing listens at this address.
+    let nowhere = format!("redis://127.0.0.1:{}", support::free_port());
+    let nowhere = nowhere.as_str();
 
     let out = tollgate(&["inspect", memory, "user:42"]);
     assert_eq!(out.status.code(), Some(2));
@@ -336,14 +331,14 @@ fn the_cli_refuses_what_it_cannot_act_on() {
         "{}",
         text(&out)
     );
-    let out = tollgate(&["reset", memory, "no-colon", "--redis", REDIS]);
+    let out = tollgate(&["reset", memory, "no-colon", "--redis", nowhere]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("KEY = \"no-colon\""), "{}", text(&out));
     let out = tollgate(&["inspect", memory, "user:42", "--redis", "nope://x"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("--redis"), "{}", text(&out));
     let out = tollgate(&[
-        "inspect", memory, "user:42", "--redis", REDIS, "--method", "G T",
+        "inspect", memory, "user:42", "--redis", nowhere, "--method", "G T",
     ]);
     assert_eq!(out.status.code(), Some(2));
     // Nothing listens there: the admin API cannot be reached.

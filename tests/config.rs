@@ -761,9 +761,16 @@ async fn the_example_plan_guards_logins_through_redis() {
             .unwrap()
             .as_nanos()
     );
+    // The plan's Redis, started for this test: nothing touches a Redis the test did not start.
+    let server = support::RedisServer::start();
     let text = std::fs::read_to_string("examples/plan.toml")
         .unwrap()
-        .replace("prefix = \"tollgate\"", &format!("prefix = \"{prefix}\""));
+        .replace("prefix = \"tollgate\"", &format!("prefix = \"{prefix}\""))
+        .replace("redis://127.0.0.1:6379", &server.url());
+    assert!(
+        text.contains(&server.url()),
+        "the example plan names no Redis URL"
+    );
     let plan = Plan::from_toml(&text).unwrap();
     assert!(audit(&plan).pass);
     let (addr, _) = serve_plan(&plan).await;
@@ -780,7 +787,7 @@ async fn the_example_plan_guards_logins_through_redis() {
     }
     assert_eq!(statuses, [401, 401, 200]);
     // The guard counted the failures in the plan's store: its keys sit beside the limiter's.
-    let mut conn = redis::Client::open("redis://127.0.0.1:6379")
+    let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await

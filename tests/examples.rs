@@ -320,6 +320,35 @@ async fn admin_shows_and_resets_a_refused_tenant_behind_its_token() {
         .unwrap();
     assert_eq!(reset.status(), 200);
     assert_eq!(search().await.unwrap().status(), 200);
+
+    // Guessing the token is limited: 5 failures a minute per client address (one was spent
+    // above), counted race-free, so 300 parallel guesses get at most 4 more answers.
+    let mut guesses = vec![];
+    for i in 0..300 {
+        let req = client
+            .get(format!("{admin}/top"))
+            .header("authorization", format!("Bearer guess-{i}"));
+        guesses.push(tokio::spawn(
+            async move { req.send().await.unwrap().status() },
+        ));
+    }
+    let mut unauthorized = 0;
+    for g in guesses {
+        match g.await.unwrap().as_u16() {
+            401 => unauthorized += 1,
+            429 => {}
+            other => panic!("a wrong token got {other}"),
+        }
+    }
+    assert_eq!(
+        unauthorized, 4,
+        "failed admin authentications are not limited"
+    );
+    // The right token is refused too while the address is locked out.
+    let locked = with_token(client.get(format!("{admin}/top")))
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), 429);
 }
 
 #[tokio::test]
@@ -393,4 +422,32 @@ async fn leased_two_instances_never_pass_the_limit_together() {
     // One limit for both instances: never more, and at most two blocks (a tenth each) short.
     assert!(ok <= 1_000, "{ok} admitted");
     assert!(ok >= 800, "{ok} admitted");
+}
+
+/// An example that cannot start says why in words: its error and causes with `Display`, not
+/// the debug structure of a `Box<dyn Error>`.
+#[cfg(feature = "redis")]
+#[test]
+fn an_example_that_cannot_start_says_why_in_words() {
+    let nowhere = format!(
+        "redis://127.0.0.1:{}",
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    let out = Command::new(example("axum_redis"))
+        .env("REDIS_URL", &nowhere)
+        .env("ADDR", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("Error: "), "{stderr}");
+    assert!(
+        !stderr.contains("Connection(") && !stderr.contains("Cause {") && !stderr.contains("{ "),
+        "a debug structure was printed: {stderr}"
+    );
 }

@@ -209,6 +209,14 @@ async fn the_layer_caps_the_buffered_body() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "payload_too_large");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("The request body is too large: at most ")
+            && message.ends_with(" bytes are accepted."),
+        "{message}"
+    );
     // Nothing was recorded: the same client can still try.
     assert_eq!(
         s.login(70, "/api/login", "alice", PASSWORD).await.status(),

@@ -18,8 +18,15 @@
 //! of the lease while the request runs. In memory a slot is held until it is given back;
 //! the lease plays no part.
 //!
-//! A release ([`refund`](LimitAlgorithm::refund)) of a slot never held, or held by a state that has since been
-//! forgotten, changes nothing: the count never goes below zero.
+//! A release of a slot never held, or held by a state that has since been forgotten (a
+//! [`reset`](crate::store::Store::reset)), changes nothing: the count never goes below zero,
+//! and a slot is named by the request that took it, so a store gives it back only to the
+//! state it was taken from. The Redis stores keep the names themselves (a sorted set); the
+//! memory store keeps the count and the name of the request that started the state
+//! ([`InFlightState::since`]): a slot named before that belongs to a forgotten state.
+//!
+//! A [refund](crate::store::Store::refund) is about rate units and never touches slots; only
+//! [`Store::release`](crate::store::Store::release) gives a slot back.
 
 use super::LimitAlgorithm;
 use super::PolicyDecision;
@@ -32,12 +39,35 @@ pub const RETRY_AFTER_MS: u64 = 1_000;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct InFlightState {
     held: u64,
+    since: u64,
 }
 
 impl InFlightState {
     /// The slots held now.
     pub fn held(&self) -> u64 {
         self.held
+    }
+
+    /// The name of the slot whose request started this state (the first slot taken while
+    /// none was held), or 0 for a state whose slots are not named. A slot named below it
+    /// was taken from a state since forgotten.
+    pub fn since(&self) -> u64 {
+        self.since
+    }
+
+    /// Names the state after the slot `slot` just taken, when that slot started it.
+    pub(crate) fn name_after(&mut self, slot: u64, taken: u64) {
+        if self.held <= taken {
+            self.since = slot;
+        }
+    }
+
+    /// Gives back the slot named `slot` (0: an unnamed slot), if it was taken from this
+    /// state.
+    pub(crate) fn release_named(&mut self, slot: u64) {
+        if slot == 0 || slot >= self.since {
+            self.held = self.held.saturating_sub(1);
+        }
     }
 }
 
@@ -55,9 +85,12 @@ impl LimitAlgorithm for InFlight {
     #[inline]
     fn evaluate(state: &InFlightState, _now: u64, limits: &Limits, slots: u64) -> PolicyDecision {
         let n = limits.limit();
-        let allowed = state.held.saturating_add(slots) <= n;
+        let allowed = state
+            .held
+            .checked_add(slots)
+            .is_some_and(|after| after <= n);
         let after = if allowed {
-            state.held + slots
+            state.held.saturating_add(slots)
         } else {
             state.held
         };

@@ -116,6 +116,44 @@ pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreErro
     }
 }
 
+/// A store call awaited by a caller who may give up: dropped unfinished, it is finished
+/// anyway (see [`drive`]), so a settlement or a refund whose caller was cancelled still
+/// applies, once, rather than depending on whether its command had left.
+pub(crate) struct Completing {
+    what: &'static str,
+    call: Option<BoxFuture<Result<(), StoreError>>>,
+}
+
+impl Completing {
+    pub(crate) fn new(what: &'static str, call: BoxFuture<Result<(), StoreError>>) -> Self {
+        Self {
+            what,
+            call: Some(call),
+        }
+    }
+}
+
+impl std::future::Future for Completing {
+    type Output = Result<(), StoreError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(call) = self.call.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let outcome = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(outcome)
+    }
+}
+
+impl Drop for Completing {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            drive(self.what, call);
+        }
+    }
+}
+
 fn report(what: &'static str, error: &StoreError) {
     tracing::warn!(target: "tollgate::store", what, %error, "a store call after the response failed");
 }
@@ -139,7 +177,8 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         let slot = decision.slot();
-        let refresher = (slot != 0)
+        let refresher = decision
+            .slot_expires()
             .then(|| self.spawn_refresher(key, policies, slot))
             .flatten();
         let limiter = self.clone();
@@ -373,6 +412,10 @@ impl<S: Store> Reservation<S> {
     /// reservation charged nothing, so settling it does nothing. In-flight slots are given
     /// back afterwards.
     ///
+    /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
+    /// once (its store call is finished on the current Tokio runtime), and the slots are
+    /// given back either way.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the reservation then stands).
@@ -384,7 +427,7 @@ impl<S: Store> Reservation<S> {
                     self.limiter
                         .settle_call(&set, &self.key, &self.reserved, |_| Some(actual))
                 {
-                    call.await?;
+                    Completing::new("settle", call).await?;
                 }
             }
         }

@@ -382,7 +382,10 @@ impl<S: Store> Limiter<S> {
     /// all of them or none — through the same path as the layer: a deny-listed key is
     /// refused, an allow-listed key passes uncharged (an allowed decision with no policies),
     /// a running penalty refuses, shadow policies are checked and counted. With an exempt
-    /// default route every key passes uncharged.
+    /// default route every key passes uncharged. An [in-flight](crate::Algorithm::InFlight)
+    /// policy admits the request only if a slot is free now, and holds none afterwards (the
+    /// slot is given back at once): [`acquire`](Self::acquire) holds slots until its
+    /// [`Permit`](crate::Permit) is dropped.
     ///
     /// A `cost` of 0 is a look that charges nothing: it is allowed while the key is not past
     /// its limit (a settlement's debt refuses it), so it never serves anything the limit
@@ -455,6 +458,9 @@ impl<S: Store> Limiter<S> {
             }
             self.note_refused(key);
         }
+        // `check` holds no slot: nothing would give it back. The slot an in-flight policy
+        // took to admit the request goes back at once; `acquire` is the way to hold one.
+        drop(self.hold_slots(set, key, &decision));
         Ok(decision)
     }
 
@@ -579,6 +585,10 @@ impl<S: Store> Limiter<S> {
     /// # }).unwrap();
     /// ```
     ///
+    /// In-flight policies are not refunded: a slot comes back when its
+    /// [`Permit`](crate::Permit) or response body is dropped, never by a refund.
+    /// Cancel-safe: a refund whose future is dropped before it answers still applies, once.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the charge may then stand).
@@ -593,17 +603,31 @@ impl<S: Store> Limiter<S> {
         }
         let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
-        if !set.enforced.iter().any(|p| cost > p.capacity()) {
-            policies.extend(set.enforced.iter().cloned());
-            costs.extend(set.enforced.iter().map(|_| cost));
+        // Slots are not units: an in-flight policy's slot comes back when its permit or
+        // response body is dropped, never by a refund.
+        let units = |p: &&Policy| !p.is_in_flight();
+        if !set
+            .enforced
+            .iter()
+            .filter(units)
+            .any(|p| cost > p.capacity())
+        {
+            policies.extend(set.enforced.iter().filter(units).cloned());
+            costs.extend(set.enforced.iter().filter(units).map(|_| cost));
         }
         // Shadow policies were charged with the cost capped at their capacity.
-        policies.extend(set.shadow.iter().cloned());
-        costs.extend(set.shadow.iter().map(|p| cost.min(p.capacity())));
+        policies.extend(set.shadow.iter().filter(units).cloned());
+        costs.extend(
+            set.shadow
+                .iter()
+                .filter(units)
+                .map(|p| cost.min(p.capacity())),
+        );
         if policies.is_empty() {
             return Ok(());
         }
-        Ok(common.store.refund(key, &policies, &costs).await?)
+        let call = common.store.refund(key, &policies, &costs);
+        Ok(hold::Completing::new("refund", call).await?)
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,

@@ -473,7 +473,7 @@ where
                     let (parts, body) = req.into_parts();
                     let bytes = match read_capped(body, shared.max_body).await {
                         Ok(bytes) => bytes,
-                        Err(kind) => return early(Refusal::of_kind(kind), None),
+                        Err(kind) => return early(Refusal::of_body(kind, shared.max_body), None),
                     };
                     let username = match f(&RequestView::from_parts(&parts), &bytes) {
                         Ok(username) => username,

@@ -123,7 +123,7 @@ where
             let bytes = match super::read_capped(body, layer.max_body).await {
                 Ok(bytes) => bytes,
                 Err(kind) => {
-                    let refusal = Refusal::of_kind(kind);
+                    let refusal = Refusal::of_body(kind, layer.max_body);
                     refusal.log(None);
                     let rendering = Rendering {
                         grpc,

@@ -6,7 +6,7 @@
 //! | the request ends … | in-flight slots | a reservation to settle |
 //! |---|---|---|
 //! | with a response whose body is sent to the end | given back when the body is dropped | settled from the extension or header as the response head passes, or from the frames counted when the body ends |
-//! | the client disconnects mid-body | given back (the body is dropped) | a stream count is not settled: the reservation stands |
+//! | the client disconnects mid-body | given back (the body is dropped) | a stream count is settled with what was counted so far, at least the reservation |
 //! | the handler panics, or the future is cancelled | given back (the future is dropped) | the reservation stands |
 //! | the store is unreachable at release or settlement | Redis: the slot comes back when its lease ends | the reservation stands (the error is logged) |
 
@@ -52,9 +52,13 @@ pub(crate) struct BodyHold {
     stream: Option<StreamCount>,
 }
 
+/// One counted policy of a stream: its index in the set, the frame cost, the units
+/// reserved and the units counted so far.
+type Counter = (usize, Arc<FrameCostFn>, u64, u64);
+
 /// A settlement from the frames of the body.
 struct StreamCount {
-    counters: SmallVec<[(usize, Arc<FrameCostFn>, u64); 1]>,
+    counters: SmallVec<[Counter; 1]>,
     settle: Arc<SettleFn>,
     done: bool,
 }
@@ -143,7 +147,9 @@ impl Held {
                             now.push((m.index, cost));
                         }
                     }
-                    Actual::Stream(count) => counters.push((m.index, Arc::clone(count), 0)),
+                    Actual::Stream(count) => {
+                        counters.push((m.index, Arc::clone(count), m.reserved, 0))
+                    }
                 }
             }
             if !now.is_empty() {
@@ -192,7 +198,7 @@ impl BodyHold {
     /// Counts a data frame.
     pub(crate) fn frame(&mut self, data: &Bytes) {
         if let Some(stream) = &mut self.stream {
-            for (_, count, total) in &mut stream.counters {
+            for (_, count, _, total) in &mut stream.counters {
                 *total = total.saturating_add(count(data));
             }
         }
@@ -200,13 +206,41 @@ impl BodyHold {
 
     /// The body ended: settles what was counted (once).
     pub(crate) fn end(&mut self) {
+        self.settle_counted(false);
+    }
+
+    /// Settles the stream once: at what was counted, or, for a body dropped before its end,
+    /// at no less than what was reserved (the frames not yet sent may have been paid for
+    /// upstream).
+    fn settle_counted(&mut self, cut_short: bool) {
         if let Some(stream) = &mut self.stream {
             if !stream.done {
                 stream.done = true;
-                let totals: SmallVec<[(usize, u64); 2]> =
-                    stream.counters.iter().map(|(i, _, t)| (*i, *t)).collect();
+                let totals: SmallVec<[(usize, u64); 2]> = stream
+                    .counters
+                    .iter()
+                    .map(|&(i, _, reserved, counted)| {
+                        (
+                            i,
+                            if cut_short {
+                                counted.max(reserved)
+                            } else {
+                                counted
+                            },
+                        )
+                    })
+                    .collect();
                 (stream.settle)(&totals);
             }
         }
+    }
+}
+
+/// A body dropped before its end (the client hung up, a stream reset) is settled with the
+/// frames counted so far, so a client cannot pay only the estimate for a long stream by
+/// hanging up before it ends.
+impl Drop for BodyHold {
+    fn drop(&mut self) {
+        self.settle_counted(true);
     }
 }

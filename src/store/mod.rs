@@ -25,7 +25,7 @@ pub use self::redis::cluster;
 pub use self::redis::RedisClusterStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
-pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use memory::{MemoryCheck, MemoryStore, MemoryStoreBuilder};
 pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;

@@ -4,12 +4,18 @@
 //! * [`redis`]: real `redis-server` processes (one node, or a three-master cluster) on free
 //!   loopback ports, stopped on drop.
 //! * [`scenarios`]: policies, traces and checks shared by the tests of every store.
+//! * [`cancel`]: dropping a future at each of its await points.
+//! * [`gated`]: a store wrapper whose replies come late, so those points exist.
+//! * [`proxy`]: a loopback TCP proxy that delays or holds a server's replies.
 //!
 //! Each test binary uses part of this, hence `dead_code` is allowed.
 
 #![allow(dead_code, unused_imports)]
 
+pub mod cancel;
+pub mod gated;
 pub mod http;
+pub mod proxy;
 pub mod redis;
 pub mod scenarios;
 

@@ -40,7 +40,7 @@ pub(super) fn merge(n: usize, li: &[usize], l: &Decision, ei: &[usize], e: &Deci
         }
     }
     Decision::from_policies(out)
-        .with_slot(e.slot())
+        .with_slot_of(e)
         .with_decided_by(e.decided_by())
 }
 

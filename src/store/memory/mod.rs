@@ -72,7 +72,7 @@
 //! ```
 
 use std::fmt;
-use std::future::{ready, Ready};
+use std::future::ready;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -351,7 +351,23 @@ impl MemoryStore {
     /// Gives back up to `costs[i]` units to the key's state for `policies[i]`; a key or policy
     /// with no state is left alone (nothing is inserted). See [`Store::refund`].
     fn refund_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
-        self.adjust_now(key, policies, costs, false, AnyState::refund);
+        self.adjust_now(key, policies, costs, false, |state, now, limits, cost| {
+            // A refund is about units; a slot comes back only by its release.
+            if !matches!(state, AnyState::InFlight(_)) {
+                state.refund(now, limits, cost);
+            }
+        });
+    }
+
+    /// Gives back the slot named `slot` to each in-flight policy's state it was taken from
+    /// (see [`Store::release`]).
+    fn release_now(&self, key: &Key, policies: &[Policy], slot: u64) {
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        self.adjust_now(key, policies, &ones, false, |state, _, _, _| {
+            if let AnyState::InFlight(held) = state {
+                held.release_named(slot);
+            }
+        });
     }
 
     /// Settles each policy: refunds what was reserved above the actual cost, overcharges
@@ -587,9 +603,19 @@ impl Inner {
                     .state
                     .decide_in_place(now, policy.limits(), *cost, charge);
                 if let Some(expires) = expires {
+                    let named = if let AnyState::InFlight(held) = &mut slot.state {
+                        let named = next_local_slot();
+                        held.name_after(named, *cost);
+                        named
+                    } else {
+                        0
+                    };
                     entry.expires_at = entry.expires_at.max(expires);
                     if let Some(plan) = plan {
                         keep_for_plan(entry, plan);
+                    }
+                    if named != 0 {
+                        return Ok(Decision::single(d).with_local_slot(named));
                     }
                 }
                 return Ok(Decision::single(d));
@@ -607,7 +633,9 @@ impl Inner {
                     if let Some(plan) = plan {
                         keep_for_plan(entry, plan);
                     }
+                    let decision = name_slots(entry, policies, costs, decision);
                     shard.remember(policies);
+                    return Ok(decision);
                 }
                 Ok(decision)
             }
@@ -631,15 +659,53 @@ impl Inner {
                         keep_for_plan(&mut entry, plan);
                     }
                     shard.remember(policies);
+                    let decision = name_slots(&mut entry, policies, costs, decision);
                     match room {
                         Some(i) => shard.put_at(i, hash, entry, &self.hasher),
                         None => shard.insert(hash, entry, &self.hasher)?,
                     }
+                    return Ok(decision);
                 }
                 Ok(decision)
             }
         }
     }
+}
+
+/// A name for a slot the memory store hands out: unique in the process, increasing, never 0.
+fn next_local_slot() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Names the in-flight slots an allowed charge just took in `entry` (see
+/// [`InFlightState::since`](crate::algorithm::InFlightState::since)); `decision` carries the
+/// name for the release. A charge of no in-flight policy is left as it is.
+fn name_slots(
+    entry: &mut Entry,
+    policies: &[Policy],
+    costs: &[u64],
+    decision: Decision,
+) -> Decision {
+    if !policies.iter().any(Policy::is_in_flight) {
+        return decision;
+    }
+    let named = next_local_slot();
+    for (p, &c) in policies.iter().zip(costs) {
+        if !p.is_in_flight() {
+            continue;
+        }
+        if let Some(slot) = entry
+            .slots
+            .iter_mut()
+            .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
+        {
+            if let AnyState::InFlight(held) = &mut slot.state {
+                held.name_after(named, c);
+            }
+        }
+    }
+    decision.with_local_slot(named)
 }
 
 /// Keeps `entry` at least until its states stop mattering under `plan`, the policies an
@@ -686,11 +752,88 @@ pub(crate) fn all_or_nothing(
     Decision::from_policies(decisions)
 }
 
+/// The future of [`MemoryStore`]'s [`check`](Store::check): the store decides when it is
+/// called, so this is ready at once. An in-flight slot the decision took is given back if
+/// the future is dropped unread, so a check whose caller gave up before its first poll
+/// holds nothing.
+///
+/// ```
+/// use tollgate::key::Key;
+/// use tollgate::store::{MemoryStore, Store};
+/// use tollgate::Policy;
+///
+/// let store = MemoryStore::new();
+/// let one = [Policy::in_flight("running", 1)?];
+/// let key = Key::new("tenant", "acme");
+/// drop(store.check(&key, &one, &[1])); // never read: its slot comes back
+/// let taken = store.check_now(&key, &one, &[1]).unwrap().unwrap();
+/// assert!(taken.is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled; a dropped check gives back its slot"]
+pub struct MemoryCheck {
+    outcome: Option<Result<Decision, StoreError>>,
+    /// Set only when the decision took a slot: what to give back if nobody reads it.
+    taken: Option<Box<TakenSlot>>,
+}
+
+#[derive(Debug)]
+struct TakenSlot {
+    store: MemoryStore,
+    key: Key,
+    policies: SmallVec<[Policy; 1]>,
+    slot: u64,
+}
+
+impl std::future::Future for MemoryCheck {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.taken = None; // read: the slot is the caller's now
+        std::task::Poll::Ready(self.outcome.take().unwrap_or_else(|| {
+            Err(StoreError::Protocol(crate::error::Cause::from(
+                "a memory store check polled after it answered",
+            )))
+        }))
+    }
+}
+
+impl Drop for MemoryCheck {
+    fn drop(&mut self) {
+        if let Some(taken) = self.taken.take() {
+            taken
+                .store
+                .release_now(&taken.key, &taken.policies, taken.slot);
+        }
+    }
+}
+
 impl Store for MemoryStore {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckFuture = MemoryCheck;
 
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        ready(self.inner.decide(key, policies, costs, true))
+        let outcome = self.inner.decide(key, policies, costs, true);
+        let taken = match &outcome {
+            Ok(d) if d.is_allowed() && d.slot() != 0 => Some(Box::new(TakenSlot {
+                store: self.clone(),
+                key: key.clone(),
+                policies: policies
+                    .iter()
+                    .filter(|p| p.is_in_flight())
+                    .cloned()
+                    .collect(),
+                slot: d.slot(),
+            })),
+            _ => None,
+        };
+        MemoryCheck {
+            outcome: Some(outcome),
+            taken,
+        }
     }
 
     #[inline]
@@ -730,6 +873,16 @@ impl Store for MemoryStore {
         actual: &[u64],
     ) -> BoxFuture<Result<(), StoreError>> {
         self.settle_now(key, policies, reserved, actual);
+        Box::pin(ready(Ok(())))
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        self.release_now(key, policies, slot);
         Box::pin(ready(Ok(())))
     }
 

@@ -402,9 +402,16 @@ impl<C: Connector> Core<C> {
             .map(|(p, &c)| if p.is_in_flight() { slot } else { c })
             .collect();
         let call = self.decide(key, policies, &named, Mode::Charge);
-        Box::pin(async move {
-            call.await
-                .map(|d| if d.is_allowed() { d.with_slot(slot) } else { d })
+        Box::pin(SlotCharge {
+            call: Some(call),
+            core: Arc::clone(self),
+            key: key.clone(),
+            held: policies
+                .iter()
+                .filter(|p| p.is_in_flight())
+                .cloned()
+                .collect(),
+            slot,
         })
     }
 
@@ -452,6 +459,18 @@ impl<C: Connector> Core<C> {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<(), StoreError>> {
+        if policies.iter().any(Policy::is_in_flight) {
+            // A refund is about units; a slot comes back only by its release (the script's
+            // refund of an in-flight state reads the cost as the slot's name).
+            let (policies, costs): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) = policies
+                .iter()
+                .zip(costs)
+                .filter(|(p, _)| !p.is_in_flight())
+                .map(|(p, &c)| (p.clone(), c))
+                .unzip();
+            let call = self.decide(key, &policies, &costs, Mode::Refund);
+            return Box::pin(async move { call.await.map(drop) });
+        }
         let call = self.decide(key, policies, costs, Mode::Refund);
         Box::pin(async move { call.await.map(drop) })
     }
@@ -612,6 +631,74 @@ impl<C: Connector> Runner<C::Lane> for Core<C> {
 
     fn lanes(&self) -> &Lanes<C::Lane> {
         &self.lanes
+    }
+}
+
+/// The future of a charge that takes an in-flight slot. The slot is named by the client
+/// ([`next_slot`]), so a caller that gives up before the answer (a timeout, a client gone,
+/// an HTTP/2 stream reset) does not need the reply to give it back: when this future is
+/// dropped unfinished, the call it was waiting on is finished on the current Tokio runtime
+/// and, if it took the slot, the slot is released at once. The release is sent after the
+/// charge's reply, so it cannot overtake the charge on another connection. Without a
+/// runtime (dropped outside one), the slot comes back when its lease ends.
+struct SlotCharge<C: Connector> {
+    /// `None` once answered.
+    call: Option<BoxFuture<Result<Decision, StoreError>>>,
+    core: Arc<Core<C>>,
+    key: Key,
+    /// The in-flight policies of the charge: the ones a release names.
+    held: SmallVec<[Policy; 1]>,
+    slot: u64,
+}
+
+impl<C: Connector> Future for SlotCharge<C> {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(call) = self.call.as_mut() else {
+            return std::task::Poll::Ready(Err(StoreError::Protocol(Cause::from(
+                "a slot charge polled after it answered",
+            ))));
+        };
+        let outcome = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        let slot = self.slot;
+        std::task::Poll::Ready(outcome.map(|d| if d.is_allowed() { d.with_slot(slot) } else { d }))
+    }
+}
+
+impl<C: Connector> Drop for SlotCharge<C> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "tollgate::store",
+                "an in-flight charge was dropped outside a Tokio runtime; its slot, if taken, comes back when its lease ends"
+            );
+            return;
+        };
+        let core = Arc::clone(&self.core);
+        let key = self.key.clone();
+        let held = std::mem::take(&mut self.held);
+        let slot = self.slot;
+        runtime.spawn(async move {
+            if let Ok(decision) = call.await {
+                if decision.is_allowed() {
+                    if let Err(error) = core.slot(&key, &held, slot, Mode::Refund).await {
+                        tracing::warn!(
+                            target: "tollgate::store",
+                            %error,
+                            "giving back the slot of a cancelled in-flight charge failed; it comes back when its lease ends"
+                        );
+                    }
+                }
+            }
+        });
     }
 }
 

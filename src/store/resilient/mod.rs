@@ -367,6 +367,19 @@ impl<S: Store> Inner<S> {
         let grace = (self.timeout * 10).max(Duration::from_secs(1));
         runtime.spawn(async move {
             if let Ok(Ok(decision)) = tokio::time::timeout(grace, call).await {
+                // The fallback decided the request: a slot the store took for it late is
+                // nobody's, and goes back at once.
+                if decision.is_allowed() && decision.slot() != 0 {
+                    let held: SmallVec<[Policy; 2]> =
+                        policies.iter().filter(|p| p.is_in_flight()).cloned().collect();
+                    if let Err(error) = self
+                        .primary
+                        .release(&key, &held, decision.slot())
+                        .await
+                    {
+                        tracing::warn!(target: "tollgate::store", %error, "giving back a slot taken after the timeout failed; it comes back when its lease ends");
+                    }
+                }
                 let admitted = Some(admitted);
                 self.learn(&key, &policies, &costs, &decision, admitted);
             }
@@ -526,13 +539,10 @@ impl<S: Store> Store for ResilientStore<S> {
             cache.forget(key);
         }
         let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
-        let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, &ones);
+        let (_, fallback_policies, _) = inner.fallback_parts(policies, &ones);
         if !fallback_policies.is_empty() {
-            drop(
-                inner
-                    .fallback
-                    .refund(key, &fallback_policies, &fallback_costs),
-            );
+            // The memory store releases at call time; its future only reports success.
+            drop(inner.fallback.release(key, &fallback_policies, slot));
         }
         if slot == 0 {
             return Box::pin(std::future::ready(Ok(())));
