@@ -141,7 +141,7 @@ if ns > 0 then
         S[i] = s
         local x = a.expires_at(s, p)
         X[i] = x
-        K[i] = a.kept_since and a.kept_since(s) or x
+        K[i] = a.kept_since and a.kept_since(s, p) or x
       else
         E[i] = 'tollgate: unreadable state at ' .. KEYS[i]
       end

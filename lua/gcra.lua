@@ -8,9 +8,12 @@ ALG[5] = function()
     return { 0, 0 }
   end
 
+  -- backlog in gcra.rs: a remainder written under a higher limit reads as at most
+  -- (n - 1) / n ms, and a debt past MAX_USAGE_WINDOW_PRODUCT saturates (a product past 2^53
+  -- is inexact, but then past the cap too).
   local function gcra_backlog(s, now, n)
     if s[1] >= now then
-      return (s[1] - now) * n + s[2]
+      return min((s[1] - now) * n + min(s[2], n - 1), MAX_USAGE_WINDOW_PRODUCT)
     end
     return 0
   end
@@ -19,13 +22,19 @@ ALG[5] = function()
   -- request of a batch, so on the allowing path `gcra_backlog`, `idiv`, `ceil_div` and `max`
   -- are inline (each call costs more than its arithmetic), and idiv(after, n) serves both the
   -- new TAT and ceil_div(after, n).
+  -- A cost that not even a fresh meter takes, waiting the longest delay, never fits
+  -- (never_fits in mod.rs).
   function gcra.evaluate(s, now, p, cost, charge)
     local n, w = p.limit, p.window
     local tolerance = p.capacity * w
     local slack = p.max_delay * n
+    if cost > p.capacity and cost > idiv(tolerance + slack, w) then
+      local _, remaining, reset_after = gcra.evaluate(s, now, p, 0)
+      return false, remaining, reset_after, reset_after, 0
+    end
     local backlog = 0
     if s[1] >= now then
-      backlog = (s[1] - now) * n + s[2]
+      backlog = min((s[1] - now) * n + min(s[2], n - 1), MAX_USAGE_WINDOW_PRODUCT)
     end
     local after = backlog + cost * w
     local allowed = after <= tolerance + slack
@@ -65,7 +74,8 @@ ALG[5] = function()
 
   function gcra.commit(s, now, p, cost)
     local n = p.limit
-    local after = gcra_backlog(s, now, n) + cost * p.window
+    local backlog = gcra_backlog(s, now, n)
+    local after = min(backlog + cost * p.window, max(backlog, MAX_USAGE_WINDOW_PRODUCT))
     local whole = idiv(after, n)
     s[1], s[2] = now + whole, after - whole * n
   end
@@ -84,13 +94,13 @@ ALG[5] = function()
     return true
   end
 
-  -- Moves the TAT by `extra` intervals whether or not they fit, at most the tolerance less
-  -- one interval past it (overcharge in gcra.rs); true when the state changed.
+  -- Moves the TAT by `extra` intervals whether or not they fit, in full (a debt of time), at
+  -- most a backlog of MAX_USAGE_WINDOW_PRODUCT (overcharge in gcra.rs); true when the state
+  -- changed.
   function gcra.overcharge(s, now, p, extra)
     local n, w = p.limit, p.window
     local backlog = gcra_backlog(s, now, n)
-    local most = (2 * p.capacity - 1) * w
-    local after = min(backlog + extra * w, max(backlog, most))
+    local after = min(backlog + extra * w, max(backlog, MAX_USAGE_WINDOW_PRODUCT))
     local whole = idiv(after, n)
     s[1], s[2] = now + whole, after - whole * n
     return true

@@ -1,43 +1,67 @@
--- tollgate: sets a per-key override of a token bucket policy, and keeps the bucket's state
--- key at least as long as the override's refill rate needs it.
+-- tollgate: sets or removes a per-key override of a token bucket policy, bringing the
+-- bucket up to date under the rate in force until now, and keeps its state key as long as
+-- the new rate needs it.
 --
 -- KEYS[1]: the bucket's state ({deficit in tokens x W, updated_at}, little-endian doubles),
 -- KEYS[2]: its override key.
--- ARGV[1]: the override's value (limit and capacity, little-endian doubles); ARGV[2]: its TTL
--- in ms, or "" for none; ARGV[3]: the override's limit (tokens refilled per window, N, the
--- deficit shrinking by N per ms); ARGV[4]: now in ms, or "" to read the server clock.
+-- ARGV[1]: the override's value (limit and capacity, little-endian doubles), or "" to remove
+-- the override; ARGV[2]: its TTL in ms, or "" for none; ARGV[3]: the plan's limit (tokens
+-- refilled per window, N, the deficit shrinking by N per ms); ARGV[4]: now in ms, or "" to
+-- read the server clock.
 --
--- A state's key expires on a grid after its deficit would be refilled at the rate it was
--- last written under (see TTL_MARGIN_MS). An override that lowers the rate makes the same
--- deficit matter longer, and no write may come to move the key's TTL before it runs out:
--- the bucket would then start full, admitting what the slower refill should hold back. So
--- the TTL is extended here, never shortened, to where the override's rate puts it.
-if ARGV[2] == '' then
-  redis.call('SET', KEYS[2], ARGV[1])
-else
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-end
-local v = redis.pcall('GET', KEYS[1])
-if type(v) ~= 'string' or #v ~= 16 then
-  return 0
-end
-local deficit, updated = struct.unpack('<dd', v)
-local n = tonumber(ARGV[3])
-if deficit <= 0 or not n or n <= 0 then
-  return 0
-end
+-- The refill since the bucket's last charge is put in at the rate in force until now (the
+-- override being replaced, or the plan's), as the memory store does (TokenBucket::catch_up):
+-- otherwise the new rate would apply to time before it was set. The state is then written
+-- with the TTL the expiry rule of prelude.lua gives it, its refill at the slower of the new
+-- rate and the plan's: an override can end (its TTL, or removal) with no write to move the
+-- key's TTL, and no write may come before the old TTL runs out (the bucket would start full,
+-- admitting what the slower refill should hold back).
 local now = tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local plan = tonumber(ARGV[3])
+local before = plan
+local current = redis.pcall('GET', KEYS[2])
+if type(current) == 'string' and #current == 16 then
+  before = struct.unpack('<d', current)
+end
+local after = plan
+if ARGV[1] == '' then
+  redis.call('UNLINK', KEYS[2])
+else
+  after = struct.unpack('<d', ARGV[1])
+  if ARGV[2] == '' then
+    redis.call('SET', KEYS[2], ARGV[1])
+  else
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  end
+end
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' or #v ~= 16 or not plan or plan <= 0 or not before or before <= 0 then
+  return 0
+end
+local deficit, updated = struct.unpack('<dd', v)
+if now > updated then
+  -- A product past 2^53 is inexact, but then past the deficit, which is clamped to 0.
+  deficit = math.max(deficit - (now - updated) * before, 0)
+  updated = now
+end
+-- ceil(deficit / slow), exactly (deficit < 2^53).
+local slow = math.min(after, plan)
+local q = math.floor(deficit / slow)
+if q * slow > deficit then
+  q = q - 1
+elseif (q + 1) * slow <= deficit then
+  q = q + 1
+end
+if deficit - q * slow > 0 then
+  q = q + 1
+end
 local TTL_MARGIN_MS = 1000
 local TTL_GRID_MS = 512
-local target = math.max(updated + math.ceil(deficit / n), now) + TTL_MARGIN_MS
+local target = math.max(updated + q, now) + TTL_MARGIN_MS
 target = target + (-target) % TTL_GRID_MS
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl >= 0 and now + pttl < target then
-  redis.call('PEXPIRE', KEYS[1], target - now)
-  return 1
-end
-return 0
+redis.call('SET', KEYS[1], struct.pack('<dd', deficit, updated), 'PX', target - now)
+return 1

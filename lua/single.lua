@@ -64,6 +64,13 @@ repeat
     n, capacity = unpack_struct('<dd', o)
     overridden = true
   end
+  -- A cost above the capacity (which never fits, or fits only by shaping's delay), and a
+  -- window's count past the limit (a settlement's debt, carried into the next windows), are
+  -- decided by the general path.
+  if cost > capacity or (size == 24 or id == 4) and s2 > n then
+    break
+  end
+  local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496
 
   -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua).
   local function idiv(a, b)
@@ -102,6 +109,11 @@ repeat
       if charge then
         s1, s2, s3 = idx, cur + cost, prev
         write, expires_at = true, (s1 + 2) * w
+        if s2 > plan_n then
+          -- Past the plan's limit under an override that raised it: kept until the plan's
+          -- limit would have paid it off (sliding_window_counter.lua: expires_at).
+          expires_at = (s1 + 1 + idiv(s2 + plan_n - 1, plan_n)) * w
+        end
       end
     end
     remaining = idiv(max(n * w - weighted_after, 0), w)
@@ -155,6 +167,11 @@ repeat
       if charge then
         s1, s2 = idx, after
         write, expires_at = true, (idx + 1) * w
+        if after > plan_n then
+          -- Past the plan's limit under an override that raised it (fixed_window.lua:
+          -- expires_at).
+          expires_at = (idx + idiv(after + plan_n - 1, plan_n)) * w
+        end
       end
     end
     if after > 0 then
@@ -175,7 +192,7 @@ repeat
       local tolerance, slack = capacity * w, max_delay * n
       local backlog = 0
       if s1 >= now then
-        backlog = (s1 - now) * n + s2
+        backlog = min((s1 - now) * n + min(s2, n - 1), MAX_USAGE_WINDOW_PRODUCT)
       end
       local after = backlog + cost * w
       allowed = after <= tolerance + slack

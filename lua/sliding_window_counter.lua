@@ -1,5 +1,6 @@
 -- Sliding window counter: one string per (key, policy) holding {window, current, previous}.
--- The arithmetic is src/algorithm/sliding_window_counter.rs, line for line.
+-- The arithmetic is src/algorithm/sliding_window_counter.rs, line for line: a count past the
+-- limit (a settlement's debt) is carried into the next windows, N paid per window.
 ALG[1] = function()
   local counter = packed('<ddd', 24)
 
@@ -7,45 +8,79 @@ ALG[1] = function()
     return { 0, 0, 0 }
   end
 
-  local function counter_counts(s, idx)
+  -- (previous, current) j >= 1 windows after a window that counted c (carried in
+  -- sliding_window_counter.rs). A product past 2^53 is inexact, but then above c, and the
+  -- difference is clamped to 0 as the Rust saturates.
+  local function counter_carried(c, j, n)
+    local left = max(c - n * (j - 1), 0)
+    return min(left, n), max(left - n, 0)
+  end
+
+  local function counter_counts(s, idx, n)
     if s[1] == idx then
       return s[3], s[2]
-    elseif s[1] + 1 == idx then
-      return s[2], 0
+    elseif s[1] < idx then
+      return counter_carried(s[2], idx - s[1], n)
     end
     return 0, 0
   end
 
+  -- The earliest offset into a window with counts (prev, cur) at which `cost` fits, or nil
+  -- (fits_from in sliding_window_counter.rs).
+  local function counter_fits_from(prev, cur, n, w, cost)
+    local room = n - cur - cost
+    if room < 0 then
+      return nil
+    end
+    if prev == 0 then
+      return 0
+    end
+    local overlap = idiv(room * w, prev)
+    if overlap >= 1 then
+      return w - min(overlap, w)
+    end
+    return nil
+  end
+
   local function counter_earliest(prev, cur, idx, now, n, w, cost)
     local start = idx * w
-    if cur + cost <= n then
-      local budget = (n - cur - cost) * w
-      if prev == 0 then
-        return now
+    local e = counter_fits_from(prev, cur, n, w, cost)
+    if e then
+      return max(start + e, now)
+    end
+    local first = max(ceil_div(max(cur + cost - n, 0), n), 1)
+    for j = first, first + 1 do
+      local p, c = counter_carried(cur, j, n)
+      e = counter_fits_from(p, c, n, w, cost)
+      if e then
+        return start + j * w + e
       end
-      local overlap = idiv(budget, prev)
-      if overlap >= 1 then
-        return max(start + w - min(overlap, w), now)
-      end
     end
-    local next_start = start + w
-    if cur == 0 then
-      return next_start
+    return start + (first + 2) * w
+  end
+
+  -- Time until the estimate is 0 (clears_in in sliding_window_counter.rs).
+  local function counter_clears_in(prev, cur, idx, now, n, w)
+    if cur > 0 then
+      return (idx + ceil_div(cur, n) + 1) * w - now
+    elseif prev > 0 then
+      return (idx + 1) * w - now
     end
-    local overlap = idiv((n - cost) * w, cur)
-    if overlap >= 1 then
-      return next_start + w - min(overlap, w)
-    end
-    return next_start + w
+    return 0
   end
 
   -- With `charge`, an allowed request is also committed (what `commit` does, from the
-  -- values already at hand).
+  -- values already at hand). A cost above the capacity never fits: denied, with the state's
+  -- answer to a look and retry_after its reset_after (never_fits in mod.rs).
   function counter.evaluate(s, now, p, cost, charge)
+    if cost > p.capacity then
+      local _, remaining, reset_after = counter.evaluate(s, now, p, 0)
+      return false, remaining, reset_after, reset_after, 0
+    end
     local n, w = p.limit, p.window
     local idx = idiv(now, w)
     local e = now - idx * w
-    local prev, cur = counter_counts(s, idx)
+    local prev, cur = counter_counts(s, idx, n)
     local weighted = prev * (w - e) + cur * w
     local allowed = weighted + cost * w <= n * w
     local weighted_after, cur_after = weighted, cur
@@ -56,12 +91,7 @@ ALG[1] = function()
       end
     end
     local remaining = idiv(max(n * w - weighted_after, 0), w)
-    local reset_after = 0
-    if cur_after > 0 then
-      reset_after = (idx + 2) * w - now
-    elseif prev > 0 then
-      reset_after = (idx + 1) * w - now
-    end
+    local reset_after = counter_clears_in(prev, cur_after, idx, now, n, w)
     local retry_after = 0
     if not allowed then
       retry_after = counter_earliest(prev, cur, idx, now, n, w, cost) - now
@@ -71,12 +101,13 @@ ALG[1] = function()
 
   function counter.commit(s, now, p, cost)
     local idx = idiv(now, p.window)
-    local prev, cur = counter_counts(s, idx)
-    s[1], s[2], s[3] = idx, cur + cost, prev
+    local prev, cur = counter_counts(s, idx, p.limit)
+    s[1], s[2], s[3] = idx, min(cur + cost, max(cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window))), prev
   end
 
-  -- Gives back up to `cost` units, newest first: the current window, then the previous one
-  -- (refund in sliding_window_counter.rs); true when the state changed.
+  -- Gives back up to `cost` units, newest first: the current window (a carried debt
+  -- included), then the previous one (refund in sliding_window_counter.rs); true when the
+  -- state changed.
   function counter.refund(s, now, p, cost)
     local idx = idiv(now, p.window)
     if s[1] == idx then
@@ -87,27 +118,43 @@ ALG[1] = function()
       end
       s[2], s[3] = s[2] - back, s[3] - rest
       return true
-    elseif s[1] + 1 == idx then
-      local back = min(cost, s[2])
-      if back == 0 then
-        return false
+    elseif s[1] < idx then
+      local prev, cur = counter_counts(s, idx, p.limit)
+      if cur == 0 and s[1] + 1 == idx then
+        local back = min(cost, s[2])
+        if back == 0 then
+          return false
+        end
+        s[2] = s[2] - back
+        return true
+      elseif prev > 0 or cur > 0 then
+        local back = min(cost, cur)
+        s[1], s[2], s[3] = idx, cur - back, max(prev - (cost - back), 0)
+        return true
       end
-      s[2] = s[2] - back
-      return true
     end
     return false
   end
 
-  -- Charges `extra` whether or not it fits, never beyond the limit in the current window
-  -- (overcharge in sliding_window_counter.rs); true when the state changed.
+  -- Charges `extra` whether or not it fits, in full (a debt past the limit), at most
+  -- MAX_USAGE_WINDOW_PRODUCT / W units (overcharge in sliding_window_counter.rs); true when
+  -- the state changed.
   function counter.overcharge(s, now, p, extra)
     local idx = idiv(now, p.window)
-    local prev, cur = counter_counts(s, idx)
-    s[1], s[2], s[3] = idx, min(cur + extra, max(cur, p.limit)), prev
+    local prev, cur = counter_counts(s, idx, p.limit)
+    s[1], s[2], s[3] = idx, min(cur + extra, max(cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window))), prev
     return true
   end
 
+  -- The end of the window after the one that pays the count off; with a per-key override,
+  -- at the slower of its limit and the plan's (the override can end with no write to move
+  -- the key's TTL).
   function counter.expires_at(s, p)
+    return (s[1] + max(ceil_div(s[2], p.slowest or p.limit), 1) + 1) * p.window
+  end
+
+  -- No later than expires_at under any limit.
+  function counter.kept_since(s, p)
     return (s[1] + 2) * p.window
   end
 

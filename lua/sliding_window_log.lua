@@ -1,7 +1,8 @@
 -- Sliding window log: one sorted set per (key, policy). Score = ms, member = "<ms>:<cost>".
 -- Requests in the same millisecond are merged into one member (its cost summed), exactly as
 -- the memory store merges them, so two requests in one millisecond never collide.
--- The arithmetic is src/algorithm/sliding_window_log.rs.
+-- The arithmetic is src/algorithm/sliding_window_log.rs. A settlement's debt (units past the
+-- limit) is one member dated ahead of now, kept until the windows it used up have passed.
 --
 -- A batch reads the live entries once, decides every request against them in memory, and
 -- writes once at the end: the trim, the member of this millisecond, and the TTL.
@@ -36,8 +37,13 @@ ALG[2] = function()
     return { ts = ts, cs = cs, stored = stored }
   end
 
-  -- With `charge`, an allowed request is also committed (see `commit`).
+  -- With `charge`, an allowed request is also committed (see `commit`). A cost above the
+  -- capacity never fits (never_fits in mod.rs).
   function log.evaluate(s, now, p, cost, charge)
+    if cost > p.capacity then
+      local _, remaining, reset_after = log.evaluate(s, now, p, 0)
+      return false, remaining, reset_after, reset_after, 0
+    end
     local n, w = p.limit, p.window
     local ts, cs = s.ts, s.cs
     local used = 0
@@ -45,11 +51,14 @@ ALG[2] = function()
       used = used + cs[i]
     end
     local allowed = used + cost <= n
-    local after, reset_after = used, 0
+    -- When the newest entry leaves (a debt's entry is dated ahead of now).
+    local newest = 0
+    if #ts > 0 then
+      newest = max(ts[#ts] + w - now, 0)
+    end
+    local after, reset_after = used, newest
     if allowed and cost > 0 then
-      after, reset_after = used + cost, w
-    elseif #ts > 0 then
-      reset_after = ts[#ts] + w - now
+      after, reset_after = used + cost, max(newest, w)
     end
     local retry_after = 0
     if not allowed then
@@ -69,20 +78,28 @@ ALG[2] = function()
     return allowed, max(n - after, 0), reset_after, retry_after, 0
   end
 
-  function log.commit(s, now, p, cost)
+  -- Logs `cost` at `at`, in time order (log_at in sliding_window_log.rs); the cost logged at
+  -- `at` before, or nil.
+  local function log_at(s, at, cost)
     local ts, cs = s.ts, s.cs
     for i = #ts, 1, -1 do
-      if ts[i] == now then
+      if ts[i] == at then
+        local was = cs[i]
         cs[i] = cs[i] + cost
-        return
-      elseif ts[i] < now then
-        table.insert(ts, i + 1, now)
+        return was
+      elseif ts[i] < at then
+        table.insert(ts, i + 1, at)
         table.insert(cs, i + 1, cost)
-        return
+        return nil
       end
     end
-    table.insert(ts, 1, now)
+    table.insert(ts, 1, at)
     table.insert(cs, 1, cost)
+    return nil
+  end
+
+  function log.commit(s, now, p, cost)
+    log_at(s, now, cost)
   end
 
   -- Takes up to `cost` units off the newest entries, removing emptied ones (refund in
@@ -110,10 +127,30 @@ ALG[2] = function()
     return changed
   end
 
-  -- Logs `extra` units at now whether or not they fit, at most the limit at a time
-  -- (overcharge in sliding_window_log.rs); true when the state changed.
+  -- Logs `extra` units whether or not they fit, in full: at now while the window's units
+  -- stay within the limit, else as one entry dated ceil(total / N) - 1 windows ahead; at
+  -- most MAX_USAGE_WINDOW_PRODUCT / W units (overcharge in sliding_window_log.rs). An entry
+  -- of another millisecond is noted in `s.refunded` (time -> cost as loaded, 0 for a new
+  -- one) for `store` to rewrite. True when the state changed.
   function log.overcharge(s, now, p, extra)
-    log.commit(s, now, p, min(extra, p.limit))
+    local n, w = p.limit, p.window
+    local used = 0
+    for i = 1, #s.cs do
+      used = used + s.cs[i]
+    end
+    local total = min(used + extra, max(used, idiv(MAX_USAGE_WINDOW_PRODUCT, w)))
+    extra = total - used
+    if extra == 0 then
+      return false
+    end
+    local at = now + (ceil_div(total, n) - 1) * w
+    local was = log_at(s, at, extra)
+    if at ~= now then
+      s.refunded = s.refunded or {}
+      if s.refunded[at] == nil then
+        s.refunded[at] = was or 0
+      end
+    end
     return true
   end
 

@@ -15,7 +15,12 @@ ALG[3] = function()
   -- With `charge`, an allowed request is also committed (what `commit` does). Taken once per
   -- request of a batch, so `bucket_deficit`, `idiv`, `ceil_div` and `max` are inline: each
   -- call costs more than its arithmetic.
+  -- A cost above the capacity never fits (never_fits in mod.rs).
   function bucket.evaluate(s, now, p, cost, charge)
+    if cost > p.capacity then
+      local _, remaining, reset_after = bucket.evaluate(s, now, p, 0)
+      return false, remaining, reset_after, reset_after, 0
+    end
     local n, w = p.limit, p.window
     local full = p.capacity * w
     local elapsed = now - s[2]
@@ -64,8 +69,8 @@ ALG[3] = function()
   end
 
   function bucket.commit(s, now, p, cost)
-    local deficit = bucket_deficit(s, now, p.limit) + cost * p.window
-    s[1], s[2] = deficit, max(now, s[2])
+    local deficit = bucket_deficit(s, now, p.limit)
+    s[1], s[2] = min(deficit + cost * p.window, max(deficit, MAX_USAGE_WINDOW_PRODUCT)), max(now, s[2])
   end
 
   -- Puts up to `cost` tokens back, never beyond full (refund in token_bucket.rs); true when
@@ -79,13 +84,12 @@ ALG[3] = function()
     return true
   end
 
-  -- Takes `extra` tokens into debt, at most a bucket less one token (overcharge in
-  -- token_bucket.rs); true when the state changed.
+  -- Takes `extra` tokens into debt, in full, at most a deficit of MAX_USAGE_WINDOW_PRODUCT
+  -- (overcharge in token_bucket.rs); true when the state changed.
   function bucket.overcharge(s, now, p, extra)
     local w = p.window
     local deficit = bucket_deficit(s, now, p.limit)
-    local most = (2 * p.capacity - 1) * w
-    s[1], s[2] = min(deficit + extra * w, max(deficit, most)), max(now, s[2])
+    s[1], s[2] = min(deficit + extra * w, max(deficit, MAX_USAGE_WINDOW_PRODUCT)), max(now, s[2])
     return true
   end
 

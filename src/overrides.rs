@@ -10,6 +10,18 @@
 //! applies it from its next decision; with the memory store it is local to the process.
 //! Removing an override, or its expiry, brings back the plan's limit.
 //!
+//! What the usage becomes under the new numbers:
+//!
+//! * the window algorithms count units: what the key used stays counted, and what is
+//!   counted beyond a lower limit is a debt paid at that limit per window (as a settlement's
+//!   debt is, see [`Store::settle`](crate::store::Store::settle));
+//! * a token bucket refills at the new rate from the moment the override is set or removed,
+//!   the time before refilled at the rate in force then (see
+//!   [`token_bucket`](crate::algorithm::token_bucket)); GCRA keeps its debt as time;
+//! * a cost above the override's capacity can never pass: it is refused as
+//!   [`CostExceedsCapacity`](crate::CheckError::CostExceedsCapacity) (naming the override's
+//!   capacity), charging nothing, as a cost above the plan's capacity is.
+//!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! use std::time::Duration;

@@ -200,6 +200,8 @@ struct Details {
     decision: Option<Decision>,
     policies: Arc<[Policy]>,
     cost: Option<u64>,
+    /// The capacity a cost exceeded, when not the policy's own (a per-key override's).
+    capacity: Option<u64>,
     /// For a body too large: the most bytes the layer reads.
     body_limit: Option<usize>,
     store_error: Option<StoreError>,
@@ -256,6 +258,7 @@ impl Refusal {
             decision: None,
             policies: Arc::from(NO_POLICIES),
             cost: None,
+            capacity: None,
             body_limit: None,
             store_error: None,
             now_millis: 0,
@@ -296,6 +299,29 @@ impl Refusal {
             cost: Some(cost),
             ..Self::details(RefusalKind::CostExceedsCapacity)
         })
+    }
+
+    /// A cost above `capacity`, the capacity of `policy` in force for the key (a per-key
+    /// override's), which the store found.
+    pub(crate) fn cost_exceeds_capacity_in_force(
+        policy: &Policy,
+        cost: u64,
+        capacity: u64,
+    ) -> Self {
+        Self::from_details(Details {
+            policies: Arc::from([policy.clone()]),
+            cost: Some(cost),
+            capacity: Some(capacity),
+            ..Self::details(RefusalKind::CostExceedsCapacity)
+        })
+    }
+
+    /// The capacity the cost exceeded, for [`RefusalKind::CostExceedsCapacity`]: the
+    /// policy's, or a per-key override's when that is what refused it.
+    pub(crate) fn capacity(&self) -> Option<u64> {
+        self.inner
+            .capacity
+            .or_else(|| self.policy().map(Policy::capacity))
     }
 
     /// The store failed: `decision` is the failure mode's refusal (with the cool-down as
@@ -473,7 +499,7 @@ impl Refusal {
                 Cow::Owned(match (self.policy(), self.inner.cost) {
                     (Some(p), Some(cost)) => format!(
                         "cost {cost} exceeds the capacity {} of policy \"{}\"",
-                        p.capacity(),
+                        self.capacity().unwrap_or_else(|| p.capacity()),
                         p.name()
                     ),
                     _ => "The request costs more than any limit allows.".to_owned(),

@@ -200,7 +200,9 @@ pub(crate) type FrameCostFn = dyn Fn(&bytes::Bytes) -> u64 + Send + Sync;
 /// **The estimate**, charged when the request arrives: a fixed number, a function of the
 /// request head, or the [`CostEstimate`] that
 /// [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer) read from a field of the JSON body.
-/// An estimate above the policy's capacity is refused like any cost that could never fit.
+/// An estimate above the policy's capacity is refused like any cost that could never fit; an
+/// estimate of 0 reserves one unit (a spent budget refuses it), given back when the request
+/// settles at 0.
 ///
 /// **The actual cost**, settled when the response is known, by default from an
 /// [`ActualCost`] the handler puts in the response's extensions; or from a response header

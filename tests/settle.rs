@@ -70,14 +70,11 @@ async fn refund_and_extra_are_exact<S: Store + Clone>(store: S) {
             450,
             "{algorithm}: extra charged"
         );
-        // Far above the limit: the key is at worst as if it had used its whole limit now.
+        // Far above the limit: charged in full, a debt past the limit (nothing remains).
         let r = limiter.reserve(&key, 10).await.unwrap();
         r.settle(1_000_000).await.unwrap();
         let after = used(&store, &key, &p).await;
-        assert_eq!(
-            after, 1_000,
-            "{algorithm}: an overcharge stops at the limit"
-        );
+        assert_eq!(after, 1_000, "{algorithm}: nothing remains");
         // A refused reservation charges nothing, and settling it changes nothing.
         let refused = limiter.reserve(&key, 5).await.unwrap();
         assert!(!refused.decision().is_allowed());
@@ -97,17 +94,18 @@ async fn refunds_and_extra_charges_are_exact_redis() {
     refund_and_extra_are_exact(redis(&server, "exact", &ManualClock::new(1_000_000))).await;
 }
 
-/// An extra charge never locks a key out for longer than one window (the sliding window
-/// counter: one window plus `window / limit`; the buckets: their refill time, which is one
-/// window when the burst equals the limit).
-async fn an_overcharge_locks_out_for_at_most_a_window<S: Store + Clone>(
+/// An extra charge is a debt the key pays back at its limit's rate: a settlement a thousand
+/// limits above its reservation keeps the key refused a thousand windows, not one; a
+/// settlement of any size saturates (the key waits about 2^52 / limit ms) and `reset` clears
+/// it.
+async fn an_overcharge_is_a_debt_paid_at_the_limits_rate<S: Store + Clone>(
     store: S,
     clock: &ManualClock,
 ) {
     let window = Duration::from_secs(10);
     for algorithm in ALGORITHMS {
         let p = policy(algorithm, 10, window);
-        let key = Key::new("user", format!("lockout-{algorithm}"));
+        let key = Key::new("user", format!("debt-{algorithm}"));
         let limiter = Limiter::builder()
             .store(store.clone())
             .policy(p.clone())
@@ -115,31 +113,45 @@ async fn an_overcharge_locks_out_for_at_most_a_window<S: Store + Clone>(
             .unwrap();
         clock.set_millis(1_000_000_000);
         let r = limiter.reserve(&key, 1).await.unwrap();
-        r.settle(u64::MAX / 4).await.unwrap();
+        r.settle(10_001).await.unwrap();
         clock.advance(Duration::from_millis(1));
         assert!(
             !limiter.check(&key, 1).await.unwrap().is_allowed(),
             "{algorithm}: pushed past its limit"
         );
-        clock.advance(window + window / 10);
+        clock.advance(window * 990);
+        assert!(
+            !limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{algorithm}: 990 windows later the debt is not paid yet"
+        );
+        clock.advance(window * 12);
         assert!(
             limiter.check(&key, 1).await.unwrap().is_allowed(),
-            "{algorithm}: one unit fits again within one window plus window/limit"
+            "{algorithm}: paid within 1 002 windows"
         );
+        let r = limiter.reserve(&key, 1).await.unwrap();
+        r.settle(u64::MAX / 4).await.unwrap();
+        clock.advance(window * 100_000);
+        assert!(
+            !limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{algorithm}: a saturated debt"
+        );
+        limiter.reset(&key).await.unwrap();
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
     }
 }
 
 #[tokio::test]
-async fn an_overcharge_locks_out_for_at_most_a_window_memory() {
+async fn an_overcharge_is_a_debt_paid_at_the_limits_rate_memory() {
     let clock = ManualClock::new(0);
-    an_overcharge_locks_out_for_at_most_a_window(memory(&clock), &clock).await;
+    an_overcharge_is_a_debt_paid_at_the_limits_rate(memory(&clock), &clock).await;
 }
 
 #[tokio::test]
-async fn an_overcharge_locks_out_for_at_most_a_window_redis() {
+async fn an_overcharge_is_a_debt_paid_at_the_limits_rate_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new(0);
-    an_overcharge_locks_out_for_at_most_a_window(redis(&server, "lockout", &clock), &clock).await;
+    an_overcharge_is_a_debt_paid_at_the_limits_rate(redis(&server, "debt", &clock), &clock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

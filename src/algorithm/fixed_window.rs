@@ -4,16 +4,22 @@
 //! window's count plus `c` is at most `N`.
 //!
 //! * `remaining`: `N` minus the window's count after this decision.
-//! * `reset_after`: time until the current window ends (0 when nothing is counted).
-//! * `retry_after`: time until the next window starts, exactly (the count only drops there).
+//! * `reset_after`: time until the count is back to 0 (the end of the current window; later
+//!   while a debt is carried, see below); 0 when nothing is counted.
+//! * `retry_after`: time until the window where the request fits starts, exactly (the count
+//!   only drops at window starts).
 //!
 //! **Accuracy bound and known weakness**: at most `N` per *fixed* window, but up to `2N` in a
 //! span as short as 2 ms around a window flip (`N` at the end of one window, `N` at the start of
 //! the next): the boundary burst. Prefer the sliding window counter for anything
 //! customer-facing.
+//!
+//! **Debts**: a settlement above its reservation ([`overcharge`](LimitAlgorithm::overcharge))
+//! may push a window's count past `N`. What a window holds beyond `N` is carried into the
+//! next one, less `N` per window (the debt is paid at the limit's rate), so a count of
+//! `N + d` leaves the next windows `d`, `d − N`, … units short until it is paid.
 
-use super::LimitAlgorithm;
-use super::PolicyDecision;
+use super::{ceil_div, max_units, never_fits, LimitAlgorithm, PolicyDecision};
 use crate::policy::{Algorithm, Limits};
 
 /// The window's index (`⌊t / W⌋`) and its count.
@@ -37,11 +43,29 @@ impl FixedWindowState {
     }
 }
 
-fn current(state: &FixedWindowState, idx: u64) -> u64 {
-    if state.window == idx {
+/// The units counted in window `idx`: the state's count in its own window; in a later one,
+/// what it held beyond the limit less `n` per window since (a debt paid at the limit's
+/// rate); nothing in an earlier one.
+fn count_at(state: &FixedWindowState, idx: u64, n: u64) -> u64 {
+    if idx == state.window {
         state.count
+    } else if idx > state.window {
+        state
+            .count
+            .saturating_sub(n.saturating_mul(idx - state.window))
     } else {
         0
+    }
+}
+
+/// Time from `now` until a count of `count` in the window ending `window_end` ms from now is
+/// paid off: the rest of this window, then one more window per `n` units beyond the first
+/// `n`; 0 for no count.
+fn clears_in(count: u64, n: u64, w: u64, window_end: u64) -> u64 {
+    if count == 0 {
+        0
+    } else {
+        window_end.saturating_add((ceil_div(count, n) - 1).saturating_mul(w))
     }
 }
 
@@ -59,41 +83,53 @@ impl LimitAlgorithm for FixedWindow {
     fn evaluate(state: &FixedWindowState, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
         let n = limits.limit();
         let w = limits.window_millis();
+        if cost > limits.capacity() {
+            return never_fits(Self::evaluate(state, now, limits, 0));
+        }
         let idx = now / w;
-        let count = current(state, idx);
-        let window_end = (idx + 1) * w - now;
-        let allowed = count + cost <= n;
+        let count = count_at(state, idx, n);
+        let window_end = w - now % w;
+        let allowed = count.saturating_add(cost) <= n;
         let after = if allowed { count + cost } else { count };
+        let retry_after = if allowed {
+            0
+        } else {
+            // The first window whose carried count leaves room: `count − j·N + cost ≤ N`.
+            let j = ceil_div(count.saturating_add(cost) - n, n);
+            window_end.saturating_add((j - 1).saturating_mul(w))
+        };
         PolicyDecision::from_parts(
             allowed,
             n,
             n.saturating_sub(after),
-            if after > 0 { window_end } else { 0 },
-            window_end,
+            clears_in(after, n, w, window_end),
+            retry_after,
             0,
         )
     }
 
-    /// Charges an allowed request.
+    /// Charges an allowed request (any other cost saturates at the state's cap, see
+    /// [`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT)).
     #[inline]
     fn commit(state: &mut FixedWindowState, now: u64, limits: &Limits, cost: u64) {
         let idx = now / limits.window_millis();
-        let count = current(state, idx);
+        let count = count_at(state, idx, limits.limit());
         *state = FixedWindowState {
             window: idx,
-            count: count + cost,
+            count: count.saturating_add(cost).min(count.max(max_units(limits))),
         };
     }
 
-    /// Gives back up to `cost` units charged to the window `now` falls in (a charge whose
-    /// request turned out not to count, such as a login that succeeded).
+    /// Gives back up to `cost` units still counted in the window `now` falls in (a charge
+    /// whose request turned out not to count, such as a login that succeeded).
     ///
-    /// **Bound**: the units come off the current window's count, never below zero. A refund made
-    /// in a later window than its charge finds a window the charge never reached: when that
-    /// window has a count already (other requests), the refund takes up to `cost` units of it
-    /// (those requests' units, at most `cost` per refund, and never more than the window had);
-    /// otherwise it gives back nothing, since the charge stopped counting when its window ended.
-    /// A refund never leaves the state better than a fresh one.
+    /// **Bound**: the units come off the current window's count (its carried debt
+    /// included), never below zero. A refund made in a later window than its charge finds a
+    /// window the charge never reached: when that window has a count already (other
+    /// requests, or a debt carried), the refund takes up to `cost` units of it (never more
+    /// than the window had); otherwise it gives back nothing, since the charge stopped
+    /// counting when its window ended. A refund never leaves the state better than a fresh
+    /// one.
     ///
     /// ```
     /// use tollgate::algorithm::{FixedWindow, FixedWindowState, LimitAlgorithm};
@@ -108,27 +144,48 @@ impl LimitAlgorithm for FixedWindow {
     /// ```
     #[inline]
     fn refund(state: &mut FixedWindowState, now: u64, limits: &Limits, cost: u64) {
-        if state.window == now / limits.window_millis() {
-            state.count = state.count.saturating_sub(cost);
-        }
-    }
-
-    /// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
-    /// never beyond the limit: the window is then used up, and the next one starts afresh, so
-    /// the key waits at most until its window ends.
-    fn overcharge(state: &mut FixedWindowState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
-        let count = current(state, idx);
+        let count = count_at(state, idx, limits.limit());
+        if count == 0 || cost == 0 {
+            return;
+        }
         *state = FixedWindowState {
             window: idx,
-            count: (count + extra).min(count.max(limits.limit())),
+            count: count - cost.min(count),
         };
     }
 
-    /// When the state stops mattering (ms since the epoch): the end of its window.
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation),
+    /// in full: a count past the limit is a debt carried into the next windows, `N` units
+    /// paid per window, so the key waits until the windows it used up have passed. Saturates
+    /// at ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT) / W⌋ units.
+    ///
+    /// **Bound**: every request is admitted with room for its reservation, so a key whose
+    /// requests are settled one after another is served, over `j` whole windows, at most
+    /// `j·N` plus the overshoot (actual cost less reservation) of its last request; over any
+    /// `j·W` ms, `(j + 1)·N` plus it (the boundary burst). Requests reserved together add
+    /// their overshoots, which the following windows then pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
+    fn overcharge(state: &mut FixedWindowState, now: u64, limits: &Limits, extra: u64) {
+        let idx = now / limits.window_millis();
+        let count = count_at(state, idx, limits.limit());
+        *state = FixedWindowState {
+            window: idx,
+            count: count
+                .saturating_add(extra)
+                .min(count.max(max_units(limits))),
+        };
+    }
+
+    /// When the state stops mattering (ms since the epoch): the end of its window, or of the
+    /// window that pays off its debt.
     #[inline]
     fn expires_at(state: &FixedWindowState, limits: &Limits) -> u64 {
-        (state.window + 1) * limits.window_millis()
+        let windows = ceil_div(state.count, limits.limit()).max(1);
+        state
+            .window
+            .saturating_add(windows)
+            .saturating_mul(limits.window_millis())
     }
 }
 

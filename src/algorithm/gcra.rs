@@ -14,13 +14,18 @@
 //! It admits exactly what the [token bucket](super::token_bucket) with the same rate and burst
 //! admits.
 //!
+//! **Per-key overrides** keep the TAT: a debt is time, which a new rate reads as more or fewer
+//! units. Its remainder, kept in `1/N` ms of the limit it was written under, reads as at most
+//! `(N − 1)/N` ms under a lower limit, so `retry_after` stays exact.
+//!
 //! **Shaping**: with [`PolicyBuilder::shape`](crate::PolicyBuilder::shape) a request that does
 //! not fit now but would within `max_delay` is allowed with a [`delay`](PolicyDecision::delay):
 //! its slot is reserved at once (so concurrent callers queue in order) and the caller waits
 //! for it. `retry_after` then names the moment the wait would fit within `max_delay`.
 
-use super::LimitAlgorithm;
-use super::{ceil_div, InPlace, PolicyDecision};
+use super::{
+    ceil_div, never_fits, InPlace, LimitAlgorithm, PolicyDecision, MAX_USAGE_WINDOW_PRODUCT,
+};
 use crate::policy::{Algorithm, Limits};
 
 /// The theoretical arrival time: `tat + frac/N` ms since the epoch.
@@ -40,11 +45,30 @@ impl GcraState {
 }
 
 /// `N · max(TAT − now, 0)`: how far ahead the meter runs, in `1/N` ms.
+///
+/// The remainder was kept in `1/N` ms of the limit the state was written under; under a
+/// lower one (a per-key override) it reads as at most `(N − 1)/N` ms, so the TAT stays in
+/// the same millisecond and the backlog falls by exactly `N` per ms until it is 0 (what
+/// makes `retry_after` exact). Under a much higher one a debt can read as more than
+/// [`MAX_USAGE_WINDOW_PRODUCT`], where it saturates, as a debt does.
+#[inline]
 fn backlog(state: &GcraState, now: u64, n: u64) -> u64 {
     if state.tat >= now {
-        (state.tat - now) * n + state.frac
+        (state.tat - now)
+            .saturating_mul(n)
+            .saturating_add(state.frac.min(n - 1))
+            .min(MAX_USAGE_WINDOW_PRODUCT)
     } else {
         0
+    }
+}
+
+/// The state whose TAT is `backlog / N` ms after `now`.
+#[inline]
+fn ahead(now: u64, backlog: u64, n: u64) -> GcraState {
+    GcraState {
+        tat: now.saturating_add(backlog / n),
+        frac: backlog % n,
     }
 }
 
@@ -63,6 +87,9 @@ fn common_case(
     let n = limits.limit();
     let w = limits.window_millis();
     let capacity = limits.capacity();
+    if cost > capacity {
+        return None;
+    }
     let tolerance = capacity * w;
     let after = backlog(state, now, n) + cost * w;
     if after > tolerance {
@@ -70,6 +97,8 @@ fn common_case(
     }
     let (whole, frac) = (after / n, after % n);
     let reset_after = whole + u64::from(frac > 0);
+    // A clock at the end of the `u64` range takes `evaluate` and `commit`.
+    let expires = now.checked_add(reset_after)?;
     let d = PolicyDecision::from_parts(true, capacity, (tolerance - after) / w, reset_after, 0, 0);
     if !charge {
         return Some((d, None));
@@ -78,7 +107,7 @@ fn common_case(
         tat: now + whole,
         frac,
     };
-    Some((d, Some(now + reset_after)))
+    Some((d, Some(expires)))
 }
 
 /// The gcra algorithm; see the [module docs](self).
@@ -97,6 +126,10 @@ impl LimitAlgorithm for Gcra {
         let w = limits.window_millis();
         let tolerance = limits.capacity() * w;
         let slack = limits.max_delay_millis() * n;
+        if cost > (tolerance + slack) / w {
+            // Not even a fresh meter, waiting the longest delay, takes it.
+            return never_fits(Self::evaluate(state, now, limits, 0));
+        }
         let backlog = backlog(state, now, n);
         let after = backlog + cost * w;
         let allowed = after <= tolerance + slack;
@@ -125,20 +158,16 @@ impl LimitAlgorithm for Gcra {
         )
     }
 
-    /// Moves the TAT for an allowed request.
+    /// Moves the TAT for an allowed request (any other cost saturates at the state's cap,
+    /// see [`MAX_USAGE_WINDOW_PRODUCT`]).
     #[inline]
     fn commit(state: &mut GcraState, now: u64, limits: &Limits, cost: u64) {
         let n = limits.limit();
-        let (base, backlog) = if state.tat >= now {
-            (now, backlog(state, now, n))
-        } else {
-            (now, 0)
-        };
-        let after = backlog + cost * limits.window_millis();
-        *state = GcraState {
-            tat: base + after / n,
-            frac: after % n,
-        };
+        let backlog = backlog(state, now, n);
+        let after = backlog
+            .saturating_add(cost.saturating_mul(limits.window_millis()))
+            .min(backlog.max(MAX_USAGE_WINDOW_PRODUCT));
+        *state = ahead(now, after, n);
     }
 
     /// Moves the TAT back by up to `cost` emission intervals (a charge whose request turned out
@@ -167,33 +196,33 @@ impl LimitAlgorithm for Gcra {
             return;
         }
         let after = backlog.saturating_sub(cost.saturating_mul(limits.window_millis()));
-        *state = GcraState {
-            tat: now + after / n,
-            frac: after % n,
-        };
+        *state = ahead(now, after, n);
     }
 
-    /// Charges `extra` units whether or not they fit (a cost settled above its reservation): the
-    /// TAT may move past the tolerance, but never by more than the tolerance less one interval,
-    /// so one unit fits again within the time the burst takes to refill (`capacity × W / N`).
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation),
+    /// in full: the TAT may move past the tolerance, a debt of time the key waits out (one
+    /// emission interval, `W / N`, per unit) before a request fits again. Saturates at a
+    /// backlog of [`MAX_USAGE_WINDOW_PRODUCT`] (⌊2^52 / W⌋ units).
+    ///
+    /// **Bound**: as exact as the meter: a key whose requests are settled one after another
+    /// is served, over any span of `L` ms, at most `B + N·L/W` (`B` the burst) plus the
+    /// overshoot (actual cost less reservation) of its last request; requests reserved
+    /// together add their overshoots, which the meter then takes that much longer to drain.
+    /// See [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut GcraState, now: u64, limits: &Limits, extra: u64) {
         let n = limits.limit();
         let w = limits.window_millis();
         let backlog = backlog(state, now, n);
-        let most = (2 * limits.capacity() - 1) * w;
         let after = backlog
             .saturating_add(extra.saturating_mul(w))
-            .min(backlog.max(most));
-        *state = GcraState {
-            tat: now + after / n,
-            frac: after % n,
-        };
+            .min(backlog.max(MAX_USAGE_WINDOW_PRODUCT));
+        *state = ahead(now, after, n);
     }
 
     /// When the state stops mattering (ms since the epoch): when the TAT is reached.
     #[inline]
     fn expires_at(state: &GcraState, _limits: &Limits) -> u64 {
-        state.tat + u64::from(state.frac > 0)
+        state.tat.saturating_add(u64::from(state.frac > 0))
     }
 
     #[inline(always)]

@@ -21,9 +21,14 @@
 //! counter admits about `N`, never the `2N` burst of the fixed window; the worst case over a
 //! full window, reached only when the previous window's traffic was packed at its very end, is
 //! just under `2N`.
+//!
+//! **Debts**: a settlement above its reservation ([`overcharge`](LimitAlgorithm::overcharge))
+//! may push the current window's count `c` past `N`. When the window ends, at most `N` of it
+//! becomes the previous window's count (weighted as above) and the rest, `c − N`, stays
+//! counted in full in the new window, and so on: the debt is paid at `N` units per window,
+//! and the estimate falls continuously from `c` to 0 over `⌈c / N⌉ + 1` windows.
 
-use super::PolicyDecision;
-use super::{InPlace, LimitAlgorithm};
+use super::{ceil_div, max_units, never_fits, InPlace, LimitAlgorithm, PolicyDecision};
 use crate::policy::{Algorithm, Limits};
 
 /// The current window's index and the counts of it and the window before.
@@ -54,44 +59,75 @@ impl SlidingWindowCounterState {
     }
 }
 
+/// `(previous, current)` as seen `j ≥ 1` windows after a window that counted `c`: at most
+/// `n` of what is left after `j − 1` windows' payments weighs as the previous window, the
+/// rest counts in full (a debt, `n` paid per window).
+#[inline]
+fn carried(c: u64, j: u64, n: u64) -> (u64, u64) {
+    let left = c.saturating_sub(n.saturating_mul(j - 1));
+    (left.min(n), left.saturating_sub(n))
+}
+
 /// `(previous, current)` as seen from window `idx`.
-fn counts(state: &SlidingWindowCounterState, idx: u64) -> (u64, u64) {
+#[inline]
+fn counts(state: &SlidingWindowCounterState, idx: u64, n: u64) -> (u64, u64) {
     if state.window == idx {
         (state.previous, state.current)
-    } else if state.window + 1 == idx {
-        (state.current, 0)
+    } else if state.window < idx {
+        carried(state.current, idx - state.window, n)
     } else {
         (0, 0)
     }
 }
 
-/// The earliest time (ms since the epoch) at which a request of `cost` passes, given counts
-/// `(prev, cur)` in window `idx`, searching from `now`.
+/// The earliest offset into a window with counts `(prev, cur)` at which a request of `cost`
+/// fits (`prev·(W − e) + (cur + cost)·W ≤ N·W`), if any.
+#[inline]
+fn fits_from(prev: u64, cur: u64, n: u64, w: u64, cost: u64) -> Option<u64> {
+    let room = n.checked_sub(cur)?.checked_sub(cost)?;
+    if prev == 0 {
+        return Some(0);
+    }
+    let overlap = room * w / prev; // the largest W − e that still fits
+    (overlap >= 1).then(|| w - overlap.min(w))
+}
+
+/// The earliest time (ms since the epoch) at which a request of `cost ≤ n` passes, given
+/// counts `(prev, cur)` in window `idx`, searching from `now`.
 fn earliest(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64, cost: u64) -> u64 {
-    let start = idx * w;
-    // Later in window `idx`: need prev·(W − e) ≤ (N − cur − cost)·W.
-    if cur + cost <= n {
-        let budget = (n - cur - cost) * w;
-        if prev == 0 {
-            return now;
+    let start = idx.saturating_mul(w);
+    // Later in window `idx`, as the previous window's weight fades.
+    if let Some(e) = fits_from(prev, cur, n, w, cost) {
+        return start.saturating_add(e).max(now);
+    }
+    // In a later window: none before the first where what is still counted in full leaves
+    // room (`cur − j·N + cost ≤ N`); two windows after that one nothing counted so far
+    // weighs any more, so the search ends there.
+    let first = ceil_div(cur.saturating_add(cost).saturating_sub(n), n).max(1);
+    for j in first..first + 2 {
+        let (p, c) = carried(cur, j, n);
+        if let Some(e) = fits_from(p, c, n, w, cost) {
+            return start.saturating_add(j.saturating_mul(w)).saturating_add(e);
         }
-        let overlap = budget / prev; // the largest W − e that still fits
-        if overlap >= 1 {
-            let e = w.saturating_sub(overlap.min(w));
-            return (start + e).max(now);
-        }
     }
-    // In window idx + 1: prev' = cur, cur' = 0.
-    let next = start + w;
-    if cur == 0 {
-        return next;
-    }
-    let overlap = (n - cost) * w / cur;
-    if overlap >= 1 {
-        return next + w.saturating_sub(overlap.min(w));
-    }
-    // Only window idx + 2, where nothing counted so far still weighs.
-    next + w
+    start.saturating_add((first + 2).saturating_mul(w))
+}
+
+/// Time from `now` (in window `idx`) until the estimate is 0, after a decision leaving counts
+/// `(prev, cur)`: the end of the window that pays the last of `cur` off, then one more for
+/// its weight to fade; the end of this window when only `prev` is left; 0 for nothing.
+#[inline]
+fn clears_in(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64) -> u64 {
+    let windows = if cur > 0 {
+        ceil_div(cur, n).saturating_add(1)
+    } else if prev > 0 {
+        1
+    } else {
+        return 0;
+    };
+    idx.saturating_add(windows)
+        .saturating_mul(w)
+        .saturating_sub(now)
 }
 
 /// [`evaluate`](LimitAlgorithm::evaluate) and, when `charge`, [`commit`](LimitAlgorithm::commit) for an allowed request (the common case): the
@@ -109,6 +145,9 @@ fn common_case(
 ) -> Option<InPlace> {
     let n = limits.limit();
     let w = limits.window_millis();
+    if cost > n {
+        return None;
+    }
     // `window·W ≤ now < (window + 1)·W` means `⌊now / W⌋ = window`, and so on for the next.
     let (idx, e) = match state.window.checked_mul(w).and_then(|s| now.checked_sub(s)) {
         Some(e) if e < w => (state.window, e),
@@ -118,7 +157,11 @@ fn common_case(
             (idx, now - idx * w)
         }
     };
-    let (prev, cur) = counts(state, idx);
+    let (prev, cur) = counts(state, idx, n);
+    // Allowed means `cur + cost ≤ N`, so nothing below is past the limit.
+    if cur + cost > n {
+        return None;
+    }
     let weighted_after = prev * (w - e) + (cur + cost) * w;
     if weighted_after > n * w {
         return None;
@@ -129,10 +172,12 @@ fn common_case(
     } else {
         (n * w - weighted_after) / w
     };
+    // The end of the next window; a clock at the end of the `u64` range takes `evaluate`.
+    let expires = idx.checked_add(2)?.checked_mul(w)?;
     let reset_after = if cur_after > 0 {
-        (idx + 2) * w - now
+        expires - now
     } else if prev > 0 {
-        (idx + 1) * w - now
+        expires - w - now
     } else {
         0
     };
@@ -145,7 +190,7 @@ fn common_case(
         current: cur_after,
         previous: prev,
     };
-    Some((d, Some((idx + 2) * w)))
+    Some((d, Some(expires)))
 }
 
 /// The sliding window counter algorithm; see the [module docs](self).
@@ -167,24 +212,25 @@ impl LimitAlgorithm for SlidingWindowCounter {
     ) -> PolicyDecision {
         let n = limits.limit();
         let w = limits.window_millis();
+        if cost > limits.capacity() {
+            return never_fits(Self::evaluate(state, now, limits, 0));
+        }
         let idx = now / w;
         let e = now - idx * w;
-        let (prev, cur) = counts(state, idx);
-        let weighted = prev * (w - e) + cur * w;
-        let allowed = weighted + cost * w <= n * w;
+        let (prev, cur) = counts(state, idx, n);
+        // Below 2^53: `prev·W` is at most the limit × W under which it was counted (2^50),
+        // `(cur + cost)·W` at most 2^52 + 2^50 (see `MAX_USAGE_WINDOW_PRODUCT`).
+        let weighted = prev
+            .saturating_mul(w - e)
+            .saturating_add(cur.saturating_mul(w));
+        let allowed = weighted.saturating_add(cost * w) <= n * w;
         let (weighted_after, cur_after) = if allowed {
             (weighted + cost * w, cur + cost)
         } else {
             (weighted, cur)
         };
         let remaining = (n * w).saturating_sub(weighted_after) / w;
-        let reset_after = if cur_after > 0 {
-            (idx + 2) * w - now
-        } else if prev > 0 {
-            (idx + 1) * w - now
-        } else {
-            0
-        };
+        let reset_after = clears_in(prev, cur_after, idx, now, n, w);
         let retry_after = if allowed {
             0
         } else {
@@ -193,14 +239,17 @@ impl LimitAlgorithm for SlidingWindowCounter {
         PolicyDecision::from_parts(allowed, n, remaining, reset_after, retry_after, 0)
     }
 
-    /// Charges an allowed request.
+    /// Charges an allowed request (any other cost saturates at the state's cap, see
+    /// [`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT)).
     #[inline]
     fn commit(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, cost: u64) {
         let idx = now / limits.window_millis();
-        let (previous, current) = counts(state, idx);
+        let (previous, current) = counts(state, idx, limits.limit());
         *state = SlidingWindowCounterState {
             window: idx,
-            current: current + cost,
+            current: current
+                .saturating_add(cost)
+                .min(current.max(max_units(limits))),
             previous,
         };
     }
@@ -213,9 +262,10 @@ impl LimitAlgorithm for SlidingWindowCounter {
     /// state is never better than a fresh one. It is exact while the charge is in the newest
     /// window holding units. After a window boundary (the charge was made in the previous
     /// window) it gives the charge back from the previous window when the current one is empty,
-    /// and otherwise from the current window, which weighs fully while the charge's window
-    /// weighs `(W − e)/W`: the estimate then drops by up to `cost·e/W` more than the charge
-    /// still weighed. A charge two windows old no longer counts and is not refunded.
+    /// and otherwise from the current window (a debt carried into it, see the
+    /// [module docs](self)), which weighs fully while the charge's window weighs
+    /// `(W − e)/W`: the estimate then drops by up to `cost·e/W` more than the charge still
+    /// weighed. A charge two windows old no longer counts and is not refunded.
     ///
     /// ```
     /// use tollgate::algorithm::{SlidingWindowCounter as Swc, SlidingWindowCounterState, LimitAlgorithm};
@@ -230,34 +280,63 @@ impl LimitAlgorithm for SlidingWindowCounter {
     /// ```
     #[inline]
     fn refund(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, cost: u64) {
+        let n = limits.limit();
         let idx = now / limits.window_millis();
         if state.window == idx {
             let back = cost.min(state.current);
             state.current -= back;
             state.previous = state.previous.saturating_sub(cost - back);
-        } else if state.window + 1 == idx {
-            // The state's window is now the previous one.
-            state.current = state.current.saturating_sub(cost);
+        } else if state.window < idx {
+            let (prev, cur) = counts(state, idx, n);
+            if cur == 0 && state.window + 1 == idx {
+                // The state's window is now the previous one, and nothing it held is counted
+                // in full any more.
+                state.current = state.current.saturating_sub(cost);
+            } else if prev > 0 || cur > 0 {
+                // A debt carried into this window: paid back from the newest units.
+                let back = cost.min(cur);
+                *state = SlidingWindowCounterState {
+                    window: idx,
+                    current: cur - back,
+                    previous: prev.saturating_sub(cost - back),
+                };
+            }
         }
     }
 
-    /// Charges `extra` units whether or not they fit (a cost settled above its reservation), but
-    /// never beyond the limit in the current window: the key is then at worst as if its whole
-    /// limit had been used at `now`, so one unit fits again within one window plus `W / N`.
+    /// Charges `extra` units whether or not they fit (a cost settled above its reservation), in
+    /// full: the current window's count may go past the limit, a debt the next windows pay
+    /// back at `N` units per window (see the [module docs](self)). Saturates at
+    /// ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT) / W⌋ units.
+    ///
+    /// **Bound**: every request is admitted with room for its reservation, and the estimate
+    /// it is admitted against counts the debt in full; so a key whose requests are settled one
+    /// after another is served, over `j` whole windows, at most `j·N` plus the overshoot
+    /// (actual cost less reservation) of its last request; over any `j·W` ms, `(j + 1)·N`
+    /// plus it (the accuracy bound above). Requests reserved together add their overshoots,
+    /// which the following windows then pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
-        let (previous, current) = counts(state, idx);
+        let (previous, current) = counts(state, idx, limits.limit());
         *state = SlidingWindowCounterState {
             window: idx,
-            current: (current + extra).min(current.max(limits.limit())),
+            current: current
+                .saturating_add(extra)
+                .min(current.max(max_units(limits))),
             previous,
         };
     }
 
-    /// When the state stops mattering (ms since the epoch): the end of the window after its own.
+    /// When the state stops mattering (ms since the epoch): the end of the window after its
+    /// own, or after the window that pays off its debt.
     #[inline]
     fn expires_at(state: &SlidingWindowCounterState, limits: &Limits) -> u64 {
-        (state.window + 2) * limits.window_millis()
+        let windows = ceil_div(state.current, limits.limit()).max(1) + 1;
+        state
+            .window
+            .saturating_add(windows)
+            .saturating_mul(limits.window_millis())
     }
 
     #[inline(always)]

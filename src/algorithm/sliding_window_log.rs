@@ -11,11 +11,15 @@
 //! **Accuracy bound**: exact. In every span shorter than `W` ms the admitted total is at most
 //! `N`. Memory is O(entries in the window); the limit is capped at
 //! [`MAX_LOG_LIMIT`](crate::policy::MAX_LOG_LIMIT).
+//!
+//! **Debts**: a settlement above its reservation ([`overcharge`](LimitAlgorithm::overcharge))
+//! that takes the logged units past `N` is logged as one entry dated ahead of `now`, so that
+//! it keeps the key refused until the windows the units used up have passed (one entry,
+//! however large the debt).
 
 use std::collections::VecDeque;
 
-use super::LimitAlgorithm;
-use super::PolicyDecision;
+use super::{max_units, never_fits, LimitAlgorithm, PolicyDecision};
 use crate::policy::{Algorithm, Limits};
 
 /// The log: `(time, cost)` pairs in time order. Requests in the same millisecond share an
@@ -38,9 +42,18 @@ impl SlidingWindowLogState {
     }
 }
 
-/// The live entries at `now`: those logged after `now − W`.
+/// The live entries at `now`: those logged after `now − W` (a debt's entry, dated ahead of
+/// `now`, included).
 fn live(state: &SlidingWindowLogState, now: u64, w: u64) -> impl Iterator<Item = &(u64, u64)> {
-    state.entries.iter().filter(move |(t, _)| t + w > now)
+    state
+        .entries
+        .iter()
+        .filter(move |(t, _)| t.saturating_add(w) > now)
+}
+
+/// The units logged in the window at `now`.
+fn used(state: &SlidingWindowLogState, now: u64, w: u64) -> u64 {
+    live(state, now, w).fold(0, |sum, (_, c)| sum.saturating_add(*c))
 }
 
 /// The sliding window log algorithm; see the [module docs](self).
@@ -61,27 +74,32 @@ impl LimitAlgorithm for SlidingWindowLog {
     ) -> PolicyDecision {
         let n = limits.limit();
         let w = limits.window_millis();
-        let used: u64 = live(state, now, w).map(|(_, c)| c).sum();
-        let allowed = used + cost <= n;
+        if cost > limits.capacity() {
+            return never_fits(Self::evaluate(state, now, limits, 0));
+        }
+        let used = used(state, now, w);
+        let allowed = used.saturating_add(cost) <= n;
+        // When the newest entry leaves the window (a debt's entry is dated ahead of now).
         let newest = state
             .entries
             .back()
-            .map(|(t, _)| *t)
-            .filter(|t| t + w > now);
+            .map(|(t, _)| t.saturating_add(w))
+            .filter(|&leaves| leaves > now)
+            .map_or(0, |leaves| leaves - now);
         let (after, reset_after) = if allowed && cost > 0 {
-            (used + cost, w)
+            (used + cost, newest.max(w))
         } else {
-            (used, newest.map_or(0, |t| t + w - now))
+            (used, newest)
         };
         let retry_after = if allowed {
             0
         } else {
-            let mut freed = 0;
+            let mut freed: u64 = 0;
             let mut at = now;
             for (t, c) in live(state, now, w) {
-                freed += c;
-                at = t + w;
-                if used - freed + cost <= n {
+                freed = freed.saturating_add(*c);
+                at = t.saturating_add(w);
+                if used.saturating_sub(freed).saturating_add(cost) <= n {
                     break;
                 }
             }
@@ -97,25 +115,14 @@ impl LimitAlgorithm for SlidingWindowLog {
         )
     }
 
-    /// Drops expired entries and logs an allowed request.
+    /// Drops expired entries and logs an allowed request (any other cost saturates at the
+    /// state's cap, see [`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT)).
     fn commit(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, cost: u64) {
         let w = limits.window_millis();
-        while state.entries.front().is_some_and(|(t, _)| t + w <= now) {
-            state.entries.pop_front();
-        }
-        match state.entries.back_mut() {
-            Some((t, c)) if *t == now => *c += cost,
-            Some((t, _)) if *t > now => {
-                // A clock that stepped back: keep the log sorted anyway.
-                let at = state.entries.partition_point(|(t, _)| *t <= now);
-                if at > 0 && state.entries[at - 1].0 == now {
-                    state.entries[at - 1].1 += cost;
-                } else {
-                    state.entries.insert(at, (now, cost));
-                }
-            }
-            _ => state.entries.push_back((now, cost)),
-        }
+        let used = used(state, now, w);
+        let cost = used.saturating_add(cost).min(used.max(max_units(limits))) - used;
+        trim(state, now, w);
+        log_at(state, now, cost);
     }
 
     /// Gives back up to `cost` units charged recently (a charge whose request turned out not to
@@ -159,11 +166,30 @@ impl LimitAlgorithm for SlidingWindowLog {
         }
     }
 
-    /// Logs `extra` units at `now` whether or not they fit (a cost settled above its
-    /// reservation), at most the limit at a time. Every entry leaves the log one window after it
-    /// was made, so the key waits at most one window.
+    /// Logs `extra` units whether or not they fit (a cost settled above its reservation), in
+    /// full. While the units logged in the window stay within the limit, at `now`; when they
+    /// go past it (`N + d` units), the extra is one entry dated `⌈(N + d)/N⌉ − 1` windows
+    /// ahead of `now`, which keeps the key refused until the windows those units used up
+    /// have passed: a debt paid at `N` units per window, rounded up to whole windows. Saturates
+    /// at ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT) / W⌋ units.
+    ///
+    /// **Bound**: every request is admitted with room for its reservation, so a key whose
+    /// requests are settled one after another is served, over any `j·W` ms, at most `j·N`
+    /// plus the overshoot (actual cost less reservation) of its last request; requests
+    /// reserved together add their overshoots, which the following windows then pay back.
+    /// See [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, extra: u64) {
-        Self::commit(state, now, limits, extra.min(limits.limit()));
+        let n = limits.limit();
+        let w = limits.window_millis();
+        let used = used(state, now, w);
+        let total = used.saturating_add(extra).min(used.max(max_units(limits)));
+        let extra = total - used;
+        if extra == 0 {
+            return;
+        }
+        let ahead = total.div_ceil(n) - 1;
+        trim(state, now, w);
+        log_at(state, now.saturating_add(ahead.saturating_mul(w)), extra);
     }
 
     /// When the state stops mattering (ms since the epoch): when its newest entry leaves.
@@ -171,7 +197,37 @@ impl LimitAlgorithm for SlidingWindowLog {
         state
             .entries
             .back()
-            .map_or(0, |(t, _)| t + limits.window_millis())
+            .map_or(0, |(t, _)| t.saturating_add(limits.window_millis()))
+    }
+}
+
+/// Drops the entries that have left the window at `now`.
+fn trim(state: &mut SlidingWindowLogState, now: u64, w: u64) {
+    while state
+        .entries
+        .front()
+        .is_some_and(|(t, _)| t.saturating_add(w) <= now)
+    {
+        state.entries.pop_front();
+    }
+}
+
+/// Logs `cost` units at `at`, keeping the log in time order: merged into an entry of the same
+/// millisecond; after a debt's entry dated ahead (or a clock that stepped back), inserted in
+/// place.
+fn log_at(state: &mut SlidingWindowLogState, at: u64, cost: u64) {
+    match state.entries.back_mut() {
+        Some((t, c)) if *t == at => *c = c.saturating_add(cost),
+        Some((t, _)) if *t > at => {
+            let i = state.entries.partition_point(|(t, _)| *t <= at);
+            if i > 0 && state.entries[i - 1].0 == at {
+                let c = &mut state.entries[i - 1].1;
+                *c = c.saturating_add(cost);
+            } else {
+                state.entries.insert(i, (at, cost));
+            }
+        }
+        _ => state.entries.push_back((at, cost)),
     }
 }
 

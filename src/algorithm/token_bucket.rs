@@ -15,9 +15,16 @@
 //! The token bucket and [GCRA](super::gcra) are two views of one meter: with the same rate and
 //! burst they admit exactly the same requests. The bucket stores a level and a time, GCRA one
 //! "theoretical arrival time"; GCRA can also shape.
+//!
+//! **Per-key overrides** change the refill rate from the moment they are set or removed: the
+//! store first brings the bucket up to date, the tokens refilled since its last charge put in
+//! at the rate in force until then, so a new rate never applies to time before it (the
+//! memory store and Redis alike). An override that ends by its expiry has no such moment:
+//! the time from the bucket's last charge to the next one is then refilled at the plan's
+//! rate, the expired override's stretch included (at most that stretch at the faster of the
+//! two rates, on every store alike).
 
-use super::LimitAlgorithm;
-use super::{ceil_div, PolicyDecision};
+use super::{ceil_div, never_fits, LimitAlgorithm, PolicyDecision, MAX_USAGE_WINDOW_PRODUCT};
 use crate::policy::{Algorithm, Limits};
 
 /// The deficit (missing tokens × `W`) as of `updated_at`.
@@ -48,6 +55,21 @@ fn deficit_at(state: &TokenBucketState, now: u64, refill_per_ms: u64) -> u64 {
         .saturating_sub(elapsed.saturating_mul(refill_per_ms))
 }
 
+impl TokenBucket {
+    /// Brings `state` to `now` under `limits`: the tokens refilled since its last charge,
+    /// at `limits`' rate, are put in. A store does this before a per-key override changes a
+    /// bucket's rate (when it is set or removed), so that the time before the change refills
+    /// at the rate in force then, not at the new one.
+    pub(crate) fn catch_up(state: &mut TokenBucketState, now: u64, limits: &Limits) {
+        if now > state.updated_at {
+            *state = TokenBucketState {
+                deficit: deficit_at(state, now, limits.limit()),
+                updated_at: now,
+            };
+        }
+    }
+}
+
 /// The token bucket algorithm; see the [module docs](self).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TokenBucket;
@@ -62,8 +84,12 @@ impl LimitAlgorithm for TokenBucket {
     fn evaluate(state: &TokenBucketState, now: u64, limits: &Limits, cost: u64) -> PolicyDecision {
         let n = limits.limit();
         let w = limits.window_millis();
+        if cost > limits.capacity() {
+            return never_fits(Self::evaluate(state, now, limits, 0));
+        }
         let full = limits.capacity() * w;
         let deficit = deficit_at(state, now, n);
+        // Below 2^53: a deficit holds at most `MAX_USAGE_WINDOW_PRODUCT`, a cost the capacity.
         let allowed = deficit + cost * w <= full;
         let after = if allowed { deficit + cost * w } else { deficit };
         let retry_after = if allowed {
@@ -81,12 +107,15 @@ impl LimitAlgorithm for TokenBucket {
         )
     }
 
-    /// Takes `cost` tokens for an allowed request.
+    /// Takes `cost` tokens for an allowed request (any other cost saturates at the state's
+    /// cap, see [`MAX_USAGE_WINDOW_PRODUCT`]).
     #[inline]
     fn commit(state: &mut TokenBucketState, now: u64, limits: &Limits, cost: u64) {
         let deficit = deficit_at(state, now, limits.limit());
         *state = TokenBucketState {
-            deficit: deficit + cost * limits.window_millis(),
+            deficit: deficit
+                .saturating_add(cost.saturating_mul(limits.window_millis()))
+                .min(deficit.max(MAX_USAGE_WINDOW_PRODUCT)),
             updated_at: now.max(state.updated_at),
         };
     }
@@ -122,17 +151,22 @@ impl LimitAlgorithm for TokenBucket {
     }
 
     /// Takes `extra` tokens whether or not the bucket holds them (a cost settled above its
-    /// reservation): the bucket may go into debt, but never by more than a whole bucket less one
-    /// token, so one token is back within the time the bucket takes to refill from empty
-    /// (`capacity × W / N`).
+    /// reservation), in full: the bucket goes into debt, which the refill pays back (`N`
+    /// tokens per window) before a request fits again. Saturates at a deficit of
+    /// [`MAX_USAGE_WINDOW_PRODUCT`] (⌊2^52 / W⌋ tokens).
+    ///
+    /// **Bound**: as exact as the bucket: a key whose requests are settled one after another
+    /// is served, over any span of `L` ms, at most `C + N·L/W` plus the overshoot (actual cost
+    /// less reservation) of its last request; requests reserved together add their
+    /// overshoots, which the refill then takes that much longer to pay back. See
+    /// [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut TokenBucketState, now: u64, limits: &Limits, extra: u64) {
         let w = limits.window_millis();
         let deficit = deficit_at(state, now, limits.limit());
-        let most = (2 * limits.capacity() - 1) * w;
         *state = TokenBucketState {
             deficit: deficit
                 .saturating_add(extra.saturating_mul(w))
-                .min(deficit.max(most)),
+                .min(deficit.max(MAX_USAGE_WINDOW_PRODUCT)),
             updated_at: now.max(state.updated_at),
         };
     }
@@ -140,7 +174,9 @@ impl LimitAlgorithm for TokenBucket {
     /// When the state stops mattering (ms since the epoch): when the bucket is full again.
     #[inline]
     fn expires_at(state: &TokenBucketState, limits: &Limits) -> u64 {
-        state.updated_at + ceil_div(state.deficit, limits.limit())
+        state
+            .updated_at
+            .saturating_add(ceil_div(state.deficit, limits.limit()))
     }
 }
 

@@ -109,7 +109,15 @@ impl<S: Store> Limiter<S> {
 
 impl PolicySet {
     /// The units a request charges each enforced policy: its own cost, or the given `cost`,
-    /// or a metered policy's estimate; an in-flight policy always one slot.
+    /// or a metered policy's estimate, at least one unit; an in-flight policy always one
+    /// slot.
+    ///
+    /// A reservation reserves at least one unit whatever its estimate, so that it is
+    /// admitted only with room for one more unit: an estimate of 0 would fit a spent budget,
+    /// and its settlement would then be charged to a key with nothing left. Settling at 0
+    /// gives the unit back. A plain cost of 0 (`Limiter::check(key, 0)`, a computed cost)
+    /// stays free: it charges nothing and is settled by nothing, so it is admitted while the
+    /// key is not past its limit (a look).
     pub(crate) fn charged_costs(
         &self,
         cost: Option<u64>,
@@ -129,7 +137,7 @@ impl PolicySet {
                 }
                 let metered = set.meters.iter().position(|(m, _)| *m == i);
                 match (metered, estimates) {
-                    (Some(j), Some(e)) => e.get(j).copied().unwrap_or(p.cost()),
+                    (Some(j), Some(e)) => e.get(j).copied().unwrap_or(p.cost()).max(1),
                     _ => cost.unwrap_or(p.cost()),
                 }
             })
@@ -331,20 +339,43 @@ impl<S: Store> Limiter<S> {
                 }
                 return Ok(decision);
             }
-            Ok(decision) => {
-                // The policies of the route's set, not the default route's: the message,
-                // headers and sensitivity must match the decision.
-                let policies = set.enforced.clone();
-                let now = self.inner.common.store.now_millis();
-                if let Some(key) = key {
-                    self.note_refused(key);
+            Ok(decision) => match over_capacity(set, &decision) {
+                Some(refusal) => refusal,
+                None => {
+                    // The policies of the route's set, not the default route's: the message,
+                    // headers and sensitivity must match the decision.
+                    let policies = set.enforced.clone();
+                    let now = self.inner.common.store.now_millis();
+                    if let Some(key) = key {
+                        self.note_refused(key);
+                    }
+                    Refusal::rate_limited(decision, policies, now)
                 }
-                Refusal::rate_limited(decision, policies, now)
-            }
+            },
         };
         refusal.log(key);
         Err(refusal)
     }
+}
+
+/// The refusal of a decision the store denied for a cost above a policy's capacity in force
+/// ([`PolicyDecision::exceeds_capacity`](crate::algorithm::PolicyDecision::exceeds_capacity)):
+/// a per-key override with a lower capacity than the plan's, which the screen before the
+/// store checks against. Refused as the screen refuses a cost above the plan's capacity
+/// (`CostExceedsCapacity`, no `Retry-After`: no wait makes it fit), and never counted as a
+/// rate-limit refusal.
+pub(crate) fn over_capacity(set: &PolicySet, decision: &Decision) -> Option<Refusal> {
+    if decision.is_allowed() {
+        return None;
+    }
+    decision
+        .policies()
+        .iter()
+        .zip(set.enforced.iter())
+        .find_map(|(d, p)| {
+            let cost = d.excess_cost()?;
+            Some(Refusal::cost_exceeds_capacity_in_force(p, cost, d.limit()))
+        })
 }
 
 /// The first policy whose capacity a cost exceeds.

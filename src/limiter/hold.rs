@@ -256,6 +256,12 @@ impl<S: Store> Limiter<S> {
     /// other policy takes its own cost), or, when it has none, to every rate policy. In-flight
     /// slots are held until the reservation is dropped or settled.
     ///
+    /// At least one unit is reserved, whatever the estimate: a reservation is admitted only
+    /// with room for it, so a spent budget refuses an estimate of 0 as it refuses any other
+    /// (its settlement would otherwise be charged to a key with nothing left), and settling
+    /// at 0 gives the unit back. See [`Store::settle`] for the bound on what settlements
+    /// above their estimates can serve.
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use tollgate::{key::Key, Limiter, Policy, Rate};
@@ -280,6 +286,8 @@ impl<S: Store> Limiter<S> {
         let Some(set) = self.default_set() else {
             return Ok(Reservation::empty(self.clone(), key.clone()));
         };
+        // At least one unit, so that a spent budget refuses (see `PolicySet::charged_costs`).
+        let estimate = estimate.max(1);
         let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
             (Some(estimate), SmallVec::new())
         } else {

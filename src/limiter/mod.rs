@@ -19,8 +19,8 @@ mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
+use decide::{over_capacity, OwnCosts, Screened};
 pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
-use decide::{OwnCosts, Screened};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
@@ -387,10 +387,15 @@ impl<S: Store> Limiter<S> {
     /// slot is given back at once): [`acquire`](Self::acquire) holds slots until its
     /// [`Permit`](crate::Permit) is dropped.
     ///
+    /// A `cost` of 0 is a look that charges nothing: it is allowed while the key is not past
+    /// its limit (a settlement's debt refuses it), so it never serves anything the limit
+    /// counts. A reservation ([`reserve`](Self::reserve)) reserves at least one unit.
+    ///
     /// # Errors
     ///
-    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity (such a
-    /// request could never pass, and charging it must not lock the key out),
+    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity, or a
+    /// per-key override's lower one (such a request could never pass, and charging it must
+    /// not lock the key out),
     /// [`CheckError::Forbidden`] for a deny-listed key, and [`CheckError::Store`] when the
     /// store fails.
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
@@ -447,6 +452,10 @@ impl<S: Store> Limiter<S> {
         self.record(set, None, &outcome);
         let decision = outcome?;
         if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
+            if let Some(refusal) = over_capacity(set, &decision) {
+                refusal.log(Some(key));
+                return Err(CheckError::from_refusal(&refusal));
+            }
             self.note_refused(key);
         }
         // `check` holds no slot: nothing would give it back. The slot an in-flight policy
@@ -531,14 +540,23 @@ impl<S: Store> Limiter<S> {
         &self,
         prepared: Prepared<S::CheckFuture>,
     ) -> Result<Decision, CheckError> {
-        let (set, outcome) = match prepared {
+        let (set, outcome, key) = match prepared {
             Prepared::Pass => return Ok(Decision::pass()),
             Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-            Prepared::Decided { set, outcome, .. } => (set, outcome),
-            Prepared::Check { set, future, .. } => (set, future.await),
+            Prepared::Decided {
+                set, outcome, key, ..
+            } => (set, outcome, key),
+            Prepared::Check {
+                set, future, key, ..
+            } => (set, future.await, key),
         };
         self.record(&set, None, &outcome);
-        Ok(outcome?)
+        let decision = outcome?;
+        if let Some(refusal) = over_capacity(&set, &decision) {
+            refusal.log(key.as_ref());
+            return Err(CheckError::from_refusal(&refusal));
+        }
+        Ok(decision)
     }
 
     /// Gives back up to `cost` units that [`check`](Self::check) charged `key` on the default
@@ -663,7 +681,7 @@ impl CheckError {
                 CheckError::CostExceedsCapacity {
                     policy: policy.map_or_else(String::new, |p| p.name().to_owned()),
                     cost: refusal.cost().unwrap_or(0),
-                    capacity: policy.map_or(0, Policy::capacity),
+                    capacity: refusal.capacity().unwrap_or(0),
                 }
             }
             _ => CheckError::Store(crate::StoreError::Backend(crate::error::Cause::from(

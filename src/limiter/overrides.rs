@@ -8,6 +8,9 @@ use crate::overrides::{ActiveOverride, Override};
 use crate::policy::Policy;
 use crate::store::Store;
 
+/// The longest expiry an override may have, in ms.
+const MAX_OVERRIDE_TTL_MS: u64 = (1 << 53) - 1;
+
 impl<S: Store> Limiter<S> {
     /// Decides `key` under the policy the override names with the override's limit (and
     /// burst) from its next request on — on every instance when the store is shared — until
@@ -18,7 +21,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`CheckError::Invalid`] naming the field when the policy is not one of this
     /// limiter's, or the limit, burst or expiry is not valid (checked like a policy's: a zero
-    /// limit is an error); [`CheckError::Store`] when the store fails or keeps no overrides.
+    /// limit is an error; an expiry of 1 ms to 2^53 − 1 ms); [`CheckError::Store`] when the store fails or keeps no overrides.
     pub async fn set_override(&self, key: &Key, over: Override) -> Result<(), CheckError> {
         let policy = self.named_policy(&over.policy)?;
         let overriding = policy
@@ -30,6 +33,15 @@ impl<S: Store> Limiter<S> {
                     "expires_in",
                     format_args!("{ttl:?}"),
                     "must be at least 1 ms (or none, for an override until removed)",
+                )));
+            }
+            // Beyond 2^53 ms (285 000 years) an expiry is no longer a time any store keeps
+            // exactly (Redis refuses one past its clock's range).
+            if ttl.as_millis() > u128::from(MAX_OVERRIDE_TTL_MS) {
+                return Err(CheckError::Invalid(ConfigError::new(
+                    "expires_in",
+                    format_args!("{ttl:?}"),
+                    "must be at most 2^53 - 1 ms (or none, for an override until removed)",
                 )));
             }
         }

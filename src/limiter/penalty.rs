@@ -35,7 +35,12 @@ impl<S: Store> Limiter<S> {
                 .penalty_of
                 .iter()
                 .zip(set.penalties.iter())
-                .filter(|(&i, _)| !decision.policies()[i].is_allowed())
+                .filter(|(&i, _)| {
+                    // A cost above the capacity in force is refused as such, not a
+                    // rate-limit denial to penalise.
+                    let d = &decision.policies()[i];
+                    !d.is_allowed() && !d.exceeds_capacity()
+                })
                 .map(|(&i, p)| (i, p.clone()))
                 .unzip();
             if let (Some(&index), Some(first)) = (denied_at.first(), start.first()) {

@@ -29,7 +29,8 @@ pub const DEFAULT_MAX_ESTIMATE_BODY: usize = 64 * 1024;
 /// unreadable one with `400`; the inner service gets the same bytes. A body that is not a JSON
 /// object, or has no such field, or whose field is not a whole number, gets no estimate (the
 /// meter's default applies). A field given twice counts at its larger value, so a client
-/// cannot reserve little and be served for much.
+/// cannot reserve little and be served for much; a value of 0 reserves one unit, so a spent
+/// budget refuses it (see [`Meter`](crate::route::Meter)).
 ///
 /// ```
 /// use axum::{routing::post, Router};

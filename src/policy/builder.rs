@@ -296,6 +296,7 @@ impl PolicyBuilder {
                 shadow: self.shadow,
                 penalty: self.penalty,
                 failure_mode: self.failure_mode,
+                plan_limits: None,
             }),
         })
     }

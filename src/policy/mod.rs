@@ -192,6 +192,9 @@ struct PolicyInner {
     shadow: bool,
     penalty: Option<Duration>,
     failure_mode: Option<FailureMode>,
+    /// For a per-key override's policy ([`Policy::with_limit`]), the limits of the plan's
+    /// policy it overrides.
+    plan_limits: Option<Limits>,
 }
 
 impl fmt::Debug for Policy {
@@ -380,6 +383,7 @@ impl Policy {
                 shadow: false,
                 penalty: None,
                 failure_mode: self.inner.failure_mode,
+                plan_limits: None,
             }),
         })
     }
@@ -411,7 +415,19 @@ impl Policy {
         if let Some(m) = self.inner.failure_mode {
             b = b.failure_mode(m);
         }
-        b.build()
+        let mut overriding = b.build()?;
+        if let Some(inner) = Arc::get_mut(&mut overriding.inner) {
+            inner.plan_limits = Some(self.plan_limits());
+        }
+        Ok(overriding)
+    }
+
+    /// The limits of the plan's policy: for a per-key override's policy
+    /// ([`with_limit`](Self::with_limit)) those of the policy it overrides, otherwise its own.
+    /// A store that changes the rate a state is read under (a token bucket's, when an override
+    /// is set or removed) brings the state up to date under the rate in force before.
+    pub(crate) fn plan_limits(&self) -> Limits {
+        self.inner.plan_limits.unwrap_or(self.inner.limits)
     }
 }
 

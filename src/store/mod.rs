@@ -133,11 +133,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `policies[i]` by [`check`](Store::check), and the request turned out to cost
     /// `actual[i]`. The difference is refunded when the actual cost is lower (as
     /// [`refund`](Store::refund) does) or charged when it is higher, whether or not it fits,
-    /// all in one atomic step. An extra charge may push a state past its limit (later requests
-    /// wait), but never further than each algorithm's `overcharge` allows: at worst as if the
-    /// whole limit had been used at that moment, so one unit fits again within one window
-    /// (the sliding window counter: one window plus `window / limit`; the token bucket and
-    /// GCRA: the time the bucket takes to refill from empty).
+    /// all in one atomic step. Any `u64` is taken, saturating: a difference is never wrapped
+    /// or rounded into a refund, and every store answers alike.
+    ///
+    /// **An extra charge is never forgiven.** It is charged in full, even far past the
+    /// limit: the excess is a debt the key pays back at its policy's rate (`N` units per
+    /// window) before it is admitted again (each algorithm's
+    /// [`overcharge`](crate::algorithm::LimitAlgorithm::overcharge) says how it keeps it). A
+    /// debt saturates at ⌊2^52 / W⌋ units, W the window in ms
+    /// ([`MAX_USAGE_WINDOW_PRODUCT`](crate::algorithm::MAX_USAGE_WINDOW_PRODUCT)): a
+    /// settlement of `u64::MAX` keeps the key refused for about 2^52 / N ms, until it is
+    /// [`reset`](Store::reset).
+    ///
+    /// **The bound.** A reservation is admitted only with room for it (a
+    /// [`Limiter`](crate::Limiter) reserves at least one unit, so a spent budget refuses an
+    /// estimate of 0 too). So for a key whose requests are each settled before the next is
+    /// reserved, the units served — the actual costs of its admitted requests — over a span
+    /// are at most, with `N` the limit per window of `W` ms, `C` the capacity and `o` the
+    /// overshoot (actual cost less reservation) of the last request admitted in the span:
+    ///
+    /// | algorithm | over `j` whole windows (aligned to the epoch) | over any `j·W` ms |
+    /// |---|---|---|
+    /// | fixed window | `j·N + o` | `(j + 1)·N + o` |
+    /// | sliding window counter | `j·N + o` | `(j + 1)·N + o` |
+    /// | sliding window log | `j·N + o` | `j·N + o` |
+    /// | token bucket, GCRA | `C + j·N + o` | `C + j·N + o` (any `L` ms: `C + N·L/W + o`) |
+    ///
+    /// Requests reserved together (concurrent ones) are each admitted against the others'
+    /// reservations only, so a span can serve the overshoots of all of them; the debt they
+    /// leave is then paid back over the following windows, so over the long run a key is
+    /// served at most `N` per window whatever it sends.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -151,8 +176,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// assert_eq!(store.check(&key, &tokens, &[500]).await?.remaining(), 500);
     /// store.settle(&key, &tokens, &[500], &[120]).await?; // 380 units back
     /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 880);
-    /// store.settle(&key, &tokens, &[0], &[5000]).await?;  // charged up to the limit
+    /// store.settle(&key, &tokens, &[0], &[5000]).await?;  // charged in full: a debt
     /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 0);
+    /// assert!(!store.peek(&key, &tokens, &[1]).await?.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```

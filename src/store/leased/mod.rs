@@ -522,7 +522,7 @@ impl<S: LeaseBackend> Shared<S> {
         let entry = &entry;
         let _refill = entry.refill.lock().await;
         let now = self.now();
-        if let Some(d) = self.local(&entry, costs, now, false) {
+        if let Some(d) = self.local(entry, costs, now, false) {
             return Ok((d, Taken::Nothing));
         }
         let id = self.next_id();
@@ -557,7 +557,7 @@ impl<S: LeaseBackend> Shared<S> {
                     bump(&self.counters.units_returned, unused);
                     crate::telemetry::lease_units("returned", unused);
                 }
-                Ok(self.install(Some(&entry), policies, costs, reply, id, sent, generation))
+                Ok(self.install(Some(entry), policies, costs, reply, id, sent, generation))
             }
             Err(e) => {
                 // The call may have run (a reply lost to a timeout): the block it

@@ -439,7 +439,7 @@ impl MemoryStore {
         let mut guard = inner.shard(hash).lock();
         let shard = &mut *guard;
         // Read under the shard's lock, so an override set meanwhile either applies here or
-        // finds this change done when it extends the entry (`keep_for_override`).
+        // finds this change done when it extends the entry (`change_override`).
         let effective = inner.overrides.effective(key, policies, now);
         let plan = policies;
         let policies: &[Policy] = &effective;
@@ -508,15 +508,51 @@ impl MemoryStore {
 }
 
 impl Inner {
-    /// Keeps `key`'s state of `policy` (an override just set) at least as long as the
-    /// override's limits need it: a token bucket's deficit refills more slowly under a lower
-    /// limit, and no decision may come to move the entry's expiry before the sweeper would
-    /// forget the usage.
-    fn keep_for_override(&self, key: &Key, policy: &Policy) {
+    /// Sets (`Some` expiry or none) or removes (`None`) `key`'s override `policy`, under the
+    /// lock of the key's shard, so that no decision sees the new rate before the key's state
+    /// is brought up to date under the rate in force until now: a token bucket's refill since
+    /// its last charge is put in at the rate then in force (the override being replaced, or
+    /// the plan's), not at the new one. The entry is then kept at least as long as the new
+    /// limits need it: a token bucket's deficit refills more slowly under a lower limit, and
+    /// no decision may come to move the entry's expiry before the sweeper would forget the
+    /// usage.
+    fn change_override(&self, key: &Key, policy: &Policy, set: Option<Option<u64>>, now: u64) {
         let hash = hash_key(&self.hasher, key);
         let mut shard = self.shard(hash).lock();
-        if let Some(i) = shard.find(hash, key) {
-            keep_for_plan(&mut shard.entries[i], std::slice::from_ref(policy));
+        let one = std::slice::from_ref(policy);
+        let before = match self.overrides.effective(key, one, now) {
+            std::borrow::Cow::Owned(over) => *over[0].limits(),
+            std::borrow::Cow::Borrowed(_) => policy.plan_limits(),
+        };
+        let found = shard.find(hash, key);
+        if let Some(i) = found {
+            if let Some(slot) = shard.entries[i]
+                .slots
+                .iter_mut()
+                .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
+            {
+                slot.state.catch_up(now, &before);
+            }
+        }
+        let after = match set {
+            Some(expires) => {
+                self.overrides.set(key, policy, expires, now);
+                *policy.limits()
+            }
+            None => {
+                self.overrides.remove(key, policy);
+                policy.plan_limits()
+            }
+        };
+        if let Some(i) = found {
+            let entry = &mut shard.entries[i];
+            if let Some(s) = entry.slot(policy) {
+                let keep = s
+                    .state
+                    .expires_at(&after)
+                    .max(s.state.expires_at(&policy.plan_limits()));
+                entry.expires_at = entry.expires_at.max(keep);
+            }
         }
     }
 
@@ -862,14 +898,15 @@ impl Store for MemoryStore {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let now = self.inner.clock.now_millis();
-        let expires = ttl.map(|t| now.saturating_add(t.as_millis() as u64));
-        self.inner.overrides.set(key, policy, expires, now);
-        self.inner.keep_for_override(key, policy);
+        let expires =
+            ttl.map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+        self.inner.change_override(key, policy, Some(expires), now);
         Box::pin(ready(Ok(())))
     }
 
     fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.overrides.remove(key, policy);
+        let now = self.inner.clock.now_millis();
+        self.inner.change_override(key, policy, None, now);
         Box::pin(ready(Ok(())))
     }
 

@@ -421,7 +421,8 @@ impl<C: Connector> Core<C> {
     }
 
     /// See [`Store::settle`](crate::store::Store::settle): one request in settle mode, with
-    /// the signed difference per policy.
+    /// the signed difference per policy (its magnitude clamped, see
+    /// [`wire::settle_delta`]).
     pub(crate) fn settle(
         self: &Arc<Self>,
         key: &Key,
@@ -432,7 +433,7 @@ impl<C: Connector> Core<C> {
         let deltas: SmallVec<[u64; 2]> = reserved
             .iter()
             .zip(actual)
-            .map(|(&r, &a)| (a as i64).wrapping_sub(r as i64) as u64)
+            .map(|(&r, &a)| wire::settle_delta(r, a))
             .collect();
         let call = self.decide(key, policies, &deltas, Mode::Settle);
         Box::pin(async move { call.await.map(drop) })
@@ -505,8 +506,8 @@ impl<C: Connector> Core<C> {
 
     /// See [`Store::set_override`](crate::store::Store::set_override): one `SET` of the
     /// state's override key, with `PX` when it expires; for a token bucket, one script that
-    /// also extends the state key's TTL to what the override's refill rate needs
-    /// (`lua/set_override.lua`).
+    /// also brings the bucket up to date under the rate in force until now and keeps its
+    /// state key as long as the override's refill rate needs (`lua/set_override.lua`).
     pub(crate) fn set_override(
         self: &Arc<Self>,
         key: &Key,
@@ -514,29 +515,11 @@ impl<C: Connector> Core<C> {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
-        let ttl = ttl.map(|ttl| (ttl.as_millis() as u64).max(1));
-        let core = Arc::clone(self);
+        let ttl = ttl.map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
-            // A bucket's key must outlive its deficit at the override's rate, which may be
-            // slower than the one its TTL was set for: one script sets the override and
-            // extends that TTL (lua/set_override.lua).
-            let mut call = super::script::set_override_script().prepare_invoke();
-            call.key(&state)
-                .key(wire::override_key(&state))
-                .arg(wire::override_value(policy))
-                .arg(ttl.map_or_else(String::new, |t| t.to_string()))
-                .arg(policy.limit())
-                .arg(if self.clock.is_injected() {
-                    self.clock.now_millis().to_string()
-                } else {
-                    String::new() // the script reads TIME
-                });
-            return Box::pin(async move {
-                let mut conn = core.connector.connection().await?;
-                let _: i64 = call.invoke_async(&mut conn).await.map_err(store_error)?;
-                Ok(())
-            });
+            return self.bucket_override(&state, policy, Some(ttl));
         }
+        let core = Arc::clone(self);
         let mut cmd = redis::cmd("SET");
         cmd.arg(wire::override_key(&state))
             .arg(wire::override_value(policy));
@@ -550,13 +533,48 @@ impl<C: Connector> Core<C> {
         })
     }
 
-    /// See [`Store::remove_override`](crate::store::Store::remove_override): one `UNLINK`.
+    /// Sets (`Some` TTL or none) or removes (`None`) a token bucket's override in one
+    /// script (`lua/set_override.lua`): the time before the change refills at the rate in
+    /// force then, as the memory store does.
+    fn bucket_override(
+        self: &Arc<Self>,
+        state: &str,
+        policy: &Policy,
+        set: Option<Option<u64>>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let core = Arc::clone(self);
+        let mut call = super::script::set_override_script().prepare_invoke();
+        call.key(state).key(wire::override_key(state));
+        match set {
+            Some(ttl) => call
+                .arg(wire::override_value(policy))
+                .arg(ttl.map_or_else(String::new, |t| t.to_string())),
+            None => call.arg("").arg(""),
+        };
+        call.arg(policy.plan_limits().limit())
+            .arg(if self.clock.is_injected() {
+                self.clock.now_millis().to_string()
+            } else {
+                String::new() // the script reads TIME
+            });
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let _: i64 = call.invoke_async(&mut conn).await.map_err(store_error)?;
+            Ok(())
+        })
+    }
+
+    /// See [`Store::remove_override`](crate::store::Store::remove_override): one `UNLINK`;
+    /// for a token bucket, the script of [`set_override`](Self::set_override).
     pub(crate) fn remove_override(
         self: &Arc<Self>,
         key: &Key,
         policy: &Policy,
     ) -> BoxFuture<Result<(), StoreError>> {
         let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
+        if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
+            return self.bucket_override(&state, policy, None);
+        }
         let mut cmd = redis::cmd("UNLINK");
         cmd.arg(wire::override_key(&state));
         let core = Arc::clone(self);

@@ -74,8 +74,14 @@ pub(crate) fn source() -> &'static str {
             .chain([DRIVER])
             .collect::<Vec<_>>()
             .join("\n");
-        // single.lua and prelude.lua both name the margin and the grid.
-        with_ttl_constants(&text)
+        // single.lua and prelude.lua both name the margin, the grid and the usage cap.
+        with_ttl_constants(&text).replace(
+            "local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496",
+            &format!(
+                "local MAX_USAGE_WINDOW_PRODUCT = {}",
+                crate::algorithm::MAX_USAGE_WINDOW_PRODUCT
+            ),
+        )
     })
 }
 
@@ -137,5 +143,12 @@ mod tests {
         assert_eq!(named(&format!("local TTL_GRID_MS = {TTL_GRID_MS}\n")), 2);
         assert!(TTL_GRID_MS <= TTL_MARGIN_MS && TTL_GRID_MS.is_power_of_two());
         assert!(s.trim_end().ends_with("return table.concat(replies)"));
+        assert_eq!(
+            named(&format!(
+                "local MAX_USAGE_WINDOW_PRODUCT = {}\n",
+                crate::algorithm::MAX_USAGE_WINDOW_PRODUCT
+            )),
+            2
+        );
     }
 }

@@ -285,14 +285,8 @@ impl<'a> Builder<'a> {
                 }
             };
             self.requests.extend_from_slice(&state.to_le_bytes());
-            // Lua numbers are doubles: a cost above 2^53 was never exact in the script.
-            // A settlement's costs are signed (two's complement in the u64).
-            let cost = if request.mode == Mode::Settle {
-                cost as i64 as f64
-            } else {
-                cost as f64
-            };
-            self.requests.extend_from_slice(&cost.to_le_bytes());
+            self.requests
+                .extend_from_slice(&wire_cost(cost, request.mode).to_le_bytes());
         }
     }
 
@@ -314,6 +308,40 @@ impl<'a> Builder<'a> {
             states,
             requests: self.requests,
         }
+    }
+}
+
+/// The largest magnitude a cost travels with: 2^53 − 1, the largest integer a Lua number
+/// (a double) holds exactly. Every algorithm answers a larger cost as it answers this one
+/// (it is above any capacity, any state's usage and any refund's reach; see
+/// [`crate::algorithm`]), so the clamp changes no answer, where a double rounding it, or an
+/// `i64` wrapping it, would.
+pub(crate) const MAX_WIRE_COST: u64 = (1 << 53) - 1;
+
+/// A request's cost as the script takes it: clamped to [`MAX_WIRE_COST`]; a settlement's
+/// signed difference (two's complement in the `u64`, see [`settle_delta`]) keeps its sign.
+fn wire_cost(cost: u64, mode: Mode) -> f64 {
+    if mode == Mode::Settle {
+        let signed = cost as i64;
+        let magnitude = signed.unsigned_abs().min(MAX_WIRE_COST) as f64;
+        if signed < 0 {
+            -magnitude
+        } else {
+            magnitude
+        }
+    } else {
+        cost.min(MAX_WIRE_COST) as f64
+    }
+}
+
+/// The signed difference a settlement sends for one policy, `actual − reserved`, as two's
+/// complement in a `u64`, its magnitude clamped to [`MAX_WIRE_COST`]: never a wrapped
+/// difference, which would turn a charge of 2^63 or more into a refund.
+pub(crate) fn settle_delta(reserved: u64, actual: u64) -> u64 {
+    if actual >= reserved {
+        (actual - reserved).min(MAX_WIRE_COST)
+    } else {
+        ((reserved - actual).min(MAX_WIRE_COST) as i64).wrapping_neg() as u64
     }
 }
 
@@ -369,7 +397,7 @@ fn read_batch_reply(
             results.push(Err(StoreError::Backend(crate::error::Cause::from(message))));
             continue;
         }
-        results.push(reader.decision(status, &request.params)?);
+        results.push(reader.decision(status, request)?);
     }
     if !reader.rest.is_empty() {
         return Err(StoreError::Protocol(crate::error::Cause::from(format!(
@@ -428,11 +456,19 @@ impl<'a> Reader<'a> {
     /// and remaining, reset after, retry after and delay (whole numbers sent as doubles).
     /// The outer error fails the call (a reply cut short, a number that is not whole); the
     /// inner one fails this request (a negative number, an overall answer that disagrees).
+    ///
+    /// A charge or a look whose cost the script denied for being above the capacity in
+    /// force is marked as the memory store marks it ([`PolicyDecision::exceeds_capacity`]),
+    /// from the cost sent: the script need not say so. Not an in-flight policy's, whose cost
+    /// is its slot id.
     fn decision(
         &mut self,
         status: i8,
-        params: &[Params],
+        request: &Request,
     ) -> Result<Result<Decision, StoreError>, StoreError> {
+        let params = &request.params[..];
+        let asked = matches!(request.mode, Mode::Charge | Mode::Peek);
+        let in_flight = u64::from(algorithm_id(crate::policy::Algorithm::InFlight));
         // The first negative field, in the order the reply holds them.
         let mut negative = None;
         let mut unsigned = |v: i64| {
@@ -442,7 +478,7 @@ impl<'a> Reader<'a> {
             })
         };
         let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
-        for p in params {
+        for (p, &cost) in params.iter().zip(&request.costs) {
             let flag = unsigned(i64::from(self.byte()? as i8));
             let remaining = unsigned(self.number()?);
             let reset_after = unsigned(self.number()?);
@@ -455,14 +491,19 @@ impl<'a> Reader<'a> {
             } else {
                 (flag, p[3])
             };
-            decisions.push(PolicyDecision::from_parts(
+            let d = PolicyDecision::from_parts(
                 allowed == 1,
                 capacity,
                 remaining,
                 reset_after,
                 retry_after,
                 delay,
-            ));
+            );
+            decisions.push(if asked && p[0] != in_flight {
+                d.for_cost(cost)
+            } else {
+                d
+            });
         }
         if let Some(v) = negative {
             return Ok(Err(StoreError::Protocol(crate::error::Cause::from(
@@ -507,6 +548,40 @@ mod tests {
                 _ => panic!("only plain arguments in a script call"),
             })
             .collect()
+    }
+
+    #[test]
+    fn costs_travel_clamped_and_settlements_keep_their_sign() {
+        let max = MAX_WIRE_COST as f64;
+        for (cost, sent) in [
+            (0, 0.0),
+            (1, 1.0),
+            (MAX_WIRE_COST, max),
+            (1 << 53, max),
+            (1 << 63, max),
+            (u64::MAX, max),
+        ] {
+            assert_eq!(wire_cost(cost, Mode::Charge), sent, "{cost}");
+            assert_eq!(wire_cost(cost, Mode::Refund), sent, "{cost}");
+        }
+        for (reserved, actual, sent) in [
+            (10, 10, 0.0),
+            (10, 11, 1.0),
+            (11, 10, -1.0),
+            (10, u64::MAX, max),
+            (10, 1 << 63, max),
+            (10, (1 << 63) + 10, max),
+            (0, (1 << 53) + 7, max),
+            (u64::MAX, 0, -max),
+            (1 << 63, 0, -max),
+            (u64::MAX, u64::MAX - 3, -3.0),
+        ] {
+            assert_eq!(
+                wire_cost(settle_delta(reserved, actual), Mode::Settle),
+                sent,
+                "settle({reserved}, {actual})"
+            );
+        }
     }
 
     #[test]
