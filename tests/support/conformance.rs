@@ -114,11 +114,7 @@ impl SpecGen {
         let window = usize::from(self.window);
         let rate_window = RATE_WINDOWS_MS[window % RATE_WINDOWS_MS.len()];
         let (limit, window_ms, burst) = match algorithm {
-            Algorithm::InFlight => (
-                self.limit.min(4),
-                LEASES_MS[window % LEASES_MS.len()],
-                None,
-            ),
+            Algorithm::InFlight => (self.limit.min(4), LEASES_MS[window % LEASES_MS.len()], None),
             Algorithm::SlidingWindowLog => (self.limit, rate_window, None),
             Algorithm::SlidingWindowCounter | Algorithm::FixedWindow if self.huge => {
                 (13_000_000, DAY_MS, None)
@@ -355,9 +351,13 @@ pub enum Op {
         actual: [Actual; MAX_POLICIES],
     },
     /// `Store::release` of a permit's slot (once per permit, as a `Permit` drop does).
-    Release { pick: u8 },
+    Release {
+        pick: u8,
+    },
     /// `Store::refresh` of a permit's slot.
-    Refresh { pick: u8 },
+    Refresh {
+        pick: u8,
+    },
     SetOverride {
         key: u8,
         policy: u8,
@@ -366,11 +366,20 @@ pub enum Op {
         /// Expires after this many ms (`None`: until removed).
         ttl: Option<u16>,
     },
-    RemoveOverride { key: u8, policy: u8 },
+    RemoveOverride {
+        key: u8,
+        policy: u8,
+    },
     /// The plan's policy is replaced by another with the same name (a reload): the store
     /// is asked with the new `Policy` from then on.
-    Reload { policy: u8, spec: SpecGen },
-    Reset { key: u8, sel: u8 },
+    Reload {
+        policy: u8,
+        spec: SpecGen,
+    },
+    Reset {
+        key: u8,
+        sel: u8,
+    },
 }
 
 /// One step: time advances by `dt` ms, then `op` runs.
@@ -546,6 +555,44 @@ impl Model {
             .is_some_and(|o| o.expires.is_some_and(|e| e <= now))
     }
 
+    /// Whether `key`'s state of `p` has stopped mattering by `now` under the limits it was
+    /// last changed under, but still matters under those in force: a store that forgets
+    /// states by the expiry they were written with may have forgotten it.
+    pub fn outlived_its_expiry(&self, key: u8, p: &Policy, now: u64) -> bool {
+        let k = state_key(key, p);
+        let (Some(state), Some(written)) = (self.states.get(&k), self.written.get(&k)) else {
+            return false;
+        };
+        let eff = self.effective(key, p, now);
+        state.expires_at(written) <= now && state.expires_at(eff.limits()) > now
+    }
+
+    /// Whether `key`'s GCRA state of `p`, read at `now` under the limits in force, holds a
+    /// backlog (`(tat − now) · limit`, in `1/limit` ms) past `u64::MAX / 4`.
+    pub fn gcra_backlog_past_u64(&self, key: u8, p: &Policy, now: u64) -> bool {
+        let Some(AnyState::Gcra(s)) = self.states.get(&state_key(key, p)) else {
+            return false;
+        };
+        let n = u128::from(self.effective(key, p, now).limit());
+        let ahead = u128::from(s.tat().saturating_sub(now));
+        (ahead + 1) * n > u128::from(u64::MAX / 4)
+    }
+
+    /// When `key`'s state of `p` stops mattering under the limits in force at `now`.
+    pub fn expiry(&self, key: u8, p: &Policy, now: u64) -> Option<u64> {
+        let eff = self.effective(key, p, now);
+        self.states
+            .get(&state_key(key, p))
+            .map(|s| s.expires_at(eff.limits()))
+    }
+
+    /// Whether `key` holds a state of `p`'s name under another algorithm than `p`'s.
+    pub fn holds_another_algorithm(&self, key: u8, p: &Policy) -> bool {
+        self.states
+            .keys()
+            .any(|k| k.key == key && k.name == p.name() && k.algorithm != p.algorithm().as_str())
+    }
+
     /// The limits `key`'s state of `p` was last changed under, if it has one.
     pub fn written_under(&self, key: u8, p: &Policy) -> Option<Limits> {
         self.written.get(&state_key(key, p)).copied()
@@ -643,7 +690,10 @@ impl Model {
         permit: usize,
         contract: bool,
     ) -> Result<Decision, String> {
-        let eff: Vec<Policy> = policies.iter().map(|p| self.effective(key, p, now)).collect();
+        let eff: Vec<Policy> = policies
+            .iter()
+            .map(|p| self.effective(key, p, now))
+            .collect();
         let mut ds: Vec<PolicyDecision> = Vec::with_capacity(policies.len());
         for ((p, e), &c) in policies.iter().zip(&eff).zip(costs) {
             let d = self.evaluate(key, p, e, now, c);
@@ -680,6 +730,22 @@ impl Model {
             }
         }
         Ok(Decision::from_policies(ds))
+    }
+
+    /// Charges an admitted request the model would have refused (a tolerated over-admission
+    /// of a bound row), so that its state counts what was admitted.
+    pub fn force_commit(&mut self, key: u8, policies: &[Policy], costs: &[u64], now: u64) {
+        for (p, &c) in policies.iter().zip(costs) {
+            if p.is_in_flight() {
+                continue;
+            }
+            let eff = self.effective(key, p, now);
+            self.states
+                .entry(state_key(key, p))
+                .or_insert_with(|| AnyState::fresh(p.algorithm()))
+                .commit(now, eff.limits(), c);
+            self.written.insert(state_key(key, p), *eff.limits());
+        }
     }
 
     /// Gives back up to each cost to the key's existing states; in-flight slots are never
@@ -979,6 +1045,9 @@ pub struct Ctx<'a> {
     pub permits: &'a [Permit],
     /// The names of the policies a reload replaced so far in the case.
     pub reloaded: &'a [String],
+    /// Settlements that charged extra units: (key, policy name, when, and when the state
+    /// they left stops mattering).
+    pub overcharged: &'a [(u8, String, u64, u64)],
 }
 
 /// A discrepancy known and owned elsewhere: calls it matches are skipped in this row (in
@@ -1115,6 +1184,9 @@ struct Harness<'a, S> {
     group: Option<Group>,
     /// The names of the policies a reload replaced so far.
     reloaded: Vec<String>,
+    /// Settlements that charged extra units: (key, policy name, when, and when the state
+    /// they left stops mattering).
+    overcharged: Vec<(u8, String, u64, u64)>,
     /// For batched rows: the blocking call's key and policy (a sliding window log, which
     /// `decide.lua` decides).
     blocker: (Key, Policy),
@@ -1143,7 +1215,9 @@ pub async fn run<S: Store>(
         clock,
         known,
         tally,
-        keys: (0..KEYS).map(|i| Key::new("user", format!("k{i}"))).collect(),
+        keys: (0..KEYS)
+            .map(|i| Key::new("user", format!("k{i}")))
+            .collect(),
         plan: case.plan.clone(),
         policies: case.plan.iter().map(Spec::policy).collect(),
         model: Model::new(row.slot_leases),
@@ -1151,6 +1225,7 @@ pub async fn run<S: Store>(
         timed: Vec::new(),
         group: None,
         reloaded: Vec::new(),
+        overcharged: Vec::new(),
         blocker: (
             Key::new("user", "blocker"),
             Policy::builder("blocker", Rate::per_second(1))
@@ -1358,6 +1433,7 @@ impl<S: Store> Harness<'_, S> {
             now: self.now(),
             permits: &self.permits,
             reloaded: &self.reloaded,
+            overcharged: &self.overcharged,
         }
     }
 
@@ -1520,6 +1596,13 @@ impl<S: Store> Harness<'_, S> {
                 actual,
             } => {
                 self.model.settle(*key, policies, reserved, actual, now);
+                for ((p, r), a) in policies.iter().zip(reserved).zip(actual) {
+                    if a > r {
+                        let until = self.model.expiry(*key, p, now).unwrap_or(now);
+                        self.overcharged
+                            .push((*key, p.name().to_owned(), now, until));
+                    }
+                }
                 Ok(None)
             }
             Call::Release { permit } => {
@@ -1661,7 +1744,9 @@ impl<S: Store> Harness<'_, S> {
                     self.flush().await?;
                 }
                 let pending = self.send(&call).map_err(|e| {
-                    fail(format!("the store panicked on {call:?} at step {step}: {e}"))
+                    fail(format!(
+                        "the store panicked on {call:?} at step {step}: {e}"
+                    ))
                 })?;
                 let sent = Sent {
                     step,
@@ -1681,7 +1766,9 @@ impl<S: Store> Harness<'_, S> {
             Mode::DenyCache | Mode::Leased => {
                 self.flush().await?;
                 let pending = self.send(&call).map_err(|e| {
-                    fail(format!("the store panicked on {call:?} at step {step}: {e}"))
+                    fail(format!(
+                        "the store panicked on {call:?} at step {step}: {e}"
+                    ))
                 })?;
                 let answer = wait(pending).await;
                 self.judge_bound(step, now, call, answer)
@@ -1724,9 +1811,7 @@ impl<S: Store> Harness<'_, S> {
         let mut handles = Vec::new();
         for (i, pending) in group.futures {
             let handle = match pending {
-                Pending::Decision(f) => {
-                    tokio::spawn(async move { f.await.map(Answer::Decision) })
-                }
+                Pending::Decision(f) => tokio::spawn(async move { f.await.map(Answer::Decision) }),
                 Pending::Unit(f) => tokio::spawn(async move { f.await.map(|()| Answer::Unit) }),
                 Pending::Nothing => tokio::spawn(async { Ok(Answer::Unit) }),
             };
@@ -1799,7 +1884,14 @@ impl<S: Store> Harness<'_, S> {
         }
     }
 
-    fn difference(&self, step: usize, now: u64, call: &Call, model: &Decision, store: &Decision) -> String {
+    fn difference(
+        &self,
+        step: usize,
+        now: u64,
+        call: &Call,
+        model: &Decision,
+        store: &Decision,
+    ) -> String {
         let key = call.key().unwrap_or(0);
         let overrides: Vec<String> = call
             .policies()
@@ -1829,8 +1921,16 @@ impl<S: Store> Harness<'_, S> {
     ) -> Result<(), TestCaseError> {
         let name = self.row.name;
         let answer = answer
-            .map_err(|e| fail(format!("[{name}] step {step} at {now}: panicked on {call:?}: {e}")))?
-            .map_err(|e| fail(format!("[{name}] step {step} at {now}: failed on {call:?}: {e}")))?;
+            .map_err(|e| {
+                fail(format!(
+                    "[{name}] step {step} at {now}: panicked on {call:?}: {e}"
+                ))
+            })?
+            .map_err(|e| {
+                fail(format!(
+                    "[{name}] step {step} at {now}: failed on {call:?}: {e}"
+                ))
+            })?;
         let exact_only = self.row.mode == Mode::Leased
             && call
                 .policies()
@@ -1860,6 +1960,18 @@ impl<S: Store> Harness<'_, S> {
                     self.model = saved;
                     if let Some(id) = self.tolerated(&call, &model, &d) {
                         self.tally.bump(format!("tolerated[{id}]"));
+                        if let (
+                            Call::Check {
+                                key,
+                                policies,
+                                costs,
+                            },
+                            true,
+                        ) = (&call, d.is_allowed())
+                        {
+                            // The bound is about what was admitted: the model counts it.
+                            self.model.force_commit(*key, policies, costs, now);
+                        }
                         return Ok(());
                     }
                     return Err(fail(format!("bound broken: {msg}")));
@@ -1889,7 +2001,9 @@ impl<S: Store> Harness<'_, S> {
                 self.apply(step, &call, None).map_err(fail)?;
                 Ok(())
             }
-            (_, a) => Err(fail(format!("[{name}] step {step}: {call:?} answered {a:?}"))),
+            (_, a) => Err(fail(format!(
+                "[{name}] step {step}: {call:?} answered {a:?}"
+            ))),
         }
     }
 }
