@@ -501,6 +501,9 @@ pub struct Model {
     states: BTreeMap<StateKey, AnyState>,
     /// The limits each state was last changed under (for the known-discrepancy list).
     written: BTreeMap<StateKey, Limits>,
+    /// Per sliding window log: entries logged at or before this time may have been dropped
+    /// by a store, as out of the window in force when it last read the log.
+    log_horizon: BTreeMap<StateKey, u64>,
     slots: BTreeMap<(u8, String), Vec<Held>>,
     overrides: BTreeMap<StateKey, Over>,
 }
@@ -584,6 +587,29 @@ impl Model {
         self.states
             .get(&state_key(key, p))
             .map(|s| s.expires_at(eff.limits()))
+    }
+
+    /// Notes that a store read `key`'s state of `p` at `now` under `eff`'s window (a log
+    /// drops the entries that left it).
+    fn touch(&mut self, key: u8, p: &Policy, eff: &Policy, now: u64) {
+        if p.algorithm() == Algorithm::SlidingWindowLog {
+            let h = self.log_horizon.entry(state_key(key, p)).or_insert(0);
+            *h = (*h).max(now.saturating_sub(eff.window_millis()));
+        }
+    }
+
+    /// Whether `key`'s log of `p` holds an entry that still counts at `now` but that a store
+    /// may have dropped when it left a shorter window in force before.
+    pub fn log_entry_dropped_under_a_shorter_window(&self, key: u8, p: &Policy, now: u64) -> bool {
+        let k = state_key(key, p);
+        let (Some(AnyState::SlidingWindowLog(log)), Some(&horizon)) =
+            (self.states.get(&k), self.log_horizon.get(&k))
+        else {
+            return false;
+        };
+        let w = p.window_millis();
+        log.entries()
+            .any(|(t, c)| c > 0 && t <= horizon && t + w > now)
     }
 
     /// Whether `key` holds a state of `p`'s name under another algorithm than `p`'s.
@@ -695,6 +721,9 @@ impl Model {
             .map(|p| self.effective(key, p, now))
             .collect();
         let mut ds: Vec<PolicyDecision> = Vec::with_capacity(policies.len());
+        for (p, e) in policies.iter().zip(&eff) {
+            self.touch(key, p, e, now);
+        }
         for ((p, e), &c) in policies.iter().zip(&eff).zip(costs) {
             let d = self.evaluate(key, p, e, now, c);
             if contract {
@@ -752,10 +781,14 @@ impl Model {
     /// refunded (a slot comes back by its release only).
     pub fn refund(&mut self, key: u8, policies: &[Policy], costs: &[u64], now: u64) {
         for (p, &c) in policies.iter().zip(costs) {
-            if c == 0 || p.is_in_flight() {
+            if p.is_in_flight() {
                 continue;
             }
             let eff = self.effective(key, p, now);
+            self.touch(key, p, &eff, now);
+            if c == 0 {
+                continue;
+            }
             if let Some(s) = self.states.get_mut(&state_key(key, p)) {
                 s.refund(now, eff.limits(), c);
                 self.written.insert(state_key(key, p), *eff.limits());
@@ -778,6 +811,7 @@ impl Model {
         for ((p, &r), &a) in policies.iter().zip(reserved).zip(actual) {
             assert!(!p.is_in_flight(), "in-flight policies are never settled");
             let eff = self.effective(key, p, now);
+            self.touch(key, p, &eff, now);
             let back = r.saturating_sub(a);
             let extra = a.saturating_sub(r);
             if back > 0 {
@@ -828,6 +862,8 @@ impl Model {
             self.states
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.written
+                .retain(|k, _| !(k.key == key && k.name == p.name()));
+            self.log_horizon
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.slots.remove(&(key, p.name().to_owned()));
         }
