@@ -501,6 +501,10 @@ pub struct Model {
     states: BTreeMap<StateKey, AnyState>,
     /// The limits each state was last changed under (for the known-discrepancy list).
     written: BTreeMap<StateKey, Limits>,
+    /// When the memory store would forget each state: a charge keeps it at least until its
+    /// expiry under the limits charged (and the plan's), a refund or settlement sets it to
+    /// the expiry under the limits of that call.
+    store_expiry: BTreeMap<StateKey, u64>,
     /// Per sliding window log: entries logged at or before this time may have been dropped
     /// by a store, as out of the window in force when it last read the log.
     log_horizon: BTreeMap<StateKey, u64>,
@@ -558,16 +562,31 @@ impl Model {
             .is_some_and(|o| o.expires.is_some_and(|e| e <= now))
     }
 
-    /// Whether `key`'s state of `p` has stopped mattering by `now` under the limits it was
-    /// last changed under, but still matters under those in force: a store that forgets
-    /// states by the expiry they were written with may have forgotten it.
+    /// Whether `key`'s state of `p` still matters at `now` under the limits in force, but
+    /// the memory store, which forgets a state by the expiry it computed under the limits
+    /// of the call that last changed it, may have forgotten it.
     pub fn outlived_its_expiry(&self, key: u8, p: &Policy, now: u64) -> bool {
         let k = state_key(key, p);
-        let (Some(state), Some(written)) = (self.states.get(&k), self.written.get(&k)) else {
+        let (Some(state), Some(&expiry)) = (self.states.get(&k), self.store_expiry.get(&k)) else {
             return false;
         };
         let eff = self.effective(key, p, now);
-        state.expires_at(written) <= now && state.expires_at(eff.limits()) > now
+        expiry <= now && state.expires_at(eff.limits()) > now
+    }
+
+    /// Notes the expiry the memory store gives `key`'s state of `p` after a call under
+    /// `eff` (and the plan's `p`): the later of the two, kept at least as late as before
+    /// for a charge, set for a refund or settlement.
+    fn note_expiry(&mut self, key: u8, p: &Policy, eff: &Policy, charge: bool) {
+        let k = state_key(key, p);
+        let Some(state) = self.states.get(&k) else {
+            return;
+        };
+        let e = state
+            .expires_at(eff.limits())
+            .max(state.expires_at(p.limits()));
+        let slot = self.store_expiry.entry(k).or_insert(0);
+        *slot = if charge { (*slot).max(e) } else { e };
     }
 
     /// Whether `key`'s GCRA state of `p`, read at `now` under the limits in force, holds a
@@ -755,6 +774,7 @@ impl Model {
                         .or_insert_with(|| AnyState::fresh(p.algorithm()))
                         .commit(now, e.limits(), c);
                     self.written.insert(state_key(key, p), *e.limits());
+                    self.note_expiry(key, p, e, true);
                 }
             }
         }
@@ -774,6 +794,7 @@ impl Model {
                 .or_insert_with(|| AnyState::fresh(p.algorithm()))
                 .commit(now, eff.limits(), c);
             self.written.insert(state_key(key, p), *eff.limits());
+            self.note_expiry(key, p, &eff, true);
         }
     }
 
@@ -786,13 +807,14 @@ impl Model {
             }
             let eff = self.effective(key, p, now);
             self.touch(key, p, &eff, now);
-            if c == 0 {
-                continue;
+            if c > 0 {
+                if let Some(s) = self.states.get_mut(&state_key(key, p)) {
+                    s.refund(now, eff.limits(), c);
+                    self.written.insert(state_key(key, p), *eff.limits());
+                }
             }
-            if let Some(s) = self.states.get_mut(&state_key(key, p)) {
-                s.refund(now, eff.limits(), c);
-                self.written.insert(state_key(key, p), *eff.limits());
-            }
+            // The memory store recomputes the expiry of every state a refund names.
+            self.note_expiry(key, p, &eff, false);
         }
     }
 
@@ -827,6 +849,14 @@ impl Model {
                     .or_insert_with(|| AnyState::fresh(p.algorithm()))
                     .overcharge(now, eff.limits(), extra.min(cap));
                 self.written.insert(state_key(key, p), *eff.limits());
+            }
+        }
+        // The memory store recomputes the expiry of every state the call names, once it
+        // changes any.
+        if reserved.iter().zip(actual).any(|(r, a)| r != a) {
+            for p in policies {
+                let eff = self.effective(key, p, now);
+                self.note_expiry(key, p, &eff, false);
             }
         }
     }
@@ -864,6 +894,8 @@ impl Model {
             self.written
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.log_horizon
+                .retain(|k, _| !(k.key == key && k.name == p.name()));
+            self.store_expiry
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.slots.remove(&(key, p.name().to_owned()));
         }
@@ -1048,14 +1080,6 @@ impl Call {
                 | Call::Refresh { .. }
         )
     }
-
-    /// Whether it answers with a decision.
-    fn answers(&self) -> bool {
-        matches!(
-            self,
-            Call::Check { .. } | Call::Peek { .. } | Call::Observe { .. }
-        )
-    }
 }
 
 /// A request admitted while holding in-flight slots, until released.
@@ -1079,8 +1103,8 @@ pub struct Ctx<'a> {
     pub model: &'a Model,
     pub now: u64,
     pub permits: &'a [Permit],
-    /// The names of the policies a reload replaced so far in the case.
-    pub reloaded: &'a [String],
+    /// The policies a reload replaced so far in the case: (name, when).
+    pub reloaded: &'a [(String, u64)],
     /// Settlements that charged extra units: (key, policy name, when, and when the state
     /// they left stops mattering).
     pub overcharged: &'a [(u8, String, u64, u64)],
@@ -1088,6 +1112,7 @@ pub struct Ctx<'a> {
 
 /// A discrepancy known and owned elsewhere: calls it matches are skipped in this row (in
 /// the model and the store alike), or, for `tolerate`, a difference it explains is accepted.
+#[derive(Clone, Copy)]
 pub struct Known {
     /// What it is in the issue (`item 10`) or `NEW-n`.
     pub id: &'static str,
@@ -1218,8 +1243,8 @@ struct Harness<'a, S> {
     /// overriding policy, when the model sees it end).
     timed: Vec<(u8, Policy, Policy, u64)>,
     group: Option<Group>,
-    /// The names of the policies a reload replaced so far.
-    reloaded: Vec<String>,
+    /// The policies a reload replaced so far: (name, when).
+    reloaded: Vec<(String, u64)>,
     /// Settlements that charged extra units: (key, policy name, when, and when the state
     /// they left stops mattering).
     overcharged: Vec<(u8, String, u64, u64)>,
@@ -1236,6 +1261,8 @@ struct Harness<'a, S> {
 /// therefore set with that TTL plus a minute, and when the next step's time reaches the
 /// moment the model sees it end, it is set again with a TTL of 1 ms, and the harness waits
 /// 3 ms: Redis then expires it by itself, between the two steps, as the model does.
+///
+/// `salt` tells the keys of one run of the case from another's on the same store.
 pub async fn run<S: Store>(
     row: &RowSpec,
     store: &S,
@@ -1243,6 +1270,7 @@ pub async fn run<S: Store>(
     case: &Case,
     known: &[Known],
     tally: &Tally,
+    salt: &str,
 ) -> Result<(), TestCaseError> {
     clock.set_millis(case.start);
     let mut h = Harness {
@@ -1252,7 +1280,7 @@ pub async fn run<S: Store>(
         known,
         tally,
         keys: (0..KEYS)
-            .map(|i| Key::new("user", format!("k{i}")))
+            .map(|i| Key::new("user", format!("k{i}{salt}")))
             .collect(),
         plan: case.plan.clone(),
         policies: case.plan.iter().map(Spec::policy).collect(),
@@ -1263,7 +1291,7 @@ pub async fn run<S: Store>(
         reloaded: Vec::new(),
         overcharged: Vec::new(),
         blocker: (
-            Key::new("user", "blocker"),
+            Key::new("user", format!("blocker{salt}")),
             Policy::builder("blocker", Rate::per_second(1))
                 .algorithm(Algorithm::SlidingWindowLog)
                 .build()
@@ -1674,7 +1702,7 @@ impl<S: Store> Harness<'_, S> {
             Call::Reload { index, spec } => {
                 self.plan[*index] = spec.clone();
                 self.policies[*index] = spec.policy();
-                self.reloaded.push(spec.name());
+                self.reloaded.push((spec.name(), now));
                 Ok(None)
             }
             Call::Reset { key, policies } => {

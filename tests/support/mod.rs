@@ -4,6 +4,8 @@
 //! * [`redis`]: real `redis-server` processes (one node, or a three-master cluster) on free
 //!   loopback ports, stopped on drop.
 //! * [`scenarios`]: policies, traces and checks shared by the tests of every store.
+//! * `conformance.rs`: the conformance matrix's model, traces and harness; only
+//!   `tests/conformance.rs` includes it (as its `matrix` module).
 //!
 //! Each test binary uses part of this, hence `dead_code` is allowed.
 
