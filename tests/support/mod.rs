@@ -7,6 +7,8 @@
 //! * [`cancel`]: dropping a future at each of its await points.
 //! * [`gated`]: a store wrapper whose replies come late, so those points exist.
 //! * [`proxy`]: a loopback TCP proxy that delays or holds a server's replies.
+//! * `conformance.rs`: the conformance matrix's model, traces and harness; only
+//!   `tests/conformance.rs` includes it (as its `matrix` module).
 //!
 //! Each test binary uses part of this, hence `dead_code` is allowed.
 
