@@ -13,7 +13,8 @@
 --       numbers) per policy: kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N,
 --       window W in ms, capacity C (the plan's N and C: an override in force replaces them),
 --       a, b, c, d, e, f, g, h, r:
---         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
+--         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units (a
+--         debt, never forgiven: as the exact algorithms' overcharge);
 --         return: a = units granted, b = units unused, c = grant time, d = lease validity;
 --         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return;
 --         r: the limit in force when the block given back was granted (0: unknown).
@@ -23,6 +24,8 @@
 --        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
 --        allowed, valid, now, the number of answers (0 or one per policy), then per answer
 --        granted, remaining, reset_after, retry_after, and the limit and capacity in force.
+--        A force answers no answers, and allowed 0 when a debt stands afterwards (a policy
+--        past its limit: not even a cost of 0 fits).
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
 -- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
@@ -575,7 +578,15 @@ local function call(mode, period, lease_id, previous, P, count)
         end
       end
     end
-    return pack('<dddd', 1, 0, now, 0)
+    -- Allowed: the key is within its limits afterwards. When a debt stands, the caller gives
+    -- back the block it holds, charged before the debt.
+    local clear = 1
+    for i = 1, count do
+      if most(P[i], 0) < 0 then
+        clear = 0
+      end
+    end
+    return pack('<dddd', clear, 0, now, 0)
   end
 
   -- Grant (or peek): a block valid for `period` when every policy has room for at least

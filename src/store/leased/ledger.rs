@@ -714,12 +714,17 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             return done(true);
         }
         Mode::Force => {
+            // Answers whether the key is within its limits afterwards: when a debt stands,
+            // the caller gives back the block it holds, charged before the debt.
+            let mut clear = true;
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
                 if part.a > 0 {
                     force(part, state, now, part.a, call.lease_id);
                 }
+                let v = load(part, state.as_ref(), now);
+                clear &= most(part, &v, now, 0).is_some();
             }
-            return done(true);
+            return done(clear);
         }
         Mode::Reset => {
             for state in states.iter_mut() {

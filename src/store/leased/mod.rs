@@ -763,6 +763,18 @@ impl<S: LeaseBackend> Shared<S> {
         })
     }
 
+    /// Gives back the block this instance holds for `key`'s `policies`, if any, and waits
+    /// for the answer (a debt stands on the key: see [`settle`](Store::settle)).
+    async fn return_block(self: &Arc<Self>, key: &Key, policies: &[Policy]) {
+        let Some(entry) = self.existing(key, policies) else {
+            return;
+        };
+        let block = entry.st.lock().block.take();
+        if let Some(fut) = block.and_then(|b| self.give_back(&entry, b)) {
+            fut.await;
+        }
+    }
+
     /// Gives back units a request took (a mixed request refused by the exact store, a
     /// refund).
     async fn untake(self: &Arc<Self>, key: &Key, policies: &[Policy], costs: &[u64], taken: Taken) {
