@@ -183,7 +183,8 @@ impl LedgerCall {
     /// Each policy's thirteen integers (kind, N, W, C, a–h, r) as little-endian doubles, the
     /// binary string `lua/lease.lua` reads. Exact for every whole number below 2^53 (counts,
     /// milliseconds); a cost above that (only a caller's settlement can send one) arrives
-    /// rounded, and is then far above any limit either way.
+    /// rounded, and is then above any limit and past the debt's saturation (⌊2^52 / W⌋
+    /// units) either way.
     #[cfg(feature = "redis")]
     pub(crate) fn packed_parts(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(PART_BYTES * self.parts.len());
@@ -239,7 +240,8 @@ impl Answer {
 }
 
 /// A ledger's answer: whether it granted, for how long, at what time (the ledger's clock),
-/// and each policy's units and view.
+/// and each policy's units and view. A forced charge answers no views, and "granted" when
+/// the key is within its limits afterwards (no debt stands).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerReply {
     pub(crate) granted: bool,
