@@ -134,8 +134,8 @@ local function quick(mode, period, previous, blob, key, okey)
   end
   local both = redis.call('MGET', key, okey)
   local v = both[1]
-  -- A token bucket's key is kept for the slower of the plan's rate and the override's: the
-  -- override can end with nothing written.
+  -- A key is kept for the slower of the plan's limit and the override's: the override can
+  -- end with nothing written (and a count past the plan's limit is then a debt).
   local slowest = n
   local on, oc = usable(both[2], w)
   if on then
@@ -180,7 +180,8 @@ local function quick(mode, period, previous, blob, key, okey)
     cur = cur + cost
     if kind == 4 then
       if mode == 'g' then
-        redis.call('SET', key, pack('<ddd', idx, cur, 0), 'PX', (idx + 1) * w - now + TTL_MARGIN_MS)
+        redis.call('SET', key, pack('<ddd', idx, cur, 0),
+          'PX', (idx + max(ceil_div(cur, slowest), 1)) * w - now + TTL_MARGIN_MS)
       end
       remaining = max(n - cur, 0)
       if cur > 0 then
@@ -188,7 +189,8 @@ local function quick(mode, period, previous, blob, key, okey)
       end
     else
       if mode == 'g' then
-        redis.call('SET', key, pack('<ddd', idx, cur, prev), 'PX', (idx + 2) * w - now + TTL_MARGIN_MS)
+        redis.call('SET', key, pack('<ddd', idx, cur, prev),
+          'PX', (idx + max(ceil_div(cur, slowest), 1) + 1) * w - now + TTL_MARGIN_MS)
       end
       local e = now - idx * w
       remaining = idiv(max(n * w - prev * (w - e) - cur * w, 0), w)

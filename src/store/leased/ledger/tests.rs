@@ -686,3 +686,43 @@ fn hostile_numbers_saturate_never_wrap() {
         run(&call(Mode::Peek, 0, 4, 0, part), &mut states, now + 2_000);
     }
 }
+
+/// A window's ledger key lives until the debt it carries is paid (Redis TTLs): a count of
+/// four windows' worth is kept about four windows (five for the counter, whose last window
+/// still weighs), not one, or the key would expire with the debt unpaid.
+#[test]
+fn a_windows_debt_keeps_its_key() {
+    let server = Server::start();
+    let mut conn = server
+        .connection()
+        .expect("a connection to the test's redis-server");
+    for (kind, windows) in [(Kind::Fixed, 4), (Kind::Counter, 5)] {
+        let state = format!("tg-ledger-debt-ttl-{}:{{k}}", kind as u8);
+        let over = format!("{state}:ovr");
+        let keys = Keys {
+            state: &state,
+            units: "unused",
+            over: &over,
+        };
+        let mut part = Part::new(
+            kind,
+            &Policy::builder("w", crate::Rate::new(10, std::time::Duration::from_secs(1)))
+                .algorithm(algorithm_of(kind))
+                .build()
+                .unwrap(),
+        );
+        let now = 1_700_000_000_000u64;
+        part.a = 1;
+        part.b = 1;
+        assert!(lua(&mut conn, &keys, &call(Mode::Grant, 0, 1, 0, part), now).granted);
+        part.a = 39;
+        let r = lua(&mut conn, &keys, &call(Mode::Force, 0, 2, 0, part), now);
+        assert!(!r.granted, "{kind:?}: a debt stands");
+        let pttl: i64 = redis::cmd("PTTL").arg(&state).query(&mut conn).unwrap();
+        let want = windows * 1_000;
+        assert!(
+            (want..=want + 1_100).contains(&pttl),
+            "{kind:?}: the key lives {pttl} ms, its debt {want} ms"
+        );
+    }
+}
