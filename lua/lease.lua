@@ -13,7 +13,8 @@
 --       numbers) per policy: kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N,
 --       window W in ms, capacity C (the plan's N and C: an override in force replaces them),
 --       a, b, c, d, e, f, g, h, r:
---         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units;
+--         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units (a
+--         debt, never forgiven: as the exact algorithms' overcharge);
 --         return: a = units granted, b = units unused, c = grant time, d = lease validity;
 --         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return;
 --         r: the limit in force when the block given back was granted (0: unknown).
@@ -23,6 +24,8 @@
 --        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
 --        allowed, valid, now, the number of answers (0 or one per policy), then per answer
 --        granted, remaining, reset_after, retry_after, and the limit and capacity in force.
+--        A force answers no answers, and allowed 0 when a debt stands afterwards (a policy
+--        past its limit: not even a cost of 0 fits).
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
 -- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
@@ -35,6 +38,11 @@ local TTL_MARGIN_MS = 1000
 -- Policies keep capacity x window within 2^50 (exact in doubles); an override that does not
 -- is ignored, as is anything in an override key that is not one.
 local MAX_PRODUCT = 1125899906842624
+-- A settlement's debt saturates at 2^52 units x window (MAX_USAGE_WINDOW_PRODUCT in
+-- algorithm/mod.rs), so every count x window stays below 2^53. An extra charge above 2^53
+-- arrives rounded; it is compared with, or clamped to, far smaller numbers only, which
+-- rounding cannot reach (round to nearest is monotone).
+local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496
 
 local function idiv(a, b)
   local q = floor(a / b)
@@ -56,6 +64,34 @@ end
 
 local function int(x)
   return format('%.0f', x)
+end
+
+-- (previous, current) j >= 1 windows after a window that counted c (`carried` in
+-- sliding_window_counter.rs): a count past the limit (a debt) is carried, n paid per window.
+-- A product past 2^53 is inexact, but then above c, and the difference is clamped to 0.
+local function carried(c, j, n)
+  local left = max(c - n * (j - 1), 0)
+  return min(left, n), max(left - n, 0)
+end
+
+-- The counter's (previous, current) in window idx from its state {x, y, z} (`counts`).
+local function counter_counts(x, y, z, idx, n)
+  if x == idx then
+    return z, y
+  elseif x < idx then
+    return carried(y, idx - x, n)
+  end
+  return 0, 0
+end
+
+-- The fixed window's count in window idx from its state {x, y} (`count_at`).
+local function fixed_count(x, y, idx, n)
+  if x == idx then
+    return y
+  elseif x < idx then
+    return max(y - n * (idx - x), 0)
+  end
+  return 0
 end
 
 -- The limit and capacity of an override key's value `v` for window `w`, or nil.
@@ -98,8 +134,8 @@ local function quick(mode, period, previous, blob, key, okey)
   end
   local both = redis.call('MGET', key, okey)
   local v = both[1]
-  -- A token bucket's key is kept for the slower of the plan's rate and the override's: the
-  -- override can end with nothing written.
+  -- A key is kept for the slower of the plan's limit and the override's: the override can
+  -- end with nothing written (and a count past the plan's limit is then a debt).
   local slowest = n
   local on, oc = usable(both[2], w)
   if on then
@@ -125,13 +161,12 @@ local function quick(mode, period, previous, blob, key, okey)
   else
     local idx = idiv(now, w)
     local prev, cur = 0, 0
-    if x == idx then
-      prev, cur = z, y
-    elseif kind == 1 and x + 1 == idx then
-      prev = y
+    if kind == 1 then
+      prev, cur = counter_counts(x, y, z, idx, n)
+    else
+      cur = fixed_count(x, y, idx, n)
     end
     if kind == 4 then
-      prev = 0
       if n - cur < cost then
         return nil
       end
@@ -145,7 +180,8 @@ local function quick(mode, period, previous, blob, key, okey)
     cur = cur + cost
     if kind == 4 then
       if mode == 'g' then
-        redis.call('SET', key, pack('<ddd', idx, cur, 0), 'PX', (idx + 1) * w - now + TTL_MARGIN_MS)
+        redis.call('SET', key, pack('<ddd', idx, cur, 0),
+          'PX', (idx + max(ceil_div(cur, slowest), 1)) * w - now + TTL_MARGIN_MS)
       end
       remaining = max(n - cur, 0)
       if cur > 0 then
@@ -153,7 +189,8 @@ local function quick(mode, period, previous, blob, key, okey)
       end
     else
       if mode == 'g' then
-        redis.call('SET', key, pack('<ddd', idx, cur, prev), 'PX', (idx + 2) * w - now + TTL_MARGIN_MS)
+        redis.call('SET', key, pack('<ddd', idx, cur, prev),
+          'PX', (idx + max(ceil_div(cur, slowest), 1) + 1) * w - now + TTL_MARGIN_MS)
       end
       local e = now - idx * w
       remaining = idiv(max(n * w - prev * (w - e) - cur * w, 0), w)
@@ -238,16 +275,10 @@ local function load(p)
   local idx = idiv(now, p.w)
   p.idx = idx
   if p.kind == 1 then
-    if x == idx then
-      p.prev, p.cur = z, y
-    elseif x + 1 == idx then
-      p.prev, p.cur = y, 0
-    else
-      p.prev, p.cur = 0, 0
-    end
+    p.prev, p.cur = counter_counts(x, y, z, idx, p.n)
     p.sw, p.sc, p.sp = x, y, z
   elseif p.kind == 4 then
-    if x == idx then p.cur = y else p.cur = 0 end
+    p.cur = fixed_count(x, y, idx, p.n)
     p.sw, p.sc = x, y
   else
     local elapsed = max(now - y, 0)
@@ -275,38 +306,70 @@ local function most(p, t)
   end
 end
 
--- The counter's earliest passing time (sliding_window_counter.rs `earliest`).
+-- The earliest offset into a window with counts (prev, cur) at which `cost` fits, or nil
+-- (fits_from in sliding_window_counter.rs).
+local function fits_from(prev, cur, n, w, cost)
+  local room = n - cur - cost
+  if room < 0 then
+    return nil
+  end
+  if prev == 0 then
+    return 0
+  end
+  local overlap = idiv(room * w, prev)
+  if overlap >= 1 then
+    return w - min(overlap, w)
+  end
+  return nil
+end
+
+-- The counter's earliest passing time (sliding_window_counter.rs `earliest`), a debt carried
+-- into the next windows included.
 local function earliest(prev, cur, idx, n, w, cost)
   local start = idx * w
-  if cur + cost <= n then
-    local budget = (n - cur - cost) * w
-    if prev == 0 then
-      return now
-    end
-    local overlap = idiv(budget, prev)
-    if overlap >= 1 then
-      return max(start + max(w - min(overlap, w), 0), now)
-    end
+  local e = fits_from(prev, cur, n, w, cost)
+  if e then
+    return max(start + e, now)
   end
-  local nxt = start + w
-  if cur == 0 then
-    return nxt
-  end
-  if cost <= n then
-    local overlap = idiv((n - cost) * w, cur)
-    if overlap >= 1 then
-      return nxt + max(w - min(overlap, w), 0)
+  local first = max(ceil_div(max(cur + cost - n, 0), n), 1)
+  for j = first, first + 1 do
+    local p, c = carried(cur, j, n)
+    e = fits_from(p, c, n, w, cost)
+    if e then
+      return start + j * w + e
     end
   end
-  return nxt + w
+  return start + (first + 2) * w
+end
+
+-- Time until the counter's estimate is 0 (clears_in in sliding_window_counter.rs).
+local function counter_clears(p)
+  local windows
+  if p.cur > 0 then
+    windows = ceil_div(p.cur, p.n) + 1
+  elseif p.prev > 0 then
+    windows = 1
+  else
+    return 0
+  end
+  return (p.idx + windows) * p.w - now
+end
+
+-- Time until the fixed window's count is paid off (clears_in in fixed_window.rs).
+local function fixed_clears(p)
+  if p.cur == 0 then
+    return 0
+  end
+  return (p.idx + ceil_div(p.cur, p.n)) * p.w - now
 end
 
 -- How long until a request of `cost` passes if nothing else happens (exact, period 0).
 local function retry(p, cost)
   if p.kind == 1 then
     if cost > p.n then
-      -- Never passes; asked again after the counter forgot everything.
-      return 2 * p.w
+      -- Never passes; asked again once the counter has forgotten everything (its debt
+      -- paid), and no sooner than two windows.
+      return max(counter_clears(p), 2 * p.w)
     end
     return max(earliest(p.prev, p.cur, p.idx, p.n, p.w, cost) - now, 1)
   elseif p.kind == 2 then
@@ -321,7 +384,12 @@ local function retry(p, cost)
     end
     return max(at - now, 1)
   elseif p.kind == 4 then
-    return (p.idx + 1) * p.w - now
+    if cost > p.n then
+      -- Never passes; asked again once the window's count (its debt) is paid off.
+      return (p.idx + max(ceil_div(p.cur, p.n), 1)) * p.w - now
+    end
+    -- The first window whose carried count leaves room (fixed_window.rs `evaluate`).
+    return max((p.idx + ceil_div(p.cur + cost - p.n, p.n)) * p.w - now, 1)
   elseif cost > p.cap then
     -- Never passes; asked again once the bucket is full.
     return max(ceil_div(p.deficit, p.n), 1)
@@ -335,13 +403,7 @@ local function view(p)
   if p.kind == 1 then
     local e = now - p.idx * p.w
     local weighted = p.prev * (p.w - e) + p.cur * p.w
-    local reset = 0
-    if p.cur > 0 then
-      reset = (p.idx + 2) * p.w - now
-    elseif p.prev > 0 then
-      reset = (p.idx + 1) * p.w - now
-    end
-    return idiv(max(p.n * p.w - weighted, 0), p.w), reset
+    return idiv(max(p.n * p.w - weighted, 0), p.w), counter_clears(p)
   elseif p.kind == 2 then
     local newest = 0
     for _, e in ipairs(p.entries) do
@@ -349,22 +411,24 @@ local function view(p)
     end
     return max(p.n - p.used, 0), newest
   elseif p.kind == 4 then
-    local reset = 0
-    if p.cur > 0 then reset = (p.idx + 1) * p.w - now end
-    return max(p.n - p.cur, 0), reset
+    return max(p.n - p.cur, 0), fixed_clears(p)
   else
     return idiv(max(p.cap * p.w - p.deficit, 0), p.w), ceil_div(p.deficit, p.n)
   end
 end
 
--- Writes back a counter, fixed window or bucket state; the log writes as it goes.
+-- Writes back a counter, fixed window or bucket state; the log writes as it goes. A window's
+-- key is kept until its debt is paid, at the slower of the plan's limit and an override's
+-- (which can end unwritten).
 local function store(p)
   if p.kind == 1 then
+    local windows = max(ceil_div(p.cur, min(p.n, p.pn)), 1) + 1
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, p.prev),
-      'PX', (p.idx + 2) * p.w - now + TTL_MARGIN_MS)
+      'PX', (p.idx + windows) * p.w - now + TTL_MARGIN_MS)
   elseif p.kind == 4 then
+    local windows = max(ceil_div(p.cur, min(p.n, p.pn)), 1)
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, 0),
-      'PX', (p.idx + 1) * p.w - now + TTL_MARGIN_MS)
+      'PX', (p.idx + windows) * p.w - now + TTL_MARGIN_MS)
   elseif p.kind == 3 then
     -- Kept for the slower of the plan's rate and an override's (which can end unwritten).
     redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
@@ -493,23 +557,38 @@ local function call(mode, period, lease_id, previous, P, count)
     load(P[i])
   end
 
-  -- Force: no further than the exact algorithms' overcharge goes (ledger.rs `force`).
+  -- Force: in full, as the exact algorithms' overcharge (ledger.rs `force`): a debt paid at
+  -- the limit's rate, saturating at MAX_USAGE_WINDOW_PRODUCT / W units.
   if mode == 'f' then
     for i = 1, count do
       local p = P[i]
       if p.a > 0 then
         if p.kind == 3 then
-          local before = p.deficit
-          p.deficit = min(before + p.a * p.w, max(before, (2 * p.cap - 1) * p.w))
+          p.deficit = min(p.deficit + p.a * p.w, max(p.deficit, MAX_USAGE_WINDOW_PRODUCT))
           store(p)
         elseif p.kind == 2 then
-          charge(p, min(p.a, p.n), 0, lease_id)
+          -- One entry dated ahead, counting until the windows its units used up have passed
+          -- (debt_entry in sliding_window_log.rs).
+          local total = min(p.used + p.a, max(p.used, idiv(MAX_USAGE_WINDOW_PRODUCT, p.w)))
+          local extra = total - p.used
+          if extra > 0 then
+            charge(p, extra, (ceil_div(total, p.n) - 1) * p.w, lease_id)
+          end
         else
-          charge(p, min(p.a, max(p.cur, p.n) - p.cur), 0, lease_id)
+          p.cur = min(p.cur + p.a, max(p.cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.w)))
+          store(p)
         end
       end
     end
-    return pack('<dddd', 1, 0, now, 0)
+    -- Allowed: the key is within its limits afterwards. When a debt stands, the caller gives
+    -- back the block it holds, charged before the debt.
+    local clear = 1
+    for i = 1, count do
+      if most(P[i], 0) < 0 then
+        clear = 0
+      end
+    end
+    return pack('<dddd', clear, 0, now, 0)
   end
 
   -- Grant (or peek): a block valid for `period` when every policy has room for at least

@@ -46,7 +46,7 @@ impl FixedWindowState {
 /// The units counted in window `idx`: the state's count in its own window; in a later one,
 /// what it held beyond the limit less `n` per window since (a debt paid at the limit's
 /// rate); nothing in an earlier one.
-fn count_at(state: &FixedWindowState, idx: u64, n: u64) -> u64 {
+pub(crate) fn count_at(state: &FixedWindowState, idx: u64, n: u64) -> u64 {
     if idx == state.window {
         state.count
     } else if idx > state.window {

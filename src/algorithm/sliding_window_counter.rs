@@ -70,7 +70,7 @@ fn carried(c: u64, j: u64, n: u64) -> (u64, u64) {
 
 /// `(previous, current)` as seen from window `idx`.
 #[inline]
-fn counts(state: &SlidingWindowCounterState, idx: u64, n: u64) -> (u64, u64) {
+pub(crate) fn counts(state: &SlidingWindowCounterState, idx: u64, n: u64) -> (u64, u64) {
     if state.window == idx {
         (state.previous, state.current)
     } else if state.window < idx {
@@ -117,7 +117,7 @@ fn earliest(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64, cost: u64) 
 /// `(prev, cur)`: the end of the window that pays the last of `cur` off, then one more for
 /// its weight to fade; the end of this window when only `prev` is left; 0 for nothing.
 #[inline]
-fn clears_in(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64) -> u64 {
+pub(crate) fn clears_in(prev: u64, cur: u64, idx: u64, now: u64, n: u64, w: u64) -> u64 {
     let windows = if cur > 0 {
         ceil_div(cur, n).saturating_add(1)
     } else if prev > 0 {

@@ -179,17 +179,12 @@ impl LimitAlgorithm for SlidingWindowLog {
     /// reserved together add their overshoots, which the following windows then pay back.
     /// See [`Store::settle`](crate::store::Store::settle).
     fn overcharge(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, extra: u64) {
-        let n = limits.limit();
         let w = limits.window_millis();
-        let used = used(state, now, w);
-        let total = used.saturating_add(extra).min(used.max(max_units(limits)));
-        let extra = total - used;
-        if extra == 0 {
+        let Some((ahead, extra)) = debt_entry(used(state, now, w), extra, limits) else {
             return;
-        }
-        let ahead = total.div_ceil(n) - 1;
+        };
         trim(state, now, w);
-        log_at(state, now.saturating_add(ahead.saturating_mul(w)), extra);
+        log_at(state, now.saturating_add(ahead), extra);
     }
 
     /// When the state stops mattering (ms since the epoch): when its newest entry leaves.
@@ -199,6 +194,21 @@ impl LimitAlgorithm for SlidingWindowLog {
             .back()
             .map_or(0, |(t, _)| t.saturating_add(limits.window_millis()))
     }
+}
+
+/// The entry an [`overcharge`](LimitAlgorithm::overcharge) of `extra` units logs when
+/// `used` units are logged in the window: how far ahead of `now` it is dated (ms) and its
+/// units (the extra, saturated at ⌊[`MAX_USAGE_WINDOW_PRODUCT`](super::MAX_USAGE_WINDOW_PRODUCT)
+/// / W⌋ units in all); `None` when there is nothing to log. The lease ledger logs the same
+/// entry.
+pub(crate) fn debt_entry(used: u64, extra: u64, limits: &Limits) -> Option<(u64, u64)> {
+    let total = used.saturating_add(extra).min(used.max(max_units(limits)));
+    let extra = total - used;
+    if extra == 0 {
+        return None;
+    }
+    let ahead = total.div_ceil(limits.limit()) - 1;
+    Some((ahead.saturating_mul(limits.window_millis()), extra))
 }
 
 /// Drops the entries that have left the window at `now`.

@@ -11,12 +11,16 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::algorithm::{
+    fixed_window, sliding_window_counter, sliding_window_log, FixedWindow, FixedWindowState,
+    LimitAlgorithm, SlidingWindowCounter, SlidingWindowCounterState, TokenBucket, TokenBucketState,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Limits, Policy};
 use crate::store::{BoxFuture, MemoryStore, Store};
 
 /// How a leased policy is kept in the ledger.
@@ -179,7 +183,8 @@ impl LedgerCall {
     /// Each policy's thirteen integers (kind, N, W, C, a–h, r) as little-endian doubles, the
     /// binary string `lua/lease.lua` reads. Exact for every whole number below 2^53 (counts,
     /// milliseconds); a cost above that (only a caller's settlement can send one) arrives
-    /// rounded, and is then far above any limit either way.
+    /// rounded, and is then above any limit and past the debt's saturation (⌊2^52 / W⌋
+    /// units) either way.
     #[cfg(feature = "redis")]
     pub(crate) fn packed_parts(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(PART_BYTES * self.parts.len());
@@ -235,7 +240,8 @@ impl Answer {
 }
 
 /// A ledger's answer: whether it granted, for how long, at what time (the ledger's clock),
-/// and each policy's units and view.
+/// and each policy's units and view. A forced charge answers no views, and "granted" when
+/// the key is within its limits afterwards (no debt stands).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerReply {
     pub(crate) granted: bool,
@@ -389,7 +395,8 @@ struct View {
 
 // The arithmetic below is the Lua's, in integers. A part's `n`, `w` and `cap` come from a
 // validated policy or a usable override (`n × w`, `cap × w` ≤ 2^50); the states only grow by
-// grants that fit and by capped overcharges, so they stay within a few times those products.
+// grants that fit and by overcharges (debts) saturating at ⌊2^52 / W⌋ units (a deficit of
+// 2^52), so every product of a count and a window stays below 2^53 (exact in Lua's doubles).
 // What a caller sends (costs, wants, settlements, refunds) can be any `u64`: every term it
 // enters saturates, so a hostile number is refused or capped, never wrapped.
 
@@ -403,14 +410,23 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
         used: 0,
     };
     match state {
-        Some(LState::Counter { w, c, p }) => {
-            if *w == idx {
-                (v.prev, v.cur) = (*p, *c);
-            } else if w.saturating_add(1) == idx {
-                v.prev = *c;
-            }
+        // A count past the limit (a settlement's debt) is carried into the next windows, as
+        // the algorithms carry it.
+        Some(&LState::Counter { w, c, p }) => {
+            let s = SlidingWindowCounterState {
+                window: w,
+                current: c,
+                previous: p,
+            };
+            (v.prev, v.cur) = sliding_window_counter::counts(&s, idx, part.n);
         }
-        Some(LState::Fixed { w, c }) if *w == idx => v.cur = *c,
+        Some(&LState::Fixed { w, c }) => {
+            let s = FixedWindowState {
+                window: w,
+                count: c,
+            };
+            v.cur = fixed_window::count_at(&s, idx, part.n);
+        }
         Some(LState::Bucket { d, u }) => {
             let elapsed = now.saturating_sub(*u);
             v.deficit = d.saturating_sub(elapsed.saturating_mul(part.n));
@@ -421,9 +437,36 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
                 .filter(|(end, _)| end.saturating_add(part.w) > now)
                 .fold(0u64, |sum, (_, u)| sum.saturating_add(*u));
         }
-        _ => {}
+        None => {}
     }
     v
+}
+
+/// The algorithms' view of a part's numbers (a ledger part is never a shaping GCRA).
+fn limits(part: &Part) -> Limits {
+    Limits {
+        limit: part.n,
+        window_ms: part.w,
+        capacity: part.cap,
+        max_delay_ms: 0,
+    }
+}
+
+/// The counter's state as the view `v` sees it at its window.
+fn counter_state(v: &View) -> SlidingWindowCounterState {
+    SlidingWindowCounterState {
+        window: v.idx,
+        current: v.cur,
+        previous: v.prev,
+    }
+}
+
+/// The fixed window's state as the view `v` sees it at its window.
+fn fixed_state(v: &View) -> FixedWindowState {
+    FixedWindowState {
+        window: v.idx,
+        count: v.cur,
+    }
 }
 
 /// The counter's weighted count at `now`, scaled by `w`.
@@ -454,14 +497,17 @@ fn fits(part: &Part, v: &View, now: u64, t: u64, units: u64) -> bool {
 
 fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> u64 {
     match part.kind {
+        Kind::Counter if cost > part.n => {
+            // Never passes; asked again once the counter has forgotten everything (its debt
+            // paid), and no sooner than two windows.
+            let clears =
+                sliding_window_counter::clears_in(v.prev, v.cur, v.idx, now, part.n, part.w);
+            clears.max(2 * part.w)
+        }
         Kind::Counter => {
-            let s = crate::algorithm::SlidingWindowCounterState {
-                window: v.idx,
-                current: v.cur,
-                previous: v.prev,
-            };
-            let policy_like = (part.n, part.w);
-            counter_retry(&s, now, policy_like, cost)
+            SlidingWindowCounter::evaluate(&counter_state(v), now, &limits(part), cost)
+                .retry_after_millis()
+                .max(1)
         }
         Kind::Log => {
             let mut entries: Vec<(u64, u64)> = match state {
@@ -483,7 +529,17 @@ fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> 
             }
             at.saturating_sub(now).max(1)
         }
-        Kind::Fixed => (v.idx + 1) * part.w - now,
+        // Never passes; asked again once the window's count (its debt) is paid off.
+        Kind::Fixed if cost > part.n => {
+            let windows = v.cur.div_ceil(part.n).max(1);
+            v.idx
+                .saturating_add(windows)
+                .saturating_mul(part.w)
+                .saturating_sub(now)
+        }
+        Kind::Fixed => FixedWindow::evaluate(&fixed_state(v), now, &limits(part), cost)
+            .retry_after_millis()
+            .max(1),
         // A cost above the capacity never passes: asked again once the bucket is full.
         Kind::Bucket if cost > part.cap => v.deficit.div_ceil(part.n).max(1),
         Kind::Bucket => (v.deficit + cost * part.w)
@@ -493,49 +549,11 @@ fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> 
     }
 }
 
-/// The counter's exact retry, through the algorithm itself.
-fn counter_retry(
-    s: &crate::algorithm::SlidingWindowCounterState,
-    now: u64,
-    (n, w): (u64, u64),
-    cost: u64,
-) -> u64 {
-    if cost > n {
-        return 2 * w; // never passes; asked again after the counter forgot everything
-    }
-    let window = std::time::Duration::from_millis(w);
-    let policy = Policy::builder("ledger", crate::Rate::new(n, window))
-        .algorithm(Algorithm::SlidingWindowCounter)
-        .build();
-    match policy {
-        Ok(p) => {
-            <crate::algorithm::SlidingWindowCounter as crate::algorithm::LimitAlgorithm>::evaluate(
-                s,
-                now,
-                p.limits(),
-                cost,
-            )
-            .retry_after_millis()
-            .max(1)
-        }
-        Err(_) => w,
-    }
-}
-
 fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64) {
     match part.kind {
         Kind::Counter => {
-            let reset = if v.cur > 0 {
-                (v.idx + 2) * part.w - now
-            } else if v.prev > 0 {
-                (v.idx + 1) * part.w - now
-            } else {
-                0
-            };
-            (
-                (part.n * part.w).saturating_sub(weighted(part, v, now)) / part.w,
-                reset,
-            )
+            let d = SlidingWindowCounter::evaluate(&counter_state(v), now, &limits(part), 0);
+            (d.remaining(), d.reset_after_millis())
         }
         Kind::Log => {
             let newest = match state {
@@ -548,14 +566,10 @@ fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64
             };
             (part.n.saturating_sub(v.used), newest)
         }
-        Kind::Fixed => (
-            part.n.saturating_sub(v.cur),
-            if v.cur > 0 {
-                (v.idx + 1) * part.w - now
-            } else {
-                0
-            },
-        ),
+        Kind::Fixed => {
+            let d = FixedWindow::evaluate(&fixed_state(v), now, &limits(part), 0);
+            (d.remaining(), d.reset_after_millis())
+        }
         Kind::Bucket => (
             (part.cap * part.w).saturating_sub(v.deficit) / part.w,
             v.deficit.div_ceil(part.n),
@@ -610,34 +624,72 @@ fn charge(
                 }
             };
             log.retain(|_, (end, _)| end.saturating_add(part.w) > now);
-            log.insert(id, (now + valid, k));
+            log.insert(id, (now.saturating_add(valid), k));
         }
     }
 }
 
-/// Charges `extra` units whatever the state (a settlement above its reservation), no
-/// further than the exact algorithms' `overcharge` goes: the windows' count to at most the
-/// higher of itself and the limit, the log by at most the limit, the bucket's deficit to at
-/// most the higher of itself and `2 × capacity − 1` tokens.
+/// Charges `extra` units whatever the state (a settlement above its reservation), as the
+/// exact algorithms' `overcharge` does, through their own arithmetic: in full, a debt the key
+/// pays back at its limit's rate (the windows carry a count past the limit into the next
+/// windows, the log dates an entry ahead, the bucket goes into deficit), saturating at
+/// ⌊2^52 / W⌋ units ([`MAX_USAGE_WINDOW_PRODUCT`](crate::algorithm::MAX_USAGE_WINDOW_PRODUCT)).
+/// A debt is never forgiven: grants see it as used (no block hands out units it owes).
 fn force(part: &Part, state: &mut Option<LState>, now: u64, extra: u64, id: u64) {
-    let mut v = load(part, state.as_ref(), now);
-    match part.kind {
-        Kind::Bucket => {
-            let before = v.deficit;
-            v.deficit = before
-                .saturating_add(extra.saturating_mul(part.w))
-                .min(before.max((2 * part.cap).saturating_sub(1) * part.w));
-            let u = match state {
-                Some(LState::Bucket { u, .. }) => now.max(*u),
-                _ => now,
+    let limits = limits(part);
+    match (part.kind, state.as_ref()) {
+        (Kind::Bucket, s) => {
+            let mut b = match s {
+                Some(&LState::Bucket { d, u }) => TokenBucketState {
+                    deficit: d,
+                    updated_at: u,
+                },
+                _ => TokenBucketState::default(),
             };
-            *state = Some(LState::Bucket { d: v.deficit, u });
+            TokenBucket::overcharge(&mut b, now, &limits, extra);
+            *state = Some(LState::Bucket {
+                d: b.deficit,
+                u: b.updated_at,
+            });
         }
-        Kind::Counter | Kind::Fixed => {
-            let k = extra.min(v.cur.max(part.n) - v.cur);
-            charge(part, &mut v, state, now, k, 0, id);
+        (Kind::Counter, s) => {
+            let mut c = match s {
+                Some(&LState::Counter { w, c, p }) => SlidingWindowCounterState {
+                    window: w,
+                    current: c,
+                    previous: p,
+                },
+                _ => SlidingWindowCounterState::default(),
+            };
+            SlidingWindowCounter::overcharge(&mut c, now, &limits, extra);
+            *state = Some(LState::Counter {
+                w: c.window,
+                c: c.current,
+                p: c.previous,
+            });
         }
-        Kind::Log => charge(part, &mut v, state, now, extra.min(part.n), 0, id),
+        (Kind::Fixed, s) => {
+            let mut f = match s {
+                Some(&LState::Fixed { w, c }) => FixedWindowState {
+                    window: w,
+                    count: c,
+                },
+                _ => FixedWindowState::default(),
+            };
+            FixedWindow::overcharge(&mut f, now, &limits, extra);
+            *state = Some(LState::Fixed {
+                w: f.window,
+                c: f.count,
+            });
+        }
+        (Kind::Log, s) => {
+            let mut v = load(part, s, now);
+            // The entry the exact log would write, dated as far ahead: it counts until `W`
+            // after that, as a block's entry counts until `W` after its period ends.
+            if let Some((ahead, units)) = sliding_window_log::debt_entry(v.used, extra, &limits) {
+                charge(part, &mut v, state, now, units, ahead, id);
+            }
+        }
     }
 }
 
@@ -664,12 +716,17 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             return done(true);
         }
         Mode::Force => {
+            // Answers whether the key is within its limits afterwards: when a debt stands,
+            // the caller gives back the block it holds, charged before the debt.
+            let mut clear = true;
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
                 if part.a > 0 {
                     force(part, state, now, part.a, call.lease_id);
                 }
+                let v = load(part, state.as_ref(), now);
+                clear &= most(part, &v, now, 0).is_some();
             }
-            return done(true);
+            return done(clear);
         }
         Mode::Reset => {
             for state in states.iter_mut() {

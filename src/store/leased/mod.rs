@@ -47,6 +47,30 @@
 //!   decided per request.
 //! * **In flight**: slots are held, not spent; never leased.
 //!
+//! **Settlements above their reservation are debts, as in the exact mode.** The extra charge
+//! goes to the ledger in full, through the exact algorithms' own
+//! [`overcharge`](crate::algorithm::LimitAlgorithm::overcharge) arithmetic (the same in Rust
+//! and in `lua/lease.lua`): the fixed window and the counter carry a count past the limit
+//! into the next windows (`N` paid per window), the log dates one entry ahead, the token
+//! bucket and GCRA go into deficit; a debt saturates at ⌊2^52 / W⌋ units
+//! ([`MAX_USAGE_WINDOW_PRODUCT`](crate::algorithm::MAX_USAGE_WINDOW_PRODUCT)), so a
+//! settlement of `u64::MAX` refuses the key for about 2^52 / N ms, as on the exact stores.
+//! A grant sees a debt as units used, so no block granted while a debt stands holds units the
+//! debt owes. A block granted *before* the debt was charged ahead of it: when a settlement
+//! leaves a debt standing, the settling instance gives its block back in the same breath
+//! (its next request asks the ledger, which refuses until the debt is paid). The bound of
+//! [`Store::settle`](crate::store::Store::settle) then holds with one reading: a block's units
+//! are reserved together when it is granted, as concurrent requests are in the exact mode.
+//! So a key whose requests are settled one after another is served, over `j` whole windows
+//! (fixed window, counter), over any `j·W` ms (log) or over any `L` ms (token bucket and GCRA:
+//! `C + N·L/W`), at most the exact bound `j·N` (or `C + N·L/W`) plus, for each instance, the
+//! overshoot of one request it served in the span: an instance whose block outlived another
+//! instance's debt serves at most one request from it settled above its reservation, and then
+//! gives it back too. On one instance that is the exact bound to the unit. Over the long run
+//! the debts are paid back: at most `N` per window whatever a key sends. The same carry
+//! applies to a count past a lower override's limit (units charged under the plan's limit are
+//! paid back at the override's rate, as the exact stores do).
+//!
 //! A policy that cannot be leased is decided exactly by the wrapped store ([`leasable`]
 //! says which); a request with both kinds is decided by the ledger first and then by the
 //! store, and the ledger's units are given back if the store refuses: all or nothing, and
@@ -87,7 +111,8 @@
 //! before it. The instance that sets or removes an override gives its own blocks of the key
 //! back at once. From then on the invariant above holds under the override's numbers: in
 //! every fixed window, units admitted from `s + lease_time` on number at most the override's
-//! limit (units charged before count against it); in any interval that starts at
+//! limit (units charged before count against it, and a count past the override's limit is
+//! carried into the next windows as a debt is); in any interval that starts at
 //! `s + lease_time` or later, the sliding window log, counter, token bucket and GCRA admit at
 //! most their exact-mode bound for the override's limit and capacity. The token bucket and
 //! GCRA carry the key's deficit into the new numbers as the exact stores do (tokens taken
@@ -761,6 +786,18 @@ impl<S: LeaseBackend> Shared<S> {
                 }
             }
         })
+    }
+
+    /// Gives back the block this instance holds for `key`'s `policies`, if any, and waits
+    /// for the answer (a debt stands on the key: see [`settle`](crate::store::Store::settle)).
+    async fn return_block(self: &Arc<Self>, key: &Key, policies: &[Policy]) {
+        let Some(entry) = self.existing(key, policies) else {
+            return;
+        };
+        let block = entry.st.lock().block.take();
+        if let Some(fut) = block.and_then(|b| self.give_back(&entry, b)) {
+            fut.await;
+        }
     }
 
     /// Gives back units a request took (a mixed request refused by the exact store, a

@@ -218,7 +218,12 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
                     for (part, &x) in call.parts.iter_mut().zip(&extra) {
                         part.a = x;
                     }
-                    shared.inner.ledger(&key, &lp, call).await?;
+                    let reply = shared.inner.ledger(&key, &lp, call).await?;
+                    if !reply.granted {
+                        // A debt stands: the units of the block in hand were charged before
+                        // it, and spending them now would admit what the exact mode refuses.
+                        shared.return_block(&key, &lp).await;
+                    }
                 }
             }
             if !ep.is_empty() {

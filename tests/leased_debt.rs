@@ -1,0 +1,237 @@
+//! Settlements above their reservation on leased policies: the extra charge is a debt, never
+//! forgiven, as on the exact stores. Two `LeasedStore` instances share one ledger (the
+//! in-process `MemoryLedger`, and a real `redis-server`); a key whose requests are settled far
+//! above their estimate, every one of them or now and then, is served over every span no more
+//! than the exact bound table of `Store::settle` allows. Manual clocks throughout (the Redis
+//! stores pass the clock's time to the ledger script), so every bound is checked at exact
+//! instants.
+
+mod support;
+
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::key::Key;
+use tollgate::store::leased::{LeaseBackend, LeasedStore, MemoryLedger};
+use tollgate::store::{RedisStore, Store};
+use tollgate::{Algorithm, Limiter, Policy, Rate};
+
+use support::RedisServer;
+
+/// The limit per window (and the capacity), the window, the lease time, how long each
+/// scenario runs.
+const N: u64 = 100;
+const W: u64 = 1_000;
+const LEASE: u64 = 100;
+const RUN: u64 = 8 * W;
+
+const LEASED: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+];
+
+/// How the admitted requests are settled.
+#[derive(Debug, Clone, Copy)]
+enum Pattern {
+    /// Every admitted request (estimate 1) is settled at three windows' worth.
+    AlwaysHigh,
+    /// Most admitted requests cost what they reserved (so blocks are leased and in hand);
+    /// every 20th is settled at two windows' worth and more, while both instances hold
+    /// blocks.
+    NowAndThen,
+}
+
+impl Pattern {
+    /// The actual cost of the `i`-th admitted request.
+    fn actual(self, i: u64) -> u64 {
+        match self {
+            Pattern::AlwaysHigh => 3 * N,
+            Pattern::NowAndThen if i % 20 == 19 => 2 * N + 17,
+            Pattern::NowAndThen => 1,
+        }
+    }
+}
+
+/// One admitted request: when, by which instance, the units served (its actual cost), its
+/// overshoot.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    at: u64,
+    instance: usize,
+    units: u64,
+    over: u64,
+}
+
+fn policy(a: Algorithm) -> Policy {
+    Policy::builder("tokens", Rate::new(N, Duration::from_millis(W)))
+        .algorithm(a)
+        .build()
+        .unwrap()
+}
+
+fn leased<S: LeaseBackend>(inner: S, clock: &ManualClock) -> LeasedStore<S> {
+    LeasedStore::builder(inner)
+        .clock(clock.clone())
+        .lease_time(Duration::from_millis(LEASE))
+        .build()
+        .unwrap()
+}
+
+/// One reservation (estimate 1) a millisecond for `RUN` ms, the instances taking turns,
+/// each settled before the next is made.
+async fn drive<S: Store>(
+    limiters: &[Limiter<S>; 2],
+    clock: &ManualClock,
+    key: &Key,
+    pattern: Pattern,
+) -> Vec<Served> {
+    let mut served = Vec::new();
+    for i in 0..RUN {
+        clock.advance(Duration::from_millis(1));
+        let r = limiters[i as usize % 2].reserve(key, 1).await.unwrap();
+        if r.decision().is_allowed() {
+            let units = pattern.actual(served.len() as u64);
+            r.settle(units).await.unwrap();
+            served.push(Served {
+                at: clock.now_millis(),
+                instance: i as usize % 2,
+                units,
+                over: units.saturating_sub(1),
+            });
+        }
+        // Lets the blocks' returns, spawned on this runtime, run.
+        tokio::task::yield_now().await;
+    }
+    served
+}
+
+/// Whether `served` satisfies `a`'s row of the bound table in `Store::settle` (capacity
+/// `N`): over `j` whole windows, `j·N + o` (fixed window, counter); over any `j·W` ms,
+/// `j·N + o` (log); over any `L` ms, `N + N·L/W + o` (token bucket, GCRA). With `strict`, `o`
+/// is the overshoot of the last request served in the span, as in the exact mode; otherwise
+/// the leased bound: a block is units reserved together when it is granted, so `o` is, for
+/// each instance, the largest overshoot it served in the span (see the leased module's
+/// docs, "Debts").
+fn check_bound(a: Algorithm, served: &[Served], strict: bool) -> Result<(), String> {
+    for (i, first) in served.iter().enumerate() {
+        let mut units = 0u64;
+        let mut largest = [0u64; 2];
+        for last in &served[i..] {
+            units += last.units;
+            largest[last.instance] = largest[last.instance].max(last.over);
+            let o = if strict {
+                last.over
+            } else {
+                largest.iter().sum()
+            };
+            let ok = match a {
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+                    // Served within the whole windows from `first`'s to `last`'s.
+                    let j = last.at / W - first.at / W + 1;
+                    units <= j * N + o
+                }
+                Algorithm::SlidingWindowLog => {
+                    let j = (last.at - first.at) / W + 1;
+                    units <= j * N + o
+                }
+                _ => units.saturating_sub(N + o) * W <= N * (last.at - first.at),
+            };
+            if !ok {
+                return Err(format!(
+                    "{a:?}: {units} units served from {} to {} ms (overshoot {o}), over the bound",
+                    first.at, last.at
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every pattern on two instances sharing one ledger; `stores` builds a fresh pair (sharing
+/// its ledger) on `clock` for a scenario named `tag`.
+async fn high_settlements_are_debts<S, F>(stores: F, label: &str)
+where
+    S: LeaseBackend,
+    F: Fn(&ManualClock, &str) -> [LeasedStore<S>; 2],
+{
+    for a in LEASED {
+        for pattern in [Pattern::AlwaysHigh, Pattern::NowAndThen] {
+            let clock = ManualClock::new(1_700_000_000_000);
+            let tag = format!("{label}-{}-{pattern:?}", a.as_str());
+            let [s0, s1] = stores(&clock, &tag);
+            let p = policy(a);
+            let limiters = [s0.clone(), s1.clone()].map(|s| {
+                Limiter::builder()
+                    .store(s)
+                    .policy(p.clone())
+                    .build()
+                    .unwrap()
+            });
+            let key = Key::new("tenant", tag.clone());
+            let served = drive(&limiters, &clock, &key, pattern).await;
+            // A key settled high on every request holds no block when its debt is charged:
+            // the exact mode's bound, to the unit.
+            let strict = matches!(pattern, Pattern::AlwaysHigh);
+            if let Err(e) = check_bound(a, &served, strict) {
+                panic!("{label} {pattern:?}: {e}");
+            }
+            // Over the whole run the key is served about `N` per window, whatever it sends: a
+            // debt is paid, not forgiven (the largest overshoot of each instance at most).
+            let total: u64 = served.iter().map(|s| s.units).sum();
+            let largest = served.iter().map(|s| s.over).max().unwrap_or(0);
+            let windows = RUN / W + 1;
+            assert!(
+                total <= windows * N + 2 * largest,
+                "{label} {a:?} {pattern:?}: {total} units served in {windows} windows of {N}"
+            );
+            // And it is served: the debts are paid back, not kept forever.
+            assert!(
+                total >= (RUN / W - 4) * N,
+                "{label} {a:?} {pattern:?}: only {total} units served"
+            );
+            if let Pattern::NowAndThen = pattern {
+                for s in [&s0, &s1] {
+                    assert!(s.stats().grants > 0, "{a:?}: not leased: {:?}", s.stats());
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_memory_ledger_never_forgives_a_settlements_debt() {
+    high_settlements_are_debts(
+        |clock, _| {
+            let ledger = MemoryLedger::with_clock(clock.clone());
+            [leased(ledger.clone(), clock), leased(ledger, clock)]
+        },
+        "memory",
+    )
+    .await;
+}
+
+fn redis_store(server: &RedisServer, prefix: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .clock(clock.clone())
+        .build_with_url(&server.url())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_ledger_never_forgives_a_settlements_debt() {
+    let server = RedisServer::start();
+    high_settlements_are_debts(
+        |clock, tag| {
+            [
+                leased(redis_store(&server, tag, clock), clock),
+                leased(redis_store(&server, tag, clock), clock),
+            ]
+        },
+        "redis",
+    )
+    .await;
+}
