@@ -309,6 +309,22 @@ impl Decision {
     /// For shaping policies: how long the allowed request must wait (the longest wait any
     /// policy asks for).
     pub fn delay(&self) -> Duration {
-        Duration::from_millis(self.decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0))
+        Duration::from_millis(
+            self.decisions
+                .iter()
+                .map(PolicyDecision::delay_millis)
+                .max()
+                .unwrap_or(0),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A decision is moved by value on every request: past 128 bytes the compiler copies it
+    /// with a `memcpy` call (about 30 instructions a move, four moves per `check`).
+    #[test]
+    fn a_decision_stays_within_128_bytes() {
+        assert!(std::mem::size_of::<super::Decision>() <= 128);
     }
 }

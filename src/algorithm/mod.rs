@@ -110,10 +110,11 @@ pub struct PolicyDecision {
     pub(crate) remaining: u64,
     pub(crate) reset_after_ms: u64,
     pub(crate) retry_after_ms: u64,
+    /// When allowed, the shaping delay. When denied (no request waits), the cost of a
+    /// request above the capacity in force (`limit`), 0 otherwise: see
+    /// [`exceeds_capacity`](Self::exceeds_capacity). One field for both keeps a
+    /// [`Decision`](crate::Decision), moved on every request, within 128 bytes.
     pub(crate) delay_ms: u64,
-    /// The cost of a denied request above the capacity in force (`limit`), 0 otherwise: see
-    /// [`exceeds_capacity`](Self::exceeds_capacity).
-    pub(crate) excess: u64,
 }
 
 impl PolicyDecision {
@@ -134,7 +135,6 @@ impl PolicyDecision {
             reset_after_ms,
             retry_after_ms: if allowed { 0 } else { retry_after_ms.max(1) },
             delay_ms: if allowed { delay_ms } else { 0 },
-            excess: 0,
         }
     }
 
@@ -144,7 +144,7 @@ impl PolicyDecision {
     #[inline]
     pub(crate) fn for_cost(mut self, cost: u64) -> Self {
         if !self.allowed && cost > self.limit {
-            self.excess = cost;
+            self.delay_ms = cost;
         }
         self
     }
@@ -152,12 +152,12 @@ impl PolicyDecision {
     /// Whether the request was denied because its cost is above the capacity in force (a
     /// per-key override's, when one applies): no wait makes it fit.
     pub fn exceeds_capacity(&self) -> bool {
-        self.excess > 0
+        !self.allowed && self.delay_ms > 0
     }
 
     /// The cost of a request denied for [exceeding the capacity](Self::exceeds_capacity).
     pub(crate) fn excess_cost(&self) -> Option<u64> {
-        (self.excess > 0).then_some(self.excess)
+        self.exceeds_capacity().then_some(self.delay_ms)
     }
 
     /// Whether the request may pass.
@@ -188,7 +188,7 @@ impl PolicyDecision {
 
     /// For shaping policies: how long an allowed request must wait for its slot.
     pub fn delay(&self) -> Duration {
-        Duration::from_millis(self.delay_ms)
+        Duration::from_millis(self.delay_millis())
     }
 
     /// [`reset_after`](Self::reset_after) in milliseconds.
@@ -201,9 +201,13 @@ impl PolicyDecision {
         self.retry_after_ms
     }
 
-    /// [`delay`](Self::delay) in milliseconds.
+    /// [`delay`](Self::delay) in milliseconds (0 when denied).
     pub fn delay_millis(&self) -> u64 {
-        self.delay_ms
+        if self.allowed {
+            self.delay_ms
+        } else {
+            0
+        }
     }
 }
 
@@ -655,7 +659,9 @@ mod tests {
 
     /// `d` without the cost it was marked with (compared where only the cost differs).
     fn unmarked(mut d: PolicyDecision) -> PolicyDecision {
-        d.excess = u64::from(d.excess > 0);
+        if d.exceeds_capacity() {
+            d.delay_ms = 1;
+        }
         d
     }
 

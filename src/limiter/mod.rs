@@ -460,7 +460,9 @@ impl<S: Store> Limiter<S> {
         }
         // `check` holds no slot: nothing would give it back. The slot an in-flight policy
         // took to admit the request goes back at once; `acquire` is the way to hold one.
-        drop(self.hold_slots(set, key, &decision));
+        if !set.in_flight.is_empty() {
+            drop(self.hold_slots(set, key, &decision));
+        }
         Ok(decision)
     }
 

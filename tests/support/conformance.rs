@@ -8,8 +8,8 @@
 //! is decided all or nothing over its policies (a denied one charges nothing, and the
 //! policies that would have allowed it report their state at cost 0); a refund gives back to
 //! an existing state and never touches in-flight slots; a settlement refunds the difference
-//! or overcharges it, saturating (the overcharge of any `u64` is the algorithm's overcharge
-//! at its cap); an in-flight slot is held until released by the request that took it (and,
+//! or overcharges it as a debt (each algorithm's `overcharge` saturates it at its stated
+//! cap); an in-flight slot is held until released by the request that took it (and,
 //! where slots are leased, until its lease ends unless refreshed); a per-key override
 //! replaces a policy's limit and capacity (never its window or shaping) until it is removed
 //! or expires; a reset forgets the states of the policies it names, and the slots held under
@@ -819,9 +819,8 @@ impl Model {
     }
 
     /// Settles rate policies: refunds what was reserved above the actual cost, overcharges
-    /// what it exceeds it by, saturating. An overcharge of `extra` is capped by every
-    /// algorithm at twice the capacity's worth (see each algorithm's `overcharge`), so the
-    /// model charges `min(extra, 2 × capacity)`: the same state as with unbounded integers.
+    /// what it exceeds it by: a debt, which each algorithm's `overcharge` saturates at its
+    /// stated cap.
     pub fn settle(
         &mut self,
         key: u8,
@@ -843,11 +842,10 @@ impl Model {
                 }
             }
             if extra > 0 {
-                let cap = eff.capacity().saturating_mul(2);
                 self.states
                     .entry(state_key(key, p))
                     .or_insert_with(|| AnyState::fresh(p.algorithm()))
-                    .overcharge(now, eff.limits(), extra.min(cap));
+                    .overcharge(now, eff.limits(), extra);
                 self.written.insert(state_key(key, p), *eff.limits());
             }
         }
