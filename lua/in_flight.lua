@@ -11,7 +11,7 @@ ALG[6] = function()
     if type(ok) == 'table' and ok.err then
       return nil, ok.err
     end
-    return { held = redis.call('ZCARD', key), add = {}, drop = {}, keep = {} }
+    return { key = key, held = redis.call('ZCARD', key), add = {}, drop = {}, keep = {} }
   end
 
   function inf.evaluate(s, now, p, slot, charge)
@@ -42,9 +42,26 @@ ALG[6] = function()
     end
   end
 
-  -- Gives the slot back; true when the state changed.
+  -- Gives the slot back if it is held; true when the state changed. A slot not in the set
+  -- (its lease ended, a reset forgot it, or it was given back already) frees nothing, not
+  -- even for the rest of a batch.
   function inf.refund(s, now, p, slot)
     if slot == 0 then
+      return false
+    end
+    for i = 1, #s.add do
+      if s.add[i] == slot then
+        table.remove(s.add, i)
+        s.held = max(s.held - 1, 0)
+        return true
+      end
+    end
+    for i = 1, #s.drop do
+      if s.drop[i] == slot then
+        return false
+      end
+    end
+    if not redis.call('ZSCORE', s.key, int(slot)) then
       return false
     end
     s.drop[#s.drop + 1] = slot

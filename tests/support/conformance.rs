@@ -510,6 +510,8 @@ pub struct Model {
     log_horizon: BTreeMap<StateKey, u64>,
     slots: BTreeMap<(u8, String), Vec<Held>>,
     overrides: BTreeMap<StateKey, Over>,
+    /// The (key, policy name) pairs an override was ever set on in this case.
+    overridden: std::collections::BTreeSet<(u8, String)>,
 }
 
 /// `p` with another limit and capacity, keeping its window and shaping: what an override
@@ -539,6 +541,11 @@ impl Model {
     }
 
     /// The override of `p` on `key` in force at `now`, as (limit, capacity).
+    /// Whether an override was ever set on `p` (by name) for `key` in this case.
+    pub fn ever_overridden(&self, key: u8, p: &Policy) -> bool {
+        self.overridden.contains(&(key, p.name().to_owned()))
+    }
+
     pub fn override_of(&self, key: u8, p: &Policy, now: u64) -> Option<(u64, u64)> {
         self.overrides
             .get(&state_key(key, p))
@@ -908,6 +915,8 @@ impl Model {
         ttl: Option<u64>,
         now: u64,
     ) {
+        self.catch_up(key, p, now);
+        self.overridden.insert((key, p.name().to_owned()));
         self.overrides.insert(
             state_key(key, p),
             Over {
@@ -920,8 +929,22 @@ impl Model {
         );
     }
 
-    pub fn remove_override(&mut self, key: u8, p: &Policy) {
+    pub fn remove_override(&mut self, key: u8, p: &Policy, now: u64) {
+        self.catch_up(key, p, now);
         self.overrides.remove(&state_key(key, p));
+    }
+
+    /// A token bucket whose rate is about to change (an override set or removed) is brought
+    /// to `now` at the rate in force until then, as the stores do: the time before the
+    /// change refills at the old rate. A charge of 0 is exactly that catch-up.
+    fn catch_up(&mut self, key: u8, p: &Policy, now: u64) {
+        if p.algorithm() != Algorithm::TokenBucket {
+            return;
+        }
+        let eff = self.effective(key, p, now);
+        if let Some(state) = self.states.get_mut(&state_key(key, p)) {
+            state.commit(now, eff.limits(), 0);
+        }
     }
 
     /// A short account of the key's states, slots and overrides, for failure messages.
@@ -1694,7 +1717,7 @@ impl<S: Store> Harness<'_, S> {
                 Ok(None)
             }
             Call::RemoveOverride { key, plan } => {
-                self.model.remove_override(*key, plan);
+                self.model.remove_override(*key, plan, now);
                 Ok(None)
             }
             Call::Reload { index, spec } => {

@@ -30,6 +30,23 @@ fn overrides(over: &Override, policy: &Policy) -> bool {
     over.0.id() == policy.id() && over.0.algorithm() == policy.algorithm()
 }
 
+/// `policy` (the plan's, as it is now) under the limit and capacity of `over`: an override
+/// replaces those two numbers only, as the Redis stores keep them. The overriding policy as
+/// it was set serves while the plan's window and shaping are unchanged; after a reload that
+/// changed them, the override's numbers are applied to the new policy.
+fn applied(over: &Policy, policy: &Policy) -> Policy {
+    if over.window_millis() == policy.window_millis()
+        && over.max_delay() == policy.max_delay()
+        && over.cost() == policy.cost()
+    {
+        return over.clone();
+    }
+    let burst = (over.capacity() != over.limit()).then_some(over.capacity());
+    policy
+        .with_limit(over.limit(), burst)
+        .unwrap_or_else(|_| over.clone())
+}
+
 /// Whether `over` is still in force at `now`.
 fn in_force(over: &Override, now: u64) -> bool {
     over.1.is_none_or(|e| e > now)
@@ -59,7 +76,7 @@ impl Overrides {
         let mut out: Option<Vec<Policy>> = None;
         for (i, p) in policies.iter().enumerate() {
             if let Some(over) = held.iter().find(|o| overrides(o, p) && in_force(o, now)) {
-                out.get_or_insert_with(|| policies.to_vec())[i] = over.0.clone();
+                out.get_or_insert_with(|| policies.to_vec())[i] = applied(&over.0, p);
             }
         }
         out.map_or(Cow::Borrowed(policies), Cow::Owned)

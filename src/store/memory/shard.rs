@@ -295,13 +295,15 @@ impl Entry {
 
     pub(super) fn charge(&mut self, now: u64, policies: &[Policy], costs: &[u64]) {
         for (p, &c) in policies.iter().zip(costs) {
-            let idx = match self.slots.iter().position(|s| s.policy == p.id()) {
-                Some(i) => {
-                    if self.slots[i].state.algorithm() != p.algorithm() {
-                        self.slots[i].state = AnyState::fresh(p.algorithm());
-                    }
-                    i
-                }
+            // A state is found by policy and algorithm, as every other path finds it (and as
+            // Redis names its keys): after a reload changes a policy's algorithm, the old
+            // state is left to expire rather than replaced under another path's feet.
+            let idx = match self
+                .slots
+                .iter()
+                .position(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
+            {
+                Some(i) => i,
                 None => {
                     self.slots.push(Slot {
                         policy: p.id(),
