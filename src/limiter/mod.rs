@@ -451,19 +451,40 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Decision, CheckError> {
         self.record(set, None, &outcome);
         let decision = outcome?;
-        if !decision.is_allowed() && decision.decided_by() != crate::DecidedBy::FailClosed {
+        if !decision.is_allowed() {
+            return self.refused(set, key, decision);
+        }
+        // `check` holds no slot: nothing would give it back. The slot an in-flight policy
+        // took to admit the request goes back at once; `acquire` is the way to hold one.
+        if !set.in_flight.is_empty() {
+            self.give_back_slots(set, key, &decision);
+        }
+        Ok(decision)
+    }
+
+    /// A refusal of `check`: a cost above the capacity in force is an error (no wait makes
+    /// it fit), a rate-limited one counts in the top refused keys. Off the common path.
+    #[cold]
+    #[inline(never)]
+    fn refused(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        decision: Decision,
+    ) -> Result<Decision, CheckError> {
+        if decision.decided_by() != crate::DecidedBy::FailClosed {
             if let Some(refusal) = over_capacity(set, &decision) {
                 refusal.log(Some(key));
                 return Err(CheckError::from_refusal(&refusal));
             }
             self.note_refused(key);
         }
-        // `check` holds no slot: nothing would give it back. The slot an in-flight policy
-        // took to admit the request goes back at once; `acquire` is the way to hold one.
-        if !set.in_flight.is_empty() {
-            drop(self.hold_slots(set, key, &decision));
-        }
         Ok(decision)
+    }
+
+    #[inline(never)]
+    fn give_back_slots(&self, set: &PolicySet, key: &Key, decision: &Decision) {
+        drop(self.hold_slots(set, key, decision));
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging

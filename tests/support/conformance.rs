@@ -30,6 +30,10 @@
 //! Known discrepancies are skipped or tolerated through a list of [`Known`] entries kept in
 //! the test file.
 
+// Parts of the harness (accessors of the model, row and call facts) exist for the
+// known-discrepancy predicates, which come and go as fixes land.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
