@@ -213,22 +213,6 @@ fn gcra_backlog_past_u64(ctx: &Ctx<'_>) -> bool {
         .any(|p| ctx.model.gcra_backlog_past_u64(key, p, ctx.now))
 }
 
-/// NEW-11: Redis sends a settlement whose actual cost equals its reservation as an
-/// overcharge of 0, which writes the state: the sliding window log records an entry of
-/// cost 0 (its `reset_after` then counts from it), a token bucket is re-based at now (so a
-/// later change of its rate no longer applies to the time before). The memory store skips
-/// such a policy. (The limiter never settles an unchanged cost; a direct `Store::settle`
-/// does.)
-fn unchanged_settlement(ctx: &Ctx<'_>) -> bool {
-    let Call::Settle {
-        reserved, actual, ..
-    } = ctx.call
-    else {
-        return false;
-    };
-    reserved.iter().zip(actual).any(|(r, a)| r == a)
-}
-
 /// DOC-1: a store forgets a state when it stops mattering under the limits it was written
 /// with, and a log's entries when they leave the window in force when it reads them; a
 /// reload that lengthens a sliding window log's window (or lowers a token bucket's limit)
@@ -342,14 +326,6 @@ static KNOWN: &[Known] = &[
         about: "gcra: the backlog of a state read under a higher limit overflows",
         rows: all_rows,
         skip: Some(gcra_backlog_past_u64),
-        tolerate: None,
-        unchecked: None,
-    },
-    Known {
-        id: "NEW-11",
-        about: "redis: an unchanged settlement writes the state (a log entry of cost 0)",
-        rows: redis_rows,
-        skip: Some(unchanged_settlement),
         tolerate: None,
         unchecked: None,
     },

@@ -430,12 +430,15 @@ impl<C: Connector> Core<C> {
         reserved: &[u64],
         actual: &[u64],
     ) -> BoxFuture<Result<(), StoreError>> {
-        let deltas: SmallVec<[u64; 2]> = reserved
+        // A policy settled at what it reserved changes nothing (as in the memory store): it
+        // is not sent, so the script neither writes its state nor logs an entry of 0.
+        let (policies, deltas): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) = policies
             .iter()
-            .zip(actual)
-            .map(|(&r, &a)| wire::settle_delta(r, a))
-            .collect();
-        let call = self.decide(key, policies, &deltas, Mode::Settle);
+            .zip(reserved.iter().zip(actual))
+            .filter(|(_, (r, a))| r != a)
+            .map(|(p, (&r, &a))| (p.clone(), wire::settle_delta(r, a)))
+            .unzip();
+        let call = self.decide(key, &policies, &deltas, Mode::Settle);
         Box::pin(async move { call.await.map(drop) })
     }
 
