@@ -176,16 +176,16 @@ impl Decision {
 
     /// The name the store gave the in-flight slot this request took (0 when it took none,
     /// or when the store counts slots without naming them).
-    /// [`Store::release`](crate::store::Store::release) takes it back: a store releases a
+    /// [`Op::Release`](crate::store::Op::Release) takes it back: a store releases a
     /// named slot only while the state it was taken from lives, so a slot taken before a
-    /// [`reset`](crate::store::Store::reset) and released after it frees nothing.
+    /// [`reset`](crate::store::Op::Reset) and released after it frees nothing.
     pub fn slot(&self) -> u64 {
         self.slot
     }
 
     /// The same decision, holding the in-flight slot named `slot` in a shared store, where
     /// the slot expires unless its holder refreshes it (see
-    /// [`Store::refresh`](crate::store::Store::refresh)).
+    /// [`Op::Refresh`](crate::store::Op::Refresh)).
     pub fn with_slot(mut self, slot: u64) -> Self {
         self.slot = slot;
         self.slot_expires = true;

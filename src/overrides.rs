@@ -14,7 +14,7 @@
 //!
 //! * the window algorithms count units: what the key used stays counted, and what is
 //!   counted beyond a lower limit is a debt paid at that limit per window (as a settlement's
-//!   debt is, see [`Store::settle`](crate::store::Store::settle));
+//!   debt is, see [`Op::Settle`](crate::store::Op::Settle));
 //! * a token bucket refills at the new rate from the moment the override is set or removed,
 //!   the time before refilled at the rate in force then (see
 //!   [`token_bucket`](crate::algorithm::token_bucket)); GCRA keeps its debt as time;

@@ -151,7 +151,7 @@ impl Route {
     /// exported): the [`Meter`]'s estimate is charged when the request arrives, together with
     /// the route's other policies and all or nothing, and the actual cost is settled when the
     /// response is known — the difference refunded, or the extra charged (see
-    /// [`Store::settle`](crate::store::Store::settle) for the bound on what an extra charge
+    /// [`Op::Settle`](crate::store::Op::Settle) for the bound on what an extra charge
     /// can do). The other policies keep their own cost. See [`Meter`] for an example.
     pub fn metered(mut self, policy: Policy, meter: Meter) -> Self {
         self.meters.push((policy.name().to_owned(), meter));

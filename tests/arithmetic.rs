@@ -9,6 +9,7 @@
 mod support;
 
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;

@@ -34,6 +34,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::routing::get;
 use axum::Router;

@@ -201,40 +201,13 @@ impl Store for FailsAfterFirst {
         }
     }
 
-    fn peek(
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> tollgate::store::BoxFuture<Result<tollgate::Decision, tollgate::StoreError>> {
-        self.inner.peek(key, policies, costs)
-    }
-
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
-        self.inner.refund(key, policies, costs)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
-        self.inner.settle(key, policies, reserved, actual)
-    }
-
-    fn reset(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> tollgate::store::BoxFuture<Result<(), tollgate::StoreError>> {
-        self.inner.reset(key, policies)
+        op: tollgate::store::Op,
+    ) -> tollgate::store::BoxFuture<Result<tollgate::store::Applied, tollgate::StoreError>> {
+        self.inner.apply(key, policies, op)
     }
 
     fn now_millis(&self) -> u64 {

@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::body::Body;
 use axum::routing::get;

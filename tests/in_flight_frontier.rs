@@ -7,6 +7,7 @@ mod support;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use tollgate::store::StoreExt;
 
 use axum::routing::get;
 use axum::Router;

@@ -6,6 +6,7 @@
 mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tollgate::store::StoreExt;
 
 use axum::routing::get;
 use axum::Router;

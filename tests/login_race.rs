@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::routing::post;
 use axum::{Json, Router};

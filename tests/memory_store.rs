@@ -3,6 +3,7 @@
 mod support;
 
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use support::scenarios::ALGORITHMS;
 use tollgate::clock::ManualClock;

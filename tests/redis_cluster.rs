@@ -7,6 +7,7 @@ use support::scenarios::{self, Step};
 use support::RedisCluster;
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
+use tollgate::store::StoreExt;
 use tollgate::store::{RedisClusterStore, Store};
 
 /// One key per entry of `nodes`, each owned by that node.

@@ -3,6 +3,7 @@
 mod support;
 
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use proptest::test_runner::{Config, TestRunner};
 use support::scenarios::{self, Step, ALGORITHMS};

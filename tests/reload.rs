@@ -6,13 +6,14 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate::store::StoreExt;
 
 use axum::routing::get;
 use axum::Router;
 use tollgate::clock::ManualClock;
 use tollgate::config::{Plan, PlanWatcher};
 use tollgate::key::{Global, Key};
-use tollgate::store::{MemoryStore, Store};
+use tollgate::store::MemoryStore;
 use tollgate::{HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
 
 fn plan(store: &MemoryStore, varying: u64) -> Limiter<MemoryStore> {

@@ -6,6 +6,7 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate::store::StoreExt;
 
 use axum::routing::get;
 use axum::Router;

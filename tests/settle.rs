@@ -4,6 +4,7 @@
 mod support;
 
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::body::Body;
 use axum::response::IntoResponse;

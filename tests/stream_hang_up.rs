@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use axum::body::Body;
 use axum::routing::post;

@@ -165,7 +165,7 @@ impl LimitAlgorithm for FixedWindow {
     /// `j·N` plus the overshoot (actual cost less reservation) of its last request; over any
     /// `j·W` ms, `(j + 1)·N` plus it (the boundary burst). Requests reserved together add
     /// their overshoots, which the following windows then pay back. See
-    /// [`Store::settle`](crate::store::Store::settle).
+    /// [`Op::Settle`](crate::store::Op::Settle).
     fn overcharge(state: &mut FixedWindowState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
         let count = count_at(state, idx, limits.limit());

@@ -208,7 +208,7 @@ impl LimitAlgorithm for Gcra {
     /// is served, over any span of `L` ms, at most `B + N·L/W` (`B` the burst) plus the
     /// overshoot (actual cost less reservation) of its last request; requests reserved
     /// together add their overshoots, which the meter then takes that much longer to drain.
-    /// See [`Store::settle`](crate::store::Store::settle).
+    /// See [`Op::Settle`](crate::store::Op::Settle).
     fn overcharge(state: &mut GcraState, now: u64, limits: &Limits, extra: u64) {
         let n = limits.limit();
         let w = limits.window_millis();

@@ -19,14 +19,14 @@
 //! the lease plays no part.
 //!
 //! A release of a slot never held, or held by a state that has since been forgotten (a
-//! [`reset`](crate::store::Store::reset)), changes nothing: the count never goes below zero,
+//! [`reset`](crate::store::Op::Reset)), changes nothing: the count never goes below zero,
 //! and a slot is named by the request that took it, so a store gives it back only to the
 //! state it was taken from. The Redis stores keep the names themselves (a sorted set); the
 //! memory store keeps the count and the name of the request that started the state
 //! ([`InFlightState::since`]): a slot named before that belongs to a forgotten state.
 //!
-//! A [refund](crate::store::Store::refund) is about rate units and never touches slots; only
-//! [`Store::release`](crate::store::Store::release) gives a slot back.
+//! A [refund](crate::store::Op::Refund) is about rate units and never touches slots; only
+//! [`Op::Release`](crate::store::Op::Release) gives a slot back.
 
 use super::LimitAlgorithm;
 use super::PolicyDecision;

@@ -315,7 +315,7 @@ impl LimitAlgorithm for SlidingWindowCounter {
     /// (actual cost less reservation) of its last request; over any `j·W` ms, `(j + 1)·N`
     /// plus it (the accuracy bound above). Requests reserved together add their overshoots,
     /// which the following windows then pay back. See
-    /// [`Store::settle`](crate::store::Store::settle).
+    /// [`Op::Settle`](crate::store::Op::Settle).
     fn overcharge(state: &mut SlidingWindowCounterState, now: u64, limits: &Limits, extra: u64) {
         let idx = now / limits.window_millis();
         let (previous, current) = counts(state, idx, limits.limit());

@@ -177,7 +177,7 @@ impl LimitAlgorithm for SlidingWindowLog {
     /// requests are settled one after another is served, over any `j·W` ms, at most `j·N`
     /// plus the overshoot (actual cost less reservation) of its last request; requests
     /// reserved together add their overshoots, which the following windows then pay back.
-    /// See [`Store::settle`](crate::store::Store::settle).
+    /// See [`Op::Settle`](crate::store::Op::Settle).
     fn overcharge(state: &mut SlidingWindowLogState, now: u64, limits: &Limits, extra: u64) {
         let w = limits.window_millis();
         let Some((ahead, extra)) = debt_entry(used(state, now, w), extra, limits) else {

@@ -159,7 +159,7 @@ impl LimitAlgorithm for TokenBucket {
     /// is served, over any span of `L` ms, at most `C + N·L/W` plus the overshoot (actual cost
     /// less reservation) of its last request; requests reserved together add their
     /// overshoots, which the refill then takes that much longer to pay back. See
-    /// [`Store::settle`](crate::store::Store::settle).
+    /// [`Op::Settle`](crate::store::Op::Settle).
     fn overcharge(state: &mut TokenBucketState, now: u64, limits: &Limits, extra: u64) {
         let w = limits.window_millis();
         let deficit = deficit_at(state, now, limits.limit());

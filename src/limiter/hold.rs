@@ -19,7 +19,7 @@ use crate::decision::{DecidedBy, Decision};
 use crate::error::{CheckError, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::{BoxFuture, MemoryStore, Store};
+use crate::store::{BoxFuture, MemoryStore, Store, StoreExt};
 
 /// The in-flight slots one admitted request holds, given back when this is dropped. Derefs to
 /// the request's [`Decision`]. Made by [`Limiter::acquire`] (and kept by the layer in the
@@ -208,13 +208,8 @@ impl<S: Store> Limiter<S> {
         let task = runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match limiter.store().refresh(&key, &policies, slot) {
-                    Some(call) => {
-                        if let Err(error) = call.await {
-                            report("refresh", &error);
-                        }
-                    }
-                    None => break,
+                if let Err(error) = limiter.store().refresh(&key, &policies, slot).await {
+                    report("refresh", &error);
                 }
             }
         });
@@ -259,7 +254,7 @@ impl<S: Store> Limiter<S> {
     /// At least one unit is reserved, whatever the estimate: a reservation is admitted only
     /// with room for it, so a spent budget refuses an estimate of 0 as it refuses any other
     /// (its settlement would otherwise be charged to a key with nothing left), and settling
-    /// at 0 gives the unit back. See [`Store::settle`] for the bound on what settlements
+    /// at 0 gives the unit back. See [`Op::Settle`](crate::store::Op::Settle) for the bound on what settlements
     /// above their estimates can serve.
     ///
     /// ```
@@ -408,7 +403,7 @@ impl<S: Store> Reservation<S> {
     }
 
     /// Settles at `actual` units: the difference from the estimate is refunded, or the extra
-    /// charged whether or not it fits (see [`Store::settle`] for the bound). A refused
+    /// charged whether or not it fits (see [`Op::Settle`](crate::store::Op::Settle) for the bound). A refused
     /// reservation charged nothing, so settling it does nothing. In-flight slots are given
     /// back afterwards.
     ///

@@ -9,7 +9,7 @@ use crate::algorithm::PolicyDecision;
 use crate::error::CheckError;
 use crate::key::{Key, RequestView};
 use crate::policy::{Algorithm, Policy};
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 
 /// A key's state under the policies of a request's route ([`Limiter::inspect`]); nothing was
 /// charged to get it.

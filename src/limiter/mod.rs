@@ -42,7 +42,7 @@ use crate::key::{Key, KeyExtractor, RequestView};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
 use crate::route::{Cost, Meter, Route, TierFn};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, StoreExt};
 
 use access::AccessList;
 #[cfg(feature = "config")]
@@ -589,7 +589,7 @@ impl<S: Store> Limiter<S> {
     /// allow-listed key, an exempt default route, or a cost above a policy's capacity was
     /// never charged, so nothing is refunded. Penalties are not refunded (they start on
     /// denials, which charge nothing). Each algorithm's bound is stated with its `refund` in
-    /// [`crate::algorithm`]; see also [`Store::refund`].
+    /// [`crate::algorithm`]; see also [`Op::Refund`](crate::store::Op::Refund).
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

@@ -6,7 +6,7 @@ use crate::error::{CheckError, ConfigError};
 use crate::key::Key;
 use crate::overrides::{ActiveOverride, Override};
 use crate::policy::Policy;
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 
 /// The longest expiry an override may have, in ms.
 const MAX_OVERRIDE_TTL_MS: u64 = (1 << 53) - 1;

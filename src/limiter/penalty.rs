@@ -12,7 +12,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 
 impl<S: Store> Limiter<S> {
     /// Checks `key` against policy set `set_id`: refused while a block runs; a penalised

@@ -15,6 +15,8 @@
 
 pub mod leased;
 pub mod memory;
+mod op;
+mod override_store;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod resilient;
@@ -26,13 +28,14 @@ pub use self::redis::RedisClusterStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryCheck, MemoryStore, MemoryStoreBuilder};
+pub use op::{Applied, Costs, Op};
+pub(crate) use override_store::no_overrides;
+pub use override_store::OverrideStore;
 pub use resilient::{FailureMode, ResilientStore, ResilientStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-
-use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -45,14 +48,22 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// A backend that keeps limiter state and decides atomically.
 ///
+/// A small core: the hot path's charge ([`check`](Store::check), and
+/// [`check_now`](Store::check_now) for stores that answer without waiting), one method that
+/// applies any [`Op`] to a key's policies ([`apply`](Store::apply)), and per-key overrides
+/// behind a trait of their own ([`override_store`](Store::override_store)). A wrapper
+/// forwards these; the named operations users call (`peek`, `refund`, `settle`, `reset`, …)
+/// are [`StoreExt`]'s, built on `apply`.
+///
 /// Implementations must give the same answers as the pure functions in
-/// [`crate::algorithm`] for the same sequence of calls and times.
+/// [`crate::algorithm`] for the same sequence of operations and times.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// The future of [`check`](Store::check).
     type CheckFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
 
     /// Decides a request of `costs[i]` units against `policies[i]` for every `i` (the slices
-    /// have equal length), charging all of them only if every one allows.
+    /// have equal length), charging all of them only if every one allows: [`Op::Check`] on
+    /// the hot path, with a future of its own type.
     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture;
 
     /// The answer of [`check`](Store::check), when this store can give it without waiting;
@@ -85,169 +96,39 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// What [`check`](Store::check) would answer now, charging nothing.
-    fn peek(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>>;
-
-    /// Gives back up to `costs[i]` units just charged to `policies[i]` for every `i` (the
-    /// slices have equal length): for a request that turned out not to count after
-    /// [`check`](Store::check) charged it (a login that succeeded), or whose cost is settled
-    /// after the response.
+    /// Applies `op` to `key`'s state under `policies`, in one atomic step; see [`Op`] for
+    /// what each operation does, and [`StoreExt`] for each by name.
     ///
-    /// Each policy's state gets the refund its algorithm defines (see
-    /// [`crate::algorithm`]): the units come off what is still counted, never more than
-    /// `costs[i]` and never below a fresh state, so a refund cannot hand out more than a
-    /// fresh client would get. A refund for a key with no state changes nothing. A refund
-    /// made long after its charge (past a window boundary, or after the state refilled) may
-    /// give back less, or units of other requests; each algorithm states its bound. Call it
-    /// at most once per charge: a second refund gives back units other requests were charged.
+    /// An operation whose costs do not number one per policy is answered with
+    /// [`StoreError::Protocol`], touching nothing.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// use tollgate::key::Key;
-    /// use tollgate::store::{MemoryStore, Store};
+    /// use tollgate::store::{MemoryStore, Op, Store};
     /// use tollgate::{Policy, Rate};
     ///
     /// let store = MemoryStore::new();
-    /// let policy = [Policy::new("api", Rate::per_minute(1))?];
+    /// let api = [Policy::new("api", Rate::per_minute(1))?];
     /// let key = Key::new("user", "client-1");
-    /// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
-    /// assert!(!store.peek(&key, &policy, &[1]).await?.is_allowed());
-    /// store.refund(&key, &policy, &[1]).await?;
-    /// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
+    /// assert!(store.check(&key, &api, &[1]).await?.is_allowed());
+    /// store.apply(&key, &api, Op::refund([1])).await?;
+    /// let seen = store.apply(&key, &api, Op::peek([1])).await?.into_decision();
+    /// assert!(seen.expect("a peek decides").is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    fn refund(
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>>;
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>>;
 
-    /// Settles costs known only after the response: `reserved[i]` units were charged to
-    /// `policies[i]` by [`check`](Store::check), and the request turned out to cost
-    /// `actual[i]`. The difference is refunded when the actual cost is lower (as
-    /// [`refund`](Store::refund) does) or charged when it is higher, whether or not it fits,
-    /// all in one atomic step. Any `u64` is taken, saturating: a difference is never wrapped
-    /// or rounded into a refund, and every store answers alike.
-    ///
-    /// **An extra charge is never forgiven.** It is charged in full, even far past the
-    /// limit: the excess is a debt the key pays back at its policy's rate (`N` units per
-    /// window) before it is admitted again (each algorithm's
-    /// [`overcharge`](crate::algorithm::LimitAlgorithm::overcharge) says how it keeps it). A
-    /// debt saturates at ⌊2^52 / W⌋ units, W the window in ms
-    /// ([`MAX_USAGE_WINDOW_PRODUCT`](crate::algorithm::MAX_USAGE_WINDOW_PRODUCT)): a
-    /// settlement of `u64::MAX` keeps the key refused for about 2^52 / N ms, until it is
-    /// [`reset`](Store::reset).
-    ///
-    /// **The bound.** A reservation is admitted only with room for it (a
-    /// [`Limiter`](crate::Limiter) reserves at least one unit, so a spent budget refuses an
-    /// estimate of 0 too). So for a key whose requests are each settled before the next is
-    /// reserved, the units served — the actual costs of its admitted requests — over a span
-    /// are at most, with `N` the limit per window of `W` ms, `C` the capacity and `o` the
-    /// overshoot (actual cost less reservation) of the last request admitted in the span:
-    ///
-    /// | algorithm | over `j` whole windows (aligned to the epoch) | over any `j·W` ms |
-    /// |---|---|---|
-    /// | fixed window | `j·N + o` | `(j + 1)·N + o` |
-    /// | sliding window counter | `j·N + o` | `(j + 1)·N + o` |
-    /// | sliding window log | `j·N + o` | `j·N + o` |
-    /// | token bucket, GCRA | `C + j·N + o` | `C + j·N + o` (any `L` ms: `C + N·L/W + o`) |
-    ///
-    /// Requests reserved together (concurrent ones) are each admitted against the others'
-    /// reservations only, so a span can serve the overshoots of all of them; the debt they
-    /// leave is then paid back over the following windows, so over the long run a key is
-    /// served at most `N` per window whatever it sends.
-    ///
-    /// ```
-    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use tollgate::key::Key;
-    /// use tollgate::store::{MemoryStore, Store};
-    /// use tollgate::{Policy, Rate};
-    ///
-    /// let store = MemoryStore::new();
-    /// let tokens = [Policy::new("tokens", Rate::per_minute(1000))?];
-    /// let key = Key::new("user", "client-1");
-    /// assert_eq!(store.check(&key, &tokens, &[500]).await?.remaining(), 500);
-    /// store.settle(&key, &tokens, &[500], &[120]).await?; // 380 units back
-    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 880);
-    /// store.settle(&key, &tokens, &[0], &[5000]).await?;  // charged in full: a debt
-    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 0);
-    /// assert!(!store.peek(&key, &tokens, &[1]).await?.is_allowed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>>;
-
-    /// Gives back the slot a request held under each of `policies` (all
-    /// [in-flight](crate::Algorithm::InFlight)); `slot` is the request's
-    /// [`Decision::slot`]. The default gives back one unit of each, which is exact for stores
-    /// that count slots rather than name them.
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let _ = slot;
-        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
-        self.refund(key, policies, &ones)
-    }
-
-    /// Extends the lease of a held slot (see [`release`](Store::release)), for stores whose
-    /// slots expire unless refreshed (Redis); `None`, the default, when slots never expire.
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let _ = (key, policies, slot);
+    /// Where this store keeps per-key [overrides](crate::overrides); `None`, the default,
+    /// for a store that keeps none.
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
         None
-    }
-
-    /// Forgets the key's state for these policies: its next request starts afresh.
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
-
-    /// Decides `key`'s requests under `policy` (by name and algorithm) with `policy`'s
-    /// limit and capacity from now on — a per-key [override](crate::overrides) — until
-    /// `ttl` ends (`None`: until removed). The default, for stores that keep no overrides,
-    /// fails.
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let _ = (key, policy, ttl);
-        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
-    }
-
-    /// Removes `key`'s override of `policy`, if any: the plan's limit applies again.
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        let _ = (key, policy);
-        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
-    }
-
-    /// `key`'s overrides in force among `policies`.
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        let _ = (key, policies);
-        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
     }
 
     /// The store's time in milliseconds since the Unix epoch, used to render absolute reset
@@ -272,11 +153,159 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// The error of a store that keeps no overrides.
-fn no_overrides(store: &str) -> StoreError {
-    StoreError::Backend(crate::error::Cause::from(format!(
-        "the {store} store keeps no per-key overrides"
-    )))
+/// The operations of a [`Store`] by name, each one [`Op`] given to
+/// [`apply`](Store::apply) — as tower's `ServiceExt` is to `Service`. Every store has them.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use tollgate::key::Key;
+/// use tollgate::store::{MemoryStore, Store, StoreExt};
+/// use tollgate::{Policy, Rate};
+///
+/// let store = MemoryStore::new();
+/// let policy = [Policy::new("api", Rate::per_minute(1))?];
+/// let key = Key::new("user", "client-1");
+/// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
+/// assert!(!store.peek(&key, &policy, &[1]).await?.is_allowed());
+/// store.refund(&key, &policy, &[1]).await?;
+/// assert!(store.check(&key, &policy, &[1]).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub trait StoreExt: Store {
+    /// What [`check`](Store::check) would answer now, charging nothing ([`Op::Peek`]).
+    fn peek(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        let call = self.apply(key, policies, Op::peek(costs));
+        Box::pin(async move {
+            call.await?.into_decision().ok_or_else(|| {
+                StoreError::Protocol(crate::error::Cause::from("a peek answered no decision"))
+            })
+        })
+    }
+
+    /// Gives back up to `costs[i]` units just charged to `policies[i]` ([`Op::Refund`]).
+    fn refund(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        done(self.apply(key, policies, Op::refund(costs)))
+    }
+
+    /// Settles costs known only after the response ([`Op::Settle`], which states the bound
+    /// on what a key is served).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::key::Key;
+    /// use tollgate::store::{MemoryStore, Store, StoreExt};
+    /// use tollgate::{Policy, Rate};
+    ///
+    /// let store = MemoryStore::new();
+    /// let tokens = [Policy::new("tokens", Rate::per_minute(1000))?];
+    /// let key = Key::new("user", "client-1");
+    /// assert_eq!(store.check(&key, &tokens, &[500]).await?.remaining(), 500);
+    /// store.settle(&key, &tokens, &[500], &[120]).await?; // 380 units back
+    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 880);
+    /// store.settle(&key, &tokens, &[0], &[5000]).await?;  // charged in full: a debt
+    /// assert_eq!(store.peek(&key, &tokens, &[0]).await?.remaining(), 0);
+    /// assert!(!store.peek(&key, &tokens, &[1]).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    fn settle(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> BoxFuture<Result<(), StoreError>> {
+        done(self.apply(key, policies, Op::settle(reserved, actual)))
+    }
+
+    /// Gives back the slot `slot` a request held under each of `policies` ([`Op::Release`]).
+    fn release(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        done(self.apply(key, policies, Op::Release { slot }))
+    }
+
+    /// Extends the lease of a held slot ([`Op::Refresh`]).
+    fn refresh(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        done(self.apply(key, policies, Op::Refresh { slot }))
+    }
+
+    /// Forgets the key's state for these policies ([`Op::Reset`]).
+    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+        done(self.apply(key, policies, Op::Reset))
+    }
+
+    /// Sets a per-key override ([`OverrideStore::set`]); fails on a store that keeps none.
+    fn set_override(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<std::time::Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        match self.override_store() {
+            Some(o) => o.set(key, policy, ttl),
+            None => Box::pin(std::future::ready(Err(no_overrides(self.name())))),
+        }
+    }
+
+    /// Removes a per-key override ([`OverrideStore::remove`]); fails on a store that keeps
+    /// none.
+    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        match self.override_store() {
+            Some(o) => o.remove(key, policy),
+            None => Box::pin(std::future::ready(Err(no_overrides(self.name())))),
+        }
+    }
+
+    /// `key`'s overrides in force among `policies` ([`OverrideStore::list`]); fails on a
+    /// store that keeps none.
+    fn overrides(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        match self.override_store() {
+            Some(o) => o.list(key, policies),
+            None => Box::pin(std::future::ready(Err(no_overrides(self.name())))),
+        }
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+/// An operation's answer, its decision (if any) dropped.
+fn done(call: BoxFuture<Result<Applied, StoreError>>) -> BoxFuture<Result<(), StoreError>> {
+    Box::pin(async move { call.await.map(drop) })
+}
+
+/// [`Store::check`] as an [`Op::Check`]'s answer: how a store's `apply` charges.
+pub(crate) fn check_applied<S: Store + ?Sized>(
+    store: &S,
+    key: &Key,
+    policies: &[Policy],
+    costs: &[u64],
+) -> BoxFuture<Result<Applied, StoreError>> {
+    let call = store.check(key, policies, costs);
+    Box::pin(async move { call.await.map(Applied::Decision) })
 }
 
 /// Any store behind one type, for limiters whose store is chosen at run time (a config file).
@@ -313,54 +342,13 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         costs: &[u64],
     ) -> Option<Result<Decision, StoreError>>;
-    fn peek_boxed(
+    fn apply_erased(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>>;
-    fn refund_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>>;
-    fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>>;
-    fn settle_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>>;
-    fn release_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>>;
-    fn refresh_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>>;
-    fn set_override_boxed(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>>;
-    fn remove_override_boxed(
-        &self,
-        key: &Key,
-        policy: &Policy,
-    ) -> BoxFuture<Result<(), StoreError>>;
-    fn overrides_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>>;
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>>;
+    fn override_store_erased(&self) -> Option<&dyn OverrideStore>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
     fn store_generation(&self) -> u64;
@@ -383,71 +371,16 @@ impl<S: Store> ErasedStore for S {
     ) -> Option<Result<Decision, StoreError>> {
         self.check_now(key, policies, costs)
     }
-    fn peek_boxed(
+    fn apply_erased(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.peek(key, policies, costs)
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        self.apply(key, policies, op)
     }
-    fn refund_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.refund(key, policies, costs)
-    }
-    fn reset_boxed(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        self.reset(key, policies)
-    }
-    fn settle_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.settle(key, policies, reserved, actual)
-    }
-    fn release_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.release(key, policies, slot)
-    }
-    fn refresh_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        self.refresh(key, policies, slot)
-    }
-    fn set_override_boxed(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.set_override(key, policy, ttl)
-    }
-    fn remove_override_boxed(
-        &self,
-        key: &Key,
-        policy: &Policy,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.remove_override(key, policy)
-    }
-    fn overrides_boxed(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        self.overrides(key, policies)
+    fn override_store_erased(&self) -> Option<&dyn OverrideStore> {
+        self.override_store()
     }
     fn now(&self) -> u64 {
         self.now_millis()
@@ -485,75 +418,17 @@ impl Store for DynStore {
         self.inner.check_now_erased(key, policies, costs)
     }
 
-    fn peek(
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.inner.peek_boxed(key, policies, costs)
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        self.inner.apply_erased(key, policies, op)
     }
 
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.refund_boxed(key, policies, costs)
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.reset_boxed(key, policies)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.settle_boxed(key, policies, reserved, actual)
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.release_boxed(key, policies, slot)
-    }
-
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        self.inner.refresh_boxed(key, policies, slot)
-    }
-
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<std::time::Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.set_override_boxed(key, policy, ttl)
-    }
-
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        self.inner.remove_override_boxed(key, policy)
-    }
-
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        self.inner.overrides_boxed(key, policies)
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        self.inner.override_store_erased()
     }
 
     fn now_millis(&self) -> u64 {

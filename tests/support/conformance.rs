@@ -42,6 +42,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tollgate::store::StoreExt;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -1594,10 +1595,7 @@ impl<S: Store> Harness<'_, S> {
             }
             Call::Refresh { permit } => {
                 let p = &self.permits[*permit];
-                match s.refresh(k(&p.key), &p.policies, p.slot) {
-                    Some(f) => Pending::Unit(f),
-                    None => Pending::Nothing,
-                }
+                Pending::Unit(s.refresh(k(&p.key), &p.policies, p.slot))
             }
             Call::SetOverride {
                 key,

@@ -19,7 +19,7 @@ use tollgate::error::StoreError;
 use tollgate::key::Key;
 use tollgate::overrides::ActiveOverride;
 use tollgate::store::leased::{LeaseBackend, LedgerCall, LedgerReply};
-use tollgate::store::{BoxFuture, Store};
+use tollgate::store::{Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
 use tollgate::{Decision, Policy};
 
 /// Which stops each call makes.
@@ -152,87 +152,24 @@ impl<S: Store> Store for Gated<S> {
         self.wrap("check", move |s| Box::pin(s.check(&key, &policies, &costs)))
     }
 
-    fn peek(
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if matches!(op, Op::Refresh { .. }) {
+            // Refreshes run in the background while a slot is held: never stopped.
+            return self.inner.apply(key, policies, op);
+        }
         let (key, policies) = owned(key, policies);
-        let costs = costs.to_vec();
-        self.wrap("peek", move |s| s.peek(&key, &policies, &costs))
+        self.wrap(op.name(), move |s| s.apply(&key, &policies, op))
     }
 
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policies) = owned(key, policies);
-        let costs = costs.to_vec();
-        self.wrap("refund", move |s| s.refund(&key, &policies, &costs))
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policies) = owned(key, policies);
-        let (reserved, actual) = (reserved.to_vec(), actual.to_vec());
-        self.wrap("settle", move |s| {
-            s.settle(&key, &policies, &reserved, &actual)
-        })
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policies) = owned(key, policies);
-        self.wrap("release", move |s| s.release(&key, &policies, slot))
-    }
-
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        self.inner.refresh(key, policies, slot)
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policies) = owned(key, policies);
-        self.wrap("reset", move |s| s.reset(&key, &policies))
-    }
-
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policy) = (key.clone(), policy.clone());
-        self.wrap("set_override", move |s| s.set_override(&key, &policy, ttl))
-    }
-
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        let (key, policy) = (key.clone(), policy.clone());
-        self.wrap("remove_override", move |s| s.remove_override(&key, &policy))
-    }
-
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        self.inner.overrides(key, policies)
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        self.inner
+            .override_store()
+            .map(|_| self as &dyn OverrideStore)
     }
 
     fn now_millis(&self) -> u64 {
@@ -245,6 +182,31 @@ impl<S: Store> Store for Gated<S> {
 
     fn generation(&self) -> u64 {
         self.inner.generation()
+    }
+}
+
+impl<S: Store> OverrideStore for Gated<S> {
+    fn set(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let (key, policy) = (key.clone(), policy.clone());
+        self.wrap("set_override", move |s| s.set_override(&key, &policy, ttl))
+    }
+
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        let (key, policy) = (key.clone(), policy.clone());
+        self.wrap("remove_override", move |s| s.remove_override(&key, &policy))
+    }
+
+    fn list(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
+        self.inner.overrides(key, policies)
     }
 }
 

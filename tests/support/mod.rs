@@ -14,6 +14,8 @@
 
 #![allow(dead_code, unused_imports)]
 
+use tollgate::store::StoreExt;
+
 pub mod cancel;
 pub mod gated;
 pub mod http;

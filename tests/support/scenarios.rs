@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate::store::StoreExt;
 
 use proptest::prelude::*;
 use tollgate::clock::ManualClock;

@@ -59,7 +59,7 @@
 //! debt owes. A block granted *before* the debt was charged ahead of it: when a settlement
 //! leaves a debt standing, the settling instance gives its block back in the same breath
 //! (its next request asks the ledger, which refuses until the debt is paid). The bound of
-//! [`Store::settle`](crate::store::Store::settle) then holds with one reading: a block's units
+//! [`Op::Settle`](crate::store::Op::Settle) then holds with one reading: a block's units
 //! are reserved together when it is granted, as concurrent requests are in the exact mode.
 //! So a key whose requests are settled one after another is served, over `j` whole windows
 //! (fixed window, counter), over any `j·W` ms (log) or over any `L` ms (token bucket and GCRA:
@@ -789,7 +789,7 @@ impl<S: LeaseBackend> Shared<S> {
     }
 
     /// Gives back the block this instance holds for `key`'s `policies`, if any, and waits
-    /// for the answer (a debt stands on the key: see [`settle`](crate::store::Store::settle)).
+    /// for the answer (a debt stands on the key: see [`settle`](crate::store::Op::Settle)).
     async fn return_block(self: &Arc<Self>, key: &Key, policies: &[Policy]) {
         let Some(entry) = self.existing(key, policies) else {
             return;

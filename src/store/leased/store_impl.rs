@@ -14,7 +14,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
-use crate::store::{BoxFuture, Store};
+use crate::store::op::refused_misfit;
+use crate::store::{check_applied, Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
 
 /// Splits a request's policies into leasable and exact ones.
 pub(super) fn split(policies: &[Policy]) -> (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) {
@@ -111,12 +112,52 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         self.shared.local(&entry, costs, now, true).map(Ok)
     }
 
-    fn peek(
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
+        match op {
+            Op::Check { costs } => check_applied(self, key, policies, &costs),
+            Op::Peek { costs } => self.peek_op(key, policies, &costs),
+            Op::Refund { costs } => self.refund_op(key, policies, &costs),
+            Op::Settle { reserved, actual } => self.settle_op(key, policies, &reserved, &actual),
+            Op::Release { slot } => self.release_op(key, policies, slot),
+            Op::Refresh { slot } => self.refresh_op(key, policies, slot),
+            Op::Reset => self.reset_op(key, policies),
+        }
+    }
+
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        Some(self)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.shared.inner.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "leased"
+    }
+
+    fn generation(&self) -> u64 {
+        self.shared.inner.generation()
+    }
+}
+
+/// The operations other than a check: leasable policies through the ledger and the blocks
+/// in hand, the rest in the wrapped store.
+impl<S: LeaseBackend> LeasedStore<S> {
+    fn peek_op(
         &self,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -148,16 +189,16 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
             } else {
                 shared.inner.peek(&key, &ep, &ec).await?
             };
-            Ok(merge(n, &li, &dl, &ei, &de))
+            Ok(Applied::Decision(merge(n, &li, &dl, &ei, &de)))
         })
     }
 
-    fn refund(
+    fn refund_op(
         &self,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -181,17 +222,17 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
             if !ep.is_empty() {
                 shared.inner.refund(&key, &ep, &ec).await?;
             }
-            Ok(())
+            Ok(Applied::Done)
         })
     }
 
-    fn settle(
+    fn settle_op(
         &self,
         key: &Key,
         policies: &[Policy],
         reserved: &[u64],
         actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -229,31 +270,35 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
             if !ep.is_empty() {
                 shared.inner.settle(&key, &ep, &er, &ea).await?;
             }
-            Ok(())
+            Ok(Applied::Done)
         })
     }
 
-    fn release(
+    fn release_op(
         &self,
         key: &Key,
         policies: &[Policy],
         slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         let (_, ei) = split(policies);
-        self.shared.inner.release(key, &pick(policies, &ei), slot)
+        self.shared
+            .inner
+            .apply(key, &pick(policies, &ei), Op::Release { slot })
     }
 
-    fn refresh(
+    fn refresh_op(
         &self,
         key: &Key,
         policies: &[Policy],
         slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         let (_, ei) = split(policies);
-        self.shared.inner.refresh(key, &pick(policies, &ei), slot)
+        self.shared
+            .inner
+            .apply(key, &pick(policies, &ei), Op::Refresh { slot })
     }
 
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
+    fn reset_op(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<Applied, StoreError>> {
         let (li, _) = split(policies);
         let lp = pick(policies, &li);
         if !lp.is_empty() {
@@ -267,10 +312,12 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
                 let call = shared.call(Mode::Reset, 0, 0, &lp);
                 shared.inner.ledger(&key, &lp, call).await?;
             }
-            shared.inner.reset(&key, &all).await
+            shared.inner.apply(&key, &all, Op::Reset).await
         })
     }
+}
 
+impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
     /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
     /// override key on Redis), and gives back this instance's blocks of the key. For a token
     /// bucket or GCRA, the key's ledger state is first kept at least as long as the
@@ -278,7 +325,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
     /// giving up half way cannot leave an override whose slower rate outlives the state).
     /// Every instance decides under the override within one lease time: see
     /// [Per-key overrides](super#per-key-overrides).
-    fn set_override(
+    fn set(
         &self,
         key: &Key,
         policy: &Policy,
@@ -311,7 +358,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
 
     /// Removes the override from the wrapped store and gives back this instance's blocks of
     /// the key: the plan's limit applies on every instance within one lease time.
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
         let remove = self.shared.inner.remove_override(key, policy);
         if Kind::of(policy).is_none() {
             return remove;
@@ -325,23 +372,11 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         })
     }
 
-    fn overrides(
+    fn list(
         &self,
         key: &Key,
         policies: &[Policy],
     ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
         self.shared.inner.overrides(key, policies)
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.shared.inner.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "leased"
-    }
-
-    fn generation(&self) -> u64 {
-        self.shared.inner.generation()
     }
 }

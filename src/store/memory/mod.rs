@@ -85,7 +85,8 @@ mod overrides;
 mod shard;
 mod slots;
 
-use super::{BoxFuture, Store};
+use super::op::refused_misfit;
+use super::{Applied, BoxFuture, Op, OverrideStore, Store};
 use crate::algorithm::AnyState;
 use crate::clock::{Clock, SystemClock};
 use overrides::Overrides;
@@ -349,7 +350,7 @@ impl MemoryStore {
     }
 
     /// Gives back up to `costs[i]` units to the key's state for `policies[i]`; a key or policy
-    /// with no state is left alone (nothing is inserted). See [`Store::refund`].
+    /// with no state is left alone (nothing is inserted). See [`Op::Refund`](crate::store::Op::Refund).
     fn refund_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
         self.adjust_now(key, policies, costs, false, |state, now, limits, cost| {
             // A refund is about units; a slot comes back only by its release.
@@ -360,7 +361,7 @@ impl MemoryStore {
     }
 
     /// Gives back the slot named `slot` to each in-flight policy's state it was taken from
-    /// (see [`Store::release`]).
+    /// (see [`Op::Release`](crate::store::Op::Release)).
     fn release_now(&self, key: &Key, policies: &[Policy], slot: u64) {
         let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
         self.adjust_now(key, policies, &ones, false, |state, _, _, _| {
@@ -371,7 +372,7 @@ impl MemoryStore {
     }
 
     /// Settles each policy: refunds what was reserved above the actual cost, overcharges
-    /// what the actual cost exceeds it by. See [`Store::settle`].
+    /// what the actual cost exceeds it by. See [`Op::Settle`](crate::store::Op::Settle).
     fn settle_now(&self, key: &Key, policies: &[Policy], reserved: &[u64], actual: &[u64]) {
         let (mut back, mut extra): (SmallVec<[u64; 2]>, SmallVec<[u64; 2]>) =
             (SmallVec::new(), SmallVec::new());
@@ -846,52 +847,53 @@ impl Store for MemoryStore {
         Some(self.inner.decide(key, policies, costs, true))
     }
 
-    fn peek(
+    /// Every operation is done by the time this returns; the future only reports it.
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        Box::pin(ready(self.inner.decide(key, policies, costs, false)))
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
+        match op {
+            Op::Check { costs } => {
+                // Read at once: a slot it took is the caller's from here.
+                return crate::store::check_applied(self, key, policies, &costs);
+            }
+            Op::Peek { costs } => {
+                return Box::pin(ready(
+                    self.inner
+                        .decide(key, policies, &costs, false)
+                        .map(Applied::Decision),
+                ));
+            }
+            Op::Refund { costs } => self.refund_now(key, policies, &costs),
+            Op::Settle { reserved, actual } => self.settle_now(key, policies, &reserved, &actual),
+            Op::Release { slot } => self.release_now(key, policies, slot),
+            // Slots here never expire: nothing to extend.
+            Op::Refresh { .. } => {}
+            Op::Reset => self.remove(key, policies),
+        }
+        Box::pin(ready(Ok(Applied::Done)))
     }
 
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.refund_now(key, policies, costs);
-        Box::pin(ready(Ok(())))
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        Some(self)
     }
 
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.settle_now(key, policies, reserved, actual);
-        Box::pin(ready(Ok(())))
+    fn now_millis(&self) -> u64 {
+        self.inner.clock.now_millis()
     }
 
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.release_now(key, policies, slot);
-        Box::pin(ready(Ok(())))
+    fn name(&self) -> &'static str {
+        "memory"
     }
+}
 
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        self.remove(key, policies);
-        Box::pin(ready(Ok(())))
-    }
-
-    fn set_override(
+impl OverrideStore for MemoryStore {
+    fn set(
         &self,
         key: &Key,
         policy: &Policy,
@@ -904,26 +906,18 @@ impl Store for MemoryStore {
         Box::pin(ready(Ok(())))
     }
 
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
         let now = self.inner.clock.now_millis();
         self.inner.change_override(key, policy, None, now);
         Box::pin(ready(Ok(())))
     }
 
-    fn overrides(
+    fn list(
         &self,
         key: &Key,
         policies: &[Policy],
     ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
         let now = self.inner.clock.now_millis();
         Box::pin(ready(Ok(self.inner.overrides.list(key, policies, now))))
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.inner.clock.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "memory"
     }
 }

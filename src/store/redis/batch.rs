@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::wire::{Mode, Params};
+use super::wire::{Amount, Mode, Params};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -32,7 +32,8 @@ pub(crate) struct Request {
     /// The state key of each policy.
     pub(crate) keys: SmallVec<[String; 2]>,
     pub(crate) params: SmallVec<[Params; 2]>,
-    pub(crate) costs: SmallVec<[u64; 2]>,
+    /// What the request sends for each policy.
+    pub(crate) amounts: SmallVec<[Amount; 2]>,
     pub(crate) mode: Mode,
     /// Where a queued request's answer goes; `None` for the caller that runs its own call.
     pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,

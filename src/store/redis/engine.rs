@@ -20,14 +20,20 @@ use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
 use super::lease::LedgerRequest;
 use super::wire;
 pub(crate) use super::wire::Mode;
-use super::wire::{assemble, parse_batch_reply_into, Assembled};
+use super::wire::{assemble, parse_batch_reply_into, Amount, Assembled};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{Cause, ConfigError, StoreError};
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
-use crate::store::BoxFuture;
+use crate::store::op::refused_misfit;
+use crate::store::{Applied, BoxFuture, Op};
+
+/// Units per policy, as the script takes them.
+fn units(costs: &[u64]) -> SmallVec<[Amount; 2]> {
+    costs.iter().map(|&c| Amount::Units(c)).collect()
+}
 
 /// Turns a redis-rs error into the store error a `ResilientStore`'s failure mode acts on,
 /// keeping the redis-rs error as its source.
@@ -319,16 +325,17 @@ impl<C: Connector> Core<C> {
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
+        amounts: SmallVec<[Amount; 2]>,
         mode: Mode,
     ) -> Request {
+        debug_assert_eq!(policies.len(), amounts.len());
         Request {
             keys: policies
                 .iter()
                 .map(|p| state_key(&self.prefix, key, p.name(), p.algorithm()))
                 .collect(),
             params: policies.iter().map(wire::params).collect(),
-            costs: costs.iter().copied().collect(),
+            amounts,
             mode,
             reply: None,
         }
@@ -346,16 +353,15 @@ impl<C: Connector> Core<C> {
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
+        amounts: SmallVec<[Amount; 2]>,
         mode: Mode,
     ) -> BoxFuture<Result<Decision, StoreError>> {
-        debug_assert_eq!(policies.len(), costs.len());
         if policies.is_empty() {
             // Nothing to decide (every policy allows vacuously): no call, and no state key
             // to pick the lane by.
             return Box::pin(std::future::ready(Ok(Decision::from_policies([]))));
         }
-        let request = self.request(key, policies, costs, mode);
+        let request = self.request(key, policies, amounts, mode);
         let lane = self.connector.lane(&request.keys[0]);
         match Lanes::admit(self, lane, request) {
             Admission::Run(place, request) => {
@@ -388,8 +394,41 @@ impl<C: Connector> Core<C> {
         results
     }
 
-    /// A charge that takes an in-flight slot: the request names its slot (see
-    /// [`next_slot`]) in place of the cost of each in-flight policy, and an allowed decision
+    /// Applies `op` (see [`Store::apply`](crate::store::Store::apply)): one request of the
+    /// decision script in the op's mode, batched like any other, so one atomic script call;
+    /// a reset is one `UNLINK`.
+    pub(crate) fn apply(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
+        let call = match op {
+            Op::Check { costs } => {
+                let call = self.charge(key, policies, &costs);
+                return Box::pin(async move { call.await.map(Applied::Decision) });
+            }
+            Op::Peek { costs } => {
+                let call = self.decide(key, policies, units(&costs), Mode::Peek);
+                return Box::pin(async move { call.await.map(Applied::Decision) });
+            }
+            Op::Refund { costs } => self.refund(key, policies, &costs),
+            Op::Settle { reserved, actual } => self.settle(key, policies, &reserved, &actual),
+            Op::Release { slot } => self.slot(key, policies, slot, Mode::Refund),
+            Op::Refresh { slot } => self.slot(key, policies, slot, Mode::Refresh),
+            Op::Reset => return self.reset(key, policies),
+        };
+        match call {
+            Some(call) => Box::pin(async move { call.await.map(|_| Applied::Done) }),
+            None => Box::pin(std::future::ready(Ok(Applied::Done))),
+        }
+    }
+
+    /// A charge, taking an in-flight slot for each in-flight policy: the request names its
+    /// slot (see [`next_slot`]) in place of that policy's cost, and an allowed decision
     /// carries it for the release.
     pub(crate) fn charge(
         self: &Arc<Self>,
@@ -398,15 +437,21 @@ impl<C: Connector> Core<C> {
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>> {
         if !policies.iter().any(Policy::is_in_flight) {
-            return self.decide(key, policies, costs, Mode::Charge);
+            return self.decide(key, policies, units(costs), Mode::Charge);
         }
         let slot = next_slot();
-        let named: SmallVec<[u64; 2]> = policies
+        let named = policies
             .iter()
             .zip(costs)
-            .map(|(p, &c)| if p.is_in_flight() { slot } else { c })
+            .map(|(p, &c)| {
+                if p.is_in_flight() {
+                    Amount::Slot(slot)
+                } else {
+                    Amount::Units(c)
+                }
+            })
             .collect();
-        let call = self.decide(key, policies, &named, Mode::Charge);
+        let call = self.decide(key, policies, named, Mode::Charge);
         Box::pin(SlotCharge {
             call: Some(call),
             core: Arc::clone(self),
@@ -420,78 +465,67 @@ impl<C: Connector> Core<C> {
         })
     }
 
-    /// See [`Store::settle`](crate::store::Store::settle): one request in settle mode, with
-    /// the signed difference per policy (its magnitude clamped, see
-    /// [`wire::settle_delta`]).
-    pub(crate) fn settle(
+    /// A settlement ([`Op::Settle`]): one request in settle mode with each policy's
+    /// settlement; `None` when every policy settles at what it reserved.
+    fn settle(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         reserved: &[u64],
         actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
         // A policy settled at what it reserved changes nothing (as in the memory store): it
         // is not sent, so the script neither writes its state nor logs an entry of 0.
-        let (policies, deltas): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) = policies
+        let (policies, amounts): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
             .iter()
             .zip(reserved.iter().zip(actual))
             .filter(|(_, (r, a))| r != a)
-            .map(|(p, (&r, &a))| (p.clone(), wire::settle_delta(r, a)))
+            .map(|(p, (&reserved, &actual))| (p.clone(), Amount::Settled { reserved, actual }))
             .unzip();
-        let call = self.decide(key, &policies, &deltas, Mode::Settle);
-        Box::pin(async move { call.await.map(drop) })
+        (!policies.is_empty()).then(|| self.decide(key, &policies, amounts, Mode::Settle))
     }
 
-    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`.
-    pub(crate) fn slot(
+    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`;
+    /// `None` for slot 0, which names no slot here (a failure mode decided the request).
+    fn slot(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         slot: u64,
         mode: Mode,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        if slot == 0 {
-            // The decision took no slot here (a failure mode decided it).
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        let slots: SmallVec<[u64; 2]> = policies.iter().map(|_| slot).collect();
-        let call = self.decide(key, policies, &slots, mode);
-        Box::pin(async move { call.await.map(drop) })
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
+        (slot != 0).then(|| {
+            let slots = policies.iter().map(|_| Amount::Slot(slot)).collect();
+            self.decide(key, policies, slots, mode)
+        })
     }
 
-    /// See [`Store::refund`](crate::store::Store::refund): a request of the decision script in
-    /// refund mode, batched like any other, so one atomic script call.
-    pub(crate) fn refund(
+    /// A refund ([`Op::Refund`]): units only; a slot comes back only by its release (the
+    /// script's refund of an in-flight state reads the amount as the slot's name).
+    fn refund(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        if policies.iter().any(Policy::is_in_flight) {
-            // A refund is about units; a slot comes back only by its release (the script's
-            // refund of an in-flight state reads the cost as the slot's name).
-            let (policies, costs): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) = policies
-                .iter()
-                .zip(costs)
-                .filter(|(p, _)| !p.is_in_flight())
-                .map(|(p, &c)| (p.clone(), c))
-                .unzip();
-            let call = self.decide(key, &policies, &costs, Mode::Refund);
-            return Box::pin(async move { call.await.map(drop) });
-        }
-        let call = self.decide(key, policies, costs, Mode::Refund);
-        Box::pin(async move { call.await.map(drop) })
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
+        let (policies, amounts): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
+            .iter()
+            .zip(costs)
+            .filter(|(p, _)| !p.is_in_flight())
+            .map(|(p, &c)| (p.clone(), Amount::Units(c)))
+            .unzip();
+        Some(self.decide(key, &policies, amounts, Mode::Refund))
     }
 
     /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
-    pub(crate) fn reset(
+    fn reset(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
-    ) -> BoxFuture<Result<(), StoreError>> {
+    ) -> BoxFuture<Result<Applied, StoreError>> {
         if policies.is_empty() {
             // `UNLINK` with no keys is a syntax error; there is nothing to forget.
-            return Box::pin(std::future::ready(Ok(())));
+            return Box::pin(std::future::ready(Ok(Applied::Done)));
         }
         let mut cmd = redis::cmd("UNLINK");
         for p in policies {
@@ -503,11 +537,11 @@ impl<C: Connector> Core<C> {
         Box::pin(async move {
             let mut conn = core.connector.connection().await?;
             let _: i64 = cmd.query_async(&mut conn).await.map_err(store_error)?;
-            Ok(())
+            Ok(Applied::Done)
         })
     }
 
-    /// See [`Store::set_override`](crate::store::Store::set_override): one `SET` of the
+    /// See [`OverrideStore::set`](crate::store::OverrideStore::set): one `SET` of the
     /// state's override key, with `PX` when it expires; for a token bucket, one script that
     /// also brings the bucket up to date under the rate in force until now and keeps its
     /// state key as long as the override's refill rate needs (`lua/set_override.lua`).
@@ -567,7 +601,7 @@ impl<C: Connector> Core<C> {
         })
     }
 
-    /// See [`Store::remove_override`](crate::store::Store::remove_override): one `UNLINK`;
+    /// See [`OverrideStore::remove`](crate::store::OverrideStore::remove): one `UNLINK`;
     /// for a token bucket, the script of [`set_override`](Self::set_override).
     pub(crate) fn remove_override(
         self: &Arc<Self>,
@@ -588,7 +622,7 @@ impl<C: Connector> Core<C> {
         })
     }
 
-    /// See [`Store::overrides`](crate::store::Store::overrides): a `GET` and a `PTTL` per
+    /// See [`OverrideStore::list`](crate::store::OverrideStore::list): a `GET` and a `PTTL` per
     /// policy, in one pipeline.
     pub(crate) fn overrides(
         self: &Arc<Self>,
@@ -697,7 +731,7 @@ impl<C: Connector> Drop for SlotCharge<C> {
         runtime.spawn(async move {
             if let Ok(decision) = call.await {
                 if decision.is_allowed() {
-                    if let Err(error) = core.slot(&key, &held, slot, Mode::Refund).await {
+                    if let Err(error) = core.apply(&key, &held, Op::Release { slot }).await {
                         tracing::warn!(
                             target: "tollgate::store",
                             %error,

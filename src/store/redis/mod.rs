@@ -1,12 +1,12 @@
 //! The Redis store: limits shared by every instance of a service.
 //!
 //! **One round trip per decision, or fewer.** [`check`](crate::store::Store::check) and
-//! [`peek`](crate::store::Store::peek) send a single `EVALSHA` of one Lua script that decides the request
+//! [`peek`](crate::store::Op::Peek) send a single `EVALSHA` of one Lua script that decides the request
 //! against *all* its policies. If Redis has forgotten the script (`NOSCRIPT`, after a restart
 //! or `SCRIPT FLUSH`), it is loaded and the call retried once, so that one decision costs
 //! three round trips. The first decision of a store built from a URL also opens its
-//! connection. [`refund`](crate::store::Store::refund) is a request of the same script (in refund mode),
-//! so one atomic call too; [`reset`](crate::store::Store::reset) is one `UNLINK`.
+//! connection. [`refund`](crate::store::Op::Refund) is a request of the same script (in refund mode),
+//! so one atomic call too; [`reset`](crate::store::Op::Reset) is one `UNLINK`.
 //!
 //! # Coalescing
 //!

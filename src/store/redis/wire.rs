@@ -46,11 +46,11 @@ pub(crate) enum Mode {
     Peek = 0,
     /// Evaluate, and charge when every policy allows.
     Charge = 1,
-    /// Give back up to each cost (see [`Store::refund`](crate::store::Store::refund)), or
+    /// Give back up to each cost (see [`Op::Refund`](crate::store::Op::Refund)), or
     /// the slot named by the cost of an in-flight policy.
     Refund = 2,
     /// Charge each cost whether or not it fits, or refund it when negative (see
-    /// [`Store::settle`](crate::store::Store::settle)); costs are sent as signed.
+    /// [`Op::Settle`](crate::store::Op::Settle)); costs are sent as signed.
     Settle = 3,
     /// Extend the lease of the in-flight slot named by each cost.
     Refresh = 4,
@@ -257,7 +257,12 @@ impl<'a> Builder<'a> {
         self.requests.push(request.mode as u8);
         self.requests
             .extend_from_slice(&index(request.keys.len()).to_le_bytes());
-        for ((key, params), &cost) in request.keys.iter().zip(&request.params).zip(&request.costs) {
+        for ((key, params), &amount) in request
+            .keys
+            .iter()
+            .zip(&request.params)
+            .zip(&request.amounts)
+        {
             let state = match self.state(key) {
                 Some(i) => i,
                 None => {
@@ -286,7 +291,7 @@ impl<'a> Builder<'a> {
             };
             self.requests.extend_from_slice(&state.to_le_bytes());
             self.requests
-                .extend_from_slice(&wire_cost(cost, request.mode).to_le_bytes());
+                .extend_from_slice(&amount.wire().to_le_bytes());
         }
     }
 
@@ -318,30 +323,45 @@ impl<'a> Builder<'a> {
 /// `i64` wrapping it, would.
 pub(crate) const MAX_WIRE_COST: u64 = (1 << 53) - 1;
 
-/// A request's cost as the script takes it: clamped to [`MAX_WIRE_COST`]; a settlement's
-/// signed difference (two's complement in the `u64`, see [`settle_delta`]) keeps its sign.
-fn wire_cost(cost: u64, mode: Mode) -> f64 {
-    if mode == Mode::Settle {
-        let signed = cost as i64;
-        let magnitude = signed.unsigned_abs().min(MAX_WIRE_COST) as f64;
-        if signed < 0 {
-            -magnitude
-        } else {
-            magnitude
-        }
-    } else {
-        cost.min(MAX_WIRE_COST) as f64
-    }
+/// What a request sends for one policy, typed by what it is; the script reads it as the
+/// request's [`Mode`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Amount {
+    /// Units to charge, look at or give back.
+    Units(u64),
+    /// The name of an in-flight slot to take, give back or extend (below 2^53, see
+    /// [`next_slot`](super::engine::next_slot)).
+    Slot(u64),
+    /// A settlement: `reserved` units were charged and the request cost `actual`.
+    Settled {
+        /// Units charged when the request was admitted.
+        reserved: u64,
+        /// Units the request turned out to cost.
+        actual: u64,
+    },
 }
 
-/// The signed difference a settlement sends for one policy, `actual − reserved`, as two's
-/// complement in a `u64`, its magnitude clamped to [`MAX_WIRE_COST`]: never a wrapped
-/// difference, which would turn a charge of 2^63 or more into a refund.
-pub(crate) fn settle_delta(reserved: u64, actual: u64) -> u64 {
-    if actual >= reserved {
-        (actual - reserved).min(MAX_WIRE_COST)
-    } else {
-        ((reserved - actual).min(MAX_WIRE_COST) as i64).wrapping_neg() as u64
+impl Amount {
+    /// The number the script takes: units clamped to [`MAX_WIRE_COST`]; a settlement's
+    /// difference `actual − reserved`, its magnitude clamped and its sign kept (never a
+    /// wrapped difference, which would turn a charge of 2^63 or more into a refund).
+    pub(crate) fn wire(self) -> f64 {
+        match self {
+            Self::Units(units) => units.min(MAX_WIRE_COST) as f64,
+            Self::Slot(slot) => slot.min(MAX_WIRE_COST) as f64,
+            Self::Settled { reserved, actual } if actual >= reserved => {
+                (actual - reserved).min(MAX_WIRE_COST) as f64
+            }
+            Self::Settled { reserved, actual } => -((reserved - actual).min(MAX_WIRE_COST) as f64),
+        }
+    }
+
+    /// The units asked, for a charge or a look; `None` for a slot or a settlement.
+    pub(crate) fn units(self) -> Option<u64> {
+        match self {
+            Self::Units(units) => Some(units),
+            Self::Slot(_) | Self::Settled { .. } => None,
+        }
     }
 }
 
@@ -468,7 +488,6 @@ impl<'a> Reader<'a> {
     ) -> Result<Result<Decision, StoreError>, StoreError> {
         let params = &request.params[..];
         let asked = matches!(request.mode, Mode::Charge | Mode::Peek);
-        let in_flight = u64::from(algorithm_id(crate::policy::Algorithm::InFlight));
         // The first negative field, in the order the reply holds them.
         let mut negative = None;
         let mut unsigned = |v: i64| {
@@ -478,7 +497,7 @@ impl<'a> Reader<'a> {
             })
         };
         let mut decisions = SmallVec::<[PolicyDecision; 2]>::new();
-        for (p, &cost) in params.iter().zip(&request.costs) {
+        for (p, &amount) in params.iter().zip(&request.amounts) {
             let flag = unsigned(i64::from(self.byte()? as i8));
             let remaining = unsigned(self.number()?);
             let reset_after = unsigned(self.number()?);
@@ -499,10 +518,9 @@ impl<'a> Reader<'a> {
                 retry_after,
                 delay,
             );
-            decisions.push(if asked && p[0] != in_flight {
-                d.for_cost(cost)
-            } else {
-                d
+            decisions.push(match amount.units() {
+                Some(cost) if asked => d.for_cost(cost),
+                _ => d,
             });
         }
         if let Some(v) = negative {
@@ -528,7 +546,7 @@ mod tests {
         Request {
             keys: keys.iter().map(|k| k.to_string()).collect(),
             params: keys.iter().map(|_| [5, 10, 1_000, 10, 0]).collect(),
-            costs: keys.iter().map(|_| 1).collect(),
+            amounts: keys.iter().map(|_| Amount::Units(1)).collect(),
             mode: Mode::Charge,
             reply: None,
         }
@@ -561,8 +579,7 @@ mod tests {
             (1 << 63, max),
             (u64::MAX, max),
         ] {
-            assert_eq!(wire_cost(cost, Mode::Charge), sent, "{cost}");
-            assert_eq!(wire_cost(cost, Mode::Refund), sent, "{cost}");
+            assert_eq!(Amount::Units(cost).wire(), sent, "{cost}");
         }
         for (reserved, actual, sent) in [
             (10, 10, 0.0),
@@ -577,7 +594,7 @@ mod tests {
             (u64::MAX, u64::MAX - 3, -3.0),
         ] {
             assert_eq!(
-                wire_cost(settle_delta(reserved, actual), Mode::Settle),
+                Amount::Settled { reserved, actual }.wire(),
                 sent,
                 "settle({reserved}, {actual})"
             );

@@ -76,7 +76,7 @@
 //!
 //! # Refunds
 //!
-//! [`refund`](Store::refund) goes to the store like a check (through the breaker, within the
+//! [`refund`](crate::store::Op::Refund) goes to the store like a check (through the breaker, within the
 //! timeout) and also gives the local fallback its share back, since the fallback is charged
 //! for every admitted request. It drops the key's cached denials, which the refund may have
 //! made wrong. While the circuit is open the store is not called: a request admitted then was
@@ -114,7 +114,8 @@ mod breaker;
 mod builder;
 mod deny_cache;
 
-use super::{BoxFuture, MemoryStore, Store};
+use super::op::refused_misfit;
+use super::{check_applied, Applied, BoxFuture, MemoryStore, Op, OverrideStore, Store, StoreExt};
 use crate::algorithm::PolicyDecision;
 use crate::clock::Clock;
 use crate::decision::{DecidedBy, Decision};
@@ -514,169 +515,49 @@ impl<S: Store> Store for ResilientStore<S> {
         })
     }
 
-    fn peek(
+    /// Peeks and resets go to the store within its timeout; refunds, settlements and slot
+    /// operations go through the breaker too, and to the local fallback (see
+    /// [Refunds](self#refunds)).
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        let call = self.inner.primary.peek(key, policies, costs);
-        let timeout = self.inner.timeout;
-        Box::pin(async move {
-            tokio::time::timeout(timeout, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout))
-        })
-    }
-
-    /// Refunds the store and the local fallback; see [Refunds](self#refunds).
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
         let inner = &self.inner;
-        // The store may now allow what it refused: this key's cached denials go.
-        if let Some(cache) = &inner.deny_cache {
-            cache.forget(key);
-        }
-        // The fallback was charged for every admitted request, by the store or by itself.
-        let (_, fallback_policies, fallback_costs) = inner.fallback_parts(policies, costs);
-        if !fallback_policies.is_empty() {
-            // The memory store refunds at call time; its future only reports success.
-            drop(
-                inner
-                    .fallback
-                    .refund(key, &fallback_policies, &fallback_costs),
-            );
-        }
-        self.guarded(|primary| Some(primary.refund(key, policies, costs)))
-            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
-    }
-
-    /// Settles the store and the local fallback (each fallback policy with the costs
-    /// clamped to its capacity, as its checks were).
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let inner = &self.inner;
-        if let Some(cache) = &inner.deny_cache {
-            cache.forget(key);
-        }
-        let (idx, fallback_policies, _) = inner.fallback_parts(policies, reserved);
-        if !fallback_policies.is_empty() {
-            let cap = |i: usize, v: &[u64], fp: &Policy| v[i].min(fp.capacity());
-            let r: SmallVec<[u64; 2]> = idx
-                .iter()
-                .zip(&fallback_policies)
-                .map(|(&i, fp)| cap(i, reserved, fp))
-                .collect();
-            let a: SmallVec<[u64; 2]> = idx
-                .iter()
-                .zip(&fallback_policies)
-                .map(|(&i, fp)| cap(i, actual, fp))
-                .collect();
-            // The memory store settles at call time; its future only reports success.
-            drop(inner.fallback.settle(key, &fallback_policies, &r, &a));
-        }
-        self.guarded(|primary| Some(primary.settle(key, policies, reserved, actual)))
-            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
-    }
-
-    /// Gives the slot back to the store (when it named one) and to the local fallback.
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let inner = &self.inner;
-        // A slot came back: the store may now allow what it refused for want of one.
-        if let Some(cache) = &inner.deny_cache {
-            cache.forget(key);
-        }
-        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
-        let (_, fallback_policies, _) = inner.fallback_parts(policies, &ones);
-        if !fallback_policies.is_empty() {
-            // The memory store releases at call time; its future only reports success.
-            drop(inner.fallback.release(key, &fallback_policies, slot));
-        }
-        if slot == 0 {
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        self.guarded(|primary| Some(primary.release(key, policies, slot)))
-            .unwrap_or_else(|| Box::pin(std::future::ready(Ok(()))))
-    }
-
-    fn refresh(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        if slot == 0 {
-            return None;
-        }
-        self.guarded(|primary| primary.refresh(key, policies, slot))
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(key);
-        }
-        let fallback: Vec<Policy> = {
-            let map = self.inner.fallback_policies.read();
-            map.values()
-                .filter(|fp| {
-                    policies
-                        .iter()
-                        .any(|p| fp.name() == format!("{}-fallback", p.name()))
-                })
-                .cloned()
-                .collect()
+        let op = match op {
+            Op::Check { costs } => return check_applied(self, key, policies, &costs),
+            op => op,
         };
-        // The memory store forgets at call time; its future only reports success.
-        drop(self.inner.fallback.reset(key, &fallback));
-        let call = self.inner.primary.reset(key, policies);
-        let timeout = self.inner.timeout;
-        Box::pin(async move {
-            tokio::time::timeout(timeout, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout))
-        })
-    }
-
-    fn set_override(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        // The store may now allow what it refused: this key's cached denials go.
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(key);
+        if op.gives_back() {
+            // The store may now allow what it refused: this key's cached denials go.
+            if let Some(cache) = &inner.deny_cache {
+                cache.forget(key);
+            }
+            self.mirror_in_fallback(key, policies, &op);
         }
-        self.within_timeout(self.inner.primary.set_override(key, policy, ttl))
-    }
-
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(key);
+        match op {
+            Op::Peek { .. } | Op::Reset => {
+                self.within_timeout(inner.primary.apply(key, policies, op))
+            }
+            // Slot 0 names no slot of the store's (the failure mode decided the request).
+            Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
+                Box::pin(std::future::ready(Ok(Applied::Done)))
+            }
+            op => self
+                .guarded(|primary| primary.apply(key, policies, op))
+                .unwrap_or_else(|| Box::pin(std::future::ready(Ok(Applied::Done)))),
         }
-        self.within_timeout(self.inner.primary.remove_override(key, policy))
     }
 
-    fn overrides(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
-        self.within_timeout(self.inner.primary.overrides(key, policies))
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        self.inner
+            .primary
+            .override_store()
+            .map(|_| self as &dyn OverrideStore)
     }
 
     fn now_millis(&self) -> u64 {
@@ -695,6 +576,54 @@ impl<S: Store> Store for ResilientStore<S> {
 }
 
 impl<S: Store> ResilientStore<S> {
+    /// The same operation for the local fallback, which was charged for every admitted
+    /// request, by the store or by itself: each fallback policy's costs clamped to its
+    /// capacity, as its checks were. The memory store applies it at call time; its future
+    /// only reports success.
+    fn mirror_in_fallback(&self, key: &Key, policies: &[Policy], op: &Op) {
+        let inner = &self.inner;
+        let mirrored = match op {
+            Op::Reset => {
+                let fallback: Vec<Policy> = {
+                    let map = inner.fallback_policies.read();
+                    map.values()
+                        .filter(|fp| {
+                            policies
+                                .iter()
+                                .any(|p| fp.name() == format!("{}-fallback", p.name()))
+                        })
+                        .cloned()
+                        .collect()
+                };
+                drop(inner.fallback.apply(key, &fallback, Op::Reset));
+                return;
+            }
+            Op::Refund { costs } => {
+                let (_, fps, fcosts) = inner.fallback_parts(policies, costs);
+                (fps, Op::refund(&fcosts[..]))
+            }
+            Op::Settle { reserved, actual } => {
+                let (idx, fps, r) = inner.fallback_parts(policies, reserved);
+                let a: SmallVec<[u64; 2]> = idx
+                    .iter()
+                    .zip(&fps)
+                    .map(|(&i, fp)| actual[i].min(fp.capacity()))
+                    .collect();
+                (fps, Op::settle(&r[..], &a[..]))
+            }
+            Op::Release { slot } => {
+                let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+                let (_, fps, _) = inner.fallback_parts(policies, &ones);
+                (fps, Op::Release { slot: *slot })
+            }
+            _ => return,
+        };
+        let (fallback_policies, op) = mirrored;
+        if !fallback_policies.is_empty() {
+            drop(inner.fallback.apply(key, &fallback_policies, op));
+        }
+    }
+
     /// An operator's call of the store (an override), under the store's timeout.
     fn within_timeout<T: Send + 'static>(
         &self,
@@ -713,8 +642,8 @@ impl<S: Store> ResilientStore<S> {
     /// while the circuit is open; its errors counted and fed to the breaker.
     fn guarded(
         &self,
-        call: impl FnOnce(&S) -> Option<BoxFuture<Result<(), StoreError>>>,
-    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        call: impl FnOnce(&S) -> BoxFuture<Result<Applied, StoreError>>,
+    ) -> Option<BoxFuture<Result<Applied, StoreError>>> {
         let inner = &self.inner;
         let probe = match inner.breaker.gate(inner.clock.now_millis()) {
             // The store is skipped while the circuit is open, as checks are.
@@ -725,14 +654,14 @@ impl<S: Store> ResilientStore<S> {
             Gate::Probe => true,
             Gate::Call => false,
         };
-        let call = call(&inner.primary)?;
+        let call = call(&inner.primary);
         let this = Arc::clone(inner);
         Some(Box::pin(async move {
             let result = tokio::time::timeout(this.timeout, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout));
             match &result {
-                Ok(()) => this.breaker.success(),
+                Ok(_) => this.breaker.success(),
                 Err(error) => {
                     telemetry::store_error(error);
                     this.breaker.failure(this.clock.now_millis(), probe);
@@ -740,5 +669,36 @@ impl<S: Store> ResilientStore<S> {
             }
             result
         }))
+    }
+}
+
+/// Overrides are the wrapped store's, set and read within its timeout; setting or removing
+/// one drops this key's cached denials.
+impl<S: Store> OverrideStore for ResilientStore<S> {
+    fn set(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.set_override(key, policy, ttl))
+    }
+
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.remove_override(key, policy))
+    }
+
+    fn list(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
+        self.within_timeout(self.inner.primary.overrides(key, policies))
     }
 }

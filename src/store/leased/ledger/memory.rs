@@ -1,6 +1,7 @@
 //! `MemoryLedger`: the ledger in the process, for tests and single-instance use.
 
 use super::*;
+use crate::store::{Applied, Op, OverrideStore, StoreExt};
 
 /// A lease ledger in process memory, with a [`MemoryStore`] for the policies that are not
 /// leased: the shared state of several [`LeasedStore`](crate::store::leased::LeasedStore)s of one process,
@@ -156,45 +157,14 @@ impl Store for MemoryLedger {
         self.exact.check_now(key, policies, costs)
     }
 
-    fn peek(
+    /// Every operation is the exact store's; a reset also forgets the ledger's states.
+    fn apply(
         &self,
         key: &Key,
         policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        self.exact.peek(key, policies, costs)
-    }
-
-    fn refund(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.exact.refund(key, policies, costs)
-    }
-
-    fn settle(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        reserved: &[u64],
-        actual: &[u64],
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.exact.settle(key, policies, reserved, actual)
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        self.exact.release(key, policies, slot)
-    }
-
-    fn reset(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<(), StoreError>> {
-        {
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if op == Op::Reset {
             let mut map = self.states.lock();
             for p in policies {
                 if let Some(kind) = Kind::of(p) {
@@ -202,10 +172,25 @@ impl Store for MemoryLedger {
                 }
             }
         }
-        self.exact.reset(key, policies)
+        self.exact.apply(key, policies, op)
     }
 
-    fn set_override(
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        Some(self)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "memory-ledger"
+    }
+}
+
+/// Overrides of leasable policies are the ledger's; the rest are the exact store's.
+impl OverrideStore for MemoryLedger {
+    fn set(
         &self,
         key: &Key,
         policy: &Policy,
@@ -225,7 +210,7 @@ impl Store for MemoryLedger {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn remove_override(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
         if Kind::of(policy).is_none() {
             return self.exact.remove_override(key, policy);
         }
@@ -233,7 +218,7 @@ impl Store for MemoryLedger {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn overrides(
+    fn list(
         &self,
         key: &Key,
         policies: &[Policy],
@@ -272,13 +257,5 @@ impl Store for MemoryLedger {
             found.sort_by_key(|o| order.iter().position(|n| n == o.policy()));
             Ok(found)
         })
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.clock.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "memory-ledger"
     }
 }

@@ -43,9 +43,9 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
     let hot = Key::new("ip", "1.2.3.4");
     let other = Key::new("ip", "5.6.7.8");
     let batch = [
-        core.request(&hot, &[a.clone(), b.clone()], &[1, 2], Mode::Charge),
-        core.request(&hot, std::slice::from_ref(&a), &[3], Mode::Peek),
-        core.request(&other, std::slice::from_ref(&a), &[1], Mode::Refund),
+        core.request(&hot, &[a.clone(), b.clone()], units(&[1, 2]), Mode::Charge),
+        core.request(&hot, std::slice::from_ref(&a), units(&[3]), Mode::Peek),
+        core.request(&other, std::slice::from_ref(&a), units(&[1]), Mode::Refund),
     ];
     let parts = assemble(&batch);
     assert_eq!(parts.len(), 1);
@@ -93,8 +93,13 @@ fn a_batch_names_each_state_once_and_each_policy_once() {
     // The same state key with other parameters starts a second call.
     let a_bigger = Policy::new("a", Rate::per_second(20)).unwrap();
     let split = [
-        core.request(&hot, std::slice::from_ref(&a), &[1], Mode::Charge),
-        core.request(&hot, std::slice::from_ref(&a_bigger), &[1], Mode::Charge),
+        core.request(&hot, std::slice::from_ref(&a), units(&[1]), Mode::Charge),
+        core.request(
+            &hot,
+            std::slice::from_ref(&a_bigger),
+            units(&[1]),
+            Mode::Charge,
+        ),
     ];
     let parts = assemble(&split);
     assert_eq!(parts.len(), 2);
@@ -114,7 +119,7 @@ fn a_batch_of_many_keys_names_each_state_once() {
     let batch: Vec<Request> = keys
         .iter()
         .chain(keys.iter().rev())
-        .map(|k| core.request(k, std::slice::from_ref(&a), &[1], Mode::Charge))
+        .map(|k| core.request(k, std::slice::from_ref(&a), units(&[1]), Mode::Charge))
         .collect();
     let parts = assemble(&batch);
     assert_eq!(parts.len(), 1);
@@ -138,8 +143,8 @@ fn replies_of_the_wrong_shape_are_protocol_errors() {
     let five = Policy::new("five", Rate::per_second(5)).unwrap();
     let ten = Policy::new("ten", Rate::per_second(10)).unwrap();
     let key = Key::new("ip", "1");
-    let one = [core.request(&key, std::slice::from_ref(&five), &[1], Mode::Charge)];
-    let two = [core.request(&key, &[five, ten], &[1, 1], Mode::Charge)];
+    let one = [core.request(&key, std::slice::from_ref(&five), units(&[1]), Mode::Charge)];
+    let two = [core.request(&key, &[five, ten], units(&[1, 1]), Mode::Charge)];
     let failed = |reply: &[u8], requests: &[Request]| match parse_batch_reply(reply, requests) {
         Ok(mut r) if r.len() == 1 => matches!(r.pop(), Some(Err(StoreError::Protocol(_)))),
         _ => false,
@@ -188,9 +193,9 @@ fn packed_batch_replies_are_read_per_request_and_checked() {
     let a = Policy::new("a", Rate::per_second(10)).unwrap();
     let one = std::slice::from_ref(&a);
     let batch = [
-        core.request(&Key::new("ip", "1"), one, &[1], Mode::Charge),
-        core.request(&Key::new("ip", "2"), one, &[1], Mode::Charge),
-        core.request(&Key::new("ip", "3"), one, &[1], Mode::Charge),
+        core.request(&Key::new("ip", "1"), one, units(&[1]), Mode::Charge),
+        core.request(&Key::new("ip", "2"), one, units(&[1]), Mode::Charge),
+        core.request(&Key::new("ip", "3"), one, units(&[1]), Mode::Charge),
     ];
     let mut reply = packed(1, &[(1, [9.0, 1_000.0, 0.0, 0.0])]);
     let message = b"tollgate: t:{ip:2}:a:swc holds a value of another type";
