@@ -12,6 +12,71 @@
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
 //! * [`LeasedStore`](leased::LeasedStore): wraps a shared store and decides hot keys locally
 //!   from blocks of quota leased from it, never exceeding the limit across instances.
+//!
+//! # Operations as values
+//!
+//! A store does two things: the hot path's charge ([`Store::check`], with a future of its own
+//! type) and every other operation as a value ([`Store::apply`] of an [`Op`]: peek, refund,
+//! settle, release, refresh, reset, or a check). [`StoreExt`] gives each operation a method
+//! of its own (`store.peek(..)`, `store.refund(..)`), as tower's `ServiceExt` does for
+//! services. Per-key overrides live behind [`OverrideStore`].
+//!
+//! A wrapper forwards `check` and `apply` and adds what it is for. This one counts the
+//! operations that reach the store:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use tollgate::key::Key;
+//! use tollgate::store::{Applied, BoxFuture, MemoryStore, Op, OverrideStore, Store};
+//! use tollgate::{Decision, Policy, StoreError};
+//!
+//! #[derive(Debug, Clone, Default)]
+//! struct Counted {
+//!     inner: MemoryStore,
+//!     operations: Arc<AtomicU64>,
+//! }
+//!
+//! impl Store for Counted {
+//!     type CheckFuture = <MemoryStore as Store>::CheckFuture;
+//!
+//!     fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+//!         self.operations.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.check(key, policies, costs)
+//!     }
+//!
+//!     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> BoxFuture<Result<Applied, StoreError>> {
+//!         self.operations.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.apply(key, policies, op)
+//!     }
+//!
+//!     fn override_store(&self) -> Option<&dyn OverrideStore> {
+//!         self.inner.override_store()
+//!     }
+//!
+//!     fn now_millis(&self) -> u64 {
+//!         self.inner.now_millis()
+//!     }
+//!
+//!     fn name(&self) -> &'static str {
+//!         "counted"
+//!     }
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use tollgate::store::StoreExt;
+//! use tollgate::Rate;
+//!
+//! let store = Counted::default();
+//! let api = [Policy::new("api", Rate::per_minute(10))?];
+//! let key = Key::new("user", "client-1");
+//! store.check(&key, &api, &[1]).await?;
+//! store.refund(&key, &api, &[1]).await?;
+//! assert_eq!(store.peek(&key, &api, &[1]).await?.remaining(), 9);
+//! assert_eq!(store.operations.load(Ordering::Relaxed), 3);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 pub mod leased;
 pub mod memory;
