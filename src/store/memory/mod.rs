@@ -72,21 +72,21 @@
 //! ```
 
 use std::fmt;
-use std::future::ready;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+mod builder;
 mod overrides;
 mod shard;
 mod slots;
+mod store_impl;
 
-use super::op::refused_misfit;
-use super::{Applied, BoxFuture, Op, OverrideStore, Store};
+pub use builder::MemoryStoreBuilder;
+pub use store_impl::MemoryCheck;
+
 use crate::algorithm::AnyState;
 use crate::clock::{Clock, SystemClock};
 use overrides::Overrides;
@@ -94,9 +94,8 @@ use shard::{hash_key, Entry, Shard};
 use slots::{Slot, Slots};
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
-use crate::overrides::ActiveOverride;
 use crate::policy::{Limits, Policy};
 
 /// How many entries of a full shard are sampled to choose the one to evict. Eight keeps an
@@ -160,129 +159,6 @@ impl StoreClock {
             StoreClock::System(c) => c.now_millis(),
             StoreClock::Other(c) => c.now_millis(),
         }
-    }
-}
-
-/// Builds a [`MemoryStore`].
-#[derive(Debug)]
-#[must_use]
-pub struct MemoryStoreBuilder {
-    shards: Option<usize>,
-    max_keys: usize,
-    sweep_interval: Duration,
-    background_sweep: bool,
-    clock: StoreClock,
-}
-
-impl MemoryStoreBuilder {
-    /// The number of shards, rounded up to a power of two (default: four per core, at least
-    /// 16). 1 to 65 536; [`build`](Self::build) refuses anything else.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// The cap on live keys (default 1 000 000), at least 1; see the
-    /// [module docs](crate::store::memory).
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
-        self
-    }
-
-    /// How often expired entries are reclaimed (default 1 s), at least 1 ms.
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval = interval;
-        self
-    }
-
-    /// Whether a background thread sweeps idle shards (default `true`). Without it, expired
-    /// entries are reclaimed only when their shard is used or [`MemoryStore::sweep`] is called.
-    pub fn background_sweep(mut self, enabled: bool) -> Self {
-        self.background_sweep = enabled;
-        self
-    }
-
-    /// The clock (default [`SystemClock`]); tests use a
-    /// [`ManualClock`](crate::clock::ManualClock).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = StoreClock::new(clock);
-        self
-    }
-
-    /// Builds the store (and starts its sweeper thread, if enabled).
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the setting when `shards` is 0 or above 65 536, `max_keys`
-    /// is 0, or `sweep_interval` is under 1 ms.
-    pub fn build(self) -> Result<MemoryStore, ConfigError> {
-        if let Some(n) = self.shards {
-            if !(1..=MAX_SHARDS).contains(&n) {
-                return Err(ConfigError::new(
-                    "shards",
-                    n,
-                    format!("between 1 and {MAX_SHARDS}"),
-                ));
-            }
-        }
-        if self.max_keys == 0 {
-            return Err(ConfigError::new("max_keys", 0, "at least 1"));
-        }
-        if self.sweep_interval < Duration::from_millis(1) {
-            return Err(ConfigError::new(
-                "sweep_interval",
-                format_args!("{:?}", self.sweep_interval),
-                "at least 1 ms",
-            ));
-        }
-        let shards = self
-            .shards
-            .unwrap_or_else(|| {
-                let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-                (cores * 4).max(16)
-            })
-            .next_power_of_two();
-        let sweep_interval_ms = self.sweep_interval.as_millis() as u64;
-        let hasher = foldhash::fast::RandomState::default();
-        let inner = Arc::new(Inner {
-            shards: (0..shards)
-                .map(|i| {
-                    CachePadded(Mutex::new(Shard {
-                        index: HashTable::new(),
-                        entries: Vec::new(),
-                        next_sweep: 0,
-                        known: Vec::new(),
-                        rng: hasher.hash_one(i) | 1,
-                    }))
-                })
-                .collect(),
-            shard_mask: shards as u64 - 1,
-            hasher,
-            clock: self.clock,
-            max_keys_per_shard: self.max_keys.div_ceil(shards).max(1),
-            sweep_interval_ms,
-            overrides: Overrides::default(),
-        });
-        if self.background_sweep {
-            spawn_sweeper(Arc::downgrade(&inner), self.sweep_interval);
-        }
-        Ok(MemoryStore { inner })
-    }
-}
-
-/// The most shards a store may have.
-const MAX_SHARDS: usize = 1 << 16;
-
-fn spawn_sweeper(weak: Weak<Inner>, interval: Duration) {
-    let spawned = std::thread::Builder::new()
-        .name("tollgate-sweeper".into())
-        .spawn(move || loop {
-            std::thread::sleep(interval);
-            let Some(inner) = weak.upgrade() else { break };
-            inner.sweep_all();
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "tollgate: could not start the memory store sweeper; expired keys are reclaimed on access only");
     }
 }
 
@@ -751,173 +627,4 @@ pub(crate) fn all_or_nothing(
         }
     }
     Decision::from_policies(decisions)
-}
-
-/// The future of [`MemoryStore`]'s [`check`](Store::check): the store decides when it is
-/// called, so this is ready at once. An in-flight slot the decision took is given back if
-/// the future is dropped unread, so a check whose caller gave up before its first poll
-/// holds nothing.
-///
-/// ```
-/// use tollgate::key::Key;
-/// use tollgate::store::{MemoryStore, Store};
-/// use tollgate::Policy;
-///
-/// let store = MemoryStore::new();
-/// let one = [Policy::in_flight("running", 1)?];
-/// let key = Key::new("tenant", "acme");
-/// drop(store.check(&key, &one, &[1])); // never read: its slot comes back
-/// let taken = store.check_now(&key, &one, &[1]).unwrap().unwrap();
-/// assert!(taken.is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[derive(Debug)]
-#[must_use = "futures do nothing unless polled; a dropped check gives back its slot"]
-pub struct MemoryCheck {
-    outcome: Option<Result<Decision, StoreError>>,
-    /// Set only when the decision took a slot: what to give back if nobody reads it.
-    taken: Option<Box<TakenSlot>>,
-}
-
-#[derive(Debug)]
-struct TakenSlot {
-    store: MemoryStore,
-    key: Key,
-    policies: SmallVec<[Policy; 1]>,
-    slot: u64,
-}
-
-impl std::future::Future for MemoryCheck {
-    type Output = Result<Decision, StoreError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        self.taken = None; // read: the slot is the caller's now
-        std::task::Poll::Ready(self.outcome.take().unwrap_or_else(|| {
-            Err(StoreError::Protocol(crate::error::Cause::from(
-                "a memory store check polled after it answered",
-            )))
-        }))
-    }
-}
-
-impl Drop for MemoryCheck {
-    fn drop(&mut self) {
-        if let Some(taken) = self.taken.take() {
-            taken
-                .store
-                .release_now(&taken.key, &taken.policies, taken.slot);
-        }
-    }
-}
-
-impl Store for MemoryStore {
-    type CheckFuture = MemoryCheck;
-
-    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
-        let outcome = self.inner.decide(key, policies, costs, true);
-        let taken = match &outcome {
-            Ok(d) if d.is_allowed() && d.slot() != 0 => Some(Box::new(TakenSlot {
-                store: self.clone(),
-                key: key.clone(),
-                policies: policies
-                    .iter()
-                    .filter(|p| p.is_in_flight())
-                    .cloned()
-                    .collect(),
-                slot: d.slot(),
-            })),
-            _ => None,
-        };
-        MemoryCheck {
-            outcome: Some(outcome),
-            taken,
-        }
-    }
-
-    #[inline]
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
-        Some(self.inner.decide(key, policies, costs, true))
-    }
-
-    /// Every operation is done by the time this returns; the future only reports it.
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
-        if let Some(refused) = refused_misfit(&op, policies.len()) {
-            return refused;
-        }
-        match op {
-            Op::Check { costs } => {
-                // Read at once: a slot it took is the caller's from here.
-                return crate::store::check_applied(self, key, policies, &costs);
-            }
-            Op::Peek { costs } => {
-                return Box::pin(ready(
-                    self.inner
-                        .decide(key, policies, &costs, false)
-                        .map(Applied::Decision),
-                ));
-            }
-            Op::Refund { costs } => self.refund_now(key, policies, &costs),
-            Op::Settle { reserved, actual } => self.settle_now(key, policies, &reserved, &actual),
-            Op::Release { slot } => self.release_now(key, policies, slot),
-            // Slots here never expire: nothing to extend.
-            Op::Refresh { .. } => {}
-            Op::Reset => self.remove(key, policies),
-        }
-        Box::pin(ready(Ok(Applied::Done)))
-    }
-
-    fn override_store(&self) -> Option<&dyn OverrideStore> {
-        Some(self)
-    }
-
-    fn now_millis(&self) -> u64 {
-        self.inner.clock.now_millis()
-    }
-
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-}
-
-impl OverrideStore for MemoryStore {
-    fn set(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<Result<(), StoreError>> {
-        let now = self.inner.clock.now_millis();
-        let expires =
-            ttl.map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
-        self.inner.change_override(key, policy, Some(expires), now);
-        Box::pin(ready(Ok(())))
-    }
-
-    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        let now = self.inner.clock.now_millis();
-        self.inner.change_override(key, policy, None, now);
-        Box::pin(ready(Ok(())))
-    }
-
-    fn list(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
-        let now = self.inner.clock.now_millis();
-        Box::pin(ready(Ok(self.inner.overrides.list(key, policies, now))))
-    }
 }

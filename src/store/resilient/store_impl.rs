@@ -1,0 +1,282 @@
+//! The [`Store`] and [`OverrideStore`] implementations of [`ResilientStore`]: every
+//! operation within the store's timeout, through the breaker where it changes state, and
+//! mirrored in the local fallback where it gives back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::breaker::Gate;
+use super::ResilientStore;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::store::op::refused_misfit;
+use crate::store::{check_applied, Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
+use crate::telemetry;
+
+impl<S: Store> Store for ResilientStore<S> {
+    type CheckFuture = BoxFuture<Result<Decision, StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        let inner = &self.inner;
+        let now = inner.clock.now_millis();
+        let generation = inner.primary.generation();
+        let slot = inner.deny_cache.as_ref().map(|c| {
+            c.sync(generation);
+            c.slot(key, policies, costs)
+        });
+        if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
+            if let Some((d, recheck)) = cache.get(slot, key, now, generation) {
+                if let Some(job) = recheck {
+                    inner.recheck(job);
+                }
+                // Not degraded: the store is healthy and said no a moment ago. The limiter
+                // counts the decision with its own outcome, `cached_deny`.
+                return Box::pin(std::future::ready(Ok(d)));
+            }
+        }
+        let probe = match inner.breaker.gate(now) {
+            Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
+                let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen);
+                return Box::pin(std::future::ready(Ok(d)));
+            }
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = inner.primary.check(key, policies, costs);
+        let this = Arc::clone(inner);
+        let key = key.clone();
+        let policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+        let costs: SmallVec<[u64; 2]> = costs.iter().copied().collect();
+        Box::pin(async move {
+            let started = Instant::now();
+            let mut call = Box::pin(call);
+            let (result, timed_out) = match tokio::time::timeout(this.timeout, &mut call).await {
+                Ok(r) => (r, false),
+                Err(_) => (Err(StoreError::Timeout), true),
+            };
+            telemetry::store_latency(this.primary.name(), started.elapsed());
+            match result {
+                Ok(decision) => {
+                    this.breaker.success();
+                    if !decision.is_allowed() {
+                        if let (Some(cache), Some(slot)) = (&this.deny_cache, slot) {
+                            let now = this.clock.now_millis();
+                            cache.insert(
+                                slot,
+                                &key,
+                                &policies,
+                                &costs,
+                                decision.clone(),
+                                now,
+                                generation,
+                            );
+                        }
+                    }
+                    this.learn(&key, &policies, &costs, &decision, None);
+                    Ok(decision)
+                }
+                Err(error) => {
+                    telemetry::store_error(&error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                    let degraded = this.degraded(&key, &policies, &costs, &error);
+                    if timed_out {
+                        this.finish_late(call, key, policies, costs, degraded.is_allowed());
+                    }
+                    Ok(degraded)
+                }
+            }
+        })
+    }
+
+    /// Peeks and resets go to the store within its timeout; refunds, settlements and slot
+    /// operations go through the breaker too, and to the local fallback (see
+    /// [Refunds](crate::store::resilient#refunds)).
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: Op,
+    ) -> BoxFuture<Result<Applied, StoreError>> {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
+        let inner = &self.inner;
+        let op = match op {
+            Op::Check { costs } => return check_applied(self, key, policies, &costs),
+            op => op,
+        };
+        if op.gives_back() {
+            // The store may now allow what it refused: this key's cached denials go.
+            if let Some(cache) = &inner.deny_cache {
+                cache.forget(key);
+            }
+            self.mirror_in_fallback(key, policies, &op);
+        }
+        match op {
+            Op::Peek { .. } | Op::Reset => {
+                self.within_timeout(inner.primary.apply(key, policies, op))
+            }
+            // Slot 0 names no slot of the store's (the failure mode decided the request).
+            Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
+                Box::pin(std::future::ready(Ok(Applied::Done)))
+            }
+            op => self
+                .guarded(|primary| primary.apply(key, policies, op))
+                .unwrap_or_else(|| Box::pin(std::future::ready(Ok(Applied::Done)))),
+        }
+    }
+
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        self.inner
+            .primary
+            .override_store()
+            .map(|_| self as &dyn OverrideStore)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.inner.clock.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.primary.name()
+    }
+
+    /// The wrapped store's: what it lost, this store's cached denials and fallback learned
+    /// from too.
+    fn generation(&self) -> u64 {
+        self.inner.primary.generation()
+    }
+}
+
+impl<S: Store> ResilientStore<S> {
+    /// The same operation for the local fallback, which was charged for every admitted
+    /// request, by the store or by itself: each fallback policy's costs clamped to its
+    /// capacity, as its checks were. The memory store applies it at call time; its future
+    /// only reports success.
+    fn mirror_in_fallback(&self, key: &Key, policies: &[Policy], op: &Op) {
+        let inner = &self.inner;
+        let mirrored = match op {
+            Op::Reset => {
+                let fallback: Vec<Policy> = {
+                    let map = inner.fallback_policies.read();
+                    map.values()
+                        .filter(|fp| {
+                            policies
+                                .iter()
+                                .any(|p| fp.name() == format!("{}-fallback", p.name()))
+                        })
+                        .cloned()
+                        .collect()
+                };
+                drop(inner.fallback.apply(key, &fallback, Op::Reset));
+                return;
+            }
+            Op::Refund { costs } => {
+                let (_, fps, fcosts) = inner.fallback_parts(policies, costs);
+                (fps, Op::refund(&fcosts[..]))
+            }
+            Op::Settle { reserved, actual } => {
+                let (idx, fps, r) = inner.fallback_parts(policies, reserved);
+                let a: SmallVec<[u64; 2]> = idx
+                    .iter()
+                    .zip(&fps)
+                    .map(|(&i, fp)| actual[i].min(fp.capacity()))
+                    .collect();
+                (fps, Op::settle(&r[..], &a[..]))
+            }
+            Op::Release { slot } => {
+                let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+                let (_, fps, _) = inner.fallback_parts(policies, &ones);
+                (fps, Op::Release { slot: *slot })
+            }
+            _ => return,
+        };
+        let (fallback_policies, op) = mirrored;
+        if !fallback_policies.is_empty() {
+            drop(inner.fallback.apply(key, &fallback_policies, op));
+        }
+    }
+
+    /// An operator's call of the store (an override), under the store's timeout.
+    fn within_timeout<T: Send + 'static>(
+        &self,
+        call: BoxFuture<Result<T, StoreError>>,
+    ) -> BoxFuture<Result<T, StoreError>> {
+        let timeout = self.inner.timeout;
+        Box::pin(async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
+    /// A call of the store that is not a decision (a refund, settlement, release or
+    /// refresh) under the same timeout and circuit breaker as decisions: skipped (`None`)
+    /// while the circuit is open; its errors counted and fed to the breaker.
+    fn guarded(
+        &self,
+        call: impl FnOnce(&S) -> BoxFuture<Result<Applied, StoreError>>,
+    ) -> Option<BoxFuture<Result<Applied, StoreError>>> {
+        let inner = &self.inner;
+        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
+            // The store is skipped while the circuit is open, as checks are.
+            Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
+                return None;
+            }
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = call(&inner.primary);
+        let this = Arc::clone(inner);
+        Some(Box::pin(async move {
+            let result = tokio::time::timeout(this.timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            match &result {
+                Ok(_) => this.breaker.success(),
+                Err(error) => {
+                    telemetry::store_error(error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                }
+            }
+            result
+        }))
+    }
+}
+
+/// Overrides are the wrapped store's, set and read within its timeout; setting or removing
+/// one drops this key's cached denials.
+impl<S: Store> OverrideStore for ResilientStore<S> {
+    fn set(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.set_override(key, policy, ttl))
+    }
+
+    fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.within_timeout(self.inner.primary.remove_override(key, policy))
+    }
+
+    fn list(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+    ) -> BoxFuture<Result<Vec<crate::overrides::ActiveOverride>, StoreError>> {
+        self.within_timeout(self.inner.primary.overrides(key, policies))
+    }
+}
