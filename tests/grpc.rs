@@ -206,7 +206,7 @@ impl Store for FailsAfterFirst {
         key: &Key,
         policies: &[Policy],
         op: tollgate::store::Op,
-    ) -> tollgate::store::BoxFuture<Result<tollgate::store::Applied, tollgate::StoreError>> {
+    ) -> tollgate::store::ApplyFuture {
         self.inner.apply(key, policies, op)
     }
 

@@ -28,8 +28,8 @@
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::sync::Arc;
 //! use tollgate::key::Key;
-//! use tollgate::store::{Applied, BoxFuture, MemoryStore, Op, OverrideStore, Store};
-//! use tollgate::{Decision, Policy, StoreError};
+//! use tollgate::store::{ApplyFuture, MemoryStore, Op, OverrideStore, Store};
+//! use tollgate::Policy;
 //!
 //! #[derive(Debug, Clone, Default)]
 //! struct Counted {
@@ -45,7 +45,7 @@
 //!         self.inner.check(key, policies, costs)
 //!     }
 //!
-//!     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> BoxFuture<Result<Applied, StoreError>> {
+//!     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
 //!         self.operations.fetch_add(1, Ordering::Relaxed);
 //!         self.inner.apply(key, policies, op)
 //!     }
@@ -110,6 +110,9 @@ use crate::policy::Policy;
 
 /// A boxed future, for the store operations that are off the hot path.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The future of [`Store::apply`].
+pub type ApplyFuture = BoxFuture<Result<Applied, StoreError>>;
 
 /// A backend that keeps limiter state and decides atomically.
 ///
@@ -183,12 +186,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>>;
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture;
 
     /// Where this store keeps per-key [overrides](crate::overrides); `None`, the default,
     /// for a store that keeps none.
@@ -358,7 +356,7 @@ pub trait StoreExt: Store {
 impl<S: Store + ?Sized> StoreExt for S {}
 
 /// An operation's answer, its decision (if any) dropped.
-fn done(call: BoxFuture<Result<Applied, StoreError>>) -> BoxFuture<Result<(), StoreError>> {
+fn done(call: ApplyFuture) -> BoxFuture<Result<(), StoreError>> {
     Box::pin(async move { call.await.map(drop) })
 }
 
@@ -368,7 +366,7 @@ pub(crate) fn check_applied<S: Store + ?Sized>(
     key: &Key,
     policies: &[Policy],
     costs: &[u64],
-) -> BoxFuture<Result<Applied, StoreError>> {
+) -> ApplyFuture {
     let call = store.check(key, policies, costs);
     Box::pin(async move { call.await.map(Applied::Decision) })
 }
@@ -407,12 +405,7 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         costs: &[u64],
     ) -> Option<Result<Decision, StoreError>>;
-    fn apply_erased(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>>;
+    fn apply_erased(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture;
     fn override_store_erased(&self) -> Option<&dyn OverrideStore>;
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
@@ -436,12 +429,7 @@ impl<S: Store> ErasedStore for S {
     ) -> Option<Result<Decision, StoreError>> {
         self.check_now(key, policies, costs)
     }
-    fn apply_erased(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply_erased(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         self.apply(key, policies, op)
     }
     fn override_store_erased(&self) -> Option<&dyn OverrideStore> {
@@ -483,12 +471,7 @@ impl Store for DynStore {
         self.inner.check_now_erased(key, policies, costs)
     }
 
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         self.inner.apply_erased(key, policies, op)
     }
 

@@ -304,10 +304,7 @@ pub(crate) fn misfit(op: &Op, n: usize) -> crate::error::StoreError {
 }
 
 /// An operation refused before it reaches the state: numbers that do not fit its policies.
-pub(crate) fn refused_misfit(
-    op: &Op,
-    n: usize,
-) -> Option<super::BoxFuture<Result<Applied, crate::error::StoreError>>> {
+pub(crate) fn refused_misfit(op: &Op, n: usize) -> Option<super::ApplyFuture> {
     (!op.fits(n)).then(|| {
         let error = misfit(op, n);
         Box::pin(std::future::ready(Err(error))) as super::BoxFuture<_>

@@ -19,7 +19,7 @@ use tollgate::error::StoreError;
 use tollgate::key::Key;
 use tollgate::overrides::ActiveOverride;
 use tollgate::store::leased::{LeaseBackend, LedgerCall, LedgerReply};
-use tollgate::store::{Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
+use tollgate::store::{Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt};
 use tollgate::{Decision, Policy};
 
 /// Which stops each call makes.
@@ -152,12 +152,7 @@ impl<S: Store> Store for Gated<S> {
         self.wrap("check", move |s| Box::pin(s.check(&key, &policies, &costs)))
     }
 
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if matches!(op, Op::Refresh { .. }) {
             // Refreshes run in the background while a slot is held: never stopped.
             return self.inner.apply(key, policies, op);

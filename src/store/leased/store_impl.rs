@@ -15,7 +15,9 @@ use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
-use crate::store::{check_applied, Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
+use crate::store::{
+    check_applied, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
+};
 
 /// Splits a request's policies into leasable and exact ones.
 pub(super) fn split(policies: &[Policy]) -> (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) {
@@ -112,12 +114,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         self.shared.local(&entry, costs, now, true).map(Ok)
     }
 
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
         }
@@ -152,12 +149,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
 /// The operations other than a check: leasable policies through the ledger and the blocks
 /// in hand, the rest in the wrapped store.
 impl<S: LeaseBackend> LeasedStore<S> {
-    fn peek_op(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn peek_op(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> ApplyFuture {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -193,12 +185,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
         })
     }
 
-    fn refund_op(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn refund_op(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> ApplyFuture {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -232,7 +219,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
         policies: &[Policy],
         reserved: &[u64],
         actual: &[u64],
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    ) -> ApplyFuture {
         let (li, ei) = split(policies);
         let shared = self.shared.clone();
         let key = key.clone();
@@ -274,31 +261,21 @@ impl<S: LeaseBackend> LeasedStore<S> {
         })
     }
 
-    fn release_op(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn release_op(&self, key: &Key, policies: &[Policy], slot: u64) -> ApplyFuture {
         let (_, ei) = split(policies);
         self.shared
             .inner
             .apply(key, &pick(policies, &ei), Op::Release { slot })
     }
 
-    fn refresh_op(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        slot: u64,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn refresh_op(&self, key: &Key, policies: &[Policy], slot: u64) -> ApplyFuture {
         let (_, ei) = split(policies);
         self.shared
             .inner
             .apply(key, &pick(policies, &ei), Op::Refresh { slot })
     }
 
-    fn reset_op(&self, key: &Key, policies: &[Policy]) -> BoxFuture<Result<Applied, StoreError>> {
+    fn reset_op(&self, key: &Key, policies: &[Policy]) -> ApplyFuture {
         let (li, _) = split(policies);
         let lp = pick(policies, &li);
         if !lp.is_empty() {

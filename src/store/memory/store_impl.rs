@@ -13,7 +13,7 @@ use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
-use crate::store::{Applied, BoxFuture, Op, OverrideStore, Store};
+use crate::store::{Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store};
 
 /// The future of [`MemoryStore`]'s [`check`](Store::check): the store decides when it is
 /// called, so this is ready at once. An in-flight slot the decision took is given back if
@@ -110,12 +110,7 @@ impl Store for MemoryStore {
     }
 
     /// Every operation is done by the time this returns; the future only reports it.
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
         }

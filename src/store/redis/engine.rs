@@ -28,7 +28,7 @@ use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
-use crate::store::{Applied, BoxFuture, Op};
+use crate::store::{Applied, ApplyFuture, BoxFuture, Op};
 
 /// Units per policy, as the script takes them.
 fn units(costs: &[u64]) -> SmallVec<[Amount; 2]> {
@@ -397,12 +397,7 @@ impl<C: Connector> Core<C> {
     /// Applies `op` (see [`Store::apply`](crate::store::Store::apply)): one request of the
     /// decision script in the op's mode, batched like any other, so one atomic script call;
     /// a reset is one `UNLINK`.
-    pub(crate) fn apply(
-        self: &Arc<Self>,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    pub(crate) fn apply(self: &Arc<Self>, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
         }
@@ -518,11 +513,7 @@ impl<C: Connector> Core<C> {
     }
 
     /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
-    fn reset(
-        self: &Arc<Self>,
-        key: &Key,
-        policies: &[Policy],
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn reset(self: &Arc<Self>, key: &Key, policies: &[Policy]) -> ApplyFuture {
         if policies.is_empty() {
             // `UNLINK` with no keys is a syntax error; there is nothing to forget.
             return Box::pin(std::future::ready(Ok(Applied::Done)));

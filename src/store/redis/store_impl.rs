@@ -23,7 +23,7 @@ macro_rules! engine_store {
                 key: &$crate::key::Key,
                 policies: &[$crate::Policy],
                 op: $crate::store::Op,
-            ) -> $crate::store::BoxFuture<Result<$crate::store::Applied, $crate::StoreError>> {
+            ) -> $crate::store::ApplyFuture {
                 self.core.apply(key, policies, op)
             }
 

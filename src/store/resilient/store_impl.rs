@@ -14,7 +14,9 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
-use crate::store::{check_applied, Applied, BoxFuture, Op, OverrideStore, Store, StoreExt};
+use crate::store::{
+    check_applied, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
+};
 use crate::telemetry;
 
 impl<S: Store> Store for ResilientStore<S> {
@@ -96,12 +98,7 @@ impl<S: Store> Store for ResilientStore<S> {
     /// Peeks and resets go to the store within its timeout; refunds, settlements and slot
     /// operations go through the breaker too, and to the local fallback (see
     /// [Refunds](crate::store::resilient#refunds)).
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
         }
@@ -218,10 +215,7 @@ impl<S: Store> ResilientStore<S> {
     /// A call of the store that is not a decision (a refund, settlement, release or
     /// refresh) under the same timeout and circuit breaker as decisions: skipped (`None`)
     /// while the circuit is open; its errors counted and fed to the breaker.
-    fn guarded(
-        &self,
-        call: impl FnOnce(&S) -> BoxFuture<Result<Applied, StoreError>>,
-    ) -> Option<BoxFuture<Result<Applied, StoreError>>> {
+    fn guarded(&self, call: impl FnOnce(&S) -> ApplyFuture) -> Option<ApplyFuture> {
         let inner = &self.inner;
         let probe = match inner.breaker.gate(inner.clock.now_millis()) {
             // The store is skipped while the circuit is open, as checks are.

@@ -1,7 +1,7 @@
 //! `MemoryLedger`: the ledger in the process, for tests and single-instance use.
 
 use super::*;
-use crate::store::{Applied, Op, OverrideStore, StoreExt};
+use crate::store::{ApplyFuture, Op, OverrideStore, StoreExt};
 
 /// A lease ledger in process memory, with a [`MemoryStore`] for the policies that are not
 /// leased: the shared state of several [`LeasedStore`](crate::store::leased::LeasedStore)s of one process,
@@ -158,12 +158,7 @@ impl Store for MemoryLedger {
     }
 
     /// Every operation is the exact store's; a reset also forgets the ledger's states.
-    fn apply(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        op: Op,
-    ) -> BoxFuture<Result<Applied, StoreError>> {
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if op == Op::Reset {
             let mut map = self.states.lock();
             for p in policies {
