@@ -81,7 +81,7 @@ use smallvec::SmallVec;
 mod builder;
 mod overrides;
 mod shard;
-mod slots;
+mod states;
 mod store_impl;
 
 pub use builder::MemoryStoreBuilder;
@@ -91,7 +91,7 @@ use crate::algorithm::AnyState;
 use crate::clock::{Clock, SystemClock};
 use overrides::Overrides;
 use shard::{hash_key, Entry, Shard};
-use slots::{Slot, Slots};
+use states::{EntryState, EntryStates};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -279,7 +279,7 @@ impl MemoryStore {
             let entry = Entry {
                 key: key.clone(),
                 expires_at: 0,
-                slots: Slots::new(),
+                states: EntryStates::new(),
             };
             match room {
                 Some(i) => shard.put_at(i, hash, entry, &inner.hasher),
@@ -327,21 +327,21 @@ impl MemoryStore {
                     continue;
                 }
                 let at = match entry
-                    .slots
+                    .states
                     .iter()
                     .position(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
                 {
                     Some(at) => at,
                     None if !create => continue,
                     None => {
-                        entry.slots.push(Slot {
+                        entry.states.push(EntryState {
                             policy: p.id(),
                             state: AnyState::fresh(p.algorithm()),
                         });
-                        entry.slots.len() - 1
+                        entry.states.len() - 1
                     }
                 };
-                change(&mut entry.slots[at].state, now, p.limits(), c);
+                change(&mut entry.states[at].state, now, p.limits(), c);
             }
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
             // back frees its entry: recomputed for the states this call names, under the
@@ -350,7 +350,7 @@ impl MemoryStore {
             // here are unknown (an override may be in force on it).
             let entry = &mut shard.entries[i];
             entry.expires_at = entry
-                .slots
+                .states
                 .iter()
                 .map(|s| {
                     let same =
@@ -375,9 +375,9 @@ impl MemoryStore {
         if let Some(i) = shard.find(hash, key) {
             let entry = &mut shard.entries[i];
             entry
-                .slots
+                .states
                 .retain(|s| !policies.iter().any(|p| p.id() == s.policy));
-            if entry.slots.is_empty() {
+            if entry.states.is_empty() {
                 shard.remove_at(i, &inner.hasher);
             }
         }
@@ -404,7 +404,7 @@ impl Inner {
         let found = shard.find(hash, key);
         if let Some(i) = found {
             if let Some(slot) = shard.entries[i]
-                .slots
+                .states
                 .iter_mut()
                 .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
             {
@@ -423,7 +423,7 @@ impl Inner {
         };
         if let Some(i) = found {
             let entry = &mut shard.entries[i];
-            if let Some(s) = entry.slot(policy) {
+            if let Some(s) = entry.state_of(policy) {
                 let keep = s
                     .state
                     .expires_at(&after)
@@ -472,7 +472,7 @@ impl Inner {
             // collections.
             let entry = &mut shard.entries[i];
             if let Some(slot) = entry
-                .slots
+                .states
                 .iter_mut()
                 .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
             {
@@ -501,7 +501,7 @@ impl Inner {
         match found {
             Some(i) => {
                 let entry = &mut shard.entries[i];
-                let decision = all_or_nothing(policies, costs, |p, c| match entry.slot(p) {
+                let decision = all_or_nothing(policies, costs, |p, c| match entry.state_of(p) {
                     Some(s) => s.state.evaluate(now, p.limits(), c),
                     None => AnyState::fresh(p.algorithm()).evaluate(now, p.limits(), c),
                 });
@@ -529,7 +529,7 @@ impl Inner {
                     let mut entry = Entry {
                         key: key.clone(),
                         expires_at: 0,
-                        slots: Slots::new(),
+                        states: EntryStates::new(),
                     };
                     entry.charge(now, policies, costs);
                     if let Some(plan) = plan {
@@ -573,7 +573,7 @@ fn name_slots(
             continue;
         }
         if let Some(slot) = entry
-            .slots
+            .states
             .iter_mut()
             .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
         {
@@ -594,7 +594,7 @@ fn keep_for_plan(entry: &mut Entry, plan: &[Policy]) {
     let mut expires_at = entry.expires_at;
     for p in plan {
         if let Some(s) = entry
-            .slots
+            .states
             .iter()
             .find(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
         {

@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use super::slots::{Slot, Slots};
+use super::states::{EntryState, EntryStates};
 use super::{EVICTION_SAMPLE, MAX_KNOWN_POLICIES};
 use crate::algorithm::AnyState;
 use crate::error::StoreError;
@@ -29,7 +29,7 @@ pub(super) struct Shard {
 pub(super) struct Entry {
     pub(super) key: Key,
     pub(super) expires_at: u64,
-    pub(super) slots: Slots,
+    pub(super) states: EntryStates,
 }
 
 #[inline]
@@ -118,22 +118,22 @@ impl Shard {
     /// the largest over its policies. Policies this shard does not know count as unused.
     pub(super) fn usage(&self, entry: &Entry, now: u64) -> (u64, u64) {
         let mut share = (0u64, 1u64);
-        for slot in entry.slots.iter() {
+        for state in entry.states.iter() {
             let Some(policy) = self
                 .known
                 .iter()
-                .find(|k| k.id() == slot.policy && k.algorithm() == slot.state.algorithm())
+                .find(|k| k.id() == state.policy && k.algorithm() == state.state.algorithm())
             else {
                 continue;
             };
-            if let AnyState::InFlight(held) = &slot.state {
+            if let AnyState::InFlight(held) = &state.state {
                 // Forgetting slots in use would admit that many more: such an entry is kept
                 // like a full one.
                 if held.held() > 0 {
                     return (1, 1);
                 }
             }
-            let d = slot.state.evaluate(now, policy.limits(), 0);
+            let d = state.state.evaluate(now, policy.limits(), 0);
             let limit = d.limit().max(1);
             let used = limit.saturating_sub(d.remaining());
             if u128::from(used) * u128::from(share.1) > u128::from(share.0) * u128::from(limit) {
@@ -162,12 +162,12 @@ impl Shard {
         // Draw every index first and read every sampled entry's expiry in one pass: the
         // reads are independent, so their cache misses overlap instead of queueing.
         let mut sample = [0usize; EVICTION_SAMPLE];
-        for slot in &mut sample {
+        for pick in &mut sample {
             // A uniform index without a division (Lemire's multiply-shift).
-            *slot = ((u128::from(self.next_random()) * n as u128) >> 64) as usize;
+            *pick = ((u128::from(self.next_random()) * n as u128) >> 64) as usize;
         }
         // An entry spans two cache lines: read from both (the expiry, the key's length, the
-        // first slot's policy) so that the usage pass below finds them cached.
+        // first state's policy) so that the usage pass below finds them cached.
         let mut expiries = [0u64; EVICTION_SAMPLE];
         let mut touched = 0usize;
         for (e, &i) in expiries.iter_mut().zip(&sample) {
@@ -175,7 +175,7 @@ impl Shard {
             *e = entry.expires_at;
             touched = touched
                 .wrapping_add(entry.key.as_str().len())
-                .wrapping_add(entry.slots.first().map_or(0, |s| s.policy as usize));
+                .wrapping_add(entry.states.first().map_or(0, |s| s.policy as usize));
         }
         std::hint::black_box(touched);
         if let Some(k) = expiries.iter().position(|&e| e <= now) {
@@ -205,8 +205,8 @@ impl Shard {
     /// Removes the entry at `i` from the index only.
     pub(super) fn unindex(&mut self, i: usize, hasher: &foldhash::fast::RandomState) {
         let hash = hash_key(hasher, &self.entries[i].key);
-        if let Ok(slot) = self.index.find_entry(hash, |&j| j as usize == i) {
-            slot.remove();
+        if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
+            found.remove();
         }
     }
 
@@ -228,14 +228,14 @@ impl Shard {
     /// Removes the entry at `i`, moving the last entry into its place.
     pub(super) fn remove_at(&mut self, i: usize, hasher: &foldhash::fast::RandomState) {
         let hash = hash_key(hasher, &self.entries[i].key);
-        if let Ok(slot) = self.index.find_entry(hash, |&j| j as usize == i) {
-            slot.remove();
+        if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
+            found.remove();
         }
         let last = self.entries.len() - 1;
         if i != last {
             let moved = hash_key(hasher, &self.entries[last].key);
-            if let Some(slot) = self.index.find_mut(moved, |&j| j as usize == last) {
-                *slot = i as u32;
+            if let Some(found) = self.index.find_mut(moved, |&j| j as usize == last) {
+                *found = i as u32;
             }
         }
         self.entries.swap_remove(i);
@@ -287,8 +287,8 @@ impl Shard {
 
 impl Entry {
     #[inline]
-    pub(super) fn slot(&self, policy: &Policy) -> Option<&Slot> {
-        self.slots
+    pub(super) fn state_of(&self, policy: &Policy) -> Option<&EntryState> {
+        self.states
             .iter()
             .find(|s| s.policy == policy.id() && s.state.algorithm() == policy.algorithm())
     }
@@ -299,22 +299,22 @@ impl Entry {
             // Redis names its keys): after a reload changes a policy's algorithm, the old
             // state is left to expire rather than replaced under another path's feet.
             let idx = match self
-                .slots
+                .states
                 .iter()
                 .position(|s| s.policy == p.id() && s.state.algorithm() == p.algorithm())
             {
                 Some(i) => i,
                 None => {
-                    self.slots.push(Slot {
+                    self.states.push(EntryState {
                         policy: p.id(),
                         state: AnyState::fresh(p.algorithm()),
                     });
-                    self.slots.len() - 1
+                    self.states.len() - 1
                 }
             };
-            let slot = &mut self.slots[idx];
-            slot.state.commit(now, p.limits(), c);
-            let expires = slot.state.expires_at(p.limits());
+            let state = &mut self.states[idx];
+            state.state.commit(now, p.limits(), c);
+            let expires = state.state.expires_at(p.limits());
             self.expires_at = self.expires_at.max(expires);
         }
     }

@@ -24,7 +24,7 @@ pub(super) struct DenyCache {
     /// How long a denial is answered before the store is asked to confirm it.
     recheck_ms: u64,
     hasher: foldhash::fast::RandomState,
-    /// slot → the denial.
+    /// entry (a hash of the key, policies and costs) → the denial.
     entries: Mutex<HashMap<u64, Cached>>,
     /// The store's generation the entries were cached under.
     generation: AtomicU64,
@@ -51,7 +51,7 @@ struct Cached {
 
 /// A cached denial the store should confirm: the request to peek, and which entry it is.
 pub(super) struct Recheck {
-    pub(super) slot: u64,
+    pub(super) entry: u64,
     pub(super) key: Key,
     pub(super) policies: SmallVec<[Policy; 2]>,
     pub(super) costs: SmallVec<[u64; 2]>,
@@ -70,7 +70,7 @@ impl DenyCache {
         }
     }
 
-    pub(super) fn slot(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> u64 {
+    pub(super) fn entry_of(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> u64 {
         let mut h = self.hasher.build_hasher();
         key.hash(&mut h);
         for (p, c) in policies.iter().zip(costs) {
@@ -94,20 +94,20 @@ impl DenyCache {
     /// or more ago and no peek is under way, the peek to send (off the request path).
     pub(super) fn get(
         &self,
-        slot: u64,
+        entry: u64,
         key: &Key,
         now: u64,
         generation: u64,
     ) -> Option<(Decision, Option<Recheck>)> {
         let mut entries = self.entries.lock();
-        let cached = entries.get_mut(&slot)?;
+        let cached = entries.get_mut(&entry)?;
         if cached.key != *key {
             return None;
         }
         // A denial from state the store has lost (it restarted, as far as it noticed) is
         // never answered, whatever its moment.
         if now >= cached.until || cached.generation != generation {
-            entries.remove(&slot);
+            entries.remove(&entry);
             return None;
         }
         let decision = shift(
@@ -119,7 +119,7 @@ impl DenyCache {
             .then(|| {
                 cached.checking = true;
                 Recheck {
-                    slot,
+                    entry,
                     key: cached.key.clone(),
                     policies: cached.policies.clone(),
                     costs: cached.costs.clone(),
@@ -142,7 +142,7 @@ impl DenyCache {
         generation: u64,
     ) {
         let mut entries = self.entries.lock();
-        let Some(cached) = entries.get_mut(&job.slot) else {
+        let Some(cached) = entries.get_mut(&job.entry) else {
             return;
         };
         if cached.key != job.key || cached.at != job.at {
@@ -151,10 +151,10 @@ impl DenyCache {
         cached.checking = false;
         match answer {
             _ if cached.generation != generation => {
-                entries.remove(&job.slot);
+                entries.remove(&job.entry);
             }
             Some((true, _)) => {
-                entries.remove(&job.slot);
+                entries.remove(&job.entry);
             }
             Some((false, retry_after)) => {
                 let store_until = now.saturating_add(retry_after);
@@ -169,7 +169,7 @@ impl DenyCache {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &self,
-        slot: u64,
+        entry: u64,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
@@ -190,7 +190,7 @@ impl DenyCache {
             }
         }
         entries.insert(
-            slot,
+            entry,
             Cached {
                 key: key.clone(),
                 policies: policies.iter().cloned().collect(),
@@ -247,18 +247,18 @@ mod tests {
         let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
-        let slot = cache.slot(&key, &policies, &[1]);
+        let entry = cache.entry_of(&key, &policies, &[1]);
         cache.sync(3);
-        cache.insert(slot, &key, &policies, &[1], denied(), 1_000, 3);
-        assert!(cache.get(slot, &key, 1_001, 3).is_some());
+        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 3);
+        assert!(cache.get(entry, &key, 1_001, 3).is_some());
         // The store noticed it lost its state: the entry is gone, not merely skipped.
-        assert!(cache.get(slot, &key, 1_002, 4).is_none());
-        assert!(cache.get(slot, &key, 1_003, 3).is_none());
+        assert!(cache.get(entry, &key, 1_002, 4).is_none());
+        assert!(cache.get(entry, &key, 1_003, 3).is_none());
         // A denial learned under a generation the cache has left is not kept.
         cache.sync(5);
-        cache.insert(slot, &key, &policies, &[1], denied(), 1_004, 4);
-        assert!(cache.get(slot, &key, 1_005, 4).is_none());
-        assert!(cache.get(slot, &key, 1_005, 5).is_none());
+        cache.insert(entry, &key, &policies, &[1], denied(), 1_004, 4);
+        assert!(cache.get(entry, &key, 1_005, 4).is_none());
+        assert!(cache.get(entry, &key, 1_005, 5).is_none());
     }
 
     #[test]
@@ -266,34 +266,34 @@ mod tests {
         let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_millis(100));
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
-        let slot = cache.slot(&key, &policies, &[1]);
-        cache.insert(slot, &key, &policies, &[1], denied(), 1_000, 0);
-        assert!(cache.get(slot, &key, 1_099, 0).unwrap().1.is_none());
-        let (_, job) = cache.get(slot, &key, 1_100, 0).unwrap();
+        let entry = cache.entry_of(&key, &policies, &[1]);
+        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0);
+        assert!(cache.get(entry, &key, 1_099, 0).unwrap().1.is_none());
+        let (_, job) = cache.get(entry, &key, 1_100, 0).unwrap();
         let job = job.expect("a recheck is due");
         assert_eq!(
             (job.key.clone(), job.costs.as_slice()),
             (key.clone(), &[1][..])
         );
         // One peek at a time: later hits are answered without asking again.
-        assert!(cache.get(slot, &key, 1_150, 0).unwrap().1.is_none());
+        assert!(cache.get(entry, &key, 1_150, 0).unwrap().1.is_none());
         // The store still refuses, for 30 s more: answered until the next recheck, and
         // never past the store's new moment.
         cache.rechecked(&job, Some((false, 30_000)), 1_160, 0);
-        assert!(cache.get(slot, &key, 1_259, 0).unwrap().1.is_none());
-        let (d, job) = cache.get(slot, &key, 1_260, 0).unwrap();
+        assert!(cache.get(entry, &key, 1_259, 0).unwrap().1.is_none());
+        let (d, job) = cache.get(entry, &key, 1_260, 0).unwrap();
         assert!(d.retry_after_millis() <= 30_000 - 100);
         // Now the store would allow it (its state was lost, or refunded elsewhere): gone.
         cache.rechecked(&job.unwrap(), Some((true, 0)), 1_270, 0);
-        assert!(cache.get(slot, &key, 1_271, 0).is_none());
+        assert!(cache.get(entry, &key, 1_271, 0).is_none());
         // A store that did not answer leaves the entry, to be asked again at the next hit.
-        cache.insert(slot, &key, &policies, &[1], denied(), 2_000, 0);
-        let (_, job) = cache.get(slot, &key, 2_100, 0).unwrap();
+        cache.insert(entry, &key, &policies, &[1], denied(), 2_000, 0);
+        let (_, job) = cache.get(entry, &key, 2_100, 0).unwrap();
         cache.rechecked(&job.unwrap(), None, 2_150, 0);
-        let (_, job) = cache.get(slot, &key, 2_151, 0).unwrap();
+        let (_, job) = cache.get(entry, &key, 2_151, 0).unwrap();
         // And a store whose generation moved meanwhile drops it whatever it answered.
         cache.rechecked(&job.expect("asked again"), Some((false, 9_000)), 2_160, 1);
-        assert!(cache.get(slot, &key, 2_161, 0).is_none());
+        assert!(cache.get(entry, &key, 2_161, 0).is_none());
     }
 
     #[test]

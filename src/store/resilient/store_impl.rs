@@ -26,12 +26,12 @@ impl<S: Store> Store for ResilientStore<S> {
         let inner = &self.inner;
         let now = inner.clock.now_millis();
         let generation = inner.primary.generation();
-        let slot = inner.deny_cache.as_ref().map(|c| {
+        let entry = inner.deny_cache.as_ref().map(|c| {
             c.sync(generation);
-            c.slot(key, policies, costs)
+            c.entry_of(key, policies, costs)
         });
-        if let (Some(cache), Some(slot)) = (&inner.deny_cache, slot) {
-            if let Some((d, recheck)) = cache.get(slot, key, now, generation) {
+        if let (Some(cache), Some(entry)) = (&inner.deny_cache, entry) {
+            if let Some((d, recheck)) = cache.get(entry, key, now, generation) {
                 if let Some(job) = recheck {
                     inner.recheck(job);
                 }
@@ -66,10 +66,10 @@ impl<S: Store> Store for ResilientStore<S> {
                 Ok(decision) => {
                     this.breaker.success();
                     if !decision.is_allowed() {
-                        if let (Some(cache), Some(slot)) = (&this.deny_cache, slot) {
+                        if let (Some(cache), Some(entry)) = (&this.deny_cache, entry) {
                             let now = this.clock.now_millis();
                             cache.insert(
-                                slot,
+                                entry,
                                 &key,
                                 &policies,
                                 &costs,
