@@ -281,8 +281,6 @@ mod readme_doctests {}
 pub use config::audit;
 #[cfg(feature = "config")]
 pub use config::audit::{audit, AuditReport};
-#[allow(deprecated)]
-pub use decision::Outcome;
 pub use decision::{DecidedBy, Decision};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{
