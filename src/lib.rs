@@ -19,14 +19,19 @@
 //!
 //! | feature | adds |
 //! |---|---|
-//! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
-//! | `config` (default) | TOML plans ([`config`]), the [`audit()`], building a limiter from a plan |
-//! | `redis` | `store::RedisStore`: one Lua script per decision |
-//! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
-//! | `metrics` | counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
-//! | `opentelemetry` | the decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry` (see [`observability`]) |
-//! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status`, `Refusal::to_status` |
-//! | `cli` | the `tollgate` command (`tollgate audit plan.toml`); implies `config` and `cluster` |
+//! | `axum` (default) | Reads axum's `ConnectInfo<SocketAddr>` for peer addresses; `IntoResponse` for [`Refusal`] and `LoginDecision` |
+//! | `admin` | The admin API (`admin`): an axum router showing and resetting keys, the top refused keys and the effective plan, to mount behind the application's own auth; implies `axum` |
+//! | `config` (default) | TOML plans ([`config::Plan`]), the [`audit()`], and building limiters from a plan |
+//! | `metrics` | Counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
+//! | `watch` | Reloads a limiter's plan when its file changes (`config::PlanWatcher`); implies `config` |
+//! | `opentelemetry` | The decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry`, whether or not the span declares the fields (see [`observability`]) |
+//! | `redis` | The Redis store (`store::RedisStore`): one Lua script per decision, on a pool or a multiplexed connection |
+//! | `cluster` | The Redis Cluster store (`store::RedisClusterStore`); implies `redis` |
+//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset` and `override` against the store, `top` through the admin API; implies `config` and `cluster` |
+//! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
+//!
+//! The features and their descriptions come from `Cargo.toml` (a test keeps this table and
+//! the README's equal to it).
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
 //! ([`key`]), TOML plans with a deterministic audit (feature `config`), and failure handling
