@@ -120,6 +120,9 @@
 //! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command;
 //! CI fails on any cycle between top-level modules (`.ci/module_cycles.py`).
 //!
+//! The tree lists every file under `src/`; `tests/house.rs` fails when a file is missing from it
+//! or listed without existing.
+//!
 //! ```text
 //! src/
 //! ├── lib.rs                 the public API, re-exports and these docs
@@ -155,6 +158,7 @@
 //! │   ├── memory/            the in-process store
 //! │   │   ├── mod.rs         MemoryStore: sharded, bounded, swept
 //! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
+//! │   │   ├── slots.rs       the policy states of one entry: one inline, several allocated
 //! │   │   └── overrides.rs   per-key overrides kept in the process
 //! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
 //! │   │   ├── mod.rs         the store: timeouts, failure modes, fallback
@@ -166,8 +170,11 @@
 //! │   │   ├── builder.rs     LeasedStoreBuilder: lease time, block size, key cap
 //! │   │   ├── entries.rs     per key: observed rate, block, refusal; answers without a call
 //! │   │   ├── store_impl.rs  the Store implementation: leased and exact policies, all or nothing
+//! │   │   ├── table.rs       the keys tracked, and the filter that keeps one-off keys out
 //! │   │   ├── ledger.rs      the lease ledger's arithmetic (the twin of lua/lease.lua), LeaseBackend
-//! │   │   └── ledger/        memory.rs: MemoryLedger; tests.rs: the Lua and Rust ledgers agree
+//! │   │   └── ledger/
+//! │   │       ├── memory.rs  MemoryLedger: the ledger in the process
+//! │   │       └── tests.rs   the Lua and Rust ledgers agree
 //! │   └── redis/             RedisStore and RedisClusterStore
 //! │       ├── mod.rs         the store and its builder
 //! │       ├── cluster.rs     the Redis Cluster store
@@ -175,6 +182,7 @@
 //! │       ├── engine/tests.rs   its unit tests: batches assembled, replies read
 //! │       ├── store_impl.rs  the one Store implementation of both
 //! │       ├── script.rs      the Lua decision script, hashed once
+//! │       ├── script_call.rs one EVALSHA, built straight into the command's buffer
 //! │       ├── wire.rs        one script call's arguments and reply
 //! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
 //! │       ├── lease.rs       the lease ledger of both stores (lua/lease.lua)
@@ -240,7 +248,8 @@
 //! │       └── envoy.rs       the local rate limit filter per route
 //! └── bin/                   the tollgate command (feature cli)
 //!     ├── tollgate.rs        audit, edge export, the operator commands
-//!     └── tollgate/ops.rs    inspect, reset and top
+//!     ├── tollgate/ops.rs    inspect, reset and top
+//!     └── tollgate/overrides.rs   override set, list and remove
 //! ```
 //!
 //! [tower]: https://docs.rs/tower
