@@ -150,7 +150,8 @@
 //! │   ├── token_bucket.rs    a bucket refilled continuously
 //! │   ├── fixed_window.rs    one counter per aligned window
 //! │   ├── gcra.rs            a leaky bucket as a meter, with optional shaping
-//! │   └── in_flight.rs       requests in progress rather than arrivals
+//! │   ├── in_flight.rs       requests in progress rather than arrivals
+//! │   └── tests.rs           property tests: any u64, every algorithm and operation
 //! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
