@@ -201,7 +201,10 @@
 //! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators
 //! │   └── heavy_hitters.rs   the keys refused most often (Space-Saving)
-//! ├── refusal.rs             Refusal and RefusalKind: every answer instead of the service's
+//! ├── refusal/               Refusal and RefusalKind: every answer instead of the service's
+//! │   ├── mod.rs             the kinds, the refusal, its status, codes and message
+//! │   ├── render.rs          HTTP and gRPC responses, tonic::Status, IntoResponse
+//! │   └── log.rs             counted, on the span, logged at the kind's level
 //! ├── response.rs            quota headers (classic, compact, structured) and HeaderStyle
 //! ├── grpc.rs                RESOURCE_EXHAUSTED with RetryInfo for gRPC calls
 //! ├── middleware/            the tower layer: adapts HTTP to the limiter, nothing more
