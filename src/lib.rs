@@ -232,7 +232,9 @@
 //! ├── admin.rs               the admin API: an axum Router for operators (feature admin)
 //! ├── config/                plans (feature config)
 //! │   ├── mod.rs             docs and re-exports
-//! │   ├── schema.rs          Plan and its sections: plain data, parsed from TOML
+//! │   ├── schema/            Plan and its sections: plain data, parsed from TOML
+//! │   │   ├── mod.rs         Plan, its sections and the duration parser
+//! │   │   └── edge.rs        the [edge] section: EdgeConfig, EdgeRuleConfig, EdgeTarget
 //! │   ├── json.rs            the same schema as JSON
 //! │   ├── build/             what a plan builds, through the code API's builders
 //! │   │   ├── mod.rs         BuiltPlan, Plan::build, from_config
@@ -243,7 +245,7 @@
 //! │   ├── audit.rs           the audit: rules TG000 to TG014 over a built plan
 //! │   ├── reload.rs          reload_plan and PlanWatcher (feature watch)
 //! │   └── edge/              [edge]: coarse limits exported to the edge
-//! │       ├── mod.rs         EdgeConfig, ExportOptions, export_edge
+//! │       ├── mod.rs         ExportOptions, export_edge, EdgeExport
 //! │       ├── resolve.rs     rules resolved against the plan's routes and key
 //! │       ├── audit.rs       TG012 to TG014
 //! │       ├── nginx.rs       limit_req zones and the real_ip settings
