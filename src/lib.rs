@@ -118,7 +118,8 @@
 //! A failure mode belongs to a [`ResilientStore`](store::ResilientStore) wrapped around a
 //! shared store, not to the limiter. Dependencies are meant to run one way, leaves first:
 //! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command;
-//! CI fails on any cycle between top-level modules (`.ci/module_cycles.py`).
+//! CI fails on any cycle between top-level modules, and on any circle between the files of
+//! `config/` (`.ci/module_cycles.py`).
 //!
 //! The tree lists every file under `src/`; `tests/house.rs` fails when a file is missing from it
 //! or listed without existing.
