@@ -81,13 +81,6 @@ pub enum DecidedBy {
     CachedDeny,
 }
 
-/// The former name of [`DecidedBy`].
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed to `DecidedBy`: it says how a decision was reached"
-)]
-pub type Outcome = DecidedBy;
-
 impl DecidedBy {
     /// The name used in logs, spans and metrics (`decided`, `fail_open`, …).
     pub const fn as_str(&self) -> &'static str {
@@ -236,12 +229,6 @@ impl Decision {
 
     /// How the decision was reached.
     pub fn decided_by(&self) -> DecidedBy {
-        self.outcome
-    }
-
-    /// The former name of [`decided_by`](Self::decided_by).
-    #[deprecated(since = "0.2.0", note = "renamed to `decided_by`")]
-    pub fn outcome(&self) -> DecidedBy {
         self.outcome
     }
 

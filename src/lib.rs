@@ -19,14 +19,19 @@
 //!
 //! | feature | adds |
 //! |---|---|
-//! | `axum` (default) | reads axum's `ConnectInfo<SocketAddr>` for peer addresses |
-//! | `config` (default) | TOML plans ([`config`]), the [`audit()`], building a limiter from a plan |
-//! | `redis` | `store::RedisStore`: one Lua script per decision |
-//! | `cluster` | `store::RedisClusterStore` on Redis Cluster |
-//! | `metrics` | counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
-//! | `opentelemetry` | the decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry` (see [`observability`]) |
-//! | `tonic` | reads tonic's `TcpConnectInfo` for peer addresses; `LoginDecision::to_status`, `Refusal::to_status` |
-//! | `cli` | the `tollgate` command (`tollgate audit plan.toml`); implies `config` and `cluster` |
+//! | `axum` (default) | Reads axum's `ConnectInfo<SocketAddr>` for peer addresses; `IntoResponse` for [`Refusal`] and `LoginDecision` |
+//! | `admin` | The admin API (`admin`): an axum router showing and resetting keys, the top refused keys and the effective plan, to mount behind the application's own auth; implies `axum` |
+//! | `config` (default) | TOML plans ([`config::Plan`]), the [`audit()`], and building limiters from a plan |
+//! | `metrics` | Counters and a store-latency histogram through the `metrics` facade (see [`observability`]) |
+//! | `watch` | Reloads a limiter's plan when its file changes (`config::PlanWatcher`); implies `config` |
+//! | `opentelemetry` | The decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry`, whether or not the span declares the fields (see [`observability`]) |
+//! | `redis` | The Redis store (`store::RedisStore`): one Lua script per decision, on a pool or a multiplexed connection |
+//! | `cluster` | The Redis Cluster store (`store::RedisClusterStore`); implies `redis` |
+//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset` and `override` against the store, `top` through the admin API; implies `config` and `cluster` |
+//! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
+//!
+//! The features and their descriptions come from `Cargo.toml` (a test keeps this table and
+//! the README's equal to it).
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
 //! ([`key`]), TOML plans with a deterministic audit (feature `config`), and failure handling
@@ -113,7 +118,11 @@
 //! A failure mode belongs to a [`ResilientStore`](store::ResilientStore) wrapped around a
 //! shared store, not to the limiter. Dependencies are meant to run one way, leaves first:
 //! key, policy, algorithm, decision, store, limiter, middleware and login, config, the command;
-//! CI fails on any cycle between top-level modules (`.ci/module_cycles.py`).
+//! CI fails on any cycle between top-level modules, and on any circle between the files of
+//! `config/` (`.ci/module_cycles.py`).
+//!
+//! The tree lists every file under `src/`; `tests/house.rs` fails when a file is missing from it
+//! or listed without existing.
 //!
 //! ```text
 //! src/
@@ -142,7 +151,8 @@
 //! │   ├── token_bucket.rs    a bucket refilled continuously
 //! │   ├── fixed_window.rs    one counter per aligned window
 //! │   ├── gcra.rs            a leaky bucket as a meter, with optional shaping
-//! │   └── in_flight.rs       requests in progress rather than arrivals
+//! │   ├── in_flight.rs       requests in progress rather than arrivals
+//! │   └── tests.rs           property tests: any u64, every algorithm and operation
 //! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
@@ -150,6 +160,7 @@
 //! │   ├── memory/            the in-process store
 //! │   │   ├── mod.rs         MemoryStore: sharded, bounded, swept
 //! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
+//! │   │   ├── slots.rs       the policy states of one entry: one inline, several allocated
 //! │   │   └── overrides.rs   per-key overrides kept in the process
 //! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
 //! │   │   ├── mod.rs         the store: timeouts, failure modes, fallback
@@ -161,8 +172,11 @@
 //! │   │   ├── builder.rs     LeasedStoreBuilder: lease time, block size, key cap
 //! │   │   ├── entries.rs     per key: observed rate, block, refusal; answers without a call
 //! │   │   ├── store_impl.rs  the Store implementation: leased and exact policies, all or nothing
+//! │   │   ├── table.rs       the keys tracked, and the filter that keeps one-off keys out
 //! │   │   ├── ledger.rs      the lease ledger's arithmetic (the twin of lua/lease.lua), LeaseBackend
-//! │   │   └── ledger/        memory.rs: MemoryLedger; tests.rs: the Lua and Rust ledgers agree
+//! │   │   └── ledger/
+//! │   │       ├── memory.rs  MemoryLedger: the ledger in the process
+//! │   │       └── tests.rs   the Lua and Rust ledgers agree
 //! │   └── redis/             RedisStore and RedisClusterStore
 //! │       ├── mod.rs         the store and its builder
 //! │       ├── cluster.rs     the Redis Cluster store
@@ -170,6 +184,7 @@
 //! │       ├── engine/tests.rs   its unit tests: batches assembled, replies read
 //! │       ├── store_impl.rs  the one Store implementation of both
 //! │       ├── script.rs      the Lua decision script, hashed once
+//! │       ├── script_call.rs one EVALSHA, built straight into the command's buffer
 //! │       ├── wire.rs        one script call's arguments and reply
 //! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
 //! │       ├── lease.rs       the lease ledger of both stores (lua/lease.lua)
@@ -187,7 +202,10 @@
 //! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators
 //! │   └── heavy_hitters.rs   the keys refused most often (Space-Saving)
-//! ├── refusal.rs             Refusal and RefusalKind: every answer instead of the service's
+//! ├── refusal/               Refusal and RefusalKind: every answer instead of the service's
+//! │   ├── mod.rs             the kinds, the refusal, its status, codes and message
+//! │   ├── render.rs          HTTP and gRPC responses, tonic::Status, IntoResponse
+//! │   └── log.rs             counted, on the span, logged at the kind's level
 //! ├── response.rs            quota headers (classic, compact, structured) and HeaderStyle
 //! ├── grpc.rs                RESOURCE_EXHAUSTED with RetryInfo for gRPC calls
 //! ├── middleware/            the tower layer: adapts HTTP to the limiter, nothing more
@@ -215,7 +233,9 @@
 //! ├── admin.rs               the admin API: an axum Router for operators (feature admin)
 //! ├── config/                plans (feature config)
 //! │   ├── mod.rs             docs and re-exports
-//! │   ├── schema.rs          Plan and its sections: plain data, parsed from TOML
+//! │   ├── schema/            Plan and its sections: plain data, parsed from TOML
+//! │   │   ├── mod.rs         Plan, its sections and the duration parser
+//! │   │   └── edge.rs        the [edge] section: EdgeConfig, EdgeRuleConfig, EdgeTarget
 //! │   ├── json.rs            the same schema as JSON
 //! │   ├── build/             what a plan builds, through the code API's builders
 //! │   │   ├── mod.rs         BuiltPlan, Plan::build, from_config
@@ -226,7 +246,7 @@
 //! │   ├── audit.rs           the audit: rules TG000 to TG014 over a built plan
 //! │   ├── reload.rs          reload_plan and PlanWatcher (feature watch)
 //! │   └── edge/              [edge]: coarse limits exported to the edge
-//! │       ├── mod.rs         EdgeConfig, ExportOptions, export_edge
+//! │       ├── mod.rs         ExportOptions, export_edge, EdgeExport
 //! │       ├── resolve.rs     rules resolved against the plan's routes and key
 //! │       ├── audit.rs       TG012 to TG014
 //! │       ├── nginx.rs       limit_req zones and the real_ip settings
@@ -235,7 +255,8 @@
 //! │       └── envoy.rs       the local rate limit filter per route
 //! └── bin/                   the tollgate command (feature cli)
 //!     ├── tollgate.rs        audit, edge export, the operator commands
-//!     └── tollgate/ops.rs    inspect, reset and top
+//!     ├── tollgate/ops.rs    inspect, reset and top
+//!     └── tollgate/overrides.rs   override set, list and remove
 //! ```
 //!
 //! [tower]: https://docs.rs/tower
@@ -281,8 +302,6 @@ mod readme_doctests {}
 pub use config::audit;
 #[cfg(feature = "config")]
 pub use config::audit::{audit, AuditReport};
-#[allow(deprecated)]
-pub use decision::Outcome;
 pub use decision::{DecidedBy, Decision};
 pub use error::{CheckError, ConfigError, StoreError};
 pub use limiter::{

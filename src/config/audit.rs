@@ -306,11 +306,31 @@ fn proxy_lists<'a>(key: &'a KeyConfig, path: String, out: &mut Vec<(String, &'a 
 ///
 /// See the [module docs](mod@crate::audit) for an example.
 pub fn audit(plan: &Plan) -> AuditReport {
-    let mut findings: Vec<Finding> = vec![];
-    let mut push = |id: &'static str, message: String, at: Option<(String, String)>| {
+    let mut findings = Findings::default();
+    plan_builds(plan, &mut findings);
+    fixed_windows_facing_customers(plan, &mut findings);
+    store_and_response_settings(plan, &mut findings);
+    auth_routes_guarded(plan, &mut findings);
+    authenticated_routes_keyed_by_ip(plan, &mut findings);
+    policies_shared_by_auth_and_read(plan, &mut findings);
+    trusted_proxy_ranges(plan, &mut findings);
+    // TG000 (an `[edge]` that does not resolve), TG012, TG013, TG014
+    for (id, message, at) in crate::config::edge::audit_findings(plan) {
+        findings.push(id, message, at);
+    }
+    findings.into_report()
+}
+
+/// The findings of one audit, in the order the rules found them.
+#[derive(Default)]
+struct Findings(Vec<Finding>);
+
+impl Findings {
+    /// A finding of rule `id`, at the field and value `at` where one field is at fault.
+    fn push(&mut self, id: &'static str, message: String, at: Option<(String, String)>) {
         if let Some(rule) = RULES.iter().find(|r| r.id == id) {
             let (field, value) = at.unzip();
-            findings.push(Finding {
+            self.0.push(Finding {
                 rule: rule.id,
                 name: rule.name,
                 severity: rule.severity,
@@ -319,41 +339,102 @@ pub fn audit(plan: &Plan) -> AuditReport {
                 value,
             });
         }
-    };
-    let algorithm_of = |name: &str| {
-        plan.policies
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| p.algorithm)
-    };
-    let route_policy_names = |r: &RouteConfig| -> BTreeSet<String> {
-        r.policies
-            .iter()
-            .chain(r.tiers.values().flatten())
-            .cloned()
-            .collect()
-    };
-    let failure_mode_unset = plan.store.kind != StoreKind::Memory && plan.failure_mode.is_none();
+    }
 
-    // TG000: the plan builds, as Plan::build builds it.
+    /// The report: the findings in rule order, the score, and one recommendation per rule
+    /// that fired.
+    fn into_report(self) -> AuditReport {
+        let mut findings = self.0;
+        findings.sort_by(|a, b| a.rule.cmp(b.rule).then_with(|| a.message.cmp(&b.message)));
+        let count = |severity| findings.iter().filter(|f| f.severity == severity).count() as u32;
+        let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
+        let score = 100u32.saturating_sub(
+            25u32
+                .saturating_mul(errors)
+                .saturating_add(10u32.saturating_mul(warnings)),
+        );
+        let mut recommendations: Vec<String> = vec![];
+        for f in &findings {
+            if let Some(rule) = RULES.iter().find(|r| r.id == f.rule) {
+                let text = format!("{}: {}", rule.id, rule.recommendation);
+                if !recommendations.contains(&text) {
+                    recommendations.push(text);
+                }
+            }
+        }
+        AuditReport {
+            pass: errors == 0,
+            score,
+            findings,
+            recommendations,
+        }
+    }
+}
+
+/// The algorithm of the plan's policy `name`.
+fn algorithm_of(plan: &Plan, name: &str) -> Option<Algorithm> {
+    plan.policies
+        .iter()
+        .find(|p| p.name == name)
+        .map(|p| p.algorithm)
+}
+
+/// Every policy a route names, untiered or in a tier.
+fn route_policy_names(r: &RouteConfig) -> BTreeSet<String> {
+    r.policies
+        .iter()
+        .chain(r.tiers.values().flatten())
+        .cloned()
+        .collect()
+}
+
+/// Every policy the default route names, untiered or in a tier.
+fn default_policy_names(plan: &Plan) -> BTreeSet<String> {
+    plan.default
+        .policies
+        .iter()
+        .chain(plan.default.tiers.values().flatten())
+        .cloned()
+        .collect()
+}
+
+/// The plan's `auth` routes, with their indexes.
+fn auth_routes(plan: &Plan) -> Vec<(usize, &RouteConfig)> {
+    plan.routes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.kind == RouteKind::Auth)
+        .collect()
+}
+
+/// A shared store without a failure mode (`TG003`).
+fn failure_mode_unset(plan: &Plan) -> bool {
+    plan.store.kind != StoreKind::Memory && plan.failure_mode.is_none()
+}
+
+/// `TG000`: the plan builds, as [`Plan::build`] builds it.
+fn plan_builds(plan: &Plan, findings: &mut Findings) {
     for e in plan.build_errors() {
-        if e.field() == "failure_mode" && failure_mode_unset {
+        if e.field() == "failure_mode" && failure_mode_unset(plan) {
             continue; // TG003 says it, with its recommendation
         }
-        push(
+        findings.push(
             "TG000",
             e.to_string(),
             Some((e.field().to_owned(), e.value().to_owned())),
         );
     }
-    // TG001
+}
+
+/// `TG001`: no fixed-window policy on a customer-facing route or on the default route.
+fn fixed_windows_facing_customers(plan: &Plan, findings: &mut Findings) {
     for (i, r) in plan.routes.iter().enumerate() {
         if r.exempt || !r.is_customer_facing() {
             continue;
         }
         for name in route_policy_names(r) {
-            if algorithm_of(&name) == Some(Algorithm::FixedWindow) {
-                push(
+            if algorithm_of(plan, &name) == Some(Algorithm::FixedWindow) {
+                findings.push(
                     "TG001",
                     format!(
                         "routes[{i}] ({:?}) uses fixed-window policy {name:?}",
@@ -364,34 +445,30 @@ pub fn audit(plan: &Plan) -> AuditReport {
             }
         }
     }
-    let default_names: BTreeSet<String> = plan
-        .default
-        .policies
-        .iter()
-        .chain(plan.default.tiers.values().flatten())
-        .cloned()
-        .collect();
-    for name in &default_names {
-        if algorithm_of(name) == Some(Algorithm::FixedWindow) {
-            push(
+    for name in &default_policy_names(plan) {
+        if algorithm_of(plan, name) == Some(Algorithm::FixedWindow) {
+            findings.push(
                 "TG001",
                 format!("the default route uses fixed-window policy {name:?}"),
                 None,
             );
         }
     }
-    // TG002
+}
+
+/// `TG002` (a memory store behind several replicas), `TG003` (no failure mode for a shared
+/// store) and `TG005` (no `Retry-After`).
+fn store_and_response_settings(plan: &Plan, findings: &mut Findings) {
     let replicas = plan.replicas.unwrap_or(1);
     if plan.store.kind == StoreKind::Memory && replicas > 1 {
-        push(
+        findings.push(
             "TG002",
             format!("store.kind = \"memory\" with replicas = {replicas}: the effective limit is {replicas}× each policy"),
             Some(("replicas".to_owned(), replicas.to_string())),
         );
     }
-    // TG003
-    if failure_mode_unset {
-        push(
+    if failure_mode_unset(plan) {
+        findings.push(
             "TG003",
             format!(
                 "store.kind = {:?} but failure_mode is not set",
@@ -400,24 +477,22 @@ pub fn audit(plan: &Plan) -> AuditReport {
             Some(("failure_mode".to_owned(), "(missing)".to_owned())),
         );
     }
-    // TG005
     if plan.retry_after == Some(false) {
-        push(
+        findings.push(
             "TG005",
             "retry_after = false".to_owned(),
             Some(("retry_after".to_owned(), "false".to_owned())),
         );
     }
-    // TG006, TG007
-    let auth_routes: Vec<(usize, &RouteConfig)> = plan
-        .routes
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.kind == RouteKind::Auth)
-        .collect();
+}
+
+/// `TG006` (an auth route exempt or without a policy) and `TG007` (an auth route no building
+/// `[login]` guard covers).
+fn auth_routes_guarded(plan: &Plan, findings: &mut Findings) {
+    let auth_routes = auth_routes(plan);
     for (i, r) in &auth_routes {
         if r.exempt || route_policy_names(r).is_empty() {
-            push(
+            findings.push(
                 "TG006",
                 format!(
                     "routes[{i}] ({:?}) is an auth route {}",
@@ -432,44 +507,53 @@ pub fn audit(plan: &Plan) -> AuditReport {
             );
         }
     }
-    if !auth_routes.is_empty() {
-        // The section must build (on a throwaway store) to count.
-        let guard_routes: Vec<&str> = match &plan.login {
-            Some(l) if matches!(plan.login(DynStore::new(MemoryStore::new())), Ok(Some(_))) => {
-                l.routes.iter().map(|r| r.trim()).collect()
-            }
-            _ => vec![],
-        };
-        for (i, r) in &auth_routes {
-            if !guard_routes.contains(&r.pattern.trim()) {
-                push(
-                    "TG007",
-                    format!(
-                        "routes[{i}] ({:?}) is an auth route that no building [login] guard covers",
-                        r.pattern
-                    ),
-                    Some((format!("routes[{i}].pattern"), format!("{:?}", r.pattern))),
-                );
-            }
+    if auth_routes.is_empty() {
+        return;
+    }
+    // The section must build (on a throwaway store) to count.
+    let guard_routes: Vec<&str> = match &plan.login {
+        Some(l) if matches!(plan.login(DynStore::new(MemoryStore::new())), Ok(Some(_))) => {
+            l.routes.iter().map(|r| r.trim()).collect()
+        }
+        _ => vec![],
+    };
+    for (i, r) in &auth_routes {
+        if !guard_routes.contains(&r.pattern.trim()) {
+            findings.push(
+                "TG007",
+                format!(
+                    "routes[{i}] ({:?}) is an auth route that no building [login] guard covers",
+                    r.pattern
+                ),
+                Some((format!("routes[{i}].pattern"), format!("{:?}", r.pattern))),
+            );
         }
     }
-    // TG008
-    if plan.key.kind.is_ip_only() {
-        for (i, r) in plan.routes.iter().enumerate() {
-            if r.authenticated && r.is_customer_facing() && !r.exempt {
-                push(
-                    "TG008",
-                    format!(
-                        "routes[{i}] ({:?}) is authenticated but key.kind = {:?}",
-                        r.pattern, plan.key.kind
-                    ),
-                    None,
-                );
-            }
+}
+
+/// `TG008`: an authenticated customer route keyed by IP only.
+fn authenticated_routes_keyed_by_ip(plan: &Plan, findings: &mut Findings) {
+    if !plan.key.kind.is_ip_only() {
+        return;
+    }
+    for (i, r) in plan.routes.iter().enumerate() {
+        if r.authenticated && r.is_customer_facing() && !r.exempt {
+            findings.push(
+                "TG008",
+                format!(
+                    "routes[{i}] ({:?}) is authenticated but key.kind = {:?}",
+                    r.pattern, plan.key.kind
+                ),
+                None,
+            );
         }
     }
-    // TG009
-    let auth_names: BTreeSet<String> = auth_routes
+}
+
+/// `TG009`: one policy on both an auth route and a read route (the default route counts as
+/// a read route).
+fn policies_shared_by_auth_and_read(plan: &Plan, findings: &mut Findings) {
+    let auth_names: BTreeSet<String> = auth_routes(plan)
         .iter()
         .flat_map(|(_, r)| route_policy_names(r))
         .collect();
@@ -479,15 +563,18 @@ pub fn audit(plan: &Plan) -> AuditReport {
         .filter(|r| r.kind == RouteKind::Read)
         .flat_map(route_policy_names)
         .collect();
-    read_names.extend(default_names.iter().cloned());
+    read_names.extend(default_policy_names(plan));
     for name in auth_names.intersection(&read_names) {
-        push(
+        findings.push(
             "TG009",
             format!("policy {name:?} limits both auth and read routes"),
             None,
         );
     }
-    // TG011
+}
+
+/// `TG011`: a trusted-proxy range of any key section that trusts other people's networks.
+fn trusted_proxy_ranges(plan: &Plan, findings: &mut Findings) {
     let mut lists = vec![];
     proxy_lists(&plan.key, "key".to_owned(), &mut lists);
     if let Some(k) = plan.login.as_ref().and_then(|l| l.ip_key.as_ref()) {
@@ -500,48 +587,13 @@ pub fn audit(plan: &Plan) -> AuditReport {
                 .parse::<IpNet>()
                 .or_else(|_| t.parse::<IpAddr>().map(IpNet::from));
             if net.is_ok_and(trusts_everyone) {
-                push(
+                findings.push(
                     "TG011",
                     format!("{path}[{i}] = {text:?} trusts other people's networks as proxies: any client there chooses its own key"),
                     Some((format!("{path}[{i}]"), format!("{text:?}"))),
                 );
             }
         }
-    }
-
-    // TG000 (edge), TG012, TG013, TG014
-    for (id, message, at) in crate::config::edge::audit_findings(plan) {
-        push(id, message, at);
-    }
-
-    findings.sort_by(|a, b| a.rule.cmp(b.rule).then_with(|| a.message.cmp(&b.message)));
-    let errors = findings
-        .iter()
-        .filter(|f| f.severity == Severity::Error)
-        .count() as u32;
-    let warnings = findings
-        .iter()
-        .filter(|f| f.severity == Severity::Warning)
-        .count() as u32;
-    let score = 100u32.saturating_sub(
-        25u32
-            .saturating_mul(errors)
-            .saturating_add(10u32.saturating_mul(warnings)),
-    );
-    let mut recommendations: Vec<String> = vec![];
-    for f in &findings {
-        if let Some(rule) = RULES.iter().find(|r| r.id == f.rule) {
-            let text = format!("{}: {}", rule.id, rule.recommendation);
-            if !recommendations.contains(&text) {
-                recommendations.push(text);
-            }
-        }
-    }
-    AuditReport {
-        pass: errors == 0,
-        score,
-        findings,
-        recommendations,
     }
 }
 

@@ -131,15 +131,6 @@ impl Key {
         Self(out)
     }
 
-    /// The former name of [`Key::from_materials`].
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed to `from_materials`: it takes a tuple of materials, not request parts"
-    )]
-    pub fn from_parts<P: AsRef<[u8]>>(source: &str, parts: &[P]) -> Self {
-        Self::from_materials(source, parts)
-    }
-
     /// Encodes a tuple of materials from `source` into one key (see [`Composite`]).
     ///
     /// Each part is escaped as in [`Key::new`] and the parts are joined by `|`, which escaped

@@ -155,12 +155,6 @@ impl RateLimitInfo {
         self.outcome
     }
 
-    /// The former name of [`decided_by`](Self::decided_by).
-    #[deprecated(since = "0.2.0", note = "renamed to `decided_by`")]
-    pub fn outcome(&self) -> Option<DecidedBy> {
-        self.outcome
-    }
-
     /// The kind of refusal, for a response tollgate gave instead of the guarded service.
     ///
     /// See the [type docs](Self) for an example.

@@ -228,18 +228,6 @@ impl<St> RateLimitLayer<St> {
         self.with_response(|r| r.on_refusal = Some(Arc::new(f)))
     }
 
-    /// The former name of [`on_refusal`](Self::on_refusal).
-    #[deprecated(
-        since = "0.2.0",
-        note = "renamed to `on_refusal`, which sees every refusal"
-    )]
-    pub fn on_rejection<F>(self, f: F) -> Self
-    where
-        F: Fn(&Refusal) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.on_refusal(f)
-    }
-
     /// The limiter.
     pub fn limiter(&self) -> &Limiter<St> {
         &self.shared.limiter

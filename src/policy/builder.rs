@@ -109,41 +109,9 @@ impl PolicyBuilder {
         self
     }
 
-    /// What an in-flight policy cannot have: each of these would be a setting nothing reads,
-    /// or a slot that is never given back.
-    fn check_in_flight(&self) -> Result<(), ConfigError> {
-        if self.cost != 1 {
-            return Err(ConfigError::new(
-                "cost",
-                self.cost,
-                "an in_flight policy counts requests in progress: each takes one slot",
-            ));
-        }
-        if self.shadow {
-            return Err(ConfigError::new(
-                "shadow",
-                true,
-                "an in_flight policy cannot run in shadow mode (its slots would never be given back)",
-            ));
-        }
-        if let Some(penalty) = self.penalty {
-            return Err(ConfigError::new(
-                "penalty",
-                format_args!("{penalty:?}"),
-                "an in_flight policy has no penalty; pair it with a rate policy that has one",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Checks every value and builds the policy.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the first invalid field: `name`, `limit`, `window`, `burst`,
-    /// `cost` or `max_delay`.
-    pub fn build(self) -> Result<Policy, ConfigError> {
-        validate_name(&self.name)?;
+    /// The rate's limit, window and burst, for this algorithm: the window in milliseconds and
+    /// the capacity (the burst where the algorithm has one, else the limit).
+    fn check_rate(&self) -> Result<(u64, u64), ConfigError> {
         let rate = self.rate;
         if rate.limit == 0 {
             return Err(ConfigError::new("limit", 0, "must be at least 1"));
@@ -210,6 +178,11 @@ impl PolicyBuilder {
                 ),
             ));
         }
+        Ok((window_ms, capacity))
+    }
+
+    /// The cost: at least 1, at most the capacity.
+    fn check_cost(&self, capacity: u64) -> Result<(), ConfigError> {
         if self.cost == 0 {
             return Err(ConfigError::new("cost", 0, "must be at least 1"));
         }
@@ -222,61 +195,117 @@ impl PolicyBuilder {
                 ),
             ));
         }
-        if let Some(delay) = self.max_delay {
-            if self.algorithm != Algorithm::Gcra {
-                return Err(ConfigError::new(
-                    "max_delay",
-                    format_args!("{delay:?}"),
-                    format!(
-                        "shaping needs the gcra algorithm (leaky bucket), not {}",
-                        self.algorithm
-                    ),
-                ));
-            }
-            if delay < Duration::from_millis(1) || !delay.subsec_nanos().is_multiple_of(1_000_000) {
-                return Err(ConfigError::new(
-                    "max_delay",
-                    format_args!("{delay:?}"),
-                    "must be a whole number of milliseconds, at least 1 ms",
-                ));
-            }
-            if (delay.as_millis() as u64).saturating_mul(rate.limit) > MAX_CAPACITY_WINDOW_PRODUCT {
-                return Err(ConfigError::new(
-                    "max_delay",
-                    format_args!("{delay:?}"),
-                    "max_delay in ms × limit must not exceed 2^50",
-                ));
-            }
-            if delay > Duration::from_secs(3_600) {
-                return Err(ConfigError::new(
-                    "max_delay",
-                    format_args!("{delay:?}"),
-                    "must not exceed one hour",
-                ));
-            }
+        Ok(())
+    }
+
+    /// The longest delay of a shaping policy: GCRA only, whole milliseconds, at most an hour.
+    fn check_shaping(&self) -> Result<(), ConfigError> {
+        let Some(delay) = self.max_delay else {
+            return Ok(());
+        };
+        if self.algorithm != Algorithm::Gcra {
+            return Err(ConfigError::new(
+                "max_delay",
+                format_args!("{delay:?}"),
+                format!(
+                    "shaping needs the gcra algorithm (leaky bucket), not {}",
+                    self.algorithm
+                ),
+            ));
         }
+        if delay < Duration::from_millis(1) || !delay.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(ConfigError::new(
+                "max_delay",
+                format_args!("{delay:?}"),
+                "must be a whole number of milliseconds, at least 1 ms",
+            ));
+        }
+        if (delay.as_millis() as u64).saturating_mul(self.rate.limit) > MAX_CAPACITY_WINDOW_PRODUCT
+        {
+            return Err(ConfigError::new(
+                "max_delay",
+                format_args!("{delay:?}"),
+                "max_delay in ms × limit must not exceed 2^50",
+            ));
+        }
+        if delay > Duration::from_secs(3_600) {
+            return Err(ConfigError::new(
+                "max_delay",
+                format_args!("{delay:?}"),
+                "must not exceed one hour",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The penalty: whole milliseconds between 1 ms and 366 days, and not on a shadow policy.
+    fn check_penalty(&self) -> Result<(), ConfigError> {
+        let Some(penalty) = self.penalty else {
+            return Ok(());
+        };
+        if penalty < Duration::from_millis(1)
+            || !penalty.subsec_nanos().is_multiple_of(1_000_000)
+            || penalty > Duration::from_secs(366 * 86_400)
+        {
+            return Err(ConfigError::new(
+                "penalty",
+                format_args!("{penalty:?}"),
+                "must be a whole number of milliseconds between 1 ms and 366 days",
+            ));
+        }
+        if self.shadow {
+            return Err(ConfigError::new(
+                "penalty",
+                format_args!("{penalty:?}"),
+                "a shadow policy never rejects, so it cannot block",
+            ));
+        }
+        Ok(())
+    }
+
+    /// What an in-flight policy cannot have: each of these would be a setting nothing reads,
+    /// or a slot that is never given back.
+    fn check_in_flight(&self) -> Result<(), ConfigError> {
+        if self.cost != 1 {
+            return Err(ConfigError::new(
+                "cost",
+                self.cost,
+                "an in_flight policy counts requests in progress: each takes one slot",
+            ));
+        }
+        if self.shadow {
+            return Err(ConfigError::new(
+                "shadow",
+                true,
+                "an in_flight policy cannot run in shadow mode (its slots would never be given back)",
+            ));
+        }
+        if let Some(penalty) = self.penalty {
+            return Err(ConfigError::new(
+                "penalty",
+                format_args!("{penalty:?}"),
+                "an in_flight policy has no penalty; pair it with a rate policy that has one",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks every value and builds the policy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first invalid field: `name`, `limit`, `window`, `burst`,
+    /// `cost`, `max_delay`, `penalty` or `shadow`.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        validate_name(&self.name)?;
+        let (window_ms, capacity) = self.check_rate()?;
+        self.check_cost(capacity)?;
+        self.check_shaping()?;
         if self.algorithm == Algorithm::InFlight {
             self.check_in_flight()?;
         }
-        if let Some(penalty) = self.penalty {
-            if penalty < Duration::from_millis(1)
-                || !penalty.subsec_nanos().is_multiple_of(1_000_000)
-                || penalty > Duration::from_secs(366 * 86_400)
-            {
-                return Err(ConfigError::new(
-                    "penalty",
-                    format_args!("{penalty:?}"),
-                    "must be a whole number of milliseconds between 1 ms and 366 days",
-                ));
-            }
-            if self.shadow {
-                return Err(ConfigError::new(
-                    "penalty",
-                    format_args!("{penalty:?}"),
-                    "a shadow policy never rejects, so it cannot block",
-                ));
-            }
-        }
+        self.check_penalty()?;
+        let rate = self.rate;
         let id = intern(&self.name);
         Ok(Policy {
             inner: Arc::new(PolicyInner {

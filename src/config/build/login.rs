@@ -2,10 +2,19 @@
 
 use super::key::{env_secret, header_name};
 use super::Login;
-use crate::config::schema::Plan;
+use crate::config::schema::{KeyConfig, LoginConfig, Plan};
 use crate::error::ConfigError;
 use crate::login::{LoginGuard, LoginLayer};
+use crate::policy::{Algorithm, Rate};
 use crate::store::Store;
+
+/// One of the login guard's three limits: the field naming its policy (`login.ip`), the
+/// policy's index in `policies`, and its rate.
+struct LoginLimit {
+    at: String,
+    index: usize,
+    rate: Rate,
+}
 
 impl Plan {
     /// The login guard and its layer that `[login]` describes, on `store`.
@@ -23,56 +32,12 @@ impl Plan {
                 "name the login routes the guard checks, e.g. [\"POST /login\"]",
             ));
         }
-        // The three limits, by policy name.
-        let mut limits = vec![];
-        for (field, name) in [
-            ("ip_username", &l.ip_username),
-            ("ip", &l.ip),
-            ("username", &l.username),
-        ] {
-            let at = format!("login.{field}");
-            let name = name.as_deref().ok_or_else(|| {
-                ConfigError::new(&at, "(missing)", "name the policy of this login limit")
-            })?;
-            let i = self
-                .policies
-                .iter()
-                .position(|p| p.name == name)
-                .ok_or_else(|| {
-                    ConfigError::new(&at, format_args!("{name:?}"), "no policy has this name")
-                })?;
-            let p = &self.policies[i];
-            let ignored = [
-                ("cost", p.cost.map(|c| c.to_string())),
-                ("penalty", p.penalty.as_ref().map(|d| format!("{d:?}"))),
-                ("max_delay", p.max_delay.as_ref().map(|d| format!("{d:?}"))),
-                ("shadow", p.shadow.then(|| "true".to_owned())),
-            ];
-            if let Some((setting, value)) = ignored.into_iter().find_map(|(s, v)| v.map(|v| (s, v)))
-            {
-                return Err(ConfigError::new(
-                    format!("policies[{i}].{setting}"),
-                    value,
-                    format!("policy {name:?} limits logins ({at}), and the login guard does not apply this setting: give routes their own policy"),
-                ));
-            }
-            limits.push((at, i, self.rate(i)?, self.policy(i)?.algorithm()));
-        }
-        let algorithm = limits[0].3;
-        if let Some((at, i, _, other)) = limits.iter().find(|(.., a)| *a != algorithm) {
-            return Err(ConfigError::new(
-                at,
-                format_args!("{:?}", self.policies[*i].name),
-                format!(
-                    "the login guard's three limits share one algorithm: this policy uses {other:?}, login.ip_username's uses {algorithm:?}"
-                ),
-            ));
-        }
+        let (limits, algorithm) = self.login_limits(l)?;
         let mut b = LoginGuard::builder()
             .store(store)
-            .ip_user_rate(limits[0].2)
-            .ip_rate(limits[1].2)
-            .user_rate(limits[2].2)
+            .ip_user_rate(limits[0].rate)
+            .ip_rate(limits[1].rate)
+            .user_rate(limits[2].rate)
             .algorithm(algorithm)
             .mode(l.mode);
         if let Some(name) = &l.name {
@@ -81,6 +46,78 @@ impl Plan {
         if let Some(var) = &l.username_secret_env {
             b = b.username_secret(env_secret("login.username_secret_env", var)?);
         }
+        let (ip_key, path) = self.login_ip_key(l)?;
+        b = b.ip_source(ip_key.build(path)?);
+        let guard = b.build().map_err(|e| guard_error(e, &limits))?;
+        let layer = login_layer(l, guard.clone())?
+            .routes(l.routes.iter().cloned())
+            .map_err(|e| e.within("login"))?;
+        Ok(Some((guard, layer)))
+    }
+
+    /// The three limits `login.ip_username`, `login.ip` and `login.username` name, and the
+    /// one algorithm they share.
+    fn login_limits(&self, l: &LoginConfig) -> Result<([LoginLimit; 3], Algorithm), ConfigError> {
+        let limit = |field: &str, name: &Option<String>| {
+            let at = format!("login.{field}");
+            let name = name.as_deref().ok_or_else(|| {
+                ConfigError::new(&at, "(missing)", "name the policy of this login limit")
+            })?;
+            let index = self
+                .policies
+                .iter()
+                .position(|p| p.name == name)
+                .ok_or_else(|| {
+                    ConfigError::new(&at, format_args!("{name:?}"), "no policy has this name")
+                })?;
+            self.no_route_only_settings(index, &at)?;
+            let rate = self.rate(index)?;
+            let algorithm = self.policy(index)?.algorithm();
+            Ok::<_, ConfigError>((LoginLimit { at, index, rate }, algorithm))
+        };
+        let (ip_username, algorithm) = limit("ip_username", &l.ip_username)?;
+        let ip = limit("ip", &l.ip)?;
+        let username = limit("username", &l.username)?;
+        for (other, other_algorithm) in [&ip, &username] {
+            if *other_algorithm != algorithm {
+                return Err(ConfigError::new(
+                    &other.at,
+                    format_args!("{:?}", self.policies[other.index].name),
+                    format!(
+                        "the login guard's three limits share one algorithm: this policy uses {other_algorithm:?}, login.ip_username's uses {algorithm:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(([ip_username, ip.0, username.0], algorithm))
+    }
+
+    /// Refuses a login limit's policy `index` (named at `at`) that sets what only routes
+    /// apply: the guard would ignore it.
+    fn no_route_only_settings(&self, index: usize, at: &str) -> Result<(), ConfigError> {
+        let p = &self.policies[index];
+        let ignored = [
+            ("cost", p.cost.map(|c| c.to_string())),
+            ("penalty", p.penalty.as_ref().map(|d| format!("{d:?}"))),
+            ("max_delay", p.max_delay.as_ref().map(|d| format!("{d:?}"))),
+            ("shadow", p.shadow.then(|| "true".to_owned())),
+        ];
+        match ignored.into_iter().find_map(|(s, v)| v.map(|v| (s, v))) {
+            Some((setting, value)) => Err(ConfigError::new(
+                format!("policies[{index}].{setting}"),
+                value,
+                format!("policy {:?} limits logins ({at}), and the login guard does not apply this setting: give routes their own policy", p.name),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The key section the guard reads the client address from, and its field path:
+    /// `[login.ip_key]`, else `[key]` when it keys by address.
+    fn login_ip_key<'a>(
+        &'a self,
+        l: &'a LoginConfig,
+    ) -> Result<(&'a KeyConfig, &'static str), ConfigError> {
         let (ip_key, path) = match &l.ip_key {
             Some(k) => (k, "login.ip_key"),
             None if self.key.kind.is_ip_only() => (&self.key, "key"),
@@ -102,52 +139,60 @@ impl Plan {
                 "the login guard's client address needs kind = \"peer_ip\" or \"client_ip\"",
             ));
         }
-        b = b.ip_source(ip_key.build(path)?);
-        let guard = b.build().map_err(|e| {
-            let field = e.field();
-            let mapped = [("ip_user_rate", 0), ("ip_rate", 1), ("user_rate", 2)]
-                .into_iter()
-                .find_map(|(prefix, n)| {
-                    field
-                        .strip_prefix(prefix)
-                        .map(|rest| format!("policies[{}]{rest}", limits[n].1))
-                });
-            let field = match (mapped, field) {
-                (Some(f), _) => f,
-                (None, "username_secret") => "login.username_secret_env".to_owned(),
-                (None, other) => format!("login.{other}"),
-            };
-            ConfigError::new(field, e.value(), e.reason())
-        })?;
-        let layer = match (&l.username_header, &l.username_field) {
-            (Some(header), None) => {
-                if let Some(max) = l.max_body_bytes {
-                    return Err(ConfigError::new(
-                        "login.max_body_bytes",
-                        max,
-                        "only username_field reads the body: delete this setting",
-                    ));
-                }
-                LoginLayer::header(guard.clone(), header_name("login.username_header", header)?)
-            }
-            (None, Some(field)) => {
-                let layer = LoginLayer::json_field(guard.clone(), field.clone());
-                match l.max_body_bytes {
-                    Some(max) => layer.max_body_bytes(max),
-                    None => layer,
-                }
-            }
-            (header, _) => {
+        Ok((ip_key, path))
+    }
+}
+
+/// A login guard builder's error, on the plan's field: a rate's on its policy, a setting's
+/// on `login.<setting>`.
+fn guard_error(e: ConfigError, limits: &[LoginLimit; 3]) -> ConfigError {
+    let field = e.field();
+    let mapped = [("ip_user_rate", 0), ("ip_rate", 1), ("user_rate", 2)]
+        .into_iter()
+        .find_map(|(prefix, n)| {
+            field
+                .strip_prefix(prefix)
+                .map(|rest| format!("policies[{}]{rest}", limits[n].index))
+        });
+    let field = match (mapped, field) {
+        (Some(f), _) => f,
+        (None, "username_secret") => "login.username_secret_env".to_owned(),
+        (None, other) => format!("login.{other}"),
+    };
+    ConfigError::new(field, e.value(), e.reason())
+}
+
+/// The layer applying `guard`, reading the username from `login.username_header` or
+/// `login.username_field` (exactly one of them).
+fn login_layer<S: Store + Clone>(
+    l: &LoginConfig,
+    guard: LoginGuard<S>,
+) -> Result<LoginLayer<S>, ConfigError> {
+    match (&l.username_header, &l.username_field) {
+        (Some(header), None) => {
+            if let Some(max) = l.max_body_bytes {
                 return Err(ConfigError::new(
-                    "login.username_header",
-                    format_args!("{header:?}"),
-                    "set exactly one of username_header (a request header) and username_field (a field of a JSON body)",
-                ))
+                    "login.max_body_bytes",
+                    max,
+                    "only username_field reads the body: delete this setting",
+                ));
             }
-        };
-        let layer = layer
-            .routes(l.routes.iter().cloned())
-            .map_err(|e| e.within("login"))?;
-        Ok(Some((guard, layer)))
+            Ok(LoginLayer::header(
+                guard,
+                header_name("login.username_header", header)?,
+            ))
+        }
+        (None, Some(field)) => {
+            let layer = LoginLayer::json_field(guard, field.clone());
+            Ok(match l.max_body_bytes {
+                Some(max) => layer.max_body_bytes(max),
+                None => layer,
+            })
+        }
+        (header, _) => Err(ConfigError::new(
+            "login.username_header",
+            format_args!("{header:?}"),
+            "set exactly one of username_header (a request header) and username_field (a field of a JSON body)",
+        )),
     }
 }

@@ -63,15 +63,6 @@ impl Plan {
             })
     }
 
-    /// The former name of [`Plan::build_policies`].
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed to `build_policies`: it builds, not reads"
-    )]
-    pub fn policies(&self) -> Result<BTreeMap<String, Policy>, ConfigError> {
-        self.build_policies()
-    }
-
     /// Builds and validates every policy, by name: the policies the plan's routes, default
     /// and login guard refer to.
     ///

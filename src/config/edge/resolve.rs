@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{EdgeAction, EdgeKeyKind, EdgeTarget};
+use super::{EdgeAction, EdgeKeyKind, EdgeRuleConfig, EdgeTarget};
 use crate::config::schema::parse_duration;
 use crate::config::Plan;
 use crate::error::ConfigError;
@@ -356,19 +356,9 @@ pub(crate) fn rules(plan: &Plan) -> Result<Vec<EdgeRule>, ConfigError> {
     let mut names = BTreeSet::new();
     let mut out = vec![];
     for (i, r) in edge.rules.iter().enumerate() {
-        let at = |f: &str| format!("edge.rules[{i}].{f}");
-        let ok_name = !r.name.is_empty()
-            && r.name.len() <= 64
-            && r.name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !ok_name {
-            return Err(ConfigError::new(
-                at("name"),
-                format_args!("{:?}", r.name),
-                "1 to 64 letters, digits, `-` or `_`",
-            ));
-        }
+        let rule = format!("edge.rules[{i}]");
+        let at = |f: &str| format!("{rule}.{f}");
+        check_name(r, &rule)?;
         if !names.insert(r.name.as_str()) {
             return Err(ConfigError::new(
                 at("name"),
@@ -396,79 +386,8 @@ pub(crate) fn rules(plan: &Plan) -> Result<Vec<EdgeRule>, ConfigError> {
             Some(text) => Some(millis(&at("max_delay"), text)?),
             None => None,
         };
-        let key = match (r.key, &r.header) {
-            (EdgeKeyKind::Header, Some(h)) => {
-                let ok = !h.is_empty()
-                    && h.chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-                if !ok {
-                    return Err(ConfigError::new(
-                        at("header"),
-                        format_args!("{h:?}"),
-                        "a lower-case header name of letters, digits and `-` (every edge target can read those)",
-                    ));
-                }
-                Key::Header(h.clone())
-            }
-            (EdgeKeyKind::Header, None) => {
-                return Err(ConfigError::new(
-                    at("header"),
-                    "(missing)",
-                    "key = \"header\" needs the header's name",
-                ))
-            }
-            (kind, Some(h)) => {
-                return Err(ConfigError::new(
-                    at("header"),
-                    format_args!("{h:?}"),
-                    format!(
-                        "a key of kind {kind:?} reads no header: delete it or set key = \"header\""
-                    ),
-                ))
-            }
-            (EdgeKeyKind::Ip, None) => Key::Ip,
-            (EdgeKeyKind::Global, None) => Key::Global,
-        };
-        let mut patterns: Vec<(String, &str)> = vec![];
-        for (j, p) in r.routes.iter().enumerate() {
-            if !plan
-                .routes
-                .iter()
-                .any(|route| route.pattern.trim() == p.trim())
-            {
-                return Err(ConfigError::new(
-                    at(&format!("routes[{j}]")),
-                    format_args!("{p:?}"),
-                    "no [[routes]] entry has this pattern",
-                ));
-            }
-            patterns.push((at(&format!("routes[{j}]")), p));
-        }
-        if r.unauthenticated {
-            for (k, route) in plan.routes.iter().enumerate() {
-                if !route.authenticated && route.is_customer_facing() {
-                    patterns.push((format!("routes[{k}].pattern"), &route.pattern));
-                }
-            }
-        }
-        if patterns.is_empty() {
-            return Err(ConfigError::new(
-                at("routes"),
-                "[]",
-                if r.unauthenticated {
-                    "no customer-facing route lacks `authenticated = true`: name the routes"
-                } else {
-                    "name the [[routes]] patterns the rule covers, or set unauthenticated = true"
-                },
-            ));
-        }
-        let mut routes: Vec<RouteMatch> = vec![];
-        for (field, p) in patterns {
-            let m = route_match(&field, p)?;
-            if !routes.iter().any(|known| known.pattern == m.pattern) {
-                routes.push(m);
-            }
-        }
+        let key = key(r, &rule)?;
+        let routes = routes(plan, r, &rule)?;
         out.push(EdgeRule {
             index: i,
             name: r.name.clone(),
@@ -485,6 +404,100 @@ pub(crate) fn rules(plan: &Plan) -> Result<Vec<EdgeRule>, ConfigError> {
         });
     }
     Ok(out)
+}
+
+/// A rule's name: 1 to 64 letters, digits, `-` or `_` (every target accepts those).
+fn check_name(r: &EdgeRuleConfig, at: &str) -> Result<(), ConfigError> {
+    let ok = !r.name.is_empty()
+        && r.name.len() <= 64
+        && r.name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        format!("{at}.name"),
+        format_args!("{:?}", r.name),
+        "1 to 64 letters, digits, `-` or `_`",
+    ))
+}
+
+/// What a rule counts by: `key`, and `header` exactly when the key is a header.
+fn key(r: &EdgeRuleConfig, at: &str) -> Result<Key, ConfigError> {
+    match (r.key, &r.header) {
+        (EdgeKeyKind::Header, Some(h)) => {
+            let ok = !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !ok {
+                return Err(ConfigError::new(
+                    format!("{at}.header"),
+                    format_args!("{h:?}"),
+                    "a lower-case header name of letters, digits and `-` (every edge target can read those)",
+                ));
+            }
+            Ok(Key::Header(h.clone()))
+        }
+        (EdgeKeyKind::Header, None) => Err(ConfigError::new(
+            format!("{at}.header"),
+            "(missing)",
+            "key = \"header\" needs the header's name",
+        )),
+        (kind, Some(h)) => Err(ConfigError::new(
+            format!("{at}.header"),
+            format_args!("{h:?}"),
+            format!("a key of kind {kind:?} reads no header: delete it or set key = \"header\""),
+        )),
+        (EdgeKeyKind::Ip, None) => Ok(Key::Ip),
+        (EdgeKeyKind::Global, None) => Ok(Key::Global),
+    }
+}
+
+/// A rule's routes: the `[[routes]]` patterns it names, and with `unauthenticated = true`
+/// every customer-facing route without `authenticated = true`; each pattern once.
+fn routes(plan: &Plan, r: &EdgeRuleConfig, at: &str) -> Result<Vec<RouteMatch>, ConfigError> {
+    let mut patterns: Vec<(String, &str)> = vec![];
+    for (j, p) in r.routes.iter().enumerate() {
+        if !plan
+            .routes
+            .iter()
+            .any(|route| route.pattern.trim() == p.trim())
+        {
+            return Err(ConfigError::new(
+                format!("{at}.routes[{j}]"),
+                format_args!("{p:?}"),
+                "no [[routes]] entry has this pattern",
+            ));
+        }
+        patterns.push((format!("{at}.routes[{j}]"), p));
+    }
+    if r.unauthenticated {
+        for (k, route) in plan.routes.iter().enumerate() {
+            if !route.authenticated && route.is_customer_facing() {
+                patterns.push((format!("routes[{k}].pattern"), &route.pattern));
+            }
+        }
+    }
+    if patterns.is_empty() {
+        return Err(ConfigError::new(
+            format!("{at}.routes"),
+            "[]",
+            if r.unauthenticated {
+                "no customer-facing route lacks `authenticated = true`: name the routes"
+            } else {
+                "name the [[routes]] patterns the rule covers, or set unauthenticated = true"
+            },
+        ));
+    }
+    let mut routes: Vec<RouteMatch> = vec![];
+    for (field, p) in patterns {
+        let m = route_match(&field, p)?;
+        if !routes.iter().any(|known| known.pattern == m.pattern) {
+            routes.push(m);
+        }
+    }
+    Ok(routes)
 }
 
 #[cfg(test)]

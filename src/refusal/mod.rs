@@ -53,20 +53,20 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::key::Key;
 use crate::policy::Policy;
-use crate::response::{write_quota_headers, HeaderStyle};
-use crate::telemetry;
+use crate::response::HeaderStyle;
+
+mod log;
+mod render;
 
 /// Why tollgate answered instead of the guarded service. See the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -526,189 +526,10 @@ impl Refusal {
             }
         }
     }
-
-    /// The response tollgate sends by default: [`http_response`](Self::http_response), or
-    /// [`grpc_response`](Self::grpc_response) for a gRPC call.
-    ///
-    /// See [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal) for an example.
-    pub fn default_response(&self) -> Response<Bytes> {
-        if self.is_grpc() {
-            self.grpc_response()
-        } else {
-            self.http_response()
-        }
-    }
-
-    /// The HTTP response: the status, a JSON body, `Cache-Control: no-store`, `Retry-After`
-    /// where waiting helps, and quota headers for a rate-limited, non-sensitive refusal.
-    ///
-    /// See the [module docs](self) for an example.
-    pub fn http_response(&self) -> Response<Bytes> {
-        let retry = self.retry_after_header();
-        let mut body = serde_json::json!({
-            "error": self.error_code(),
-            "message": self.message(),
-        });
-        if let Some(retry) = self.retry_after_secs() {
-            body["retry_after"] = retry.into();
-        }
-        let mut res = Response::new(Bytes::from(body.to_string()));
-        *res.status_mut() = self.status();
-        let headers = res.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Some(retry) = retry {
-            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-        }
-        self.write_quota_headers(&mut res);
-        res
-    }
-
-    /// The gRPC trailers-only response (HTTP 200, `grpc-status`, `grpc-message`,
-    /// `grpc-status-details-bin` with a `google.rpc.RetryInfo` where waiting helps, quota
-    /// headers as for HTTP); see [`crate::grpc`].
-    ///
-    /// See [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal) for an example.
-    pub fn grpc_response(&self) -> Response<Bytes> {
-        static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
-        let retry = self.retry_after().filter(|_| {
-            self.inner.rendering.retry_after || self.inner.kind == RefusalKind::StoreUnavailable
-        });
-        let mut res = crate::grpc::error_response(
-            self.grpc_code(),
-            &self.message(),
-            retry,
-            self.inner.rendering.grpc.as_ref().unwrap_or(&GRPC),
-        );
-        self.write_quota_headers(&mut res);
-        res
-    }
-
-    /// The refusal as a [`tonic::Status`] (the code, the message and, where waiting helps, a
-    /// `google.rpc.RetryInfo` detail), for code that answers gRPC calls itself.
-    ///
-    /// ```
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use tollgate::{key::{Global, RequestView}, Limiter, Policy, Rate};
-    ///
-    /// let limiter = Limiter::builder()
-    ///     .policy(Policy::new("rpc", Rate::per_minute(1))?)
-    ///     .extractor(Global::new())
-    ///     .build()?;
-    /// let call = http::Request::post("/pkg.Svc/Method").body(())?;
-    /// limiter.decide(&RequestView::new(&call)).await?;
-    /// let refusal = limiter.decide(&RequestView::new(&call)).await.unwrap_err();
-    /// assert_eq!(refusal.to_status().code(), tonic::Code::ResourceExhausted);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    #[cfg(feature = "tonic")]
-    pub fn to_status(&self) -> tonic::Status {
-        let message = self.message();
-        let details = crate::grpc::status_details(self.grpc_code(), &message, self.retry_after());
-        tonic::Status::with_details(
-            tonic::Code::from_i32(self.grpc_code()),
-            message,
-            Bytes::from(details),
-        )
-    }
-
-    /// The `Retry-After` value to send: only where waiting helps, and (for rate limits) only
-    /// when the layer sends it.
-    fn retry_after_header(&self) -> Option<u64> {
-        let wanted =
-            self.inner.kind == RefusalKind::StoreUnavailable || self.inner.rendering.retry_after;
-        self.retry_after_secs().filter(|_| wanted)
-    }
-
-    fn write_quota_headers<B>(&self, res: &mut Response<B>) {
-        if self.inner.kind != RefusalKind::RateLimited || self.is_sensitive() {
-            return;
-        }
-        if let Some(decision) = &self.inner.decision {
-            write_quota_headers(
-                res.headers_mut(),
-                decision,
-                &self.inner.policies,
-                self.inner.now_millis,
-                self.inner.rendering.style,
-            );
-        }
-    }
-
-    /// Counts the refusal (`tollgate_refusals_total`), records it on the current span and
-    /// logs it at its documented level (see the [module docs](self)). Called once for each
-    /// refusal tollgate answers with.
-    pub(crate) fn log(&self, key: Option<&Key>) {
-        telemetry::refusal(self.inner.kind.as_str());
-        let code = self.error_code();
-        let policy = self.policy().map(Policy::name);
-        let digest = key.map(crate::key::digest);
-        if let Some(span) = telemetry::current_span() {
-            let decision = self.inner.decision.as_ref();
-            telemetry::span_decision(&span, digest.as_deref(), policy, decision, Some(code));
-        }
-        let policy = policy.unwrap_or("");
-        let key = digest.as_deref().unwrap_or("");
-        macro_rules! event {
-            ($level:expr) => {
-                tracing::event!(
-                    target: "tollgate::refusal",
-                    $level,
-                    ratelimit.refusal = code,
-                    ratelimit.policy = policy,
-                    ratelimit.key = key,
-                    "{}",
-                    self.message()
-                )
-            };
-        }
-        match self.inner.kind {
-            RefusalKind::Forbidden
-            | RefusalKind::LoginRefused
-            | RefusalKind::LoginUsernameAmbiguous => event!(tracing::Level::INFO),
-            RefusalKind::StoreUnavailable => match &self.inner.store_error {
-                Some(error) => tracing::event!(
-                    target: "tollgate::refusal",
-                    tracing::Level::WARN,
-                    ratelimit.refusal = code,
-                    %error,
-                    "refusing the request: the rate-limit store failed"
-                ),
-                None => event!(tracing::Level::WARN),
-            },
-            _ => event!(tracing::Level::DEBUG),
-        }
-    }
-
-    /// Warns once per process when a request without a key has no peer address, which with
-    /// the default extractor means the server does not record it. The refusal itself is
-    /// logged by [`log`](Self::log).
-    pub(crate) fn warn_missing_peer(has_peer: bool) {
-        static WARNED: AtomicBool = AtomicBool::new(false);
-        if !has_peer && !WARNED.swap(true, Ordering::Relaxed) {
-            tracing::event!(
-                target: "tollgate::refusal",
-                tracing::Level::WARN,
-                ratelimit.refusal = "missing_rate_limit_key",
-                "a request has no peer address, so it cannot be keyed by client IP and is \
-                 refused with 400; with axum, serve the app with \
-                 `into_make_service_with_connect_info::<SocketAddr>()` (tonic records it \
-                 itself), or key requests another way (logged once)"
-            );
-        }
-    }
 }
 
 /// The message of a sensitive refusal: no counts, no hint of which limit.
 pub(crate) const SENSITIVE_MESSAGE: &str = "Too many requests. Please try again later.";
-
-#[cfg(feature = "axum")]
-impl axum::response::IntoResponse for Refusal {
-    fn into_response(self) -> axum::response::Response {
-        self.default_response().map(axum::body::Body::from)
-    }
-}
 
 /// Builds a custom response for a refusal; see
 /// [`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal).

@@ -11,6 +11,10 @@ use crate::login::LoginMode;
 use crate::policy::Algorithm;
 use crate::response::HeaderStyle;
 
+mod edge;
+
+pub use edge::{EdgeAction, EdgeConfig, EdgeKeyKind, EdgeRuleConfig, EdgeTarget};
+
 /// What to do when the shared store fails (see the failure-mode docs of the store).
 ///
 /// ```
@@ -401,8 +405,8 @@ pub struct Plan {
     #[serde(default)]
     pub deny_cidrs: Vec<String>,
     /// The coarse limits the edge (nginx, Cloudflare, AWS WAF, Envoy) enforces in front of
-    /// the origin; see [`edge`](super::edge).
-    pub edge: Option<super::edge::EdgeConfig>,
+    /// the origin; see [`edge`](crate::config::edge).
+    pub edge: Option<EdgeConfig>,
 }
 
 pub(crate) fn parse_duration(field: &str, value: &str) -> Result<Duration, ConfigError> {
