@@ -156,14 +156,19 @@
 //! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
 //! ├── store/                 where counters live
-//! │   ├── mod.rs             the Store trait and DynStore
+//! │   ├── mod.rs             the Store trait (check, apply), StoreExt, DynStore
+//! │   ├── op.rs              Op, Costs, Applied: every operation as a value
+//! │   ├── override_store.rs  OverrideStore: per-key overrides as a store keeps them
 //! │   ├── memory/            the in-process store
 //! │   │   ├── mod.rs         MemoryStore: sharded, bounded, swept
+//! │   │   ├── builder.rs     MemoryStoreBuilder, and the sweeper thread
+//! │   │   ├── store_impl.rs  the Store and OverrideStore implementations, MemoryCheck
 //! │   │   ├── shard.rs       entries by key, eviction at the key cap, sweeping
-//! │   │   ├── slots.rs       the policy states of one entry: one inline, several allocated
+//! │   │   ├── states.rs      the policy states of one entry: one inline, several allocated
 //! │   │   └── overrides.rs   per-key overrides kept in the process
 //! │   ├── resilient/         ResilientStore: timeout, failure modes, local fallback
 //! │   │   ├── mod.rs         the store: timeouts, failure modes, fallback
+//! │   │   ├── store_impl.rs  the Store implementation: every operation through the breaker
 //! │   │   ├── builder.rs     ResilientStoreBuilder: every setting checked at build time
 //! │   │   ├── breaker.rs     the circuit breaker
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
@@ -227,6 +232,7 @@
 //! │   └── username.rs        username normalisation
 //! ├── guide/                 guides, documentation only
 //! │   ├── mod.rs             the list
+//! │   ├── glossary.rs        the words: slot, hold, reservation, settlement, lease, block
 //! │   └── login.rs           counting modes, lockouts, usernames, stores
 //! ├── observability.rs       what operators see: spans, metrics, logs (docs, latency buckets)
 //! ├── telemetry.rs           the metrics and span fields behind observability (private)
