@@ -195,6 +195,7 @@
 //! │   ├── layer.rs           RateLimitLayer
 //! │   ├── service.rs         RateLimitService
 //! │   ├── future.rs          ResponseFuture: polls the inner future, adds headers
+//! │   ├── shared.rs          what a layer's services share: refusals, quota headers
 //! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
 //! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook
 //! │   ├── held.rs            what an admitted request holds until its response ends

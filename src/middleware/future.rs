@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::held::Held;
-use super::layer::{Kept, Shared};
+use super::shared::{Kept, Shared};
 use crate::key::Key;
 use crate::limiter::{CheckFuture, HoldSeed, PolicySet};
 use crate::store::Store;
@@ -260,7 +260,7 @@ where
                         (*h).on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
                     });
                     if let Some(kept) = decision.take() {
-                        shared.finish(set, kept, &mut res);
+                        shared.decorate(set, kept, &mut res);
                     }
                     return Poll::Ready(Ok(match body_hold {
                         Some(hold) if !hold.is_empty() => {

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::layer::Shared;
+use super::shared::Shared;
 use crate::key::RequestView;
 use crate::limiter::{Limiter, Prepared};
 use crate::store::Store;
@@ -26,7 +26,7 @@ pub struct RateLimitService<Inner, St> {
 impl<Inner, St> RateLimitService<Inner, St> {
     /// Wraps `inner` with `limiter` and the default responses.
     pub fn new(inner: Inner, limiter: Limiter<St>) -> Self {
-        super::RateLimitLayer::new(limiter).layer_service(inner)
+        Self::from_shared(inner, Arc::new(Shared::new(limiter)))
     }
 
     pub(crate) fn from_shared(inner: Inner, shared: Arc<Shared<St>>) -> Self {
@@ -153,11 +153,5 @@ where
                 ),
             },
         }
-    }
-}
-
-impl<St> super::RateLimitLayer<St> {
-    fn layer_service<Inner>(self, inner: Inner) -> RateLimitService<Inner, St> {
-        RateLimitService::from_shared(inner, self.shared)
     }
 }
