@@ -182,7 +182,8 @@
 //! │   ├── access.rs          allow and deny lists
 //! │   ├── penalty.rs         blocks after a denial
 //! │   ├── shadow.rs          policies counted but never refusing
-//! │   ├── hold.rs            Permit and Reservation: in-flight slots, reserved costs
+//! │   ├── hold.rs            what an admitted request holds: slots, settlements
+//! │   ├── permit.rs          Permit and Reservation: acquire and reserve
 //! │   ├── reload.rs          a new plan in force without losing counters
 //! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators

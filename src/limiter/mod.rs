@@ -14,6 +14,7 @@ mod hold;
 mod inspect;
 mod overrides;
 mod penalty;
+mod permit;
 mod reload;
 mod route_table;
 mod shadow;
@@ -25,8 +26,8 @@ pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 pub(crate) use hold::{drive, Slots};
-pub use hold::{Permit, Reservation};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
+pub use permit::{Permit, Reservation};
 
 use std::collections::BTreeMap;
 use std::fmt;
