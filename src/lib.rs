@@ -199,7 +199,7 @@
 //! │   ├── shared.rs          what a layer's services share: refusals, quota headers
 //! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
 //! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook
-//! │   ├── held.rs            what an admitted request holds until its response ends
+//! │   ├── held.rs            what an admitted request holds, settled from its response
 //! │   ├── info.rs            RateLimitInfo for handlers
 //! │   └── estimate.rs        EstimateFromJsonLayer: a metered cost from the JSON body
 //! ├── login/                 the login guard

@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Limiter, PolicySet};
+use super::{HoldSeed, Limiter, PolicySet};
 use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
+use crate::route::Actual;
 use crate::store::{BoxFuture, Store};
 
 /// Held slots: gives them back on drop, and stops refreshing their lease.
@@ -44,6 +45,33 @@ impl Drop for Slots {
             release();
         }
     }
+}
+
+/// What a request admitted by the layer keeps until its response ends: its in-flight slots,
+/// and how to settle its metered policies. The middleware settles from the response and
+/// keeps the rest in the response body.
+pub(crate) struct Held {
+    pub(crate) slots: Option<Slots>,
+    pub(crate) settlement: Option<Settlement>,
+}
+
+/// Settles the policies at these indexes (in the set) with these actual costs.
+pub(crate) type SettleFn = dyn Fn(&[(usize, u64)]) + Send + Sync;
+
+/// How to settle one request's metered policies.
+pub(crate) struct Settlement {
+    /// Per metered policy: where its actual cost comes from.
+    pub(crate) meters: SmallVec<[Metered; 1]>,
+    pub(crate) settle: Arc<SettleFn>,
+}
+
+/// One metered policy of a request: its index in the set, name, reserved units and where
+/// its actual cost comes from.
+pub(crate) struct Metered {
+    pub(crate) index: usize,
+    pub(crate) name: Arc<str>,
+    pub(crate) reserved: u64,
+    pub(crate) actual: Actual,
 }
 
 /// Runs a store call that nobody awaits (a release, a settlement): polled once at once —
@@ -146,6 +174,53 @@ impl<S: Store> Limiter<S> {
             })),
             refresher,
         })
+    }
+
+    /// What an admitted request of set `set` keeps until its response ends, if anything.
+    pub(crate) fn held(
+        &self,
+        set: &Arc<PolicySet>,
+        seed: Box<HoldSeed>,
+        decision: &Decision,
+    ) -> Option<Box<Held>> {
+        if !decision.is_allowed() || decision.policies().is_empty() {
+            return None;
+        }
+        let slots = self.hold_slots(set, &seed.key, decision);
+        let meters = &set.meters;
+        let settlement = (!meters.is_empty()).then(|| {
+            let policies = &set.enforced;
+            let metered = meters
+                .iter()
+                .map(|(i, meter)| Metered {
+                    index: *i,
+                    name: Arc::clone(policies[*i].shared_name()),
+                    reserved: seed.reserved.get(*i).copied().unwrap_or(0),
+                    actual: meter.actual.clone(),
+                })
+                .collect();
+            let limiter = self.clone();
+            let set = Arc::clone(set);
+            let HoldSeed { key, reserved } = *seed;
+            let settle: Arc<SettleFn> = Arc::new(move |actual: &[(usize, u64)]| {
+                let policies = &set.enforced;
+                let lookup = |p: &Policy| {
+                    let i = policies.iter().position(|q| q.name() == p.name())?;
+                    actual.iter().find(|(j, _)| *j == i).map(|(_, a)| *a)
+                };
+                if let Some(call) = limiter.settle_call(&set, &key, &reserved, lookup) {
+                    drive("settle", call);
+                }
+            });
+            Settlement {
+                meters: metered,
+                settle,
+            }
+        });
+        if slots.is_none() && settlement.is_none() {
+            return None;
+        }
+        Some(Box::new(Held { slots, settlement }))
     }
 
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.

@@ -25,7 +25,7 @@ pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
-pub(crate) use hold::{drive, Slots};
+pub(crate) use hold::{Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 pub use permit::{Permit, Reservation};
 

@@ -12,10 +12,10 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::held::Held;
+use super::held::on_response;
 use super::shared::{Kept, Shared};
 use crate::key::Key;
-use crate::limiter::{CheckFuture, HoldSeed, PolicySet};
+use crate::limiter::{CheckFuture, Held, HoldSeed, PolicySet};
 use crate::store::Store;
 
 pin_project! {
@@ -257,7 +257,7 @@ where
                     let mut res = ready!(future.poll(cx))?;
                     // Settled first, so that the headers report the state after it.
                     let body_hold = held.take().map(|h| {
-                        (*h).on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
+                        on_response(*h, &mut res, decision.as_mut().map(|k| &mut k.decision))
                     });
                     if let Some(kept) = decision.take() {
                         shared.decorate(set, kept, &mut res);
