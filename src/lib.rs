@@ -178,6 +178,7 @@
 //! │   ├── mod.rs             Limiter: check, peek, reset, decide
 //! │   ├── builder.rs         LimiterBuilder: routes and policies compiled into tables
 //! │   ├── decide.rs          route, key, lists, cost, penalties, shadow, store
+//! │   ├── finish.rs          the store's answer: metrics, telemetry, refusal, holds
 //! │   ├── route_table.rs     matching as axum's router does
 //! │   ├── access.rs          allow and deny lists
 //! │   ├── penalty.rs         blocks after a denial
@@ -195,7 +196,7 @@
 //! │   ├── mod.rs             docs and re-exports
 //! │   ├── layer.rs           RateLimitLayer
 //! │   ├── service.rs         RateLimitService
-//! │   ├── future.rs          ResponseFuture: polls the inner future, adds headers
+//! │   ├── future.rs          ResponseFuture: polls the store and the inner service
 //! │   ├── shared.rs          what a layer's services share: refusals, quota headers
 //! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
 //! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook

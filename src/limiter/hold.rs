@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{HoldSeed, Limiter, PolicySet};
+use super::{Limiter, PolicySet, Reserved};
 use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -176,32 +176,35 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// What an admitted request of set `set` keeps until its response ends, if anything.
+    /// What a request of set `set` admitted by the layer keeps until its response ends, if
+    /// anything: its slots, and the settlement of the units it `reserved` for its metered
+    /// policies.
     pub(crate) fn held(
         &self,
         set: &Arc<PolicySet>,
-        seed: Box<HoldSeed>,
+        key: &Key,
         decision: &Decision,
-    ) -> Option<Box<Held>> {
+        reserved: Reserved,
+    ) -> Option<Held> {
         if !decision.is_allowed() || decision.policies().is_empty() {
             return None;
         }
-        let slots = self.hold_slots(set, &seed.key, decision);
-        let meters = &set.meters;
-        let settlement = (!meters.is_empty()).then(|| {
+        let slots = self.hold_slots(set, key, decision);
+        let settlement = reserved.filter(|_| !set.meters.is_empty()).map(|reserved| {
             let policies = &set.enforced;
-            let metered = meters
+            let meters = set
+                .meters
                 .iter()
                 .map(|(i, meter)| Metered {
                     index: *i,
                     name: Arc::clone(policies[*i].shared_name()),
-                    reserved: seed.reserved.get(*i).copied().unwrap_or(0),
+                    reserved: reserved.get(*i).copied().unwrap_or(0),
                     actual: meter.actual.clone(),
                 })
                 .collect();
             let limiter = self.clone();
             let set = Arc::clone(set);
-            let HoldSeed { key, reserved } = *seed;
+            let key = key.clone();
             let settle: Arc<SettleFn> = Arc::new(move |actual: &[(usize, u64)]| {
                 let policies = &set.enforced;
                 let lookup = |p: &Policy| {
@@ -212,15 +215,12 @@ impl<S: Store> Limiter<S> {
                     drive("settle", call);
                 }
             });
-            Settlement {
-                meters: metered,
-                settle,
-            }
+            Settlement { meters, settle }
         });
         if slots.is_none() && settlement.is_none() {
             return None;
         }
-        Some(Box::new(Held { slots, settlement }))
+        Some(Held { slots, settlement })
     }
 
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.

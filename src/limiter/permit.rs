@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::finish::Asker;
 use super::hold::{Completing, Slots};
-use super::{Limiter, PolicySet};
+use super::{Limiter, PolicySet, PreparedKey};
 use crate::decision::Decision;
 use crate::error::CheckError;
 use crate::key::Key;
@@ -78,16 +79,7 @@ impl<S: Store> Limiter<S> {
                 slots: None,
             });
         };
-        let decision = self
-            .finish_direct(self.prepare_key(
-                Arc::clone(&set),
-                &self.lists(),
-                key.clone(),
-                None,
-                None,
-            ))
-            .await?;
-        let slots = self.hold_slots(&set, key, &decision);
+        let (decision, slots) = self.acquired(&set, key, None, None).await?;
         Ok(Permit { decision, slots })
     }
 
@@ -135,16 +127,7 @@ impl<S: Store> Limiter<S> {
             (None, set.meters.iter().map(|_| estimate).collect())
         };
         let reserved = set.charged_costs(cost, Some(&estimates));
-        let decision = self
-            .finish_direct(self.prepare_key(
-                Arc::clone(&set),
-                &self.lists(),
-                key.clone(),
-                cost,
-                Some(&estimates),
-            ))
-            .await?;
-        let slots = self.hold_slots(&set, key, &decision);
+        let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
         Ok(Reservation {
             limiter: self.clone(),
             key: key.clone(),
@@ -153,6 +136,29 @@ impl<S: Store> Limiter<S> {
             decision,
             slots,
         })
+    }
+
+    /// The decision of [`acquire`](Self::acquire) or [`reserve`](Self::reserve), charging
+    /// `cost` or the `estimates` of the metered policies, with the slots it holds.
+    async fn acquired(
+        &self,
+        set: &Arc<PolicySet>,
+        key: &Key,
+        cost: Option<u64>,
+        estimates: Option<&[u64]>,
+    ) -> Result<(Decision, Option<Slots>), CheckError> {
+        let mut given = SmallVec::new();
+        let lists = self.lists();
+        let costs = match self.prepare_key(set, &lists, key, cost, estimates, &mut given) {
+            PreparedKey::Pass => return Ok((Decision::pass(), None)),
+            PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+            PreparedKey::Ask(costs) => costs,
+        };
+        let outcome = match self.answer_now(set, key, costs) {
+            Some(outcome) => outcome,
+            None => self.answer_later(set, key, costs).await,
+        };
+        self.finish(Asker::Acquire, set, key, outcome, None)
     }
 }
 
