@@ -198,11 +198,13 @@
 //! │   ├── mod.rs             Limiter: check, peek, reset, decide
 //! │   ├── builder.rs         LimiterBuilder: routes and policies compiled into tables
 //! │   ├── decide.rs          route, key, lists, cost, penalties, shadow, store
+//! │   ├── finish.rs          the store's answer: metrics, telemetry, refusal, holds
 //! │   ├── route_table.rs     matching as axum's router does
 //! │   ├── access.rs          allow and deny lists
 //! │   ├── penalty.rs         blocks after a denial
 //! │   ├── shadow.rs          policies counted but never refusing
-//! │   ├── hold.rs            Permit and Reservation: in-flight slots, reserved costs
+//! │   ├── hold.rs            what an admitted request holds: slots, settlements
+//! │   ├── permit.rs          Permit and Reservation: acquire and reserve
 //! │   ├── reload.rs          a new plan in force without losing counters
 //! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators
@@ -217,10 +219,11 @@
 //! │   ├── mod.rs             docs and re-exports
 //! │   ├── layer.rs           RateLimitLayer
 //! │   ├── service.rs         RateLimitService
-//! │   ├── future.rs          ResponseFuture: polls the inner future, adds headers
+//! │   ├── future.rs          ResponseFuture: polls the store and the inner service
+//! │   ├── shared.rs          what a layer's services share: refusals, quota headers
 //! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
 //! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook
-//! │   ├── held.rs            what an admitted request holds until its response ends
+//! │   ├── held.rs            what an admitted request holds, settled from its response
 //! │   ├── info.rs            RateLimitInfo for handlers
 //! │   └── estimate.rs        EstimateFromJsonLayer: a metered cost from the JSON body
 //! ├── login/                 the login guard

@@ -325,6 +325,54 @@ async fn routes_tiers_and_head_agree_between_layer_and_direct_api() {
 }
 
 #[tokio::test]
+async fn the_direct_path_holds_no_in_flight_slot() {
+    // `decide` and `check` keep nothing that would give a slot back, so the slot an in-flight
+    // policy takes to admit a request goes back at once: one at a time, every time.
+    let limiter = Limiter::builder()
+        .policy(Policy::in_flight("one", 1).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let req = request("GET", "/", None);
+    for _ in 0..3 {
+        assert!(limiter.decide(&RequestView::new(&req)).await.is_ok());
+        assert!(limiter
+            .check(&Key::new("job", "1"), 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    // `acquire` holds its slot until the permit is dropped.
+    let permit = limiter.acquire(&Key::new("job", "1")).await.unwrap();
+    assert!(permit.holds_slots());
+    assert!(!limiter
+        .check(&Key::new("job", "1"), 1)
+        .await
+        .unwrap()
+        .is_allowed());
+}
+
+#[tokio::test]
+async fn a_refused_acquire_counts_among_the_top_refused() {
+    let limiter = Limiter::builder()
+        .policy(Policy::in_flight("one", 1).unwrap())
+        .build()
+        .unwrap();
+    let tenant = Key::new("tenant", "acme");
+    let _permit = limiter.acquire(&tenant).await.unwrap();
+    assert!(!limiter.acquire(&tenant).await.unwrap().is_allowed());
+    assert!(!limiter
+        .reserve(&tenant, 1)
+        .await
+        .unwrap()
+        .decision()
+        .is_allowed());
+    let top = limiter.top_refused(10);
+    assert_eq!(top.len(), 1);
+    assert_eq!(top[0].count, 2);
+}
+
+#[tokio::test]
 async fn a_missing_key_is_the_same_refusal_on_both_paths() {
     let limiter = Limiter::builder()
         .policy(Policy::new("api", Rate::per_minute(5)).unwrap())

@@ -6,7 +6,6 @@ use crate::config::Plan;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::store::Store;
-use crate::telemetry;
 
 impl<S: Store + Clone> Limiter<S> {
     /// Builds `plan` on this limiter's store and puts it in force with
@@ -60,21 +59,7 @@ impl<S: Store + Clone> Limiter<S> {
                     None => Ok(next),
                 }
             });
-        match next {
-            Ok(next) => {
-                self.reload(&next);
-                Ok(())
-            }
-            Err(error) => {
-                telemetry::plan_reload(false);
-                tracing::error!(
-                    target: "tollgate::reload",
-                    %error,
-                    "the new rate-limit plan was refused; the plan in force stays"
-                );
-                Err(error)
-            }
-        }
+        self.reload_or_keep(next)
     }
 }
 

@@ -8,44 +8,57 @@ use std::task::{Context, Poll};
 use smallvec::SmallVec;
 
 use super::{Limiter, Lists, PolicySet};
-use crate::decision::{DecidedBy, Decision};
+use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::{Key, RequestView};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
 use crate::route::Cost;
 use crate::store::{BoxFuture, Store};
-use crate::telemetry;
 
-/// A request's decision as far as it can be taken before the store answers.
+/// A request's decision as far as it goes before the store answers (the layer and
+/// [`Limiter::decide`]).
 pub(crate) enum Prepared<F> {
     /// Exempt route, allow-listed key, or only shadow policies: go ahead, no headers.
     Pass,
     /// Refused before asking the store (missing key, deny list, a cost that never fits).
     Refuse(Refusal),
-    /// The store answered at once ([`Store::check_now`]) for policy set `set`, about `key`;
-    /// `hold` only when the set holds slots or settles costs after the response.
+    /// The store answered at once ([`Store::check_now`]).
     Decided {
-        set: Arc<PolicySet>,
         outcome: Result<Decision, StoreError>,
-        key: Option<Key>,
-        hold: Option<Box<HoldSeed>>,
+        pending: Pending,
     },
-    /// The store's answer to wait for, for policy set `set`, about `key`; `hold` as for
-    /// `Decided`.
+    /// The store's answer to wait for.
     Check {
-        set: Arc<PolicySet>,
         future: CheckFuture<F>,
-        key: Option<Key>,
-        hold: Option<Box<HoldSeed>>,
+        pending: Pending,
     },
 }
 
-/// What a request of a set with in-flight or metered policies needs after its decision: its
-/// key, and the units charged to each enforced policy (for the settlement).
-pub(crate) struct HoldSeed {
+/// The units a request of a set with metered policies charged each enforced policy, for its
+/// settlement; `None` for a set without them.
+pub(crate) type Reserved = Option<Box<SmallVec<[u64; 2]>>>;
+
+/// What [`Limiter::finish`] needs of a request besides the store's answer: the policy set and
+/// key it is decided by, and the units it reserved.
+pub(crate) struct Pending {
+    pub(crate) set: Arc<PolicySet>,
     pub(crate) key: Key,
-    pub(crate) reserved: SmallVec<[u64; 2]>,
+    pub(crate) reserved: Reserved,
+}
+
+impl Pending {
+    /// What a request of set `set` about `key`, charged `costs`, leaves for `finish`. The key
+    /// goes along (moved, not copied) for the decision event, the span, the top refused keys
+    /// and what the request holds; each reads it only when it is wanted.
+    #[inline(always)]
+    fn new(set: &Arc<PolicySet>, key: Key, costs: &[u64]) -> Self {
+        Self {
+            set: Arc::clone(set),
+            key,
+            reserved: (!set.meters.is_empty()).then(|| Box::new(SmallVec::from_slice(costs))),
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -74,15 +87,14 @@ where
 
 impl<S: Store> Limiter<S> {
     /// Everything before the store answers, for a request: route, tier, key, cost, then
-    /// [`prepare_key`](Self::prepare_key). The request is decided by the plan in force now
-    /// to its end, whatever a reload does meanwhile.
+    /// [`prepare_key`](Self::prepare_key) and the store asked. The request is decided by the
+    /// plan in force now to its end, whatever a reload does meanwhile.
     pub(crate) fn prepare(&self, request: &RequestView<'_>) -> Prepared<S::CheckFuture> {
         let guard = self.plan();
         let plan = &*guard;
         let Some(set) = plan.resolve(request) else {
             return Prepared::Pass;
         };
-        let set = Arc::clone(set);
         let Some(key) = plan.lists.key_for(request) else {
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
@@ -95,15 +107,33 @@ impl<S: Store> Limiter<S> {
             Cost::Fixed(c) => Some(*c),
             Cost::Computed(f) => Some(f(request)),
         };
-        if set.meters.is_empty() {
-            return self.prepare_key(set, &plan.lists, key, cost, None);
+        let estimates: Option<SmallVec<[u64; 2]>> = (!set.meters.is_empty()).then(|| {
+            set.meters
+                .iter()
+                .map(|(_, m)| m.estimate(request))
+                .collect()
+        });
+        let mut given = SmallVec::new();
+        let prepared = self.prepare_key(
+            set,
+            &plan.lists,
+            &key,
+            cost,
+            estimates.as_deref(),
+            &mut given,
+        );
+        let costs = match prepared {
+            PreparedKey::Pass => return Prepared::Pass,
+            PreparedKey::Refuse(refusal) => return Prepared::Refuse(refusal),
+            PreparedKey::Ask(costs) => costs,
+        };
+        if let Some(outcome) = self.answer_now(set, &key, costs) {
+            let pending = Pending::new(set, key, costs);
+            return Prepared::Decided { outcome, pending };
         }
-        let estimates: SmallVec<[u64; 2]> = set
-            .meters
-            .iter()
-            .map(|(_, m)| m.estimate(request))
-            .collect();
-        self.prepare_key(set, &plan.lists, key, cost, Some(&estimates))
+        let future = self.answer_later(set, &key, costs);
+        let pending = Pending::new(set, key, costs);
+        Prepared::Check { future, pending }
     }
 }
 
@@ -146,7 +176,7 @@ impl PolicySet {
 }
 
 /// What the lists, shadow policies and costs make of a key, before the store is asked.
-pub(crate) enum Screened<'s> {
+pub(crate) enum PreparedKey<'s> {
     /// Allow-listed key, or only shadow policies: go ahead, no headers.
     Pass,
     /// Deny-listed key, or a cost that never fits.
@@ -199,9 +229,13 @@ impl OwnCosts {
 impl<S: Store> Limiter<S> {
     /// Everything before the store is asked, for a key: deny and allow lists, shadow
     /// policies, the cost (`None`: each policy's own) and its check against the capacities.
-    /// Costs other than the set's own are kept in `given`.
+    /// Costs other than the set's own are kept in `given`. The one preparation of every way
+    /// in: [`prepare`](Self::prepare) for a request, and the direct API
+    /// ([`check`](Self::check), [`acquire`](Self::acquire), [`reserve`](Self::reserve)) for
+    /// a key; the store is then asked with [`answer_now`](Self::answer_now) or
+    /// [`answer_later`](Self::answer_later).
     #[inline(always)]
-    pub(crate) fn screen<'s>(
+    pub(crate) fn prepare_key<'s>(
         &self,
         set: &'s Arc<PolicySet>,
         lists: &Lists,
@@ -209,210 +243,80 @@ impl<S: Store> Limiter<S> {
         cost: Option<u64>,
         estimates: Option<&[u64]>,
         given: &'s mut SmallVec<[u64; 2]>,
-    ) -> Screened<'s> {
+    ) -> PreparedKey<'s> {
         if lists.deny.contains(key) {
             let refusal = Refusal::of_kind(RefusalKind::Forbidden);
             refusal.log(Some(key));
-            return Screened::Refuse(refusal);
+            return PreparedKey::Refuse(refusal);
         }
         if lists.allow.contains(key) {
-            return Screened::Pass;
+            return PreparedKey::Pass;
         }
         if !set.shadow.is_empty() {
             self.spawn_shadow_check(key, set, cost);
         }
         if set.enforced.is_empty() {
-            return Screened::Pass;
+            return PreparedKey::Pass;
         }
         // A cost equal to every policy's own charges the costs validated when the set was
         // built: borrowed, not copied, and not checked again. The common case, on every
         // request.
         if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
-            return Screened::Ask(&set.default_costs);
+            return PreparedKey::Ask(&set.default_costs);
         }
         // Policies' own costs were checked when they were built; a given one is checked here.
         *given = set.charged_costs(cost, estimates);
         if let Some((p, &c)) = too_costly(&set.enforced, given) {
             let refusal = Refusal::cost_exceeds_capacity(p, c);
             refusal.log(Some(key));
-            return Screened::Refuse(refusal);
+            return PreparedKey::Refuse(refusal);
         }
-        Screened::Ask(given)
+        PreparedKey::Ask(given)
     }
 
-    /// Everything before the store answers, for a key: [`screen`](Self::screen), penalties,
-    /// and the store call.
-    #[inline]
-    pub(crate) fn prepare_key(
-        &self,
-        set: Arc<PolicySet>,
-        lists: &Lists,
-        key: Key,
-        cost: Option<u64>,
-        estimates: Option<&[u64]>,
-    ) -> Prepared<S::CheckFuture> {
-        let common = &*self.inner.common;
-        let mut given = SmallVec::new();
-        let costs = match self.screen(&set, lists, &key, cost, estimates, &mut given) {
-            Screened::Pass => return Prepared::Pass,
-            Screened::Refuse(refusal) => return Prepared::Refuse(refusal),
-            Screened::Ask(costs) => costs,
-        };
-        // The key goes along (moved, not copied) for the decision event, the span and the
-        // top refused keys; each reads it only when it is wanted.
-        let hold = (!set.in_flight.is_empty() || !set.meters.is_empty()).then(|| {
-            Box::new(HoldSeed {
-                key: key.clone(),
-                reserved: SmallVec::from_slice(costs),
-            })
-        });
-        let future = if set.penalties.is_empty() {
-            if let Some(outcome) = common.store.check_now(&key, &set.enforced, costs) {
-                return Prepared::Decided {
-                    set,
-                    outcome,
-                    key: Some(key),
-                    hold,
-                };
-            }
-            CheckFuture::Direct {
-                future: common.store.check(&key, &set.enforced, costs),
-            }
-        } else {
-            CheckFuture::Boxed {
-                future: Box::pin(self.clone().check_with_penalties(
-                    key.clone(),
-                    Arc::clone(&set),
-                    SmallVec::from_slice(costs),
-                )),
-            }
-        };
-        Prepared::Check {
-            set,
-            future,
-            key: Some(key),
-            hold,
-        }
-    }
-
-    /// Records the store's answer: metrics, and a trace event when `key` is kept.
-    #[inline]
-    pub(crate) fn record(
+    /// The store's answer about a prepared key, when it gives one at once: a store that
+    /// answers at once (the memory store) and no penalties. Handed back as the store gives
+    /// it, so that the decision is moved once, into what the caller makes of it.
+    #[inline(always)]
+    pub(crate) fn answer_now(
         &self,
         set: &PolicySet,
-        key: Option<&Key>,
-        outcome: &Result<Decision, StoreError>,
-    ) {
-        // Store errors are counted by the store (or its resilience wrapper), not here.
-        if let Ok(decision) = outcome {
-            let store = self.inner.common.store.name();
-            telemetry::decision(decision, store, &set.enforced, &set.route, &set.metric_keys);
-            if let Some(key) = key {
-                if tracing::enabled!(target: "tollgate::decision", tracing::Level::DEBUG) {
-                    trace_decision(key, decision, &set.enforced, store);
-                }
-            }
+        key: &Key,
+        costs: &[u64],
+    ) -> Option<Result<Decision, StoreError>> {
+        if !set.penalties.is_empty() {
+            return None;
+        }
+        self.inner.common.store.check_now(key, &set.enforced, costs)
+    }
+
+    /// The store's answer to wait for, about a prepared key: the store's own call, or, with
+    /// penalties, the block peeked before it and started after a denial.
+    pub(crate) fn answer_later(
+        &self,
+        set: &Arc<PolicySet>,
+        key: &Key,
+        costs: &[u64],
+    ) -> CheckFuture<S::CheckFuture> {
+        let store = &self.inner.common.store;
+        if set.penalties.is_empty() {
+            return CheckFuture::Direct {
+                future: store.check(key, &set.enforced, costs),
+            };
+        }
+        CheckFuture::Boxed {
+            future: Box::pin(self.clone().check_with_penalties(
+                key.clone(),
+                Arc::clone(set),
+                SmallVec::from_slice(costs),
+            )),
         }
     }
-
-    /// Turns the store's answer into going ahead (`Ok`, with the decision) or a refusal: a
-    /// denial, a store failure, or a failure mode refusing.
-    #[inline]
-    pub(crate) fn conclude(
-        &self,
-        set: &PolicySet,
-        key: Option<&Key>,
-        outcome: Result<Decision, StoreError>,
-    ) -> Result<Decision, Refusal> {
-        self.record(set, key, &outcome);
-        let refusal = match outcome {
-            Err(error) => Refusal::store_unavailable(Some(error), None),
-            Ok(decision) if decision.decided_by() == DecidedBy::FailClosed => {
-                Refusal::store_unavailable(None, Some(decision))
-            }
-            Ok(decision) if decision.is_allowed() => {
-                // A refusal is recorded on the span by `log`, below.
-                if let Some(span) = telemetry::current_span() {
-                    let policies = &set.enforced;
-                    let key = key.filter(|_| telemetry::span_takes_key(&span));
-                    span_decision(&span, key, &decision, policies);
-                }
-                return Ok(decision);
-            }
-            Ok(decision) => match over_capacity(set, &decision) {
-                Some(refusal) => refusal,
-                None => {
-                    // The policies of the route's set, not the default route's: the message,
-                    // headers and sensitivity must match the decision.
-                    let policies = set.enforced.clone();
-                    let now = self.inner.common.store.now_millis();
-                    if let Some(key) = key {
-                        self.note_refused(key);
-                    }
-                    Refusal::rate_limited(decision, policies, now)
-                }
-            },
-        };
-        refusal.log(key);
-        Err(refusal)
-    }
-}
-
-/// The refusal of a decision the store denied for a cost above a policy's capacity in force
-/// ([`PolicyDecision::exceeds_capacity`](crate::algorithm::PolicyDecision::exceeds_capacity)):
-/// a per-key override with a lower capacity than the plan's, which the screen before the
-/// store checks against. Refused as the screen refuses a cost above the plan's capacity
-/// (`CostExceedsCapacity`, no `Retry-After`: no wait makes it fit), and never counted as a
-/// rate-limit refusal.
-pub(crate) fn over_capacity(set: &PolicySet, decision: &Decision) -> Option<Refusal> {
-    if decision.is_allowed() {
-        return None;
-    }
-    decision
-        .policies()
-        .iter()
-        .zip(set.enforced.iter())
-        .find_map(|(d, p)| {
-            let cost = d.excess_cost()?;
-            Some(Refusal::cost_exceeds_capacity_in_force(p, cost, d.limit()))
-        })
 }
 
 /// The first policy whose capacity a cost exceeds.
 fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Policy, &'a u64)> {
     policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
-}
-
-/// An allowed decision on the current span.
-#[inline(never)]
-fn span_decision(
-    span: &tracing::Span,
-    key: Option<&Key>,
-    decision: &Decision,
-    policies: &[Policy],
-) {
-    let digest = key.map(crate::key::digest);
-    let policy = policies.get(decision.governing_index()).map(Policy::name);
-    telemetry::span_decision(span, digest.as_deref(), policy, Some(decision), None);
-}
-
-/// One debug event per decision, with the fields OpenTelemetry users expect.
-fn trace_decision(key: &Key, decision: &Decision, policies: &[Policy], store: &'static str) {
-    let digest = crate::key::digest(key);
-    let policy = policies
-        .get(decision.governing_index())
-        .map_or("", Policy::name);
-    tracing::event!(
-        target: "tollgate::decision",
-        tracing::Level::DEBUG,
-        ratelimit.key = digest.as_str(),
-        ratelimit.policy = policy,
-        ratelimit.allowed = decision.is_allowed(),
-        ratelimit.remaining = decision.remaining(),
-        ratelimit.store = store,
-        ratelimit.outcome = decision.decided_by().as_str(),
-        "rate-limit decision"
-    );
 }
 
 #[cfg(test)]

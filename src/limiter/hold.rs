@@ -1,69 +1,26 @@
-//! What a request holds after it is admitted: in-flight slots ([`Permit`]) and a reserved
-//! cost to settle ([`Reservation`]).
+//! What a request holds after it is admitted, and how it is given back: in-flight [`Slots`],
+//! the settlement of a reserved cost, and store calls that finish even when nobody awaits
+//! them.
 //!
-//! Both are given back by value, not by a call the caller must remember: a [`Permit`] gives
-//! its slots back when it is dropped, however the request ends (its response sent, the
-//! client gone, a panic unwinding through the handler, a cancelled future). The layer keeps
-//! the permit in the response body, so the slot is held until the body has been sent or
-//! dropped.
+//! Both are given back by value, not by a call the caller must remember: [`Slots`] are given
+//! back when dropped, however the request ends (its response sent, the client gone, a panic
+//! unwinding through the handler, a cancelled future). The layer keeps them in the response
+//! body, so a slot is held until the body has been sent or dropped; the direct API keeps them
+//! in a [`Permit`](super::Permit) or [`Reservation`](super::Reservation).
 
-use std::ops::Deref;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Limiter, PolicySet};
+use super::{Limiter, PolicySet, Reserved};
 use crate::decision::{DecidedBy, Decision};
-use crate::error::{CheckError, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::{BoxFuture, MemoryStore, Store, StoreExt};
-
-/// The in-flight slots one admitted request holds, given back when this is dropped. Derefs to
-/// the request's [`Decision`]. Made by [`Limiter::acquire`] (and kept by the layer in the
-/// response body).
-///
-/// ```
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use tollgate::{key::Key, Limiter, Policy};
-///
-/// let limiter = Limiter::builder().policy(Policy::in_flight("exports", 1)?).build()?;
-/// let tenant = Key::new("tenant", "acme");
-/// let first = limiter.acquire(&tenant).await?;
-/// assert!(first.is_allowed());
-/// assert!(!limiter.acquire(&tenant).await?.is_allowed()); // one at a time
-/// drop(first);
-/// assert!(limiter.acquire(&tenant).await?.is_allowed());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
-#[derive(Debug)]
-pub struct Permit {
-    decision: Decision,
-    slots: Option<Slots>,
-}
-
-impl Permit {
-    /// The request's decision.
-    pub fn decision(&self) -> &Decision {
-        &self.decision
-    }
-
-    /// Whether the permit holds slots (an allowed request under in-flight policies).
-    pub fn holds_slots(&self) -> bool {
-        self.slots.is_some()
-    }
-}
-
-impl Deref for Permit {
-    type Target = Decision;
-
-    fn deref(&self) -> &Decision {
-        &self.decision
-    }
-}
+use crate::route::Actual;
+use crate::store::{BoxFuture, Store, StoreExt};
 
 /// Held slots: gives them back on drop, and stops refreshing their lease.
 pub(crate) struct Slots {
@@ -88,6 +45,33 @@ impl Drop for Slots {
             release();
         }
     }
+}
+
+/// What a request admitted by the layer keeps until its response ends: its in-flight slots,
+/// and how to settle its metered policies. The middleware settles from the response and
+/// keeps the rest in the response body.
+pub(crate) struct Held {
+    pub(crate) slots: Option<Slots>,
+    pub(crate) settlement: Option<Settlement>,
+}
+
+/// Settles the policies at these indexes (in the set) with these actual costs.
+pub(crate) type SettleFn = dyn Fn(&[(usize, u64)]) + Send + Sync;
+
+/// How to settle one request's metered policies.
+pub(crate) struct Settlement {
+    /// Per metered policy: where its actual cost comes from.
+    pub(crate) meters: SmallVec<[Metered; 1]>,
+    pub(crate) settle: Arc<SettleFn>,
+}
+
+/// One metered policy of a request: its index in the set, name, reserved units and where
+/// its actual cost comes from.
+pub(crate) struct Metered {
+    pub(crate) index: usize,
+    pub(crate) name: Arc<str>,
+    pub(crate) reserved: u64,
+    pub(crate) actual: Actual,
 }
 
 /// Runs a store call that nobody awaits (a release, a settlement): polled once at once —
@@ -192,6 +176,53 @@ impl<S: Store> Limiter<S> {
         })
     }
 
+    /// What a request of set `set` admitted by the layer keeps until its response ends, if
+    /// anything: its slots, and the settlement of the units it `reserved` for its metered
+    /// policies.
+    pub(crate) fn held(
+        &self,
+        set: &Arc<PolicySet>,
+        key: &Key,
+        decision: &Decision,
+        reserved: Reserved,
+    ) -> Option<Held> {
+        if !decision.is_allowed() || decision.policies().is_empty() {
+            return None;
+        }
+        let slots = self.hold_slots(set, key, decision);
+        let settlement = reserved.filter(|_| !set.meters.is_empty()).map(|reserved| {
+            let policies = &set.enforced;
+            let meters = set
+                .meters
+                .iter()
+                .map(|(i, meter)| Metered {
+                    index: *i,
+                    name: Arc::clone(policies[*i].shared_name()),
+                    reserved: reserved.get(*i).copied().unwrap_or(0),
+                    actual: meter.actual.clone(),
+                })
+                .collect();
+            let limiter = self.clone();
+            let set = Arc::clone(set);
+            let key = key.clone();
+            let settle: Arc<SettleFn> = Arc::new(move |actual: &[(usize, u64)]| {
+                let policies = &set.enforced;
+                let lookup = |p: &Policy| {
+                    let i = policies.iter().position(|q| q.name() == p.name())?;
+                    actual.iter().find(|(j, _)| *j == i).map(|(_, a)| *a)
+                };
+                if let Some(call) = limiter.settle_call(&set, &key, &reserved, lookup) {
+                    drive("settle", call);
+                }
+            });
+            Settlement { meters, settle }
+        });
+        if slots.is_none() && settlement.is_none() {
+            return None;
+        }
+        Some(Held { slots, settlement })
+    }
+
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.
     fn spawn_refresher(
         &self,
@@ -214,99 +245,6 @@ impl<S: Store> Limiter<S> {
             }
         });
         Some(task.abort_handle())
-    }
-
-    /// Decides `key` like [`check`](Self::check) with each policy's own cost, and holds the
-    /// slots of the default route's [in-flight](crate::Algorithm::InFlight) policies until the
-    /// returned [`Permit`] is dropped. A refused request holds nothing (the permit's decision
-    /// says why). Use it for work outside HTTP (jobs, websocket messages) that must not run
-    /// more than `n` at once per key.
-    ///
-    /// # Errors
-    ///
-    /// As for [`check`](Self::check).
-    pub async fn acquire(&self, key: &Key) -> Result<Permit, CheckError> {
-        let Some(set) = self.default_set() else {
-            return Ok(Permit {
-                decision: Decision::pass(),
-                slots: None,
-            });
-        };
-        let decision = self
-            .finish_direct(self.prepare_key(
-                Arc::clone(&set),
-                &self.lists(),
-                key.clone(),
-                None,
-                None,
-            ))
-            .await?;
-        let slots = self.hold_slots(&set, key, &decision);
-        Ok(Permit { decision, slots })
-    }
-
-    /// Reserves `estimate` units for `key` on the default route and returns the
-    /// [`Reservation`] to [`settle`](Reservation::settle) once the actual cost is known. The
-    /// estimate goes to the route's [metered](crate::route::Route::metered) policies (every
-    /// other policy takes its own cost), or, when it has none, to every rate policy. In-flight
-    /// slots are held until the reservation is dropped or settled.
-    ///
-    /// At least one unit is reserved, whatever the estimate: a reservation is admitted only
-    /// with room for it, so a spent budget refuses an estimate of 0 as it refuses any other
-    /// (its settlement would otherwise be charged to a key with nothing left), and settling
-    /// at 0 gives the unit back. See [`Op::Settle`](crate::store::Op::Settle) for the bound on what settlements
-    /// above their estimates can serve.
-    ///
-    /// ```
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use tollgate::{key::Key, Limiter, Policy, Rate};
-    ///
-    /// let limiter = Limiter::builder()
-    ///     .policy(Policy::new("tokens", Rate::per_minute(10_000))?)
-    ///     .build()?;
-    /// let user = Key::new("user", "42");
-    /// let reservation = limiter.reserve(&user, 4_000).await?; // max_tokens
-    /// assert_eq!(reservation.decision().remaining(), 6_000);
-    /// reservation.settle(1_500).await?;                       // what was generated
-    /// assert_eq!(limiter.peek(&user).await?.remaining(), 8_499); // peek asks for one unit
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As for [`check`](Self::check): [`CheckError::CostExceedsCapacity`] when the estimate
-    /// can never fit.
-    pub async fn reserve(&self, key: &Key, estimate: u64) -> Result<Reservation<S>, CheckError> {
-        let Some(set) = self.default_set() else {
-            return Ok(Reservation::empty(self.clone(), key.clone()));
-        };
-        // At least one unit, so that a spent budget refuses (see `PolicySet::charged_costs`).
-        let estimate = estimate.max(1);
-        let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
-            (Some(estimate), SmallVec::new())
-        } else {
-            (None, set.meters.iter().map(|_| estimate).collect())
-        };
-        let reserved = set.charged_costs(cost, Some(&estimates));
-        let decision = self
-            .finish_direct(self.prepare_key(
-                Arc::clone(&set),
-                &self.lists(),
-                key.clone(),
-                cost,
-                Some(&estimates),
-            ))
-            .await?;
-        let slots = self.hold_slots(&set, key, &decision);
-        Ok(Reservation {
-            limiter: self.clone(),
-            key: key.clone(),
-            set: Some(set),
-            reserved,
-            decision,
-            slots,
-        })
     }
 
     /// The policies a reservation under `set` settles, with the units each was charged:
@@ -358,75 +296,5 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         Some(self.store().settle(key, &ps, &rs, &acts))
-    }
-}
-
-/// A cost reserved by [`Limiter::reserve`], to settle once the actual cost is known. Dropping
-/// it unsettled leaves the reservation standing (the estimate stays charged) and gives back
-/// any in-flight slots.
-pub struct Reservation<S = MemoryStore> {
-    limiter: Limiter<S>,
-    key: Key,
-    /// `None` when nothing was charged (an exempt default route).
-    set: Option<Arc<PolicySet>>,
-    /// The units charged to each enforced policy of the set.
-    reserved: SmallVec<[u64; 2]>,
-    decision: Decision,
-    slots: Option<Slots>,
-}
-
-impl<S> std::fmt::Debug for Reservation<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reservation")
-            .field("key", &self.key)
-            .field("reserved", &self.reserved)
-            .field("decision", &self.decision)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: Store> Reservation<S> {
-    fn empty(limiter: Limiter<S>, key: Key) -> Self {
-        Self {
-            limiter,
-            key,
-            set: None,
-            reserved: SmallVec::new(),
-            decision: Decision::pass(),
-            slots: None,
-        }
-    }
-
-    /// The decision the reservation got.
-    pub fn decision(&self) -> &Decision {
-        &self.decision
-    }
-
-    /// Settles at `actual` units: the difference from the estimate is refunded, or the extra
-    /// charged whether or not it fits (see [`Op::Settle`](crate::store::Op::Settle) for the bound). A refused
-    /// reservation charged nothing, so settling it does nothing. In-flight slots are given
-    /// back afterwards.
-    ///
-    /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
-    /// once (its store call is finished on the current Tokio runtime), and the slots are
-    /// given back either way.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckError::Store`] when the store fails (the reservation then stands).
-    pub async fn settle(mut self, actual: u64) -> Result<(), CheckError> {
-        let slots = self.slots.take();
-        if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
-            if !self.decision.policies().is_empty() {
-                if let Some(call) =
-                    self.limiter
-                        .settle_call(&set, &self.key, &self.reserved, |_| Some(actual))
-                {
-                    Completing::new("settle", call).await?;
-                }
-            }
-        }
-        drop(slots);
-        Ok(())
     }
 }

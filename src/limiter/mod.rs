@@ -9,24 +9,27 @@
 mod access;
 mod builder;
 mod decide;
+mod finish;
 mod heavy_hitters;
 mod hold;
 mod inspect;
 mod overrides;
 mod penalty;
+mod permit;
 mod reload;
 mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
-use decide::{over_capacity, OwnCosts, Screened};
-pub(crate) use decide::{CheckFuture, HoldSeed, Prepared};
+pub(crate) use decide::{CheckFuture, Pending, Prepared, Reserved};
+use decide::{OwnCosts, PreparedKey};
+pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
-pub(crate) use hold::{drive, Slots};
-pub use hold::{Permit, Reservation};
+pub(crate) use hold::{Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
+pub use permit::{Permit, Reservation};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -406,85 +409,22 @@ impl<S: Store> Limiter<S> {
             let Some(set) = plan.default_set() else {
                 return Ok(Decision::pass());
             };
-            if !set.penalties.is_empty() {
-                match self.prepare_key(Arc::clone(set), &plan.lists, key.clone(), Some(cost), None)
-                {
-                    Prepared::Pass => return Ok(Decision::pass()),
-                    Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-                    Prepared::Decided { set, outcome, .. } => {
-                        return self.admit(&set, key, outcome)
-                    }
-                    Prepared::Check { set, future, .. } => (set, future),
-                }
-            } else {
-                let mut given = SmallVec::new();
-                let costs = match self.screen(set, &plan.lists, key, Some(cost), None, &mut given) {
-                    Screened::Pass => return Ok(Decision::pass()),
-                    Screened::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-                    Screened::Ask(costs) => costs,
-                };
-                let store = &self.inner.common.store;
-                // A store that answers at once (the memory store) is decided right here:
-                // no prepared state, no future, no key copied.
-                if let Some(outcome) = store.check_now(key, &set.enforced, costs) {
-                    return self.admit(set, key, outcome);
-                }
-                let future = CheckFuture::Direct {
-                    future: store.check(key, &set.enforced, costs),
-                };
-                (Arc::clone(set), future)
+            let mut given = SmallVec::new();
+            let costs = match self.prepare_key(set, &plan.lists, key, Some(cost), None, &mut given)
+            {
+                PreparedKey::Pass => return Ok(Decision::pass()),
+                PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                PreparedKey::Ask(costs) => costs,
+            };
+            // A store that answers at once (the memory store) is decided right here: no
+            // future, no set or key copied.
+            if let Some(outcome) = self.answer_now(set, key, costs) {
+                return self.finish(Asker::Check, set, key, outcome, None);
             }
+            (Arc::clone(set), self.answer_later(set, key, costs))
         };
         let outcome = future.await;
-        self.admit(&set, key, outcome)
-    }
-
-    /// What [`check`](Self::check) makes of the store's answer: it is recorded (metrics,
-    /// no trace event: `check` keeps no key for one), and a rate-limited refusal counts in
-    /// the top refused keys.
-    #[inline]
-    fn admit(
-        &self,
-        set: &PolicySet,
-        key: &Key,
-        outcome: Result<Decision, crate::StoreError>,
-    ) -> Result<Decision, CheckError> {
-        self.record(set, None, &outcome);
-        let decision = outcome?;
-        if !decision.is_allowed() {
-            return self.refused(set, key, decision);
-        }
-        // `check` holds no slot: nothing would give it back. The slot an in-flight policy
-        // took to admit the request goes back at once; `acquire` is the way to hold one.
-        if !set.in_flight.is_empty() {
-            self.give_back_slots(set, key, &decision);
-        }
-        Ok(decision)
-    }
-
-    /// A refusal of `check`: a cost above the capacity in force is an error (no wait makes
-    /// it fit), a rate-limited one counts in the top refused keys. Off the common path.
-    #[cold]
-    #[inline(never)]
-    fn refused(
-        &self,
-        set: &PolicySet,
-        key: &Key,
-        decision: Decision,
-    ) -> Result<Decision, CheckError> {
-        if decision.decided_by() != crate::DecidedBy::FailClosed {
-            if let Some(refusal) = over_capacity(set, &decision) {
-                refusal.log(Some(key));
-                return Err(CheckError::from_refusal(&refusal));
-            }
-            self.note_refused(key);
-        }
-        Ok(decision)
-    }
-
-    #[inline(never)]
-    fn give_back_slots(&self, set: &PolicySet, key: &Key, decision: &Decision) {
-        drop(self.hold_slots(set, key, decision));
+        self.finish(Asker::Check, &set, key, outcome, None)
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging
@@ -543,43 +483,16 @@ impl<S: Store> Limiter<S> {
     ///
     /// The [`Refusal`] for any answer other than going ahead.
     pub async fn decide(&self, request: &RequestView<'_>) -> Result<Decision, Refusal> {
-        match self.prepare(request) {
-            Prepared::Pass => Ok(Decision::pass()),
-            Prepared::Refuse(refusal) => Err(refusal),
-            Prepared::Decided {
-                set, outcome, key, ..
-            } => self.conclude(&set, key.as_ref(), outcome),
-            Prepared::Check {
-                set, future, key, ..
-            } => {
-                let outcome = future.await;
-                self.conclude(&set, key.as_ref(), outcome)
-            }
-        }
-    }
-
-    /// Awaits a prepared direct check, in the direct API's terms.
-    async fn finish_direct(
-        &self,
-        prepared: Prepared<S::CheckFuture>,
-    ) -> Result<Decision, CheckError> {
-        let (set, outcome, key) = match prepared {
+        let (outcome, pending) = match self.prepare(request) {
             Prepared::Pass => return Ok(Decision::pass()),
-            Prepared::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-            Prepared::Decided {
-                set, outcome, key, ..
-            } => (set, outcome, key),
-            Prepared::Check {
-                set, future, key, ..
-            } => (set, future.await, key),
+            Prepared::Refuse(refusal) => return Err(refusal),
+            Prepared::Decided { outcome, pending } => (outcome, pending),
+            Prepared::Check { future, pending } => (future.await, pending),
         };
-        self.record(&set, None, &outcome);
-        let decision = outcome?;
-        if let Some(refusal) = over_capacity(&set, &decision) {
-            refusal.log(key.as_ref());
-            return Err(CheckError::from_refusal(&refusal));
-        }
-        Ok(decision)
+        let Pending { set, key, reserved } = pending;
+        let admitted: Result<Admitted, Refusal> =
+            self.finish(Asker::Decide, &set, &key, outcome, reserved);
+        Ok(admitted?.decision)
     }
 
     /// Gives back up to `cost` units that [`check`](Self::check) charged `key` on the default

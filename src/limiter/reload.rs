@@ -1,6 +1,8 @@
 //! [`Limiter::reload`]: a new plan in force while requests are in flight, no counter lost.
 
 use super::Limiter;
+#[cfg(feature = "config")]
+use crate::error::ConfigError;
 use crate::store::Store;
 use crate::telemetry;
 
@@ -75,5 +77,31 @@ impl<S: Store> Limiter<S> {
             .store(true, std::sync::atomic::Ordering::Release);
         telemetry::plan_reload(true);
         tracing::info!(target: "tollgate::reload", "a new rate-limit plan is in force");
+    }
+
+    /// Puts `next` in force with [`reload`](Self::reload), or, when the plan that would have
+    /// made it was refused, keeps the plan in force: the error is logged (target
+    /// `tollgate::reload`), counted (`tollgate_plan_reloads_total{result="refused"}`) and
+    /// returned. For [`reload_plan`](Self::reload_plan).
+    #[cfg(feature = "config")]
+    pub(crate) fn reload_or_keep(
+        &self,
+        next: Result<Limiter<S>, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        match next {
+            Ok(next) => {
+                self.reload(&next);
+                Ok(())
+            }
+            Err(error) => {
+                telemetry::plan_reload(false);
+                tracing::error!(
+                    target: "tollgate::reload",
+                    %error,
+                    "the new rate-limit plan was refused; the plan in force stays"
+                );
+                Err(error)
+            }
+        }
     }
 }

@@ -12,10 +12,12 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::held::Held;
-use super::layer::{Kept, Shared};
-use crate::key::Key;
-use crate::limiter::{CheckFuture, HoldSeed, PolicySet};
+use super::held::on_response;
+use super::shared::{Kept, Shared};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::limiter::{Admitted, Asker, CheckFuture, Held, Pending, PolicySet};
+use crate::refusal::Refusal;
 use crate::store::Store;
 
 pin_project! {
@@ -42,9 +44,7 @@ pin_project! {
         Checking {
             #[pin]
             check: CheckFuture<St::CheckFuture>,
-            set: Arc<PolicySet>,
-            key: Option<Key>,
-            hold: Option<Box<HoldSeed>>,
+            pending: Option<Pending>,
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             // Moved (not cloned) into the next state: one reference count per request.
@@ -100,8 +100,42 @@ where
         }
     }
 
-    /// The inner service was called from `call`: only the headers are left to add.
-    pub(crate) fn calling(
+    /// The store answered: the limiter finishes the decision (the one finishing step), then
+    /// the refusal is answered, or the request goes to `inner` now or after a shaping
+    /// policy's delay, with what the limiter handed along (the decision for the headers,
+    /// what the request holds).
+    #[inline(always)]
+    pub(crate) fn answered(
+        shared: Arc<Shared<St>>,
+        pending: Pending,
+        outcome: Result<Decision, StoreError>,
+        mut request: Request<ReqBody>,
+        inner: Ready<'_, Inner>,
+    ) -> Self {
+        let Pending { set, key, reserved } = pending;
+        let admitted: Result<Admitted, Refusal> =
+            shared
+                .limiter
+                .finish(Asker::Layer, &set, &key, outcome, reserved);
+        match admitted {
+            Err(refusal) => {
+                // A refusal must be in gRPC terms for a gRPC call.
+                let grpc = crate::grpc::content_type(request.headers());
+                Self::early(shared.refuse(refusal, grpc))
+            }
+            Ok(Admitted { decision, held }) => match shared.proceed(&set, decision, &mut request) {
+                (delay, decision) if delay.is_zero() => {
+                    Self::calling(inner.call(request), set, decision, held, shared)
+                }
+                (delay, decision) => {
+                    Self::waiting(delay, set, inner.take(), request, (decision, held), shared)
+                }
+            },
+        }
+    }
+
+    /// The inner service was called: only the headers are left to add.
+    fn calling(
         future: Inner::Future,
         set: Arc<PolicySet>,
         decision: Option<Kept>,
@@ -120,7 +154,7 @@ where
     }
 
     /// A shaping policy delays the request: sleep, then call `inner`.
-    pub(crate) fn waiting(
+    fn waiting(
         delay: std::time::Duration,
         set: Arc<PolicySet>,
         inner: Inner,
@@ -141,10 +175,10 @@ where
         }
     }
 
+    /// The store's answer is to wait for: then [`answered`](Self::answered).
     pub(crate) fn checking(
         check: CheckFuture<St::CheckFuture>,
-        set: Arc<PolicySet>,
-        (key, hold): (Option<Key>, Option<Box<HoldSeed>>),
+        pending: Pending,
         inner: Inner,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
@@ -152,13 +186,41 @@ where
         Self {
             state: State::Checking {
                 check,
-                set,
-                key,
-                hold,
+                pending: Some(pending),
                 inner: Some(inner),
                 request: Some(request),
                 shared: Some(shared),
             },
+        }
+    }
+}
+
+/// The inner service an admitted request goes to.
+pub(crate) enum Ready<'a, Inner> {
+    /// The middleware's own, driven to readiness by `poll_ready`: called in place, or, when
+    /// the call waits, swapped by the function for a clone left behind for the next
+    /// `poll_ready`.
+    InPlace(&'a mut Inner, fn(&mut Inner) -> Inner),
+    /// One the future took from the middleware.
+    Taken(Inner),
+}
+
+impl<Inner> Ready<'_, Inner> {
+    #[inline]
+    fn call<R>(self, request: R) -> Inner::Future
+    where
+        Inner: Service<R>,
+    {
+        match self {
+            Ready::InPlace(inner, _) => inner.call(request),
+            Ready::Taken(mut inner) => inner.call(request),
+        }
+    }
+
+    fn take(self) -> Inner {
+        match self {
+            Ready::InPlace(inner, take) => take(inner),
+            Ready::Taken(inner) => inner,
         }
     }
 }
@@ -188,42 +250,21 @@ where
                 }
                 StateProj::Checking {
                     check,
-                    set,
-                    key,
-                    hold,
+                    pending,
                     inner,
                     request,
                     shared,
                 } => {
                     let outcome = ready!(check.poll(cx));
-                    let set = Arc::clone(set);
-                    let shared = shared.take().expect("polled after completion");
-                    match shared.limiter.conclude(&set, key.as_ref(), outcome) {
-                        Err(refusal) => {
-                            // A refusal must be in gRPC terms for a gRPC call.
-                            let grpc = request
-                                .as_ref()
-                                .and_then(|r| crate::grpc::content_type(r.headers()));
-                            let res = shared.refuse(refusal, grpc);
-                            this.state.set(State::Early {
-                                response: Some(res),
-                            });
-                        }
-                        Ok(decision) => {
-                            let mut request = request.take().expect("polled after completion");
-                            let held = hold
-                                .take()
-                                .and_then(|seed| shared.limiter.held(&set, seed, &decision));
-                            let (delay, decision) = shared.proceed(&set, decision, &mut request);
-                            let mut inner = inner.take().expect("polled after completion");
-                            let next = if delay.is_zero() {
-                                Self::calling(inner.call(request), set, decision, held, shared)
-                            } else {
-                                Self::waiting(delay, set, inner, request, (decision, held), shared)
-                            };
-                            this.state.set(next.state);
-                        }
-                    }
+                    let taken = "polled after completion";
+                    let next = Self::answered(
+                        shared.take().expect(taken),
+                        pending.take().expect(taken),
+                        outcome,
+                        request.take().expect(taken),
+                        Ready::Taken(inner.take().expect(taken)),
+                    );
+                    this.state.set(next.state);
                 }
                 StateProj::Waiting {
                     sleep,
@@ -257,10 +298,10 @@ where
                     let mut res = ready!(future.poll(cx))?;
                     // Settled first, so that the headers report the state after it.
                     let body_hold = held.take().map(|h| {
-                        (*h).on_response(&mut res, decision.as_mut().map(|k| &mut k.decision))
+                        on_response(*h, &mut res, decision.as_mut().map(|k| &mut k.decision))
                     });
                     if let Some(kept) = decision.take() {
-                        shared.finish(set, kept, &mut res);
+                        shared.decorate(set, kept, &mut res);
                     }
                     return Poll::Ready(Ok(match body_hold {
                         Some(hold) if !hold.is_empty() => {

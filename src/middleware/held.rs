@@ -1,5 +1,6 @@
 //! What the middleware keeps for a request after it is admitted, until its response ends:
-//! the in-flight slots, and the costs to settle from the response.
+//! the in-flight slots and the costs to settle that the limiter handed it
+//! ([`Held`]), settled from the response and kept in its body.
 //!
 //! At each point a request can end, this is what happens:
 //!
@@ -17,34 +18,8 @@ use http::Response;
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
-use crate::limiter::{drive, HoldSeed, Limiter, PolicySet, Slots};
-use crate::policy::Policy;
+use crate::limiter::{Held, SettleFn, Slots};
 use crate::route::{Actual, ActualCost, FrameCostFn};
-use crate::store::Store;
-
-type SettleFn = dyn Fn(&[(usize, u64)]) + Send + Sync;
-
-/// The slots and the settlement of one admitted request.
-pub(crate) struct Held {
-    slots: Option<Slots>,
-    settlement: Option<Settlement>,
-}
-
-/// How to settle one request's metered policies.
-struct Settlement {
-    /// Per metered policy: its index in the set, name, reserved units and where its actual
-    /// cost comes from.
-    meters: SmallVec<[Metered; 1]>,
-    /// Settles the policies at these indexes with these actual costs.
-    settle: Arc<SettleFn>,
-}
-
-struct Metered {
-    index: usize,
-    name: Arc<str>,
-    reserved: u64,
-    actual: Actual,
-}
 
 /// The part of a [`Held`] that travels with the response body.
 pub(crate) struct BodyHold {
@@ -63,120 +38,67 @@ struct StreamCount {
     done: bool,
 }
 
-impl<S: Store> Limiter<S> {
-    /// What an admitted request of set `set` keeps until its response ends, if anything.
-    pub(crate) fn held(
-        &self,
-        set: &Arc<PolicySet>,
-        seed: Box<HoldSeed>,
-        decision: &Decision,
-    ) -> Option<Box<Held>> {
-        if !decision.is_allowed() || decision.policies().is_empty() {
-            return None;
-        }
-        let slots = self.hold_slots(set, &seed.key, decision);
-        let meters = &set.meters;
-        let settlement = (!meters.is_empty()).then(|| {
-            let policies = &set.enforced;
-            let metered = meters
-                .iter()
-                .map(|(i, meter)| Metered {
-                    index: *i,
-                    name: Arc::clone(policies[*i].shared_name()),
-                    reserved: seed.reserved.get(*i).copied().unwrap_or(0),
-                    actual: meter.actual.clone(),
-                })
-                .collect();
-            let limiter = self.clone();
-            let set = Arc::clone(set);
-            let HoldSeed { key, reserved } = *seed;
-            let settle: Arc<SettleFn> = Arc::new(move |actual: &[(usize, u64)]| {
-                let policies = &set.enforced;
-                let lookup = |p: &Policy| {
-                    let i = policies.iter().position(|q| q.name() == p.name())?;
-                    actual.iter().find(|(j, _)| *j == i).map(|(_, a)| *a)
-                };
-                if let Some(call) = limiter.settle_call(&set, &key, &reserved, lookup) {
-                    drive("settle", call);
+/// Settles what the response head tells (an [`ActualCost`] extension, a cost header, which
+/// is removed), adjusts `decision` to the state after the settlement, and returns what the
+/// body keeps of `held`: the slots and the frame counters.
+pub(crate) fn on_response<B>(
+    held: Held,
+    res: &mut Response<B>,
+    decision: Option<&mut Decision>,
+) -> BodyHold {
+    let Held { slots, settlement } = held;
+    let mut stream = None;
+    if let Some(settlement) = settlement {
+        let mut now: SmallVec<[(usize, u64); 2]> = SmallVec::new();
+        let mut counters = SmallVec::new();
+        for m in &settlement.meters {
+            match &m.actual {
+                Actual::Extension => {
+                    let cost = res
+                        .extensions()
+                        .get::<ActualCost>()
+                        .and_then(|a| a.for_policy(&m.name));
+                    if let Some(cost) = cost {
+                        now.push((m.index, cost));
+                    }
                 }
+                Actual::Header(name) => {
+                    let value = res.headers_mut().remove(name);
+                    let cost = value
+                        .as_ref()
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok());
+                    if let Some(cost) = cost {
+                        now.push((m.index, cost));
+                    }
+                }
+                Actual::Stream(count) => counters.push((m.index, Arc::clone(count), m.reserved, 0)),
+            }
+        }
+        if !now.is_empty() {
+            (settlement.settle)(&now);
+            if let Some(decision) = decision {
+                for &(i, actual) in &now {
+                    let reserved = settlement
+                        .meters
+                        .iter()
+                        .find(|m| m.index == i)
+                        .map_or(actual, |m| m.reserved);
+                    decision.settled(i, reserved, actual);
+                }
+            }
+        }
+        if !counters.is_empty() {
+            stream = Some(StreamCount {
+                counters,
+                settle: settlement.settle,
+                done: false,
             });
-            Settlement {
-                meters: metered,
-                settle,
-            }
-        });
-        if slots.is_none() && settlement.is_none() {
-            return None;
         }
-        Some(Box::new(Held { slots, settlement }))
     }
-}
-
-impl Held {
-    /// Settles what the response head tells (an [`ActualCost`] extension, a cost header,
-    /// which is removed), adjusts `decision` to the state after the settlement, and returns
-    /// what the body keeps: the slots and the frame counters.
-    pub(crate) fn on_response<B>(
-        self,
-        res: &mut Response<B>,
-        decision: Option<&mut Decision>,
-    ) -> BodyHold {
-        let Held { slots, settlement } = self;
-        let mut stream = None;
-        if let Some(settlement) = settlement {
-            let mut now: SmallVec<[(usize, u64); 2]> = SmallVec::new();
-            let mut counters = SmallVec::new();
-            for m in &settlement.meters {
-                match &m.actual {
-                    Actual::Extension => {
-                        let cost = res
-                            .extensions()
-                            .get::<ActualCost>()
-                            .and_then(|a| a.for_policy(&m.name));
-                        if let Some(cost) = cost {
-                            now.push((m.index, cost));
-                        }
-                    }
-                    Actual::Header(name) => {
-                        let value = res.headers_mut().remove(name);
-                        let cost = value
-                            .as_ref()
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.trim().parse::<u64>().ok());
-                        if let Some(cost) = cost {
-                            now.push((m.index, cost));
-                        }
-                    }
-                    Actual::Stream(count) => {
-                        counters.push((m.index, Arc::clone(count), m.reserved, 0))
-                    }
-                }
-            }
-            if !now.is_empty() {
-                (settlement.settle)(&now);
-                if let Some(decision) = decision {
-                    for &(i, actual) in &now {
-                        let reserved = settlement
-                            .meters
-                            .iter()
-                            .find(|m| m.index == i)
-                            .map_or(actual, |m| m.reserved);
-                        decision.settled(i, reserved, actual);
-                    }
-                }
-            }
-            if !counters.is_empty() {
-                stream = Some(StreamCount {
-                    counters,
-                    settle: settlement.settle,
-                    done: false,
-                });
-            }
-        }
-        BodyHold {
-            _slots: slots,
-            stream,
-        }
+    BodyHold {
+        _slots: slots,
+        stream,
     }
 }
 

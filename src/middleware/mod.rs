@@ -15,6 +15,7 @@ mod info;
 mod layer;
 mod rendering;
 mod service;
+mod shared;
 
 pub(crate) use body::read_capped;
 pub use body::RateLimitBody;

@@ -8,8 +8,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::future::ResponseFuture;
-use super::layer::Shared;
+use super::future::{Ready, ResponseFuture};
+use super::shared::Shared;
 use crate::key::RequestView;
 use crate::limiter::{Limiter, Prepared};
 use crate::store::Store;
@@ -26,7 +26,7 @@ pub struct RateLimitService<Inner, St> {
 impl<Inner, St> RateLimitService<Inner, St> {
     /// Wraps `inner` with `limiter` and the default responses.
     pub fn new(inner: Inner, limiter: Limiter<St>) -> Self {
-        super::RateLimitLayer::new(limiter).layer_service(inner)
+        Self::from_shared(inner, Arc::new(Shared::new(limiter)))
     }
 
     pub(crate) fn from_shared(inner: Inner, shared: Arc<Shared<St>>) -> Self {
@@ -54,13 +54,11 @@ impl<Inner, St> RateLimitService<Inner, St> {
     }
 }
 
-impl<Inner: Clone, St> RateLimitService<Inner, St> {
-    /// The service that was driven to readiness, for a future that calls it later; a fresh
-    /// clone is left behind for the next `poll_ready`.
-    fn take_ready_inner(&mut self) -> Inner {
-        let clone = self.inner.clone();
-        std::mem::replace(&mut self.inner, clone)
-    }
+/// The service that was driven to readiness, for a future that calls it later; a fresh clone
+/// is left behind for the next `poll_ready`.
+fn take_ready<Inner: Clone>(inner: &mut Inner) -> Inner {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
 impl<Inner: Clone, St> Clone for RateLimitService<Inner, St> {
@@ -94,70 +92,27 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let (set, concluded, held) = match shared.limiter.prepare(&RequestView::new(&req)) {
-            Prepared::Pass => return ResponseFuture::pass(self.inner.call(req)),
+        match shared.limiter.prepare(&RequestView::new(&req)) {
+            Prepared::Pass => ResponseFuture::pass(self.inner.call(req)),
             Prepared::Refuse(refusal) => {
-                let grpc = crate::grpc::content_type(req.headers());
-                return ResponseFuture::early(shared.refuse(refusal, grpc));
-            }
-            Prepared::Check {
-                set,
-                future,
-                key,
-                hold,
-            } => {
-                return ResponseFuture::checking(
-                    future,
-                    set,
-                    (key, hold),
-                    self.take_ready_inner(),
-                    req,
-                    shared,
-                )
-            }
-            Prepared::Decided {
-                set,
-                outcome,
-                key,
-                hold,
-            } => {
-                let concluded = shared.limiter.conclude(&set, key.as_ref(), outcome);
-                let held = match (&concluded, hold) {
-                    (Ok(decision), Some(seed)) => shared.limiter.held(&set, seed, decision),
-                    _ => None,
-                };
-                (set, concluded, held)
-            }
-        };
-        match concluded {
-            Err(refusal) => {
                 let grpc = crate::grpc::content_type(req.headers());
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
-            Ok(decision) => match shared.proceed(&set, decision, &mut req) {
-                // The common path: decided without waiting, so the inner service (driven to
-                // readiness by `poll_ready`) is called right here, and the future only adds
-                // the headers.
-                (delay, decision) if delay.is_zero() => {
-                    ResponseFuture::calling(self.inner.call(req), set, decision, held, shared)
-                }
-                (delay, decision) => ResponseFuture::waiting(
-                    delay,
-                    set,
-                    self.take_ready_inner(),
-                    req,
-                    (decision, held),
-                    shared,
-                ),
-            },
+            // The common path: decided without waiting, so the inner service (driven to
+            // readiness by `poll_ready`) is called right here, and the future only adds the
+            // headers.
+            Prepared::Decided { outcome, pending } => ResponseFuture::answered(
+                shared,
+                pending,
+                outcome,
+                req,
+                Ready::InPlace(&mut self.inner, take_ready),
+            ),
+            Prepared::Check { future, pending } => {
+                ResponseFuture::checking(future, pending, take_ready(&mut self.inner), req, shared)
+            }
         }
-    }
-}
-
-impl<St> super::RateLimitLayer<St> {
-    fn layer_service<Inner>(self, inner: Inner) -> RateLimitService<Inner, St> {
-        RateLimitService::from_shared(inner, self.shared)
     }
 }

@@ -1,0 +1,233 @@
+//! [`Permit`] and [`Reservation`]: what the direct API's [`Limiter::acquire`] and
+//! [`Limiter::reserve`] hand back, holding in-flight slots and a reserved cost to settle.
+//!
+//! Both are given back by value, not by a call the caller must remember: a [`Permit`] gives
+//! its slots back when it is dropped, however the request ends (its response sent, the
+//! client gone, a panic unwinding through the handler, a cancelled future).
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::finish::Asker;
+use super::hold::{Completing, Slots};
+use super::{Limiter, PolicySet, PreparedKey};
+use crate::decision::Decision;
+use crate::error::CheckError;
+use crate::key::Key;
+use crate::store::{MemoryStore, Store};
+
+/// The in-flight slots one admitted request holds, given back when this is dropped. Derefs to
+/// the request's [`Decision`]. Made by [`Limiter::acquire`] (and kept by the layer in the
+/// response body).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::{key::Key, Limiter, Policy};
+///
+/// let limiter = Limiter::builder().policy(Policy::in_flight("exports", 1)?).build()?;
+/// let tenant = Key::new("tenant", "acme");
+/// let first = limiter.acquire(&tenant).await?;
+/// assert!(first.is_allowed());
+/// assert!(!limiter.acquire(&tenant).await?.is_allowed()); // one at a time
+/// drop(first);
+/// assert!(limiter.acquire(&tenant).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Permit {
+    decision: Decision,
+    slots: Option<Slots>,
+}
+
+impl Permit {
+    /// The request's decision.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Whether the permit holds slots (an allowed request under in-flight policies).
+    pub fn holds_slots(&self) -> bool {
+        self.slots.is_some()
+    }
+}
+
+impl Deref for Permit {
+    type Target = Decision;
+
+    fn deref(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Decides `key` like [`check`](Self::check) with each policy's own cost, and holds the
+    /// slots of the default route's [in-flight](crate::Algorithm::InFlight) policies until the
+    /// returned [`Permit`] is dropped. A refused request holds nothing (the permit's decision
+    /// says why). Use it for work outside HTTP (jobs, websocket messages) that must not run
+    /// more than `n` at once per key.
+    ///
+    /// # Errors
+    ///
+    /// As for [`check`](Self::check).
+    pub async fn acquire(&self, key: &Key) -> Result<Permit, CheckError> {
+        let Some(set) = self.default_set() else {
+            return Ok(Permit {
+                decision: Decision::pass(),
+                slots: None,
+            });
+        };
+        let (decision, slots) = self.acquired(&set, key, None, None).await?;
+        Ok(Permit { decision, slots })
+    }
+
+    /// Reserves `estimate` units for `key` on the default route and returns the
+    /// [`Reservation`] to [`settle`](Reservation::settle) once the actual cost is known. The
+    /// estimate goes to the route's [metered](crate::route::Route::metered) policies (every
+    /// other policy takes its own cost), or, when it has none, to every rate policy. In-flight
+    /// slots are held until the reservation is dropped or settled.
+    ///
+    /// At least one unit is reserved, whatever the estimate: a reservation is admitted only
+    /// with room for it, so a spent budget refuses an estimate of 0 as it refuses any other
+    /// (its settlement would otherwise be charged to a key with nothing left), and settling
+    /// at 0 gives the unit back. See [`Op::Settle`](crate::store::Op::Settle) for the bound on what settlements
+    /// above their estimates can serve.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("tokens", Rate::per_minute(10_000))?)
+    ///     .build()?;
+    /// let user = Key::new("user", "42");
+    /// let reservation = limiter.reserve(&user, 4_000).await?; // max_tokens
+    /// assert_eq!(reservation.decision().remaining(), 6_000);
+    /// reservation.settle(1_500).await?;                       // what was generated
+    /// assert_eq!(limiter.peek(&user).await?.remaining(), 8_499); // peek asks for one unit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`check`](Self::check): [`CheckError::CostExceedsCapacity`] when the estimate
+    /// can never fit.
+    pub async fn reserve(&self, key: &Key, estimate: u64) -> Result<Reservation<S>, CheckError> {
+        let Some(set) = self.default_set() else {
+            return Ok(Reservation::empty(self.clone(), key.clone()));
+        };
+        // At least one unit, so that a spent budget refuses (see `PolicySet::charged_costs`).
+        let estimate = estimate.max(1);
+        let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
+            (Some(estimate), SmallVec::new())
+        } else {
+            (None, set.meters.iter().map(|_| estimate).collect())
+        };
+        let reserved = set.charged_costs(cost, Some(&estimates));
+        let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
+        Ok(Reservation {
+            limiter: self.clone(),
+            key: key.clone(),
+            set: Some(set),
+            reserved,
+            decision,
+            slots,
+        })
+    }
+
+    /// The decision of [`acquire`](Self::acquire) or [`reserve`](Self::reserve), charging
+    /// `cost` or the `estimates` of the metered policies, with the slots it holds.
+    async fn acquired(
+        &self,
+        set: &Arc<PolicySet>,
+        key: &Key,
+        cost: Option<u64>,
+        estimates: Option<&[u64]>,
+    ) -> Result<(Decision, Option<Slots>), CheckError> {
+        let mut given = SmallVec::new();
+        let lists = self.lists();
+        let costs = match self.prepare_key(set, &lists, key, cost, estimates, &mut given) {
+            PreparedKey::Pass => return Ok((Decision::pass(), None)),
+            PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+            PreparedKey::Ask(costs) => costs,
+        };
+        let outcome = match self.answer_now(set, key, costs) {
+            Some(outcome) => outcome,
+            None => self.answer_later(set, key, costs).await,
+        };
+        self.finish(Asker::Acquire, set, key, outcome, None)
+    }
+}
+
+/// A cost reserved by [`Limiter::reserve`], to settle once the actual cost is known. Dropping
+/// it unsettled leaves the reservation standing (the estimate stays charged) and gives back
+/// any in-flight slots.
+pub struct Reservation<S = MemoryStore> {
+    limiter: Limiter<S>,
+    key: Key,
+    /// `None` when nothing was charged (an exempt default route).
+    set: Option<Arc<PolicySet>>,
+    /// The units charged to each enforced policy of the set.
+    reserved: SmallVec<[u64; 2]>,
+    decision: Decision,
+    slots: Option<Slots>,
+}
+
+impl<S> std::fmt::Debug for Reservation<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("key", &self.key)
+            .field("reserved", &self.reserved)
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Reservation<S> {
+    fn empty(limiter: Limiter<S>, key: Key) -> Self {
+        Self {
+            limiter,
+            key,
+            set: None,
+            reserved: SmallVec::new(),
+            decision: Decision::pass(),
+            slots: None,
+        }
+    }
+
+    /// The decision the reservation got.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Settles at `actual` units: the difference from the estimate is refunded, or the extra
+    /// charged whether or not it fits (see [`Op::Settle`](crate::store::Op::Settle) for the bound). A refused
+    /// reservation charged nothing, so settling it does nothing. In-flight slots are given
+    /// back afterwards.
+    ///
+    /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
+    /// once (its store call is finished on the current Tokio runtime), and the slots are
+    /// given back either way.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Store`] when the store fails (the reservation then stands).
+    pub async fn settle(mut self, actual: u64) -> Result<(), CheckError> {
+        let slots = self.slots.take();
+        if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
+            if !self.decision.policies().is_empty() {
+                if let Some(call) =
+                    self.limiter
+                        .settle_call(&set, &self.key, &self.reserved, |_| Some(actual))
+                {
+                    Completing::new("settle", call).await?;
+                }
+            }
+        }
+        drop(slots);
+        Ok(())
+    }
+}

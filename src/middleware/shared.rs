@@ -1,0 +1,107 @@
+//! What every service made by one [`RateLimitLayer`](crate::RateLimitLayer) shares, and what
+//! it does with the limiter's answer: the response of a refusal, and the quota headers and
+//! [`RateLimitInfo`] of a request that went ahead.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+
+use super::info::RateLimitInfo;
+use super::rendering::ResponseConfig;
+use crate::decision::Decision;
+use crate::limiter::{Limiter, PolicySet};
+use crate::refusal::Refusal;
+use crate::response::{write_quota_headers, HeaderStyle};
+use crate::store::Store;
+
+/// What every service made by one layer shares: the limiter and how responses look.
+pub(crate) struct Shared<St> {
+    pub(crate) limiter: Limiter<St>,
+    pub(crate) response: ResponseConfig,
+}
+
+impl<St> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            response: self.response.clone(),
+        }
+    }
+}
+
+impl<St> Shared<St> {
+    /// `limiter`, with the default responses.
+    pub(crate) fn new(limiter: Limiter<St>) -> Self {
+        Self {
+            limiter,
+            response: ResponseConfig::default(),
+        }
+    }
+}
+
+impl<St: Store> Shared<St> {
+    /// The response for a refusal: the user's hook, or the refusal's own rendering.
+    /// With [`info_extensions`](crate::RateLimitLayer::info_extensions), the response carries the
+    /// refusal's [`RateLimitInfo`] in its extensions.
+    pub(crate) fn refuse(&self, refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<Bytes> {
+        let info = self
+            .response
+            .info
+            .then(|| RateLimitInfo::from_refusal(&refusal));
+        let mut res = self.response.render(refusal, grpc);
+        if let Some(info) = info {
+            res.extensions_mut().insert(info);
+        }
+        res
+    }
+
+    /// For a request that goes ahead: how long a shaping policy makes it wait, and the
+    /// decision when the response needs it (for quota headers or a [`RateLimitInfo`]). With
+    /// [`info_extensions`](crate::RateLimitLayer::info_extensions), `request` gets the info.
+    #[inline]
+    pub(crate) fn proceed<B>(
+        &self,
+        set: &PolicySet,
+        decision: Decision,
+        request: &mut Request<B>,
+    ) -> (Duration, Option<Kept>) {
+        let delay = decision.delay();
+        let policies = &set.enforced;
+        let headers = self.response.decorates(&decision, policies);
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&decision, policies);
+            request.extensions_mut().insert(info);
+        } else if !headers {
+            return (delay, None);
+        }
+        (delay, Some(Kept { decision, headers }))
+    }
+
+    /// Finishes the response of a request that went ahead: the quota headers of the decision
+    /// (made with policy set `set`), and its [`RateLimitInfo`].
+    pub(crate) fn decorate<B>(&self, set: &PolicySet, kept: Kept, res: &mut Response<B>) {
+        let policies = &set.enforced;
+        if kept.headers {
+            let style = self.response.style;
+            // Only `X-RateLimit-Reset` (a moment, not a duration) needs the clock.
+            let now = if matches!(style, HeaderStyle::Compact | HeaderStyle::Structured) {
+                0
+            } else {
+                self.limiter.store().now_millis()
+            };
+            write_quota_headers(res.headers_mut(), &kept.decision, policies, now, style);
+        }
+        if self.response.info {
+            let info = RateLimitInfo::from_decision(&kept.decision, policies);
+            res.extensions_mut().insert(info);
+        }
+    }
+}
+
+/// The decision of a request that went ahead, kept for its response.
+pub(crate) struct Kept {
+    pub(crate) decision: Decision,
+    /// Whether the response gets quota headers.
+    headers: bool,
+}
