@@ -155,6 +155,7 @@
 //! │   └── tests.rs           property tests: any u64, every algorithm and operation
 //! ├── decision.rs            Decision and DecidedBy: every policy's answer for one request
 //! ├── route.rs               Route, Meter, CostEstimate, ActualCost: what applies where
+//! ├── count.rs               CountWhen: which responses count against a route
 //! ├── store/                 where counters live
 //! │   ├── mod.rs             the Store trait (check, apply), StoreExt, DynStore
 //! │   ├── op.rs              Op, Costs, Applied: every operation as a value
@@ -285,6 +286,7 @@ pub mod algorithm;
 pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
+mod count;
 mod decision;
 pub mod error;
 pub mod grpc;

@@ -48,6 +48,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+pub use crate::count::CountWhen;
 use crate::key::RequestView;
 use crate::policy::Policy;
 
@@ -91,6 +92,8 @@ pub struct Route {
     pub(crate) cost: Cost,
     /// The metered policies (by name) and how each is estimated and settled.
     pub(crate) meters: Vec<(String, Meter)>,
+    /// Which requests count, decided from the response head; `None`: every admitted one.
+    pub(crate) count: Option<CountWhen>,
 }
 
 impl Route {
@@ -183,6 +186,20 @@ impl Route {
         F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
     {
         self.cost = Cost::Computed(Arc::new(f));
+        self
+    }
+
+    /// Counts a request against the route's rate policies only if its response head says
+    /// so: only failures, only successes, some statuses, or your own rule. The unit is
+    /// charged when the request is admitted and refunded when a response head that does not
+    /// count arrives, so concurrent requests never exceed the limit; a request with no
+    /// response head (an inner error, a dropped future) counts. See [`CountWhen`] for an
+    /// example, and [`Reservation::count`](crate::Reservation::count) for the direct API.
+    ///
+    /// A route with a counting rule needs a rate policy in each of its policy sets and no
+    /// [metered](Self::metered) policies; building the limiter checks both.
+    pub fn count_when(mut self, when: CountWhen) -> Self {
+        self.count = Some(when);
         self
     }
 }

@@ -13,7 +13,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
 use crate::policy::Policy;
-use crate::route::{Cost, Meter, Route, TierFn};
+use crate::route::{Cost, CountWhen, Meter, Route, TierFn};
 use crate::store::{MemoryStore, Store};
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
@@ -477,12 +477,19 @@ fn compile_route(
             ));
         }
     }
+    let all = std::iter::once(&route.policies[..]).chain(route.tiers.iter().map(|t| &t.1[..]));
+    crate::count::check_route(
+        route.count.as_ref(),
+        (field, here),
+        all,
+        !route.meters.is_empty(),
+    )?;
     let cost_field = join(field, "cost");
     let default_set = compile_set(
         (&join(field, "policies"), &label),
         &cost_field,
         &route.policies,
-        (&route.cost, &route.meters),
+        (&route.cost, &route.meters, route.count.as_ref()),
         sets,
         names,
     )?;
@@ -507,7 +514,7 @@ fn compile_route(
             (&tier_field, &label),
             &cost_field,
             policies,
-            (&route.cost, &route.meters),
+            (&route.cost, &route.meters, route.count.as_ref()),
             sets,
             names,
         )?;
@@ -525,7 +532,7 @@ fn compile_set(
     at: (&str, &Arc<str>),
     cost_field: &str,
     policies: &[Policy],
-    (cost, meters): (&Cost, &[(String, Meter)]),
+    (cost, meters, count): (&Cost, &[(String, Meter)], Option<&CountWhen>),
     sets: &mut Vec<PolicySet>,
     names: &mut PolicyNames,
 ) -> Result<usize, ConfigError> {
@@ -601,6 +608,7 @@ fn compile_set(
         route: Arc::clone(route),
         in_flight,
         meters: set_meters,
+        count: count.cloned(),
         default_costs,
         own_costs,
         shadow_costs: shadow.iter().map(Policy::cost).collect(),

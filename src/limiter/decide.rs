@@ -35,8 +35,8 @@ pub(crate) enum Prepared<F> {
     },
 }
 
-/// The units a request of a set with metered policies charged each enforced policy, for its
-/// settlement; `None` for a set without them.
+/// The units a request of a set with metered policies or a counting rule charged each
+/// enforced policy, for its settlement or refund; `None` for a set without either.
 pub(crate) type Reserved = Option<Box<SmallVec<[u64; 2]>>>;
 
 /// What [`Limiter::finish`] needs of a request besides the store's answer: the policy set and
@@ -56,7 +56,8 @@ impl Pending {
         Self {
             set: Arc::clone(set),
             key,
-            reserved: (!set.meters.is_empty()).then(|| Box::new(SmallVec::from_slice(costs))),
+            reserved: (!set.meters.is_empty() || set.count.is_some())
+                .then(|| Box::new(SmallVec::from_slice(costs))),
         }
     }
 }

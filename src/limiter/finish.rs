@@ -156,6 +156,7 @@ impl<S: Store> Limiter<S> {
             Asker::Acquire => Some(Held {
                 slots: self.hold_slots(set, key, decision),
                 settlement: None,
+                counting: None,
             }),
             _ => None,
         })

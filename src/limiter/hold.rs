@@ -19,7 +19,7 @@ use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::route::Actual;
+use crate::route::{Actual, CountWhen};
 use crate::store::{BoxFuture, Store, StoreExt};
 
 /// Held slots: gives them back on drop, and stops refreshing their lease.
@@ -53,6 +53,23 @@ impl Drop for Slots {
 pub(crate) struct Held {
     pub(crate) slots: Option<Slots>,
     pub(crate) settlement: Option<Settlement>,
+    pub(crate) counting: Option<Counting>,
+}
+
+/// How a request of a route with a counting rule is kept or refunded once its response head
+/// is known. Dropped without [`Counting::refund`] (no head came), the charge stands.
+pub(crate) struct Counting {
+    pub(crate) when: CountWhen,
+    /// The units refunded to each enforced policy (its index in the set).
+    pub(crate) charged: SmallVec<[(usize, u64); 2]>,
+    refund: Box<dyn FnOnce() + Send + Sync>,
+}
+
+impl Counting {
+    /// Gives the charge back: the request does not count.
+    pub(crate) fn refund(self) {
+        (self.refund)();
+    }
 }
 
 /// Settles the policies at these indexes (in the set) with these actual costs.
@@ -98,6 +115,18 @@ pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreErro
             ),
         },
     }
+}
+
+/// The units charged to each rate policy of `set` (its index there), of `reserved`, the
+/// units charged to each enforced policy: in-flight slots are not units.
+fn charged_units(set: &PolicySet, reserved: &[u64]) -> SmallVec<[(usize, u64); 2]> {
+    set.enforced
+        .iter()
+        .zip(reserved)
+        .enumerate()
+        .filter(|(_, (p, &c))| !p.is_in_flight() && c > 0)
+        .map(|(i, (_, &c))| (i, c))
+        .collect()
 }
 
 /// A store call awaited by a caller who may give up: dropped unfinished, it is finished
@@ -186,6 +215,7 @@ impl<S: Store> Limiter<S> {
         decision: &Decision,
         reserved: Reserved,
     ) -> Option<Held> {
+        let counting = self.counting(set, key, decision, reserved.as_deref());
         if !decision.is_allowed() || decision.policies().is_empty() {
             return None;
         }
@@ -217,10 +247,66 @@ impl<S: Store> Limiter<S> {
             });
             Settlement { meters, settle }
         });
-        if slots.is_none() && settlement.is_none() {
+        if slots.is_none() && settlement.is_none() && counting.is_none() {
             return None;
         }
-        Some(Held { slots, settlement })
+        Some(Held {
+            slots,
+            settlement,
+            counting,
+        })
+    }
+
+    /// How an admitted request of a set with a counting rule is refunded, if it was charged
+    /// (a failure mode that let it through without a store charged nothing).
+    fn counting(
+        &self,
+        set: &Arc<PolicySet>,
+        key: &Key,
+        decision: &Decision,
+        reserved: Option<&SmallVec<[u64; 2]>>,
+    ) -> Option<Counting> {
+        let when = set.count.clone()?;
+        if decision.decided_by() == DecidedBy::FailOpen {
+            return None;
+        }
+        let reserved = reserved?.clone();
+        let charged = charged_units(set, &reserved);
+        if charged.is_empty() {
+            return None;
+        }
+        let limiter = self.clone();
+        let set = Arc::clone(set);
+        let key = key.clone();
+        Some(Counting {
+            when,
+            charged,
+            refund: Box::new(move || {
+                if let Some(call) = limiter.refund_call(&set, &key, &reserved) {
+                    drive("refund", call);
+                }
+            }),
+        })
+    }
+
+    /// The call that refunds what an admitted request of `set` charged its rate policies,
+    /// `reserved` (per enforced policy), if it charged any.
+    pub(crate) fn refund_call(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        reserved: &[u64],
+    ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let charged = charged_units(set, reserved);
+        if charged.is_empty() {
+            return None;
+        }
+        let policies: SmallVec<[Policy; 2]> = charged
+            .iter()
+            .map(|&(i, _)| set.enforced[i].clone())
+            .collect();
+        let costs: SmallVec<[u64; 2]> = charged.iter().map(|&(_, c)| c).collect();
+        Some(self.store().refund(key, &policies, &costs))
     }
 
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.

@@ -27,7 +27,7 @@ pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
-pub(crate) use hold::{Held, SettleFn, Slots};
+pub(crate) use hold::{Counting, Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 pub use permit::{Permit, Reservation};
 
@@ -44,7 +44,7 @@ use crate::error::{CheckError, ConfigError};
 use crate::key::{Key, KeyExtractor, RequestView};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
-use crate::route::{Cost, Meter, Route, TierFn};
+use crate::route::{Cost, CountWhen, Meter, Route, TierFn};
 use crate::store::{MemoryStore, Store, StoreExt};
 
 use access::AccessList;
@@ -259,6 +259,8 @@ pub(crate) struct PolicySet {
     pub(crate) in_flight: Arc<[Policy]>,
     /// The metered policies (their index in `enforced`) and how each is settled.
     pub(crate) meters: Box<[(usize, Meter)]>,
+    /// Which requests count, from the response head: the others are refunded.
+    pub(crate) count: Option<CountWhen>,
     shadow: Box<[Policy]>,
     /// Penalty policies, for the enforced policies that have a penalty (in that order).
     penalties: Box<[Policy]>,

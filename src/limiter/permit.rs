@@ -230,4 +230,90 @@ impl<S: Store> Reservation<S> {
         drop(slots);
         Ok(())
     }
+
+    /// Keeps the charge: the request counts. The same as dropping the reservation; it says
+    /// so where the code decides. In-flight slots are given back.
+    pub fn keep(self) {}
+
+    /// Refunds the whole charge ([`Op::Refund`](crate::store::Op::Refund)): the request does
+    /// not count. A refused reservation charged nothing, so refunding it does nothing.
+    /// In-flight slots are given back afterwards.
+    ///
+    /// This is how the direct API counts only failures (or successes) without a race:
+    /// reserve before the work, so that concurrent work never exceeds the limit, then keep
+    /// or refund.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// // Three failed imports an hour; successful ones are free.
+    /// let limiter = Limiter::builder().policy(Policy::new("imports", Rate::per_hour(3))?).build()?;
+    /// let tenant = Key::new("tenant", "acme");
+    /// for attempt in 0..10 {
+    ///     let reservation = limiter.reserve(&tenant, 1).await?;
+    ///     assert!(reservation.decision().is_allowed());
+    ///     let failed = attempt % 5 == 4;
+    ///     if failed { reservation.keep() } else { reservation.refund().await? }
+    /// }
+    /// assert_eq!(limiter.peek(&tenant).await?.remaining(), 0); // two failures, one left
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// Cancel-safe as [`settle`](Self::settle) is.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Store`] when the store fails (the charge then stands).
+    pub async fn refund(mut self) -> Result<(), CheckError> {
+        let slots = self.slots.take();
+        if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
+            if !self.decision.policies().is_empty() {
+                if let Some(call) = self.limiter.refund_call(&set, &self.key, &self.reserved) {
+                    Completing::new("refund", call).await?;
+                }
+            }
+        }
+        drop(slots);
+        Ok(())
+    }
+
+    /// Keeps or refunds the charge as the default route's counting rule
+    /// ([`Route::count_when`](crate::route::Route::count_when)) says of the response head
+    /// `head`; keeps it when the route has none. The direct API's twin of the layer.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::route::{CountWhen, Route};
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .default_route(Route::new()
+    ///         .policy(Policy::new("calls", Rate::per_minute(2))?)
+    ///         .count_when(CountWhen::successes()))
+    ///     .build()?;
+    /// let key = Key::new("user", "7");
+    /// let (failed, ()) = http::Response::builder().status(502).body(())?.into_parts();
+    /// limiter.reserve(&key, 1).await?.count(&failed).await?; // refunded
+    /// assert_eq!(limiter.peek(&key).await?.remaining(), 1); // peek asks for one unit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`refund`](Self::refund).
+    pub async fn count(self, head: &http::response::Parts) -> Result<(), CheckError> {
+        let counts = self
+            .set
+            .as_ref()
+            .and_then(|set| set.count.as_ref())
+            .is_none_or(|when| when.counts(head));
+        if counts {
+            self.keep();
+            return Ok(());
+        }
+        self.refund().await
+    }
 }

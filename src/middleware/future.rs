@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::held::on_response;
+use super::held::{count, on_response};
 use super::shared::{Kept, Shared};
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -296,7 +296,10 @@ where
                     shared,
                 } => {
                     let mut res = ready!(future.poll(cx))?;
-                    // Settled first, so that the headers report the state after it.
+                    // Settled (or refunded) first, so that the headers report the state after.
+                    if let Some(h) = held.as_deref_mut() {
+                        res = count(h, res, decision.as_mut().map(|k| &mut k.decision));
+                    }
                     let body_hold = held.take().map(|h| {
                         on_response(*h, &mut res, decision.as_mut().map(|k| &mut k.decision))
                     });

@@ -10,6 +10,11 @@
 //! | the client disconnects mid-body | given back (the body is dropped) | a stream count is settled with what was counted so far, at least the reservation |
 //! | the handler panics, or the future is cancelled | given back (the future is dropped) | the reservation stands |
 //! | the store is unreachable at release or settlement | Redis: the slot comes back when its lease ends | the reservation stands (the error is logged) |
+//!
+//! A route with a [counting rule](crate::route::CountWhen) charges its rate policies when the
+//! request is admitted and refunds them when a response head that does not count arrives
+//! ([`count`]); with no response head (an inner error, a panic, a cancelled future) the
+//! charge stands.
 
 use std::sync::Arc;
 
@@ -18,7 +23,7 @@ use http::Response;
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
-use crate::limiter::{Held, SettleFn, Slots};
+use crate::limiter::{Counting, Held, SettleFn, Slots};
 use crate::route::{Actual, ActualCost, FrameCostFn};
 
 /// The part of a [`Held`] that travels with the response body.
@@ -38,6 +43,28 @@ struct StreamCount {
     done: bool,
 }
 
+/// Applies the route's counting rule to the response head: a response that does not count
+/// has its charge refunded, and `decision` (for the headers) shows the units given back.
+pub(crate) fn count<B>(
+    held: &mut Held,
+    res: Response<B>,
+    decision: Option<&mut Decision>,
+) -> Response<B> {
+    let Some(counting) = held.counting.take() else {
+        return res;
+    };
+    let (head, body) = res.into_parts();
+    if !counting.when.counts(&head) {
+        if let Some(decision) = decision {
+            for &(i, units) in &counting.charged {
+                decision.settled(i, units, 0);
+            }
+        }
+        Counting::refund(counting);
+    }
+    Response::from_parts(head, body)
+}
+
 /// Settles what the response head tells (an [`ActualCost`] extension, a cost header, which
 /// is removed), adjusts `decision` to the state after the settlement, and returns what the
 /// body keeps of `held`: the slots and the frame counters.
@@ -46,7 +73,9 @@ pub(crate) fn on_response<B>(
     res: &mut Response<B>,
     decision: Option<&mut Decision>,
 ) -> BodyHold {
-    let Held { slots, settlement } = held;
+    let Held {
+        slots, settlement, ..
+    } = held;
     let mut stream = None;
     if let Some(settlement) = settlement {
         let mut now: SmallVec<[(usize, u64); 2]> = SmallVec::new();
