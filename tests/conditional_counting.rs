@@ -376,3 +376,152 @@ fn a_counting_rule_needs_a_rate_policy_and_no_meters() {
     assert!(err.field().ends_with("count"), "{err}");
     assert_eq!(err.value(), "5xx");
 }
+
+#[cfg(feature = "config")]
+mod plans {
+    use super::*;
+    use tollgate::config::edge::{EdgeTarget, ExportOptions};
+    use tollgate::config::Plan;
+
+    const POLICY: &str = "[[policies]]\nname = \"calls\"\nlimit = 2\nwindow = \"1h\"\n";
+
+    fn plan(route: &str) -> Plan {
+        let text = format!(
+            "{POLICY}[key]\nkind = \"global\"\n[[routes]]\npattern = \"/{{*rest}}\"\n{route}\n[default]\nexempt = true\n"
+        );
+        Plan::from_toml(&text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_plan_counts_only_failures_through_http() {
+        let built = plan("policies = [\"calls\"]\ncount = \"failures\"")
+            .build()
+            .unwrap();
+        let addr = support::serve(
+            Router::new()
+                .route("/ok", get(|| async { "ok" }))
+                .route("/fail", get(|| async { (StatusCode::UNAUTHORIZED, "no") }))
+                .layer(built.layer()),
+        )
+        .await;
+        let client = reqwest::Client::new();
+        for _ in 0..5 {
+            assert_eq!(status(&client, addr, "/ok").await, 200);
+        }
+        assert_eq!(status(&client, addr, "/fail").await, 401);
+        assert_eq!(status(&client, addr, "/fail").await, 401);
+        assert_eq!(status(&client, addr, "/ok").await, 429);
+    }
+
+    #[tokio::test]
+    async fn a_plan_takes_status_classes_and_codes() {
+        // On the default route, which the direct API decides by.
+        let text =
+            format!("{POLICY}[default]\npolicies = [\"calls\"]\ncount = [\"5xx\", \"404\"]\n");
+        let built = Plan::from_toml(&text).unwrap().build().unwrap();
+        let limiter = built.limiter();
+        let key = Key::global("all");
+        let head = |s: u16| {
+            http::Response::builder()
+                .status(s)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        for s in [200, 401, 429, 200] {
+            limiter
+                .reserve(&key, 1)
+                .await
+                .unwrap()
+                .count(&head(s))
+                .await
+                .unwrap();
+        }
+        limiter
+            .reserve(&key, 1)
+            .await
+            .unwrap()
+            .count(&head(404))
+            .await
+            .unwrap();
+        limiter
+            .reserve(&key, 1)
+            .await
+            .unwrap()
+            .count(&head(502))
+            .await
+            .unwrap();
+        assert!(!limiter
+            .reserve(&key, 1)
+            .await
+            .unwrap()
+            .decision()
+            .is_allowed());
+    }
+
+    #[test]
+    fn plan_mistakes_name_the_field_and_value() {
+        let cases = [
+            (
+                "policies = [\"calls\"]\ncount = [\"4xx\", \"6xx\"]",
+                "\"6xx\"",
+            ),
+            ("policies = [\"calls\"]\ncount = \"failure\"", "\"failure\""),
+            (
+                "exempt = true\ncount = \"failures\"",
+                "Some(One(\"failures\"))",
+            ),
+        ];
+        for (route, value) in cases {
+            let text = format!("{POLICY}[[routes]]\npattern = \"/a\"\n{route}\n[default]\npolicies = [\"calls\"]\n");
+            let err = Plan::from_toml(&text).unwrap().build().unwrap_err();
+            assert_eq!(
+                (err.field(), err.value()),
+                ("routes[0].count", value),
+                "{err}"
+            );
+        }
+        let in_flight = "[[policies]]\nname = \"slots\"\nlimit = 2\nwindow = \"1m\"\nalgorithm = \"in_flight\"\n\
+            [[routes]]\npattern = \"/a\"\npolicies = [\"slots\"]\ncount = \"successes\"\n[default]\nexempt = true\n";
+        let err = Plan::from_toml(in_flight).unwrap().build().unwrap_err();
+        assert_eq!(
+            (err.field(), err.value()),
+            ("routes[0].count", "successes"),
+            "{err}"
+        );
+    }
+
+    /// No edge target counts by response: an edge rule on a counted route counts every
+    /// request (a coarse limit, as the `[edge]` docs state), and the audit says when it is
+    /// as strict as the origin.
+    #[test]
+    fn an_edge_rule_on_a_counted_route_counts_every_request() {
+        let text = format!(
+            "{POLICY}[[routes]]\npattern = \"POST /login\"\npolicies = [\"calls\"]\ncount = \"failures\"\n\
+             [default]\nexempt = true\n[[edge.rules]]\nname = \"login\"\nroutes = [\"POST /login\"]\nlimit = 100\nwindow = \"1m\"\n"
+        );
+        let plan = Plan::from_toml(&text).unwrap();
+        let nginx = plan
+            .export_edge(EdgeTarget::Nginx, &ExportOptions::new())
+            .unwrap();
+        assert!(nginx.text().contains("limit_req"), "{}", nginx.text());
+    }
+
+    #[test]
+    fn the_audit_flags_an_auth_route_that_does_not_count_failures() {
+        let route = |count: &str| {
+            format!(
+                "{POLICY}[[routes]]\npattern = \"POST /login\"\nkind = \"auth\"\npolicies = [\"calls\"]\ncount = {count}\n[default]\nexempt = true\n"
+            )
+        };
+        let rules = |count: &str| -> Vec<&'static str> {
+            let report = tollgate::audit(&Plan::from_toml(&route(count)).unwrap());
+            report.findings.iter().map(|f| f.rule).collect()
+        };
+        assert!(rules("\"successes\"").contains(&"TG015"));
+        assert!(rules("[\"5xx\"]").contains(&"TG015"));
+        assert!(!rules("\"failures\"").contains(&"TG015"));
+        assert!(!rules("[\"4xx\"]").contains(&"TG015"));
+    }
+}

@@ -242,6 +242,13 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
                 "kind = \"peer_ip\"",
             )]),
         ),
+        (
+            "TG015",
+            with(&[(
+                "kind = \"auth\"\npolicies = [\"login\"]",
+                "kind = \"auth\"\npolicies = [\"login\"]\ncount = \"successes\"",
+            )]),
+        ),
     ];
     for (rule, text) in cases {
         assert_eq!(rules(&text), vec![rule], "{rule}:\n{text}");
@@ -258,7 +265,7 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
         listed,
         [
             "TG000", "TG001", "TG002", "TG003", "TG005", "TG006", "TG007", "TG008", "TG009",
-            "TG011", "TG012", "TG013", "TG014"
+            "TG011", "TG012", "TG013", "TG014", "TG015"
         ]
     );
 }

@@ -21,6 +21,7 @@
 //! | `TG012` unauthenticated-route-without-edge | warning | with an `[edge]` section, a customer-facing route without `authenticated = true` that no edge rule covers |
 //! | `TG013` edge-stricter-than-origin | warning | an edge rule at least as strict (rate and burst) as an origin policy on the same route and key: the origin limit is dead |
 //! | `TG014` edge-key-unseen-by-origin | error | an edge rule keyed by client IP while the origin's `[key]` reads the TCP peer, or trusts no proxy: behind the edge every client shares one key |
+//! | `TG015` auth-route-counts-successes | error | an `auth` route whose `count` does not count 401 and 403 responses: failed attempts are free, so guessing is unlimited |
 //!
 //! `TG000` also reports an `[edge]` section that does not resolve (see
 //! [`edge`](crate::config::edge)). `TG012` grades the gate "edge-layer rate limiting in place
@@ -262,6 +263,9 @@ const RULES: &[Rule] = &[
     rule("TG014", "edge-key-unseen-by-origin", Severity::Error,
         "an edge rule keyed by client IP while the origin's `[key]` reads the TCP peer, or trusts no proxy: behind the edge every client shares one key",
         "Behind an edge, key the origin with kind = \"client_ip\" and the edge's (and load balancers') addresses in trusted_proxies, so it sees the client the edge saw."),
+    rule("TG015", "auth-route-counts-successes", Severity::Error,
+        "an `auth` route whose `count` does not count 401 and 403 responses: failed attempts are free, so guessing is unlimited",
+        "On an auth route count failures (count = \"failures\", or a list with \"4xx\"), or drop `count`."),
 ];
 
 /// Every rule of the audit, in id order.
@@ -311,6 +315,7 @@ pub fn audit(plan: &Plan) -> AuditReport {
     fixed_windows_facing_customers(plan, &mut findings);
     store_and_response_settings(plan, &mut findings);
     auth_routes_guarded(plan, &mut findings);
+    auth_routes_count_failures(plan, &mut findings);
     authenticated_routes_keyed_by_ip(plan, &mut findings);
     policies_shared_by_auth_and_read(plan, &mut findings);
     trusted_proxy_ranges(plan, &mut findings);
@@ -527,6 +532,32 @@ fn auth_routes_guarded(plan: &Plan, findings: &mut Findings) {
                 ),
                 Some((format!("routes[{i}].pattern"), format!("{:?}", r.pattern))),
             );
+        }
+    }
+}
+
+/// `TG015`: an auth route whose `count` lets refused credentials (401, 403) go uncounted.
+fn auth_routes_count_failures(plan: &Plan, findings: &mut Findings) {
+    for (i, r) in auth_routes(plan) {
+        let Some(Ok(when)) = r.count.as_ref().map(|c| c.count_when("count")) else {
+            continue;
+        };
+        let head = |s: u16| {
+            http::Response::builder()
+                .status(s)
+                .body(())
+                .map(|r| r.into_parts().0)
+        };
+        if [401, 403]
+            .iter()
+            .any(|&s| head(s).is_ok_and(|h| !when.counts(&h)))
+        {
+            let at = (format!("routes[{i}].count"), format!("{:?}", r.count));
+            let message = format!(
+                "routes[{i}] ({:?}) is an auth route that does not count failed attempts",
+                r.pattern
+            );
+            findings.push("TG015", message, Some(at));
         }
     }
 }

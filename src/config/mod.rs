@@ -100,6 +100,6 @@ pub use build::{BuiltPlan, OnAuditFailure};
 #[cfg(feature = "watch")]
 pub use reload::PlanWatcher;
 pub use schema::{
-    DefaultRouteConfig, FailureModeName, KeyConfig, KeyKind, LoginConfig, Plan, PolicyConfig,
-    RouteConfig, RouteKind, StoreConfig, StoreKind, TierConfig,
+    CountSetting, DefaultRouteConfig, FailureModeName, KeyConfig, KeyKind, LoginConfig, Plan,
+    PolicyConfig, RouteConfig, RouteKind, StoreConfig, StoreKind, TierConfig,
 };

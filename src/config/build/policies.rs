@@ -159,6 +159,7 @@ impl Plan {
                     r.cost.is_some(),
                     format!("{:?}", r.cost.unwrap_or(0)),
                 ),
+                ("count", r.count.is_some(), format!("{:?}", r.count)),
             ];
             for (field, set, value) in ignored {
                 if set {
@@ -219,7 +220,10 @@ impl Plan {
     ) -> Result<LimiterBuilder<S>, ConfigError> {
         let policies = self.build_policies()?;
         let default = if self.default.exempt {
-            if !self.default.policies.is_empty() || !self.default.tiers.is_empty() {
+            if !self.default.policies.is_empty()
+                || !self.default.tiers.is_empty()
+                || self.default.count.is_some()
+            {
                 return Err(ConfigError::new(
                     "default.exempt",
                     "true",
@@ -228,12 +232,16 @@ impl Plan {
             }
             Route::exempt()
         } else {
-            Self::route(
+            let route = Self::route(
                 &policies,
                 "default",
                 &self.default.policies,
                 &self.default.tiers,
-            )?
+            )?;
+            match &self.default.count {
+                Some(count) => route.count_when(count.count_when("default.count")?),
+                None => route,
+            }
         };
         let mut b = Limiter::builder()
             .store(store)
@@ -248,6 +256,9 @@ impl Plan {
                 let mut route = Self::route(&policies, &at, &r.policies, &r.tiers)?;
                 if let Some(c) = r.cost {
                     route = route.cost(c);
+                }
+                if let Some(count) = &r.count {
+                    route = route.count_when(count.count_when(&format!("{at}.count"))?);
                 }
                 route
             };

@@ -20,7 +20,10 @@
 //! ```
 //!
 //! A rule means: `limit` requests per `window` per key, across all of the rule's routes
-//! together, and at most `burst` at once. Each target expresses that in its own terms, or
+//! together, and at most `burst` at once. It counts every request, also on a route whose
+//! `count` makes the origin count only some (`"failures"`): no target counts by response, so
+//! such a rule is a coarse limit on all of the route's traffic, to keep well above the
+//! origin's (`TG013` warns when it is not). Each target expresses that in its own terms, or
 //! refuses. Cloudflare and AWS WAF count requests per window; nginx and Envoy run a bucket of
 //! `burst` refilled at `limit` per `window`, which admits up to `burst + limit` in one window
 //! (the bound of tollgate's own token bucket).

@@ -235,6 +235,68 @@ pub struct RouteConfig {
     /// Whether callers are authenticated (for the audit).
     #[serde(default)]
     pub authenticated: bool,
+    /// Which requests count against the route's policies, from the response status:
+    /// `"failures"`, `"successes"`, or status classes and codes (`["4xx", "5xx"]`, `"429"`).
+    /// See [`CountWhen`](crate::route::CountWhen).
+    pub count: Option<CountSetting>,
+}
+
+/// A route's `count`: which responses count against its policies.
+///
+/// ```
+/// use tollgate::config::{CountSetting, Plan};
+///
+/// let plan = Plan::from_toml(r#"
+/// [[policies]]
+/// name = "login"
+/// limit = 5
+/// window = "15m"
+///
+/// [[routes]]
+/// pattern = "POST /login"
+/// policies = ["login"]
+/// count = "failures"
+///
+/// [[routes]]
+/// pattern = "/api/{*rest}"
+/// policies = ["login"]
+/// count = ["5xx", "429"]
+///
+/// [default]
+/// exempt = true
+/// "#)?;
+/// assert_eq!(plan.routes[0].count, Some(CountSetting::One("failures".into())));
+/// plan.build()?;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+#[non_exhaustive]
+pub enum CountSetting {
+    /// `"failures"` (statuses 400 and above), `"successes"` (below 400), or one status class
+    /// or code (`"5xx"`, `"429"`).
+    One(String),
+    /// Status classes and codes: `["4xx", "5xx"]`.
+    Statuses(Vec<String>),
+}
+
+impl CountSetting {
+    /// The counting rule this says; `field` names it in an error.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for `field` naming a value that is not `failures`, `successes`, a
+    /// status class or a status code.
+    pub fn count_when(&self, field: &str) -> Result<crate::route::CountWhen, ConfigError> {
+        use crate::route::CountWhen;
+        let statuses = match self {
+            CountSetting::One(s) if s == "failures" => return Ok(CountWhen::failures()),
+            CountSetting::One(s) if s == "successes" => return Ok(CountWhen::successes()),
+            CountSetting::One(s) => CountWhen::statuses([s]),
+            CountSetting::Statuses(list) => CountWhen::statuses(list),
+        };
+        statuses.map_err(|e| ConfigError::new(field, e.value(), e.reason()))
+    }
 }
 
 impl RouteConfig {
@@ -270,6 +332,9 @@ pub struct DefaultRouteConfig {
     /// Policies per tier.
     #[serde(default)]
     pub tiers: BTreeMap<String, Vec<String>>,
+    /// Which requests count, as a route's [`count`](RouteConfig::count) says; for the direct
+    /// API too ([`Reservation::count`](crate::Reservation::count)).
+    pub count: Option<CountSetting>,
 }
 
 /// How the tier is found.
