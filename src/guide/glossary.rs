@@ -19,6 +19,9 @@
 //!   ([`Op`](crate::store::Op)): check, peek, refund, settle, release, refresh, reset.
 //! * **Refund**: units given back after a charge, for a request that turned out not to count
 //!   ([`Op::Refund`](crate::store::Op::Refund)).
+//! * **Counting rule**: which admitted requests of a route count, decided from the response
+//!   head ([`CountWhen`](crate::route::CountWhen)): the charge is held while the request runs
+//!   and refunded when the head says it does not count.
 //!
 //! # Holding
 //!
