@@ -1,6 +1,6 @@
 //! What a request holds after it is admitted, and how it is given back: in-flight [`Slots`],
-//! the settlement of a reserved cost, and store calls that finish even when nobody awaits
-//! them.
+//! the settlement of a reserved cost, the refund of a request its route's counting rule does
+//! not count ([`Counting`]), and store calls that finish even when nobody awaits them.
 //!
 //! Both are given back by value, not by a call the caller must remember: [`Slots`] are given
 //! back when dropped, however the request ends (its response sent, the client gone, a panic
@@ -215,10 +215,10 @@ impl<S: Store> Limiter<S> {
         decision: &Decision,
         reserved: Reserved,
     ) -> Option<Held> {
-        let counting = self.counting(set, key, decision, reserved.as_deref());
         if !decision.is_allowed() || decision.policies().is_empty() {
             return None;
         }
+        let counting = self.counting(set, key, decision, reserved.as_deref());
         let slots = self.hold_slots(set, key, decision);
         let settlement = reserved.filter(|_| !set.meters.is_empty()).map(|reserved| {
             let policies = &set.enforced;
