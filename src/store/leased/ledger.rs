@@ -24,7 +24,7 @@ use crate::policy::{Algorithm, Limits, Policy};
 use crate::store::{BoxFuture, MemoryStore, Store};
 
 /// How a leased policy is kept in the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     /// The sliding window counter: blocks end at the window boundary.
     Counter = 1,
@@ -47,15 +47,6 @@ impl Kind {
             Algorithm::Gcra if policy.max_delay().is_none() => Some(Kind::Bucket),
             Algorithm::FixedWindow => Some(Kind::Fixed),
             Algorithm::Gcra | Algorithm::InFlight => None,
-        }
-    }
-
-    fn part(self) -> &'static str {
-        match self {
-            Kind::Counter => "lease-swc",
-            Kind::Log => "lease-swl",
-            Kind::Bucket => "lease-tb",
-            Kind::Fixed => "lease-fw",
         }
     }
 }
@@ -346,22 +337,6 @@ pub trait LeaseBackend: Store {
         policies: &[Policy],
         call: LedgerCall,
     ) -> BoxFuture<Result<LedgerReply, StoreError>>;
-}
-
-/// The key of one policy's ledger state: `<prefix>:{<key>}:<policy>:lease-<alg>`, the same
-/// hash tag as the key's other states.
-pub(crate) fn ledger_key(prefix: &str, key: &Key, policy: &str, kind: Kind) -> String {
-    let (key, part) = (key.as_str(), kind.part());
-    // Room for the `:u` the log's second key adds.
-    let mut s = String::with_capacity(prefix.len() + key.len() + policy.len() + part.len() + 7);
-    s.push_str(prefix);
-    s.push_str(":{");
-    s.push_str(key);
-    s.push_str("}:");
-    s.push_str(policy);
-    s.push(':');
-    s.push_str(part);
-    s
 }
 
 /// One policy's ledger state.

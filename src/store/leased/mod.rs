@@ -209,7 +209,7 @@ use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 pub(crate) use ledger::Kind;
 #[cfg(feature = "redis")]
-pub(crate) use ledger::{ledger_key, PART_BYTES};
+pub(crate) use ledger::PART_BYTES;
 use ledger::{Mode, Part};
 
 /// The default lease time: how long a block may be spent.

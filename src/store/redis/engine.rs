@@ -16,7 +16,7 @@ use super::script_call::ScriptCall;
 use smallvec::SmallVec;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Request, Runner};
-use super::keys::{state_key, validate_prefix, DEFAULT_PREFIX};
+use super::keys::{redis_key, validate_prefix, Holds, DEFAULT_PREFIX};
 use super::lease::LedgerRequest;
 use super::wire;
 pub(crate) use super::wire::Mode;
@@ -332,7 +332,7 @@ impl<C: Connector> Core<C> {
         Request {
             keys: policies
                 .iter()
-                .map(|p| state_key(&self.prefix, key, p.name(), p.algorithm()))
+                .map(|p| redis_key(&self.prefix, key, p.name(), Holds::State(p.algorithm())))
                 .collect(),
             params: policies.iter().map(wire::params).collect(),
             amounts,
@@ -521,7 +521,7 @@ impl<C: Connector> Core<C> {
         let mut cmd = redis::cmd("UNLINK");
         for p in policies {
             for a in crate::Algorithm::ALL {
-                cmd.arg(state_key(&self.prefix, key, p.name(), a));
+                cmd.arg(redis_key(&self.prefix, key, p.name(), Holds::State(a)));
             }
         }
         let core = Arc::clone(self);
@@ -542,14 +542,13 @@ impl<C: Connector> Core<C> {
         policy: &Policy,
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
-        let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
         let ttl = ttl.map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
-            return self.bucket_override(&state, policy, Some(ttl));
+            return self.bucket_override(key, policy, Some(ttl));
         }
         let core = Arc::clone(self);
         let mut cmd = redis::cmd("SET");
-        cmd.arg(wire::override_key(&state))
+        cmd.arg(self.override_key(key, policy))
             .arg(wire::override_value(policy));
         if let Some(ttl) = ttl {
             cmd.arg("PX").arg(ttl);
@@ -561,18 +560,34 @@ impl<C: Connector> Core<C> {
         })
     }
 
+    /// The key of `key`'s override of `policy`.
+    fn override_key(&self, key: &Key, policy: &Policy) -> String {
+        redis_key(
+            &self.prefix,
+            key,
+            policy.name(),
+            Holds::Override(policy.algorithm()),
+        )
+    }
+
     /// Sets (`Some` TTL or none) or removes (`None`) a token bucket's override in one
     /// script (`lua/set_override.lua`): the time before the change refills at the rate in
     /// force then, as the memory store does.
     fn bucket_override(
         self: &Arc<Self>,
-        state: &str,
+        key: &Key,
         policy: &Policy,
         set: Option<Option<u64>>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let core = Arc::clone(self);
         let mut call = super::script::set_override_script().prepare_invoke();
-        call.key(state).key(wire::override_key(state));
+        call.key(redis_key(
+            &self.prefix,
+            key,
+            policy.name(),
+            Holds::State(policy.algorithm()),
+        ))
+        .key(self.override_key(key, policy));
         match set {
             Some(ttl) => call
                 .arg(wire::override_value(policy))
@@ -599,12 +614,11 @@ impl<C: Connector> Core<C> {
         key: &Key,
         policy: &Policy,
     ) -> BoxFuture<Result<(), StoreError>> {
-        let state = state_key(&self.prefix, key, policy.name(), policy.algorithm());
         if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
-            return self.bucket_override(&state, policy, None);
+            return self.bucket_override(key, policy, None);
         }
         let mut cmd = redis::cmd("UNLINK");
-        cmd.arg(wire::override_key(&state));
+        cmd.arg(self.override_key(key, policy));
         let core = Arc::clone(self);
         Box::pin(async move {
             let mut conn = core.connector.connection().await?;
@@ -622,7 +636,7 @@ impl<C: Connector> Core<C> {
     ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
         let mut pipe = redis::pipe();
         for p in policies {
-            let k = wire::override_key(&state_key(&self.prefix, key, p.name(), p.algorithm()));
+            let k = self.override_key(key, p);
             pipe.cmd("GET").arg(&k).cmd("PTTL").arg(&k);
         }
         let names: Vec<String> = policies.iter().map(|p| p.name().to_owned()).collect();

@@ -1,22 +1,78 @@
-//! The key layout: `<prefix>:{<key>}:<policy>:<part>`, one hash tag per principal.
+//! The key layout: `<prefix>:{<key>}:<policy>:<part>`, one hash tag per principal. Every
+//! Redis key the stores name is built here.
+//!
+//! | holds                              | `<part>`                      |
+//! |------------------------------------|-------------------------------|
+//! | an algorithm's state               | its key part (`swc`, `gcra`…) |
+//! | the key's override of that state   | the state's part, then `:ovr` |
+//! | a lease ledger's state             | `lease-swc`, `lease-swl`, `lease-tb`, `lease-fw` |
+//! | a ledger log's entry units         | `lease-swl:u`                 |
+
+use redis::{RedisWrite, ToRedisArgs};
 
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::policy::Algorithm;
+use crate::store::leased::Kind;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tollgate";
 
-/// The last part of a state key: which algorithm's state it holds.
+/// What an override key adds to its state key.
+const OVERRIDE_SUFFIX: &str = ":ovr";
+
+/// What the key of a ledger log's entry units adds to the log's key.
+const LOG_UNITS_SUFFIX: &str = ":u";
+
+/// What a key holds, which names its last part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holds {
+    /// The state of a policy of this algorithm.
+    State(Algorithm),
+    /// The key's per-key override of that state: two little-endian doubles, the limit and
+    /// the capacity (see `wire::override_value`).
+    Override(Algorithm),
+    /// A lease ledger's state of a policy leased as this kind.
+    Ledger(Kind),
+    /// The units of each entry of a ledger's sliding window log (a hash by entry id).
+    LedgerLogUnits,
+}
+
+impl Holds {
+    /// The part after the policy's name, and the suffix after that part.
+    fn part(self) -> (&'static str, &'static str) {
+        match self {
+            Holds::State(a) => (algorithm_part(a), ""),
+            Holds::Override(a) => (algorithm_part(a), OVERRIDE_SUFFIX),
+            Holds::Ledger(kind) => (ledger_part(kind), ""),
+            Holds::LedgerLogUnits => (ledger_part(Kind::Log), LOG_UNITS_SUFFIX),
+        }
+    }
+}
+
+/// The part of an algorithm's state key.
 fn algorithm_part(algorithm: Algorithm) -> &'static str {
     crate::algorithm::registration(algorithm).key_part
 }
 
-/// `<prefix>:{<key>}:<policy>:<part>`: every key of one principal shares the hash tag.
-pub(crate) fn state_key(prefix: &str, key: &Key, policy: &str, algorithm: Algorithm) -> String {
+/// The part of a ledger state's key.
+fn ledger_part(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Counter => "lease-swc",
+        Kind::Log => "lease-swl",
+        Kind::Bucket => "lease-tb",
+        Kind::Fixed => "lease-fw",
+    }
+}
+
+/// `<prefix>:{<key>}:<policy>:<part>`, the part naming what the key holds: every key of one
+/// principal shares the hash tag, so one script call's keys are in one Cluster hash slot.
+pub(crate) fn redis_key(prefix: &str, key: &Key, policy: &str, holds: Holds) -> String {
     let key = key.as_str();
-    let part = algorithm_part(algorithm);
-    let mut s = String::with_capacity(prefix.len() + key.len() + policy.len() + part.len() + 5);
+    let (part, suffix) = holds.part();
+    let mut s = String::with_capacity(
+        prefix.len() + key.len() + policy.len() + part.len() + suffix.len() + 5,
+    );
     s.push_str(prefix);
     s.push_str(":{");
     s.push_str(key);
@@ -24,7 +80,23 @@ pub(crate) fn state_key(prefix: &str, key: &Key, policy: &str, algorithm: Algori
     s.push_str(policy);
     s.push(':');
     s.push_str(part);
+    s.push_str(suffix);
     s
+}
+
+/// The key of a state's override, from the state's key ([`Holds::State`]), written straight
+/// into a command without a `String` of its own: a script call names one per state. The same
+/// text as [`redis_key`] with [`Holds::Override`].
+pub(crate) struct OverrideOf<'a>(pub(crate) &'a str);
+
+impl ToRedisArgs for OverrideOf<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        use std::io::Write;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(OVERRIDE_SUFFIX.as_bytes());
+    }
 }
 
 /// Checks a key prefix: 1–64 bytes, no braces (they would break the hash tag), no whitespace
@@ -54,14 +126,78 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
 
+    /// Every kind of key a principal's policy has.
+    fn every_holds() -> Vec<Holds> {
+        let mut all: Vec<Holds> = Algorithm::ALL.iter().map(|&a| Holds::State(a)).collect();
+        all.extend(Algorithm::ALL.iter().map(|&a| Holds::Override(a)));
+        all.extend([Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed].map(Holds::Ledger));
+        all.push(Holds::LedgerLogUnits);
+        all
+    }
+
     #[test]
     fn keys_share_one_hash_tag_per_principal() {
         let key = Key::new("user", "a {b}");
-        let k = state_key("app", &key, "burst", Algorithm::SlidingWindowCounter);
+        let k = redis_key(
+            "app",
+            &key,
+            "burst",
+            Holds::State(Algorithm::SlidingWindowCounter),
+        );
         assert_eq!(k, "app:{user:a%20%7Bb%7D}:burst:swc");
-        let k2 = state_key("app", &key, "daily", Algorithm::Gcra);
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
-        assert_eq!(tag(&k), tag(&k2));
+        for holds in every_holds() {
+            for policy in ["burst", "daily"] {
+                let other = redis_key("app", &key, policy, holds);
+                assert_eq!(tag(&other), tag(&k), "{holds:?}");
+                assert!(other.starts_with("app:{"), "{other}");
+            }
+        }
+    }
+
+    #[test]
+    fn each_part_has_its_own_key() {
+        let key = Key::new("ip", "1.2.3.4");
+        let names: Vec<String> = every_holds()
+            .into_iter()
+            .map(|h| redis_key("t", &key, "p", h))
+            .collect();
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(
+            redis_key("t", &key, "p", Holds::Override(Algorithm::Gcra)),
+            "t:{ip:1.2.3.4}:p:gcra:ovr"
+        );
+        assert_eq!(
+            redis_key("t", &key, "p", Holds::Ledger(Kind::Bucket)),
+            "t:{ip:1.2.3.4}:p:lease-tb"
+        );
+        assert_eq!(
+            redis_key("t", &key, "p", Holds::LedgerLogUnits),
+            "t:{ip:1.2.3.4}:p:lease-swl:u"
+        );
+    }
+
+    #[test]
+    fn an_override_written_from_its_state_key_is_the_override_key() {
+        let key = Key::new("user", "42");
+        for a in Algorithm::ALL {
+            let state = redis_key("app", &key, "api", Holds::State(a));
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(OverrideOf(&state));
+            let written: Vec<Vec<u8>> = cmd
+                .args_iter()
+                .skip(1)
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => panic!("only plain arguments"),
+                })
+                .collect();
+            assert_eq!(
+                written,
+                [redis_key("app", &key, "api", Holds::Override(a)).into_bytes()]
+            );
+        }
     }
 
     #[test]

@@ -10,9 +10,8 @@ use tokio::sync::oneshot;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::engine::{Connector, Core};
-use super::keys::state_key;
+use super::keys::{redis_key, Holds};
 use super::script_call::ScriptCall;
-use super::wire::override_key;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -158,21 +157,20 @@ pub(crate) fn ledger<C: Connector>(
     call: LedgerCall,
 ) -> BoxFuture<Result<LedgerReply, StoreError>> {
     let mut keys: SmallVec<[String; 6]> = SmallVec::new();
+    let prefix = core.prefix();
     for (policy, part) in policies.iter().zip(&call.parts) {
-        let k = crate::store::leased::ledger_key(core.prefix(), key, policy.name(), part.kind);
+        let name = policy.name();
+        keys.push(redis_key(prefix, key, name, Holds::Ledger(part.kind)));
         if part.kind == Kind::Log {
-            let u = format!("{k}:u");
-            keys.push(k);
-            keys.push(u);
-        } else {
-            keys.push(k);
+            keys.push(redis_key(prefix, key, name, Holds::LedgerLogUnits));
         }
-        keys.push(override_key(&state_key(
-            core.prefix(),
+        // The exact store's override key: one override serves both modes.
+        keys.push(redis_key(
+            prefix,
             key,
-            policy.name(),
-            policy.algorithm(),
-        )));
+            name,
+            Holds::Override(policy.algorithm()),
+        ));
     }
     let Some(first) = keys.first() else {
         return Box::pin(std::future::ready(Err(StoreError::Protocol(

@@ -5,7 +5,7 @@
 //! Sent, per call:
 //!
 //! * `KEYS[i]`: state `i`, one per distinct (key, policy), then `KEYS[n + i]`: its override
-//!   key (see [`override_key`]); in a cluster all share one slot.
+//!   key (see [`keys`](super::keys)); in a cluster all share one hash slot.
 //! * `ARGV[1]`: now in ms, or `""` for the script to read the server's `TIME`.
 //! * Three binary strings (little-endian): per policy its [`Params`] (five `f64`); per state
 //!   the index of its policy (`u32`, from 1); per request its [`Mode`] (`u8`), its number of
@@ -23,13 +23,12 @@
 
 use std::collections::HashMap;
 
-use redis::{RedisWrite, ToRedisArgs};
 use smallvec::SmallVec;
 
-use super::script_call::ScriptCall;
-
 use super::batch::Request;
+use super::keys::OverrideOf;
 use super::script::{algorithm_id, script};
+use super::script_call::ScriptCall;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -56,33 +55,8 @@ pub(crate) enum Mode {
     Refresh = 4,
 }
 
-/// Where a per-key override of a state lives: the state key with `:ovr` appended, holding the
-/// override's limit and capacity as two little-endian doubles (see [`override_value`]).
-pub(crate) fn override_key(state_key: &str) -> String {
-    let mut k = String::with_capacity(state_key.len() + OVERRIDE_SUFFIX.len());
-    k.push_str(state_key);
-    k.push_str(OVERRIDE_SUFFIX);
-    k
-}
-
-/// A state's override key ([`override_key`]) written straight into a command, without a
-/// `String` of its own: a script call names one per state.
-struct OverrideKey<'a>(&'a str);
-
-impl ToRedisArgs for OverrideKey<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        use std::io::Write;
-        let mut arg = out.writer_for_next_arg();
-        // Writing into the command's buffer cannot fail.
-        let _ = arg.write_all(self.0.as_bytes());
-        let _ = arg.write_all(OVERRIDE_SUFFIX.as_bytes());
-    }
-}
-
-/// What an override key adds to its state key.
-const OVERRIDE_SUFFIX: &str = ":ovr";
-
-/// The value of an override key for `policy` (the overriding policy).
+/// The value of an override key ([`Holds::Override`](super::keys::Holds)) for `policy` (the
+/// overriding policy): its limit and capacity as two little-endian doubles.
 pub(crate) fn override_value(policy: &Policy) -> Vec<u8> {
     let mut v = Vec::with_capacity(16);
     v.extend_from_slice(&(policy.limit() as f64).to_le_bytes());
@@ -141,7 +115,7 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
     }
     // Each state's override key, in the same order (same hash tag: same slot).
     for &k in &batch.keys {
-        inv.key(OverrideKey(k));
+        inv.key(OverrideOf(k));
     }
     match now {
         Some(now) => inv.arg(now),

@@ -32,12 +32,20 @@ use crate::store::{ApplyFuture, Op, OverrideStore, StoreExt};
 /// ```
 #[derive(Clone)]
 pub struct MemoryLedger {
-    states: Arc<parking_lot::Mutex<HashMap<String, LState>>>,
+    states: Arc<parking_lot::Mutex<HashMap<StateId, LState>>>,
     /// Overrides of leased policies: by key, policy name and algorithm (as the Redis
     /// override key names them), the limit, the capacity and when it ends (ms), if it does.
     overrides: Arc<parking_lot::Mutex<HashMap<OverrideSlot, Kept>>>,
     clock: Arc<dyn Clock>,
     exact: MemoryStore,
+}
+
+/// Which ledger state: the key, the policy's name and the kind it is leased as (the parts
+/// of its Redis key).
+type StateId = (Key, Box<str>, Kind);
+
+fn state_id(key: &Key, policy: &Policy, kind: Kind) -> StateId {
+    (key.clone(), policy.name().into(), kind)
 }
 
 /// Where an override of a leased policy is kept: the key, the policy's name and algorithm.
@@ -111,10 +119,10 @@ impl MemoryLedger {
         for (p, part) in policies.iter().zip(call.parts.iter_mut()) {
             *part = part.with_override(self.override_of(key, p, now, part.w));
         }
-        let names: SmallVec<[String; 2]> = policies
+        let names: SmallVec<[StateId; 2]> = policies
             .iter()
             .zip(&call.parts)
-            .map(|(p, part)| ledger_key("", key, p.name(), part.kind))
+            .map(|(p, part)| state_id(key, p, part.kind))
             .collect();
         let mut map = self.states.lock();
         let mut states: SmallVec<[Option<LState>; 2]> =
@@ -163,7 +171,7 @@ impl Store for MemoryLedger {
             let mut map = self.states.lock();
             for p in policies {
                 if let Some(kind) = Kind::of(p) {
-                    map.remove(&ledger_key("", key, p.name(), kind));
+                    map.remove(&state_id(key, p, kind));
                 }
             }
         }
