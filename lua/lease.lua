@@ -8,27 +8,30 @@
 --       entries, then the key's override of the policy (the exact store's override key: two
 --       little-endian doubles, limit and capacity; absent when there is none).
 -- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset, 'k' keep), now ('' reads
---       TIME), the lease period in ms, the lease id, the id of the block a grant gives back
---       first ('0': none), then one binary string: thirteen little-endian doubles (whole
---       numbers) per policy: kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N,
---       window W in ms, capacity C (the plan's N and C: an override in force replaces them),
---       a, b, c, d, e, f, g, h, r:
---         grant: a = cost, b = wanted units;  peek: a = cost;  force: a = extra units (a
---         debt, never forgiven: as the exact algorithms' overcharge);
---         return: a = units granted, b = units unused, c = grant time, d = lease validity;
---         e, f, g, h: the block a grant gives back first, as a, b, c, d of a return;
---         r: the limit in force when the block given back was granted (0: unknown).
+--       TIME), the lease a grant asks for in ms (0: no block, the request decided exactly),
+--       the block id, the id of the block a grant gives back first ('0': none), then one
+--       binary string: eleven little-endian doubles (whole numbers) per policy (LedgerCall in
+--       src/store/leased/ledger.rs):
+--         kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
+--         capacity C (the plan's N and C: an override in force replaces them),
+--         cost: a grant's or a peek's cost; a force's extra units (a debt, never forgiven:
+--           as the exact algorithms' overcharge),
+--         wanted: the most units a grant's block may hold,
+--         then the block given back (a return's, or the one a grant gives back first): the
+--         units it was granted, the units it leaves unused, when it was granted, its lease,
+--         and the limit in force when it was granted (0: unknown).
 --       keep: an override was just set; each bucket's state key is kept at least as long as
 --       its deficit needs at the override's refill rate.
 -- Reply: binary, little-endian doubles holding whole numbers (no number is formatted as
 --        text: `string.format` of a float was a tenth of a cold decision's cost in Redis):
---        allowed, valid, now, the number of answers (0 or one per policy), then per answer
---        granted, remaining, reset_after, retry_after, and the limit and capacity in force.
---        A force answers no answers, and allowed 0 when a debt stands afterwards (a policy
---        past its limit: not even a cost of 0 fits).
+--        allowed, the lease granted (0: none, the request decided exactly), now, the number
+--        of answers (0 or one per policy), then per answer granted, remaining, reset_after,
+--        retry_after, and the limit and capacity in force. A force answers no answers, and
+--        allowed 0 when a debt stands afterwards (a policy past its limit: not even a cost
+--        of 0 fits).
 --
 -- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
--- mode, period, lease id, previous id and binary string; KEYS: each call's keys in turn.
+-- mode, lease, block id, previous block id and binary string; KEYS: each call's keys in turn.
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
 -- one by one at the same instant; the reply is each call's reply, one after the other (each
 -- says how many answers it holds).
@@ -118,14 +121,14 @@ end
 -- The common call, decided with locals only, before the general path's functions are defined
 -- (every script call builds each of them again as a closure, and the general path's policy
 -- tables are garbage to collect): one request of one counter, fixed window or token bucket /
--- GCRA policy that has room, charged at once (a grant with no period and no block to give
+-- GCRA policy that has room, charged at once (a grant with no lease and no block to give
 -- back) or peeked, as a cold key's decisions are. The arithmetic is that of load(), most(),
 -- charge() and view() below for those kinds (and of ledger.rs; the differential tests in
 -- ledger/tests.rs hold all three to the same replies). Anything else, a refusal included,
 -- answers nil and goes to the general path, which reads the state afresh: nothing was written.
 -- `key` is the state, `okey` the override.
-local function quick(mode, period, previous, blob, key, okey)
-  if #blob ~= 104 or previous ~= '0' or not (mode == 'p' or (mode == 'g' and period == 0)) then
+local function quick(mode, lease, previous_block, blob, key, okey)
+  if #blob ~= 88 or previous_block ~= '0' or not (mode == 'p' or (mode == 'g' and lease == 0)) then
     return nil
   end
   local kind, n, w, cap, cost = unpack_struct('<ddddd', blob)
@@ -213,23 +216,27 @@ end
 
 -- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
 -- index of their last key. A policy with an override in force decides with its limit and
--- capacity (`pn`: the plan's limit, for the bucket's TTL).
+-- capacity (`plan_limit`: the plan's, for the TTLs).
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
-  local P, pos, count = {}, 1, floor(#blob / 104)
+  local P, pos, count = {}, 1, floor(#blob / 88)
   local okeys = {}
   for i = 1, count do
-    local kind, n, w, cap, a, b, c, d, e, f, g, h, r
-    kind, n, w, cap, a, b, c, d, e, f, g, h, r, pos = unpack_struct('<ddddddddddddd', blob, pos)
+    local kind, limit, window, capacity, cost, wanted, back_granted, back_unused, back_granted_at,
+      back_lease, back_rate
+    kind, limit, window, capacity, cost, wanted, back_granted, back_unused, back_granted_at,
+      back_lease, back_rate, pos = unpack_struct('<ddddddddddd', blob, pos)
     P[i] = {
-      key = KEYS[k + 1], ukey = false, kind = kind, n = n, w = w, cap = cap, pn = n,
-      a = a, b = b, c = c, d = d, e = e, f = f, g = g, h = h, r = r,
-      idx = 0, prev = 0, cur = 0, sw = 0, sc = 0, sp = 0, deficit = 0, updated = 0,
-      entries = false, used = 0,
+      key = KEYS[k + 1], units_key = false, kind = kind, limit = limit, window = window,
+      capacity = capacity, plan_limit = limit, cost = cost, wanted = wanted,
+      back_granted = back_granted, back_unused = back_unused, back_granted_at = back_granted_at,
+      back_lease = back_lease, back_rate = back_rate,
+      idx = 0, prev = 0, cur = 0, stored_window = 0, stored_current = 0, stored_previous = 0,
+      deficit = 0, updated = 0, entries = false, used = 0,
     }
     k = k + 1
     if kind == 2 then
-      P[i].ukey = KEYS[k + 1]
+      P[i].units_key = KEYS[k + 1]
       k = k + 1
     end
     okeys[i] = KEYS[k + 1]
@@ -239,9 +246,9 @@ local function policies(blob, k)
     local values = redis.call('MGET', unpack(okeys))
     for i = 1, count do
       local p = P[i]
-      local on, oc = usable(values[i], p.w)
+      local on, oc = usable(values[i], p.window)
       if on then
-        p.n, p.cap = on, oc
+        p.limit, p.capacity = on, oc
       end
     end
   end
@@ -252,15 +259,15 @@ end
 -- bucket {d, u, 0}; the log reads its live units (a sorted set and a hash).
 local function load(p)
   if p.kind == 2 then
-    local dead = redis.call('ZRANGEBYSCORE', p.key, '-inf', now - p.w)
+    local dead = redis.call('ZRANGEBYSCORE', p.key, '-inf', now - p.window)
     if #dead > 0 then
-      redis.call('ZREMRANGEBYSCORE', p.key, '-inf', now - p.w)
-      redis.call('HDEL', p.ukey, unpack(dead))
+      redis.call('ZREMRANGEBYSCORE', p.key, '-inf', now - p.window)
+      redis.call('HDEL', p.units_key, unpack(dead))
     end
-    local live = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(now - p.w), '+inf', 'WITHSCORES')
+    local live = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(now - p.window), '+inf', 'WITHSCORES')
     local entries, used = {}, 0
     for j = 1, #live, 2 do
-      local u = tonumber(redis.call('HGET', p.ukey, live[j]) or '0')
+      local u = tonumber(redis.call('HGET', p.units_key, live[j]) or '0')
       entries[#entries + 1] = { tonumber(live[j + 1]), u }
       used = used + u
     end
@@ -272,37 +279,37 @@ local function load(p)
   if v then
     x, y, z = unpack_struct('<ddd', v)
   end
-  local idx = idiv(now, p.w)
+  local idx = idiv(now, p.window)
   p.idx = idx
   if p.kind == 1 then
-    p.prev, p.cur = counter_counts(x, y, z, idx, p.n)
-    p.sw, p.sc, p.sp = x, y, z
+    p.prev, p.cur = counter_counts(x, y, z, idx, p.limit)
+    p.stored_window, p.stored_current, p.stored_previous = x, y, z
   elseif p.kind == 4 then
-    p.cur = fixed_count(x, y, idx, p.n)
-    p.sw, p.sc = x, y
+    p.cur = fixed_count(x, y, idx, p.limit)
+    p.stored_window, p.stored_current = x, y
   else
     local elapsed = max(now - y, 0)
-    p.deficit = max(x - elapsed * p.n, 0)
+    p.deficit = max(x - elapsed * p.limit, 0)
     p.updated = y
   end
 end
 
--- The most units a block valid for `t` ms may hold now (negative: not even one).
+-- The most units a block lent for `t` ms may hold now (negative: not even one).
 local function most(p, t)
   if p.kind == 1 then
-    local e = now - p.idx * p.w
-    return idiv(max(p.n * p.w - p.prev * (p.w - e) - p.cur * p.w, 0), p.w)
-      - ((p.prev * (p.w - e) + p.cur * p.w > p.n * p.w) and 1 or 0)
+    local e = now - p.idx * p.window
+    return idiv(max(p.limit * p.window - p.prev * (p.window - e) - p.cur * p.window, 0), p.window)
+      - ((p.prev * (p.window - e) + p.cur * p.window > p.limit * p.window) and 1 or 0)
   elseif p.kind == 2 then
-    return p.n - p.used
+    return p.limit - p.used
   elseif p.kind == 4 then
-    return p.n - p.cur
+    return p.limit - p.cur
   else
-    local room = p.cap * p.w - p.deficit - p.n * t
+    local room = p.capacity * p.window - p.deficit - p.limit * t
     if room < 0 then
       return -1
     end
-    return idiv(room, p.w)
+    return idiv(room, p.window)
   end
 end
 
@@ -346,13 +353,13 @@ end
 local function counter_clears(p)
   local windows
   if p.cur > 0 then
-    windows = ceil_div(p.cur, p.n) + 1
+    windows = ceil_div(p.cur, p.limit) + 1
   elseif p.prev > 0 then
     windows = 1
   else
     return 0
   end
-  return (p.idx + windows) * p.w - now
+  return (p.idx + windows) * p.window - now
 end
 
 -- Time until the fixed window's count is paid off (clears_in in fixed_window.rs).
@@ -360,60 +367,60 @@ local function fixed_clears(p)
   if p.cur == 0 then
     return 0
   end
-  return (p.idx + ceil_div(p.cur, p.n)) * p.w - now
+  return (p.idx + ceil_div(p.cur, p.limit)) * p.window - now
 end
 
--- How long until a request of `cost` passes if nothing else happens (exact, period 0).
+-- How long until a request of `cost` passes if nothing else happens (exact, no lease).
 local function retry(p, cost)
   if p.kind == 1 then
-    if cost > p.n then
+    if cost > p.limit then
       -- Never passes; asked again once the counter has forgotten everything (its debt
       -- paid), and no sooner than two windows.
-      return max(counter_clears(p), 2 * p.w)
+      return max(counter_clears(p), 2 * p.window)
     end
-    return max(earliest(p.prev, p.cur, p.idx, p.n, p.w, cost) - now, 1)
+    return max(earliest(p.prev, p.cur, p.idx, p.limit, p.window, cost) - now, 1)
   elseif p.kind == 2 then
     table.sort(p.entries, function(l, r) return l[1] < r[1] end)
-    local freed, at = 0, now + p.w
+    local freed, at = 0, now + p.window
     for _, e in ipairs(p.entries) do
       freed = freed + e[2]
-      at = e[1] + p.w
-      if p.used - freed + cost <= p.n then
+      at = e[1] + p.window
+      if p.used - freed + cost <= p.limit then
         break
       end
     end
     return max(at - now, 1)
   elseif p.kind == 4 then
-    if cost > p.n then
+    if cost > p.limit then
       -- Never passes; asked again once the window's count (its debt) is paid off.
-      return (p.idx + max(ceil_div(p.cur, p.n), 1)) * p.w - now
+      return (p.idx + max(ceil_div(p.cur, p.limit), 1)) * p.window - now
     end
     -- The first window whose carried count leaves room (fixed_window.rs `evaluate`).
-    return max((p.idx + ceil_div(p.cur + cost - p.n, p.n)) * p.w - now, 1)
-  elseif cost > p.cap then
+    return max((p.idx + ceil_div(p.cur + cost - p.limit, p.limit)) * p.window - now, 1)
+  elseif cost > p.capacity then
     -- Never passes; asked again once the bucket is full.
-    return max(ceil_div(p.deficit, p.n), 1)
+    return max(ceil_div(p.deficit, p.limit), 1)
   else
-    return max(ceil_div(max(p.deficit + cost * p.w - p.cap * p.w, 0), p.n), 1)
+    return max(ceil_div(max(p.deficit + cost * p.window - p.capacity * p.window, 0), p.limit), 1)
   end
 end
 
 -- The state's remaining units and reset time, as it stands.
 local function view(p)
   if p.kind == 1 then
-    local e = now - p.idx * p.w
-    local weighted = p.prev * (p.w - e) + p.cur * p.w
-    return idiv(max(p.n * p.w - weighted, 0), p.w), counter_clears(p)
+    local e = now - p.idx * p.window
+    local weighted = p.prev * (p.window - e) + p.cur * p.window
+    return idiv(max(p.limit * p.window - weighted, 0), p.window), counter_clears(p)
   elseif p.kind == 2 then
     local newest = 0
     for _, e in ipairs(p.entries) do
-      newest = max(newest, e[1] + p.w - now)
+      newest = max(newest, e[1] + p.window - now)
     end
-    return max(p.n - p.used, 0), newest
+    return max(p.limit - p.used, 0), newest
   elseif p.kind == 4 then
-    return max(p.n - p.cur, 0), fixed_clears(p)
+    return max(p.limit - p.cur, 0), fixed_clears(p)
   else
-    return idiv(max(p.cap * p.w - p.deficit, 0), p.w), ceil_div(p.deficit, p.n)
+    return idiv(max(p.capacity * p.window - p.deficit, 0), p.window), ceil_div(p.deficit, p.limit)
   end
 end
 
@@ -422,84 +429,85 @@ end
 -- (which can end unwritten).
 local function store(p)
   if p.kind == 1 then
-    local windows = max(ceil_div(p.cur, min(p.n, p.pn)), 1) + 1
+    local windows = max(ceil_div(p.cur, min(p.limit, p.plan_limit)), 1) + 1
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, p.prev),
-      'PX', (p.idx + windows) * p.w - now + TTL_MARGIN_MS)
+      'PX', (p.idx + windows) * p.window - now + TTL_MARGIN_MS)
   elseif p.kind == 4 then
-    local windows = max(ceil_div(p.cur, min(p.n, p.pn)), 1)
+    local windows = max(ceil_div(p.cur, min(p.limit, p.plan_limit)), 1)
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, 0),
-      'PX', (p.idx + windows) * p.w - now + TTL_MARGIN_MS)
+      'PX', (p.idx + windows) * p.window - now + TTL_MARGIN_MS)
   elseif p.kind == 3 then
     -- Kept for the slower of the plan's rate and an override's (which can end unwritten).
     redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
-      'PX', ceil_div(p.deficit, min(p.n, p.pn)) + TTL_MARGIN_MS)
+      'PX', ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS)
   end
 end
 
--- Charges `k` units used at most until now + valid.
-local function charge(p, k, valid, id)
+-- Charges `k` units used at most until now + lease.
+local function charge(p, k, lease, id)
   if p.kind == 1 or p.kind == 4 then
     p.cur = p.cur + k
   elseif p.kind == 2 then
-    local fin = now + valid
+    local fin = now + lease
     redis.call('ZADD', p.key, fin, id)
-    redis.call('HSET', p.ukey, id, int(k))
+    redis.call('HSET', p.units_key, id, int(k))
     p.entries[#p.entries + 1] = { fin, k }
     p.used = p.used + k
-    local ttl = fin + p.w - now + TTL_MARGIN_MS
+    local ttl = fin + p.window - now + TTL_MARGIN_MS
     if redis.call('PTTL', p.key) < ttl then
       redis.call('PEXPIRE', p.key, ttl)
-      redis.call('PEXPIRE', p.ukey, ttl)
+      redis.call('PEXPIRE', p.units_key, ttl)
     end
   else
-    p.deficit = p.deficit + k * p.w + p.n * valid
+    p.deficit = p.deficit + k * p.window + p.limit * lease
   end
   store(p)
 end
 
--- Gives back `u` unused units of block `id` of `k` units granted at `g`, valid `valid` ms,
--- under limit `r` (0: unknown) (for the bucket, also the refill reserved for the rest of its
--- period; for the log, the time its entry still counts).
-local function give(p, id, k, u, g, valid, r)
+-- Gives back what block `id` leaves unused (its back_* fields; for the bucket, also the refill
+-- charged ahead for the rest of its lease; for the log, the time its entry still counts).
+local function give(p, id)
+  local k, u, g, lease, r = p.back_granted, p.back_unused, p.back_granted_at, p.back_lease,
+    p.back_rate
   if not (u > 0 or p.kind == 2 or p.kind == 3) then
     return
   end
   if p.kind == 2 then
     local score = redis.call('ZSCORE', p.key, id)
     if score then
-      local left = tonumber(redis.call('HGET', p.ukey, id) or '0') - u
+      local left = tonumber(redis.call('HGET', p.units_key, id) or '0') - u
       if left <= 0 then
         redis.call('ZREM', p.key, id)
-        redis.call('HDEL', p.ukey, id)
+        redis.call('HDEL', p.units_key, id)
       else
         redis.call('ZADD', p.key, min(tonumber(score), now), id)
-        redis.call('HSET', p.ukey, id, int(left))
+        redis.call('HSET', p.units_key, id, int(left))
       end
     end
     return
   end
   load(p)
-  local gidx = idiv(g, p.w)
+  local gidx = idiv(g, p.window)
   if p.kind == 1 then
-    if p.sw == gidx then
-      redis.call('SET', p.key, pack('<ddd', p.sw, max(p.sc - u, 0), p.sp), 'KEEPTTL')
-    elseif p.sw == gidx + 1 then
-      redis.call('SET', p.key, pack('<ddd', p.sw, p.sc, max(p.sp - u, 0)), 'KEEPTTL')
+    if p.stored_window == gidx then
+      redis.call('SET', p.key, pack('<ddd', p.stored_window, max(p.stored_current - u, 0), p.stored_previous), 'KEEPTTL')
+    elseif p.stored_window == gidx + 1 then
+      redis.call('SET', p.key, pack('<ddd', p.stored_window, p.stored_current, max(p.stored_previous - u, 0)), 'KEEPTTL')
     end
   elseif p.kind == 4 then
-    if p.sw == gidx then
-      redis.call('SET', p.key, pack('<ddd', p.sw, max(p.sc - u, 0), 0), 'KEEPTTL')
+    if p.stored_window == gidx then
+      redis.call('SET', p.key, pack('<ddd', p.stored_window, max(p.stored_current - u, 0), 0), 'KEEPTTL')
     end
   elseif p.deficit > 0 then
     -- The reservation comes back at the lower of the rate it was made at and today's; the
     -- block's weight decays at the higher.
-    local at_grant = p.n
+    local at_grant = p.limit
     if r > 0 then
       at_grant = r
     end
-    local slow, fast = min(p.n, at_grant), max(p.n, at_grant)
-    local fin = g + valid
-    local back = max(min(u * p.w, k * p.w - fast * max(now - fin, 0)), 0)
+    local slow, fast = min(p.limit, at_grant), max(p.limit, at_grant)
+    local fin = g + lease
+    local back = max(min(u * p.window, k * p.window - fast * max(now - fin, 0)), 0)
       + slow * max(fin - now, 0)
     p.deficit = max(p.deficit - back, 0)
     store(p)
@@ -507,13 +515,13 @@ local function give(p, id, k, u, g, valid, r)
 end
 
 -- One call: `P` its `count` policies. Returns its reply.
-local function call(mode, period, lease_id, previous, P, count)
+local function call(mode, asked, block_id, previous_block, P, count)
   local out = {}
 
   if mode == 'x' then
     for i = 1, count do
-      if P[i].ukey then
-        redis.call('DEL', P[i].key, P[i].ukey)
+      if P[i].units_key then
+        redis.call('DEL', P[i].key, P[i].units_key)
       else
         redis.call('DEL', P[i].key)
       end
@@ -524,7 +532,7 @@ local function call(mode, period, lease_id, previous, P, count)
   if mode == 'r' then
     for i = 1, count do
       local p = P[i]
-      give(p, lease_id, p.a, p.b, p.c, p.d, p.r)
+      give(p, block_id)
     end
     return pack('<dddd', 1, 0, now, 0)
   end
@@ -535,7 +543,7 @@ local function call(mode, period, lease_id, previous, P, count)
       if p.kind == 3 then
         load(p)
         if p.deficit > 0 then
-          local ttl = ceil_div(p.deficit, min(p.n, p.pn)) + TTL_MARGIN_MS
+          local ttl = ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS
           local pttl = redis.call('PTTL', p.key)
           if pttl >= 0 and pttl < ttl then
             redis.call('PEXPIRE', p.key, ttl)
@@ -546,10 +554,9 @@ local function call(mode, period, lease_id, previous, P, count)
     return pack('<dddd', 1, 0, now, 0)
   end
 
-  if mode == 'g' and previous ~= '0' then
+  if mode == 'g' and previous_block ~= '0' then
     for i = 1, count do
-      local p = P[i]
-      give(p, previous, p.e, p.f, p.g, p.h, p.r)
+      give(P[i], previous_block)
     end
   end
 
@@ -562,20 +569,20 @@ local function call(mode, period, lease_id, previous, P, count)
   if mode == 'f' then
     for i = 1, count do
       local p = P[i]
-      if p.a > 0 then
+      if p.cost > 0 then
         if p.kind == 3 then
-          p.deficit = min(p.deficit + p.a * p.w, max(p.deficit, MAX_USAGE_WINDOW_PRODUCT))
+          p.deficit = min(p.deficit + p.cost * p.window, max(p.deficit, MAX_USAGE_WINDOW_PRODUCT))
           store(p)
         elseif p.kind == 2 then
           -- One entry dated ahead, counting until the windows its units used up have passed
           -- (debt_entry in sliding_window_log.rs).
-          local total = min(p.used + p.a, max(p.used, idiv(MAX_USAGE_WINDOW_PRODUCT, p.w)))
+          local total = min(p.used + p.cost, max(p.used, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window)))
           local extra = total - p.used
           if extra > 0 then
-            charge(p, extra, (ceil_div(total, p.n) - 1) * p.w, lease_id)
+            charge(p, extra, (ceil_div(total, p.limit) - 1) * p.window, block_id)
           end
         else
-          p.cur = min(p.cur + p.a, max(p.cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.w)))
+          p.cur = min(p.cur + p.cost, max(p.cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window)))
           store(p)
         end
       end
@@ -591,71 +598,71 @@ local function call(mode, period, lease_id, previous, P, count)
     return pack('<dddd', clear, 0, now, 0)
   end
 
-  -- Grant (or peek): a block valid for `period` when every policy has room for at least
+  -- Grant (or peek): a block lent for `asked` ms when every policy has room for at least
   -- its cost, else one exact request, else a refusal.
-  local valid, granted = -1, {}
-  if mode == 'g' and period > 0 then
+  local lease, granted = -1, {}
+  if mode == 'g' and asked > 0 then
     local all = true
     for i = 1, count do
-      if most(P[i], period) < P[i].a then
+      if most(P[i], asked) < P[i].cost then
         all = false
       end
     end
     if all then
-      valid = period
+      lease = asked
       for i = 1, count do
         local p = P[i]
-        granted[i] = max(min(p.b, most(p, period)), p.a)
+        granted[i] = max(min(p.wanted, most(p, asked)), p.cost)
         if p.kind == 1 or p.kind == 4 then
-          valid = min(valid, (p.idx + 1) * p.w - now)
+          lease = min(lease, (p.idx + 1) * p.window - now)
         end
       end
     end
   end
-  if valid < 0 then
+  if lease < 0 then
     local all = true
     for i = 1, count do
-      if most(P[i], 0) < P[i].a then
+      if most(P[i], 0) < P[i].cost then
         all = false
       end
     end
     if all then
-      valid = 0
+      lease = 0
       for i = 1, count do
-        granted[i] = P[i].a
+        granted[i] = P[i].cost
       end
     end
   end
 
-  if valid < 0 then
+  if lease < 0 then
     out[1] = pack('<dddd', 0, 0, now, count)
     for i = 1, count do
       local p = P[i]
       local remaining, reset = view(p)
       local r = 0
-      if most(p, 0) < p.a then
-        r = retry(p, p.a)
+      if most(p, 0) < p.cost then
+        r = retry(p, p.cost)
       end
-      out[#out + 1] = pack('<dddddd', 0, remaining, reset, r, p.n, p.cap)
+      out[#out + 1] = pack('<dddddd', 0, remaining, reset, r, p.limit, p.capacity)
     end
     return table.concat(out)
   end
 
-  out[1] = pack('<dddd', 1, valid, now, count)
+  out[1] = pack('<dddd', 1, lease, now, count)
   for i = 1, count do
     local p = P[i]
     if mode == 'g' then
-      charge(p, granted[i], valid, lease_id)
+      charge(p, granted[i], lease, block_id)
     elseif p.kind == 2 then
       p.used = p.used + granted[i]
       p.entries[#p.entries + 1] = { now, granted[i] }
     elseif p.kind == 3 then
-      p.deficit = p.deficit + granted[i] * p.w
+      p.deficit = p.deficit + granted[i] * p.window
     else
       p.cur = p.cur + granted[i]
     end
     local remaining, reset = view(p)
-    out[#out + 1] = pack('<dddddd', granted[i], remaining, reset, 0, p.n, p.cap)
+    out[#out + 1] = pack('<dddddd', granted[i], remaining, reset, 0, p.limit, p.capacity)
   end
   return table.concat(out)
 end

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::ledger::Kind;
+use super::ledger::{Kind, Returned};
 use super::*;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
@@ -55,8 +55,22 @@ pub(super) struct Block {
     pub(super) sent: u64,
     pub(super) expires: u64,
     pub(super) granted_at: u64,
-    pub(super) valid: u64,
+    /// Its lease, on the ledger's clock: how long from `granted_at` it may be spent (ms).
+    pub(super) lease_ms: u64,
     pub(super) parts: SmallVec<[BlockPart; 2]>,
+}
+
+impl Block {
+    /// What a ledger call giving this block back names of `part`, one of its parts.
+    pub(super) fn returned(&self, part: &BlockPart) -> Returned {
+        Returned {
+            granted: part.granted,
+            unused: part.left,
+            granted_at: self.granted_at,
+            lease_ms: self.lease_ms,
+            rate: part.rate,
+        }
+    }
 }
 
 pub(super) struct BlockPart {
@@ -66,7 +80,7 @@ pub(super) struct BlockPart {
     /// when the block was granted.
     pub(super) limit: u64,
     /// The limit (refill rate) in force when the block was granted, sent back with its
-    /// return (`Part::r`).
+    /// return ([`Returned::rate`]).
     pub(super) rate: u64,
     pub(super) shared_remaining: u64,
     pub(super) reset_after: u64,

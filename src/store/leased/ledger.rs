@@ -78,57 +78,66 @@ impl Mode {
     }
 }
 
-/// One policy's part of a ledger call (see `lua/lease.lua` for `a`–`d`).
+/// One policy's part of a ledger call: the policy's numbers, what the call asks of it, and
+/// the block it gives back, if any.
 ///
-/// `n` and `cap` are the plan's; the ledger decides with the key's override of the policy
-/// instead, when one is in force (see [`Override`]).
+/// `limit` and `capacity` are the plan's; the ledger decides with the key's override of the
+/// policy instead, when one is in force (see [`Override`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Part {
     pub(crate) kind: Kind,
-    pub(crate) n: u64,
-    pub(crate) w: u64,
-    pub(crate) cap: u64,
-    pub(crate) a: u64,
-    pub(crate) b: u64,
-    pub(crate) c: u64,
-    pub(crate) d: u64,
-    /// Grants only: the previous block given back in the same call (units granted, units
-    /// unused, grant time, validity), when `LedgerCall::previous` is not 0.
-    pub(crate) e: u64,
-    pub(crate) f: u64,
-    pub(crate) g: u64,
-    pub(crate) h: u64,
-    /// The limit (refill rate) in force when the block given back in this call (a return's
-    /// `a`–`d`, a grant's `e`–`h`) was granted; 0 when unknown (the one in force now). A
-    /// bucket gives back its reserved refill at the lower of that rate and today's, so an
-    /// override raised meanwhile cannot return more than the block reserved.
-    pub(crate) r: u64,
+    /// Units per window (`N`; for the bucket, the refill per window).
+    pub(crate) limit: u64,
+    /// The window, in ms (`W`).
+    pub(crate) window_ms: u64,
+    /// The most units the state holds at once (`C`; the limit but for the bucket).
+    pub(crate) capacity: u64,
+    /// Grant and peek: the request's cost, which must fit. Force: the units charged
+    /// whatever the state (a settlement above its reservation).
+    pub(crate) cost: u64,
+    /// Grant: the most units the block may hold (at least `cost`).
+    pub(crate) wanted: u64,
+    /// Return: the block given back. Grant: the block in hand, given back first, when the
+    /// call names it ([`LedgerCall::previous_block`]).
+    pub(crate) returned: Returned,
+}
+
+/// What a block given back held of one policy, and when and for how long it was lent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Returned {
+    /// Units it was granted.
+    pub(crate) granted: u64,
+    /// Units it leaves unused.
+    pub(crate) unused: u64,
+    /// When it was granted, on the ledger's clock (ms).
+    pub(crate) granted_at: u64,
+    /// Its lease: how long it could be spent (ms; 0 for a request decided exactly).
+    pub(crate) lease_ms: u64,
+    /// The limit (refill rate) in force when it was granted; 0 when unknown (the one in
+    /// force now). A bucket gives back the refill charged ahead at the lower of that rate
+    /// and today's, so an override raised meanwhile cannot return more than the block was
+    /// charged.
+    pub(crate) rate: u64,
 }
 
 impl Part {
     pub(crate) fn new(kind: Kind, policy: &Policy) -> Self {
         Self {
             kind,
-            n: policy.limit(),
-            w: policy.window_millis(),
-            cap: policy.capacity(),
-            a: 0,
-            b: 0,
-            c: 0,
-            d: 0,
-            e: 0,
-            f: 0,
-            g: 0,
-            h: 0,
-            r: 0,
+            limit: policy.limit(),
+            window_ms: policy.window_millis(),
+            capacity: policy.capacity(),
+            cost: 0,
+            wanted: 0,
+            returned: Returned::default(),
         }
     }
 
     /// This part with `over`'s limit and capacity in place of the plan's, when given.
     fn with_override(mut self, over: Option<Override>) -> Self {
         if let Some(o) = over {
-            self.n = o.limit;
-            self.cap = o.capacity;
+            self.limit = o.limit;
+            self.capacity = o.capacity;
         }
         self
     }
@@ -163,37 +172,41 @@ impl Override {
 #[derive(Debug, Clone)]
 pub struct LedgerCall {
     pub(crate) mode: Mode,
-    pub(crate) period_ms: u64,
-    pub(crate) lease_id: u64,
-    /// Grants only: the id of the block given back first (0: none).
-    pub(crate) previous: u64,
+    /// Grants: the lease asked for, in ms (how long the block may be spent); 0 asks for no
+    /// block: the request is decided exactly.
+    pub(crate) lease_ms: u64,
+    /// The block the call grants or gives back (a sliding window log's entry for it; a
+    /// force's entry of the debt).
+    pub(crate) block_id: u64,
+    /// Grants only: the block in hand, given back first (0: none).
+    pub(crate) previous_block: u64,
     pub(crate) parts: SmallVec<[Part; 2]>,
 }
 
 impl LedgerCall {
-    /// Each policy's thirteen integers (kind, N, W, C, a–h, r) as little-endian doubles, the
-    /// binary string `lua/lease.lua` reads. Exact for every whole number below 2^53 (counts,
-    /// milliseconds); a cost above that (only a caller's settlement can send one) arrives
-    /// rounded, and is then above any limit and past the debt's saturation (⌊2^52 / W⌋
-    /// units) either way.
+    /// Each policy's eleven integers (kind, limit, window, capacity, cost, wanted, then the
+    /// block given back: granted, unused, granted at, lease, rate) as little-endian doubles,
+    /// the binary string `lua/lease.lua` reads. Exact for every whole number below 2^53
+    /// (counts, milliseconds); a cost above that (only a caller's settlement can send one)
+    /// arrives rounded, and is then above any limit and past the debt's saturation
+    /// (⌊2^52 / W⌋ units) either way.
     #[cfg(feature = "redis")]
     pub(crate) fn packed_parts(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(PART_BYTES * self.parts.len());
         for p in &self.parts {
+            let back = &p.returned;
             for x in [
                 p.kind as u64,
-                p.n,
-                p.w,
-                p.cap,
-                p.a,
-                p.b,
-                p.c,
-                p.d,
-                p.e,
-                p.f,
-                p.g,
-                p.h,
-                p.r,
+                p.limit,
+                p.window_ms,
+                p.capacity,
+                p.cost,
+                p.wanted,
+                back.granted,
+                back.unused,
+                back.granted_at,
+                back.lease_ms,
+                back.rate,
             ] {
                 v.extend_from_slice(&(x as f64).to_le_bytes());
             }
@@ -202,9 +215,9 @@ impl LedgerCall {
     }
 }
 
-/// The bytes of one policy's part of a call: thirteen doubles.
+/// The bytes of one policy's part of a call: eleven doubles.
 #[cfg(feature = "redis")]
-pub(crate) const PART_BYTES: usize = 13 * 8;
+pub(crate) const PART_BYTES: usize = 11 * 8;
 
 /// One policy's answer from the ledger: units, its view, and the limit and capacity it
 /// decided with (the plan's, or the key's override's).
@@ -236,7 +249,8 @@ impl Answer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerReply {
     pub(crate) granted: bool,
-    pub(crate) valid_ms: u64,
+    /// The lease of the block granted, in ms; 0 when the request was decided exactly.
+    pub(crate) lease_ms: u64,
     pub(crate) now_ms: u64,
     pub(crate) answers: SmallVec<[Answer; 2]>,
 }
@@ -255,7 +269,7 @@ impl LedgerReply {
 
     #[cfg(feature = "redis")]
     /// Parses the call's reply at the start of `bytes` and moves `bytes` past it: four
-    /// little-endian doubles (allowed, valid, now, the number of answers: 0 or `policies`),
+    /// little-endian doubles (allowed, lease, now, the number of answers: 0 or `policies`),
     /// then six per answer (granted, remaining, reset after, retry after, the limit and the
     /// capacity in force). Every number is a whole, non-negative double below 2^53; anything
     /// else is a protocol error.
@@ -278,7 +292,7 @@ impl LedgerReply {
         };
         let mut head = [0u64; 4];
         read(&mut head)?;
-        let [allowed, valid_ms, now_ms, count] = head;
+        let [allowed, lease_ms, now_ms, count] = head;
         if allowed > 1 || !(count == 0 || count == policies as u64) {
             return Err(Self::malformed(whole));
         }
@@ -298,7 +312,7 @@ impl LedgerReply {
         }
         Ok(Self {
             granted: allowed == 1,
-            valid_ms,
+            lease_ms,
             now_ms,
             answers,
         })
@@ -376,7 +390,7 @@ struct View {
 // enters saturates, so a hostile number is refused or capped, never wrapped.
 
 fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
-    let idx = now / part.w;
+    let idx = now / part.window_ms;
     let mut v = View {
         idx,
         prev: 0,
@@ -393,23 +407,23 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
                 current: c,
                 previous: p,
             };
-            (v.prev, v.cur) = sliding_window_counter::counts(&s, idx, part.n);
+            (v.prev, v.cur) = sliding_window_counter::counts(&s, idx, part.limit);
         }
         Some(&LState::Fixed { w, c }) => {
             let s = FixedWindowState {
                 window: w,
                 count: c,
             };
-            v.cur = fixed_window::count_at(&s, idx, part.n);
+            v.cur = fixed_window::count_at(&s, idx, part.limit);
         }
         Some(LState::Bucket { d, u }) => {
             let elapsed = now.saturating_sub(*u);
-            v.deficit = d.saturating_sub(elapsed.saturating_mul(part.n));
+            v.deficit = d.saturating_sub(elapsed.saturating_mul(part.limit));
         }
         Some(LState::Log(entries)) => {
             v.used = entries
                 .values()
-                .filter(|(end, _)| end.saturating_add(part.w) > now)
+                .filter(|(end, _)| end.saturating_add(part.window_ms) > now)
                 .fold(0u64, |sum, (_, u)| sum.saturating_add(*u));
         }
         None => {}
@@ -420,9 +434,9 @@ fn load(part: &Part, state: Option<&LState>, now: u64) -> View {
 /// The algorithms' view of a part's numbers (a ledger part is never a shaping GCRA).
 fn limits(part: &Part) -> Limits {
     Limits {
-        limit: part.n,
-        window_ms: part.w,
-        capacity: part.cap,
+        limit: part.limit,
+        window_ms: part.window_ms,
+        capacity: part.capacity,
         max_delay_ms: 0,
     }
 }
@@ -446,23 +460,23 @@ fn fixed_state(v: &View) -> FixedWindowState {
 
 /// The counter's weighted count at `now`, scaled by `w`.
 fn weighted(part: &Part, v: &View, now: u64) -> u64 {
-    let e = now - v.idx * part.w;
+    let e = now - v.idx * part.window_ms;
     v.prev
-        .saturating_mul(part.w - e)
-        .saturating_add(v.cur.saturating_mul(part.w))
+        .saturating_mul(part.window_ms - e)
+        .saturating_add(v.cur.saturating_mul(part.window_ms))
 }
 
 /// The most units a block valid `t` ms may hold now; `None` when not even one.
 fn most(part: &Part, v: &View, now: u64, t: u64) -> Option<u64> {
     match part.kind {
-        Kind::Counter => (part.n * part.w)
+        Kind::Counter => (part.limit * part.window_ms)
             .checked_sub(weighted(part, v, now))
-            .map(|room| room / part.w),
-        Kind::Log => part.n.checked_sub(v.used),
-        Kind::Fixed => part.n.checked_sub(v.cur),
-        Kind::Bucket => (part.cap * part.w)
-            .checked_sub(v.deficit.saturating_add(part.n.saturating_mul(t)))
-            .map(|room| room / part.w),
+            .map(|room| room / part.window_ms),
+        Kind::Log => part.limit.checked_sub(v.used),
+        Kind::Fixed => part.limit.checked_sub(v.cur),
+        Kind::Bucket => (part.capacity * part.window_ms)
+            .checked_sub(v.deficit.saturating_add(part.limit.saturating_mul(t)))
+            .map(|room| room / part.window_ms),
     }
 }
 
@@ -472,12 +486,18 @@ fn fits(part: &Part, v: &View, now: u64, t: u64, units: u64) -> bool {
 
 fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> u64 {
     match part.kind {
-        Kind::Counter if cost > part.n => {
+        Kind::Counter if cost > part.limit => {
             // Never passes; asked again once the counter has forgotten everything (its debt
             // paid), and no sooner than two windows.
-            let clears =
-                sliding_window_counter::clears_in(v.prev, v.cur, v.idx, now, part.n, part.w);
-            clears.max(2 * part.w)
+            let clears = sliding_window_counter::clears_in(
+                v.prev,
+                v.cur,
+                v.idx,
+                now,
+                part.limit,
+                part.window_ms,
+            );
+            clears.max(2 * part.window_ms)
         }
         Kind::Counter => {
             SlidingWindowCounter::evaluate(&counter_state(v), now, &limits(part), cost)
@@ -488,38 +508,38 @@ fn retry(part: &Part, v: &View, state: Option<&LState>, now: u64, cost: u64) -> 
             let mut entries: Vec<(u64, u64)> = match state {
                 Some(LState::Log(e)) => e
                     .values()
-                    .filter(|(end, _)| end.saturating_add(part.w) > now)
+                    .filter(|(end, _)| end.saturating_add(part.window_ms) > now)
                     .copied()
                     .collect(),
                 _ => Vec::new(),
             };
             entries.sort_unstable();
-            let (mut freed, mut at) = (0u64, now + part.w);
+            let (mut freed, mut at) = (0u64, now + part.window_ms);
             for (end, units) in entries {
                 freed = freed.saturating_add(units);
-                at = end.saturating_add(part.w);
-                if v.used.saturating_sub(freed).saturating_add(cost) <= part.n {
+                at = end.saturating_add(part.window_ms);
+                if v.used.saturating_sub(freed).saturating_add(cost) <= part.limit {
                     break;
                 }
             }
             at.saturating_sub(now).max(1)
         }
         // Never passes; asked again once the window's count (its debt) is paid off.
-        Kind::Fixed if cost > part.n => {
-            let windows = v.cur.div_ceil(part.n).max(1);
+        Kind::Fixed if cost > part.limit => {
+            let windows = v.cur.div_ceil(part.limit).max(1);
             v.idx
                 .saturating_add(windows)
-                .saturating_mul(part.w)
+                .saturating_mul(part.window_ms)
                 .saturating_sub(now)
         }
         Kind::Fixed => FixedWindow::evaluate(&fixed_state(v), now, &limits(part), cost)
             .retry_after_millis()
             .max(1),
         // A cost above the capacity never passes: asked again once the bucket is full.
-        Kind::Bucket if cost > part.cap => v.deficit.div_ceil(part.n).max(1),
-        Kind::Bucket => (v.deficit + cost * part.w)
-            .saturating_sub(part.cap * part.w)
-            .div_ceil(part.n)
+        Kind::Bucket if cost > part.capacity => v.deficit.div_ceil(part.limit).max(1),
+        Kind::Bucket => (v.deficit + cost * part.window_ms)
+            .saturating_sub(part.capacity * part.window_ms)
+            .div_ceil(part.limit)
             .max(1),
     }
 }
@@ -534,20 +554,20 @@ fn view_of(part: &Part, v: &View, state: Option<&LState>, now: u64) -> (u64, u64
             let newest = match state {
                 Some(LState::Log(e)) => e
                     .values()
-                    .map(|(end, _)| end.saturating_add(part.w).saturating_sub(now))
+                    .map(|(end, _)| end.saturating_add(part.window_ms).saturating_sub(now))
                     .max()
                     .unwrap_or(0),
                 _ => 0,
             };
-            (part.n.saturating_sub(v.used), newest)
+            (part.limit.saturating_sub(v.used), newest)
         }
         Kind::Fixed => {
             let d = FixedWindow::evaluate(&fixed_state(v), now, &limits(part), 0);
             (d.remaining(), d.reset_after_millis())
         }
         Kind::Bucket => (
-            (part.cap * part.w).saturating_sub(v.deficit) / part.w,
-            v.deficit.div_ceil(part.n),
+            (part.capacity * part.window_ms).saturating_sub(v.deficit) / part.window_ms,
+            v.deficit.div_ceil(part.limit),
         ),
     }
 }
@@ -578,8 +598,8 @@ fn charge(
         Kind::Bucket => {
             v.deficit = v
                 .deficit
-                .saturating_add(k.saturating_mul(part.w))
-                .saturating_add(part.n.saturating_mul(valid));
+                .saturating_add(k.saturating_mul(part.window_ms))
+                .saturating_add(part.limit.saturating_mul(valid));
             let u = match state {
                 Some(LState::Bucket { u, .. }) => now.max(*u),
                 _ => now,
@@ -598,7 +618,7 @@ fn charge(
                     }
                 }
             };
-            log.retain(|_, (end, _)| end.saturating_add(part.w) > now);
+            log.retain(|_, (end, _)| end.saturating_add(part.window_ms) > now);
             log.insert(id, (now.saturating_add(valid), k));
         }
     }
@@ -673,20 +693,14 @@ fn force(part: &Part, state: &mut Option<LState>, now: u64, extra: u64, id: u64)
 fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerReply {
     let done = |granted| LedgerReply {
         granted,
-        valid_ms: 0,
+        lease_ms: 0,
         now_ms: now,
         answers: SmallVec::new(),
     };
     match call.mode {
         Mode::Return => {
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
-                give_back(
-                    part,
-                    (part.a, part.b, part.c, part.d),
-                    state,
-                    now,
-                    call.lease_id,
-                );
+                give_back(part, &part.returned, state, now, call.block_id);
             }
             return done(true);
         }
@@ -695,8 +709,8 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             // the caller gives back the block it holds, charged before the debt.
             let mut clear = true;
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
-                if part.a > 0 {
-                    force(part, state, now, part.a, call.lease_id);
+                if part.cost > 0 {
+                    force(part, state, now, part.cost, call.block_id);
                 }
                 let v = load(part, state.as_ref(), now);
                 clear &= most(part, &v, now, 0).is_some();
@@ -713,15 +727,9 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
         Mode::Keep => return done(true),
         Mode::Grant | Mode::Peek => {}
     }
-    if call.mode == Mode::Grant && call.previous != 0 {
+    if call.mode == Mode::Grant && call.previous_block != 0 {
         for (part, state) in call.parts.iter().zip(states.iter_mut()) {
-            give_back(
-                part,
-                (part.e, part.f, part.g, part.h),
-                state,
-                now,
-                call.previous,
-            );
+            give_back(part, &part.returned, state, now, call.previous_block);
         }
     }
     let mut views: SmallVec<[View; 2]> = call
@@ -733,19 +741,19 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
     let mut valid: Option<u64> = None;
     let mut granted: SmallVec<[u64; 2]> = SmallVec::new();
     if call.mode == Mode::Grant
-        && call.period_ms > 0
+        && call.lease_ms > 0
         && call
             .parts
             .iter()
             .zip(&views)
-            .all(|(p, v)| fits(p, v, now, call.period_ms, p.a))
+            .all(|(p, v)| fits(p, v, now, call.lease_ms, p.cost))
     {
-        let mut t = call.period_ms;
+        let mut t = call.lease_ms;
         for (p, v) in call.parts.iter().zip(&views) {
-            let m = most(p, v, now, call.period_ms).unwrap_or(0);
-            granted.push(p.b.min(m).max(p.a));
+            let m = most(p, v, now, call.lease_ms).unwrap_or(0);
+            granted.push(p.wanted.min(m).max(p.cost));
             if matches!(p.kind, Kind::Counter | Kind::Fixed) {
-                t = t.min((v.idx + 1) * p.w - now);
+                t = t.min((v.idx + 1) * p.window_ms - now);
             }
         }
         valid = Some(t);
@@ -755,9 +763,9 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             .parts
             .iter()
             .zip(&views)
-            .all(|(p, v)| fits(p, v, now, 0, p.a))
+            .all(|(p, v)| fits(p, v, now, 0, p.cost))
     {
-        granted = call.parts.iter().map(|p| p.a).collect();
+        granted = call.parts.iter().map(|p| p.cost).collect();
         valid = Some(0);
     }
     let Some(valid) = valid else {
@@ -768,24 +776,24 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
             .zip(states.iter())
             .map(|((p, v), s)| {
                 let (remaining, reset_after_ms) = view_of(p, v, s.as_ref(), now);
-                let retry_after_ms = if fits(p, v, now, 0, p.a) {
+                let retry_after_ms = if fits(p, v, now, 0, p.cost) {
                     0
                 } else {
-                    retry(p, v, s.as_ref(), now, p.a)
+                    retry(p, v, s.as_ref(), now, p.cost)
                 };
                 Answer {
                     granted: 0,
                     remaining,
                     reset_after_ms,
                     retry_after_ms,
-                    limit: p.n,
-                    capacity: p.cap,
+                    limit: p.limit,
+                    capacity: p.capacity,
                 }
             })
             .collect();
         return LedgerReply {
             granted: false,
-            valid_ms: 0,
+            lease_ms: 0,
             now_ms: now,
             answers,
         };
@@ -801,50 +809,51 @@ fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerRepl
                 now,
                 granted[i],
                 valid,
-                call.lease_id,
+                call.block_id,
             );
         } else {
             match part.kind {
                 Kind::Log => v.used += granted[i],
-                Kind::Bucket => v.deficit += granted[i] * part.w,
+                Kind::Bucket => v.deficit += granted[i] * part.window_ms,
                 _ => v.cur += granted[i],
             }
         }
         let (remaining, mut reset_after_ms) = view_of(part, v, states[i].as_ref(), now);
         if call.mode == Mode::Peek && part.kind == Kind::Log && granted[i] > 0 {
             // The entry a peek does not write would count for a whole window.
-            reset_after_ms = reset_after_ms.max(part.w);
+            reset_after_ms = reset_after_ms.max(part.window_ms);
         }
         answers.push(Answer {
             granted: granted[i],
             remaining,
             reset_after_ms,
             retry_after_ms: 0,
-            limit: part.n,
-            capacity: part.cap,
+            limit: part.limit,
+            capacity: part.capacity,
         });
     }
     LedgerReply {
         granted: true,
-        valid_ms: valid,
+        lease_ms: valid,
         now_ms: now,
         answers,
     }
 }
 
-/// Gives back `b` unused units of a block of `a` granted at `c`, valid `d` ms.
-fn give_back(
-    part: &Part,
-    back: (u64, u64, u64, u64),
-    state: &mut Option<LState>,
-    now: u64,
-    id: u64,
-) {
-    let (k, unused, g, valid) = back;
+/// Gives back what `back` leaves unused of block `id` (for the bucket, also the refill
+/// charged ahead for the rest of its lease; for the log, the time its entry still counts).
+fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64, id: u64) {
+    let Returned {
+        granted: k,
+        unused,
+        granted_at: g,
+        lease_ms: valid,
+        rate,
+    } = *back;
     if unused == 0 && !matches!(part.kind, Kind::Bucket | Kind::Log) {
         return;
     }
-    let gidx = g / part.w;
+    let gidx = g / part.window_ms;
     match state {
         Some(LState::Counter { w, c, p }) => {
             if *w == gidx {
@@ -872,13 +881,13 @@ fn give_back(
             }
             // The rate the block reserved its refill at, and the one in force now: the
             // reservation comes back at the lower, the block's weight decays at the higher.
-            let at_grant = if part.r > 0 { part.r } else { part.n };
-            let (slow, fast) = (part.n.min(at_grant), part.n.max(at_grant));
+            let at_grant = if rate > 0 { rate } else { part.limit };
+            let (slow, fast) = (part.limit.min(at_grant), part.limit.max(at_grant));
             let end = g.saturating_add(valid);
             let back = unused
-                .saturating_mul(part.w)
+                .saturating_mul(part.window_ms)
                 .min(
-                    k.saturating_mul(part.w)
+                    k.saturating_mul(part.window_ms)
                         .saturating_sub(fast.saturating_mul(now.saturating_sub(end))),
                 )
                 .saturating_add(slow.saturating_mul(end.saturating_sub(now)));

@@ -210,7 +210,7 @@ use crate::policy::{Algorithm, Policy};
 pub(crate) use ledger::Kind;
 #[cfg(feature = "redis")]
 pub(crate) use ledger::PART_BYTES;
-use ledger::{Mode, Part};
+use ledger::{Mode, Part, Returned};
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);
@@ -481,9 +481,9 @@ impl<S: LeaseBackend> Shared<S> {
     fn call(&self, mode: Mode, period: u64, id: u64, policies: &[Policy]) -> ledger::LedgerCall {
         ledger::LedgerCall {
             mode,
-            period_ms: period,
-            lease_id: id,
-            previous: 0,
+            lease_ms: period,
+            block_id: id,
+            previous_block: 0,
             parts: policies
                 .iter()
                 .filter_map(|p| Kind::of(p).map(|k| Part::new(k, p)))
@@ -553,8 +553,8 @@ impl<S: LeaseBackend> Shared<S> {
         let id = self.next_id();
         let mut call = self.call(Mode::Grant, period, id, policies);
         for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
-            part.a = cost;
-            part.b = want.max(cost);
+            part.cost = cost;
+            part.wanted = want.max(cost);
         }
         let generation = self.inner.generation();
         // The block in hand, used up or ended, goes back in the same call: its
@@ -563,14 +563,10 @@ impl<S: LeaseBackend> Shared<S> {
         let mut kept = None;
         if let Some(old) = old {
             if old.generation == generation {
-                call.previous = old.id;
+                call.previous_block = old.id;
                 let unused = old.parts.iter().map(|p| p.left).max().unwrap_or(0);
                 for (part, bp) in call.parts.iter_mut().zip(&old.parts) {
-                    part.e = bp.granted;
-                    part.f = bp.left;
-                    part.g = old.granted_at;
-                    part.h = old.valid;
-                    part.r = bp.rate;
+                    part.returned = old.returned(bp);
                 }
                 kept = Some((old, unused));
             }
@@ -608,13 +604,13 @@ impl<S: LeaseBackend> Shared<S> {
         let id = self.next_id();
         let mut call = self.call(Mode::Grant, 0, id, policies);
         for (part, &cost) in call.parts.iter_mut().zip(costs) {
-            part.a = cost;
-            part.b = cost;
+            part.cost = cost;
+            part.wanted = cost;
         }
         let generation = self.inner.generation();
         let sent = self.now();
         let reply = self.inner.ledger(key, policies, call).await?;
-        if reply.granted && reply.valid_ms > 0 {
+        if reply.granted && reply.lease_ms > 0 {
             return Err(StoreError::Protocol(crate::error::Cause::from(
                 "the lease ledger granted a block to a call that asked for none",
             )));
@@ -686,7 +682,7 @@ impl<S: LeaseBackend> Shared<S> {
             },
         ));
         let entry = match entry {
-            Some(entry) if reply.valid_ms > 0 => entry,
+            Some(entry) if reply.lease_ms > 0 => entry,
             _ => {
                 bump(&self.counters.exact_calls, 1);
                 if let Some(entry) = entry {
@@ -709,9 +705,9 @@ impl<S: LeaseBackend> Shared<S> {
             id,
             generation,
             sent,
-            expires: (sent + reply.valid_ms).saturating_sub(CLOCK_SLACK_MS),
+            expires: (sent + reply.lease_ms).saturating_sub(CLOCK_SLACK_MS),
             granted_at: reply.now_ms,
-            valid: reply.valid_ms,
+            lease_ms: reply.lease_ms,
             parts: policies
                 .iter()
                 .zip(answers)
@@ -765,11 +761,7 @@ impl<S: LeaseBackend> Shared<S> {
         }
         let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
         for (part, bp) in call.parts.iter_mut().zip(&block.parts) {
-            part.a = bp.granted;
-            part.b = bp.left;
-            part.c = block.granted_at;
-            part.d = block.valid;
-            part.r = bp.rate;
+            part.returned = block.returned(bp);
         }
         let fut = self.inner.ledger(&entry.key, &entry.policies, call);
         let me = self.clone();
@@ -828,10 +820,13 @@ impl<S: LeaseBackend> Shared<S> {
             Taken::Ledger { id, at } => {
                 let mut call = self.call(Mode::Return, 0, id, policies);
                 for (part, &c) in call.parts.iter_mut().zip(costs) {
-                    part.a = c;
-                    part.b = c;
-                    part.c = at;
-                    part.d = 0;
+                    part.returned = Returned {
+                        granted: c,
+                        unused: c,
+                        granted_at: at,
+                        lease_ms: 0,
+                        rate: 0,
+                    };
                 }
                 let _ = self.inner.ledger(key, policies, call).await;
             }

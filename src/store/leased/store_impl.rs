@@ -162,7 +162,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
             } else {
                 let mut call = shared.call(Mode::Peek, 0, 0, &lp);
                 for (part, &c) in call.parts.iter_mut().zip(&lc) {
-                    part.a = c;
+                    part.cost = c;
                 }
                 let reply = shared.inner.ledger(&key, &lp, call).await?;
                 Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
@@ -244,7 +244,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                 if extra.iter().any(|&x| x > 0) {
                     let mut call = shared.call(Mode::Force, 0, shared.next_id(), &lp);
                     for (part, &x) in call.parts.iter_mut().zip(&extra) {
-                        part.a = x;
+                        part.cost = x;
                     }
                     let reply = shared.inner.ledger(&key, &lp, call).await?;
                     if !reply.granted {

@@ -65,9 +65,9 @@ impl Queued for LedgerRequest {
 }
 
 /// One call's part of the script's arguments: mode, (the clock, alone: an injected clock's
-/// time, or `""` for the server's `TIME`), period, lease ids, then each policy's thirteen
+/// time, or `""` for the server's `TIME`), lease, block ids, then each policy's eleven
 /// integers as little-endian doubles in one binary string (read by one `struct.unpack` per
-/// policy, where thirteen text arguments cost thirteen `tonumber`s).
+/// policy, where eleven text arguments cost eleven `tonumber`s).
 fn push_call(inv: &mut ScriptCall, call: &LedgerCall, alone: Option<Option<u64>>) {
     inv.arg(call.mode.code());
     match alone {
@@ -79,9 +79,9 @@ fn push_call(inv: &mut ScriptCall, call: &LedgerCall, alone: Option<Option<u64>>
         }
         None => {}
     }
-    inv.arg(call.period_ms)
-        .arg(call.lease_id)
-        .arg(call.previous);
+    inv.arg(call.lease_ms)
+        .arg(call.block_id)
+        .arg(call.previous_block);
     inv.arg(call.packed_parts());
 }
 

@@ -117,7 +117,7 @@ impl MemoryLedger {
         let now = self.clock.now_millis();
         let mut call = call.clone();
         for (p, part) in policies.iter().zip(call.parts.iter_mut()) {
-            *part = part.with_override(self.override_of(key, p, now, part.w));
+            *part = part.with_override(self.override_of(key, p, now, part.window_ms));
         }
         let names: SmallVec<[StateId; 2]> = policies
             .iter()

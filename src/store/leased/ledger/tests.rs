@@ -59,9 +59,9 @@ impl Drop for Server {
 fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCall {
     LedgerCall {
         mode,
-        period_ms: period,
-        lease_id: id,
-        previous,
+        lease_ms: period,
+        block_id: id,
+        previous_block: previous,
         parts: smallvec::smallvec![part],
     }
 }
@@ -95,9 +95,9 @@ fn lua(conn: &mut redis::Connection, keys: &Keys<'_>, c: &LedgerCall, now: u64) 
     let reply: Vec<u8> = cmd
         .arg(c.mode.code())
         .arg(now)
-        .arg(c.period_ms)
-        .arg(c.lease_id)
-        .arg(c.previous)
+        .arg(c.lease_ms)
+        .arg(c.block_id)
+        .arg(c.previous_block)
         .arg(c.packed_parts())
         .query(conn)
         .expect("lease script");
@@ -123,9 +123,9 @@ fn lua_batch(
     cmd.arg("B").arg(now).arg(calls.len());
     for c in calls {
         cmd.arg(c.mode.code())
-            .arg(c.period_ms)
-            .arg(c.lease_id)
-            .arg(c.previous)
+            .arg(c.lease_ms)
+            .arg(c.block_id)
+            .arg(c.previous_block)
             .arg(c.packed_parts());
     }
     let reply: Vec<u8> = cmd.query(conn).expect("lease script, batched");
@@ -174,18 +174,12 @@ fn differential(batched: bool) {
         };
         let base = Part {
             kind,
-            n: 7,
-            w: 1_000,
-            cap: if kind == Kind::Bucket { 9 } else { 7 },
-            a: 0,
-            b: 0,
-            c: 0,
-            d: 0,
-            e: 0,
-            f: 0,
-            g: 0,
-            h: 0,
-            r: 0,
+            limit: 7,
+            window_ms: 1_000,
+            capacity: if kind == Kind::Bucket { 9 } else { 7 },
+            cost: 0,
+            wanted: 0,
+            returned: Returned::default(),
         };
         let mut states: [Option<LState>; 1] = [None];
         // The override in force: (limit, capacity), as its key holds it.
@@ -223,8 +217,9 @@ fn differential(batched: bool) {
             if in_force.is_some() {
                 overridden_calls += 1;
             }
-            let effective =
-                |p: Part| p.with_override(in_force.and_then(|(l, c)| Override::usable(l, c, p.w)));
+            let effective = |p: Part| {
+                p.with_override(in_force.and_then(|(l, c)| Override::usable(l, c, p.window_ms)))
+            };
             let size = if batched { 1 + rand(4) } else { 1 };
             let mut calls = Vec::new();
             let mut wants = Vec::new();
@@ -241,20 +236,25 @@ fn differential(batched: bool) {
                 };
                 let c = match rand(6) {
                     0 => {
-                        part.a = cost(&mut rand);
+                        part.cost = cost(&mut rand);
                         call(Mode::Peek, 0, id, 0, part)
                     }
                     1 if held.is_some() => {
-                        let (hid, k, at, valid, rate) = held.take().unwrap_or_default();
-                        (part.a, part.b, part.c, part.d) = (k, rand(k + 1), at, valid);
-                        part.r = if rand(4) == 0 { 0 } else { rate };
+                        let (hid, k, at, lease_ms, rate) = held.take().unwrap_or_default();
+                        part.returned = Returned {
+                            granted: k,
+                            unused: rand(k + 1),
+                            granted_at: at,
+                            lease_ms,
+                            rate: if rand(4) == 0 { 0 } else { rate },
+                        };
                         call(Mode::Return, 0, hid, 0, part)
                     }
                     2 => {
                         // Mostly small debts, carried over a few windows; now and then one
                         // at the extremes (any `u64`), which the reset below clears.
-                        part.a = if rand(8) == 0 {
-                            let top = crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / base.w;
+                        part.cost = if rand(8) == 0 {
+                            let top = crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / base.window_ms;
                             [top - 1, top, u64::from(u32::MAX), (1 << 53) + 1, u64::MAX]
                                 [rand(5) as usize]
                         } else {
@@ -265,14 +265,19 @@ fn differential(batched: bool) {
                     3 if rand(4) == 0 => call(Mode::Keep, 0, 0, 0, part),
                     3 if rand(3) == 0 => call(Mode::Reset, 0, 0, 0, part),
                     _ => {
-                        part.a = cost(&mut rand);
-                        part.b = part.a + rand(4);
+                        part.cost = cost(&mut rand);
+                        part.wanted = part.cost + rand(4);
                         let period = [0, 50, 300][rand(3) as usize];
                         let mut previous = 0;
-                        if let Some((hid, k, at, valid, rate)) = held.take() {
+                        if let Some((hid, k, at, lease_ms, rate)) = held.take() {
                             previous = hid;
-                            (part.e, part.f, part.g, part.h) = (k, rand(k + 1), at, valid);
-                            part.r = rate;
+                            part.returned = Returned {
+                                granted: k,
+                                unused: rand(k + 1),
+                                granted_at: at,
+                                lease_ms,
+                                rate,
+                            };
                         }
                         call(Mode::Grant, period, id, previous, part)
                     }
@@ -282,9 +287,9 @@ fn differential(batched: bool) {
                     *p = effective(*p);
                 }
                 let want = run(&rust_call, &mut states, now);
-                if c.mode == Mode::Grant && want.granted && want.valid_ms > 0 {
+                if c.mode == Mode::Grant && want.granted && want.lease_ms > 0 {
                     let a = want.answers[0];
-                    held = Some((id, a.granted, now, want.valid_ms, a.limit));
+                    held = Some((id, a.granted, now, want.lease_ms, a.limit));
                 }
                 calls.push(c);
                 wants.push(want);
@@ -298,7 +303,7 @@ fn differential(batched: bool) {
                 assert_eq!(
                     got, want,
                     "{kind:?} call {} at {now}, override {in_force:?}: {c:?}",
-                    c.lease_id
+                    c.block_id
                 );
             }
         }
@@ -333,8 +338,8 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
         .unwrap(),
     );
     let now = 1_700_000_000_000u64;
-    part.a = 500;
-    part.b = 500;
+    part.cost = 500;
+    part.wanted = 500;
     let reply = lua(&mut conn, &keys, &call(Mode::Grant, 0, 1, 0, part), now);
     assert!(reply.granted);
     let pttl = |conn: &mut redis::Connection| -> i64 {
@@ -360,12 +365,12 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
         .build()
         .unwrap(),
     );
-    keep.a = 0;
+    keep.cost = 0;
     lua(&mut conn, &keys, &call(Mode::Keep, 0, 0, 0, keep), now);
     assert!(pttl(&mut conn) >= 50_000, "{}", pttl(&mut conn));
     // A grant under the override writes the slower rate's TTL too.
-    part.a = 1;
-    part.b = 1;
+    part.cost = 1;
+    part.wanted = 1;
     let reply = lua(
         &mut conn,
         &keys,
@@ -390,7 +395,7 @@ fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
     )
     .unwrap();
     assert!(ok.granted);
-    assert_eq!((ok.valid_ms, ok.now_ms), (250, 1_700_000_000_000));
+    assert_eq!((ok.lease_ms, ok.now_ms), (250, 1_700_000_000_000));
     assert_eq!(ok.answers[0].remaining, 40);
     assert_eq!((ok.answers[0].limit, ok.answers[0].capacity), (100, 120));
     assert!(LedgerReply::parse(&reply(&[1.0, 0.0, now, 0.0]), 2)
@@ -484,13 +489,13 @@ fn a_forced_charge_is_the_exact_algorithms_debt() {
                     let mut part = Part::new(kind, &policy);
                     if used > 0 {
                         assert!(exact.decide(t0, &limits, used).is_allowed());
-                        part.a = used;
-                        part.b = used;
+                        part.cost = used;
+                        part.wanted = used;
                         assert!(run(&call(Mode::Grant, 0, 1, 0, part), &mut states, t0).granted);
                     }
                     let t1 = t0 + w / 3;
                     exact.overcharge(t1, &limits, extra);
-                    part.a = extra;
+                    part.cost = extra;
                     run(&call(Mode::Force, 0, 2, 0, part), &mut states, t1);
                     // How long the debt takes to pay back (it saturates at ⌊2^52 / W⌋ units).
                     let units = extra.min(crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / w);
@@ -509,7 +514,7 @@ fn a_forced_charge_is_the_exact_algorithms_debt() {
                         let t = t1 + later;
                         for cost in [1, n] {
                             let want = exact.evaluate(t, &limits, cost);
-                            part.a = cost;
+                            part.cost = cost;
                             let got = run(&call(Mode::Peek, 0, 3, 0, part), &mut states, t);
                             let what = format!(
                                 "{kind:?} n {n} w {w}: used {used}, extra {extra}, cost {cost} at +{later}"
@@ -556,18 +561,12 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                     };
                     let mut part = Part {
                         kind,
-                        n,
-                        w,
-                        cap,
-                        a: 0,
-                        b: 0,
-                        c: 0,
-                        d: 0,
-                        e: 0,
-                        f: 0,
-                        g: 0,
-                        h: 0,
-                        r: 0,
+                        limit: n,
+                        window_ms: w,
+                        capacity: cap,
+                        cost: 0,
+                        wanted: 0,
+                        returned: Returned::default(),
                     };
                     let mut states: [Option<LState>; 1] = [None];
                     let mut both = |c: LedgerCall, now: u64| {
@@ -582,12 +581,12 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                     };
                     let t0 = 1_700_000_000_123u64;
                     if used > 0 {
-                        part.a = used;
-                        part.b = used;
+                        part.cost = used;
+                        part.wanted = used;
                         both(call(Mode::Grant, 0, 1, 0, part), t0);
                     }
                     let t1 = t0 + w / 3;
-                    part.a = extra;
+                    part.cost = extra;
                     both(call(Mode::Force, 0, 2, 0, part), t1);
                     // A second force adds to the debt, and saturates as the first did.
                     if extra % 2 == 1 {
@@ -612,17 +611,23 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                     {
                         let t = t1 + later;
                         let id = 10 + i as u64;
-                        part.a = 1;
-                        part.b = n;
+                        part.cost = 1;
+                        part.wanted = n;
                         both(call(Mode::Peek, 0, id, 0, part), t);
                         let r = both(call(Mode::Grant, w / 4 + 1, id, 0, part), t);
-                        if let Some((hid, k, at, valid)) = held.take() {
+                        if let Some((hid, k, at, lease_ms)) = held.take() {
                             let mut back = part;
-                            (back.a, back.b, back.c, back.d) = (k, k / 2, at, valid);
+                            back.returned = Returned {
+                                granted: k,
+                                unused: k / 2,
+                                granted_at: at,
+                                lease_ms,
+                                rate: 0,
+                            };
                             both(call(Mode::Return, 0, hid, 0, back), t);
                         }
-                        if r.granted && r.valid_ms > 0 {
-                            held = Some((id, r.answers[0].granted, t, r.valid_ms));
+                        if r.granted && r.lease_ms > 0 {
+                            held = Some((id, r.answers[0].granted, t, r.lease_ms));
                         }
                     }
                 }
@@ -646,14 +651,14 @@ fn hostile_numbers_saturate_never_wrap() {
         let mut states: [Option<LState>; 1] = [None];
         let now = 1_700_000_000_000u64;
         let mut part = Part::new(kind, &policy);
-        part.a = u64::MAX;
+        part.cost = u64::MAX;
         run(&call(Mode::Force, 0, 1, 0, part), &mut states, now);
         run(&call(Mode::Force, 0, 2, 0, part), &mut states, now);
         // ⌊2^52 / 1000⌋ units at 10 a second: about 4.5 · 10^11 ms.
         let debt_ms = crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / 1_000 / 10 * 1_000;
         for a in [1, 10, 11, u64::MAX] {
-            part.a = a;
-            part.b = u64::MAX;
+            part.cost = a;
+            part.wanted = u64::MAX;
             let r = run(&call(Mode::Grant, 300, 3, 0, part), &mut states, now);
             assert!(!r.granted, "{kind:?} cost {a}");
             let retry = r.answers[0].retry_after_ms;
@@ -668,7 +673,7 @@ fn hostile_numbers_saturate_never_wrap() {
             );
             assert!(!r.granted);
         }
-        part.a = 1;
+        part.cost = 1;
         let r = run(
             &call(Mode::Peek, 0, 4, 0, part),
             &mut states,
@@ -676,13 +681,15 @@ fn hostile_numbers_saturate_never_wrap() {
         );
         assert!(r.granted, "{kind:?}: the debt is paid off: {r:?}");
         // A return of more than was ever granted gives back what is there, no more.
-        part.a = u64::MAX;
-        part.b = u64::MAX;
-        part.c = now;
-        part.d = u64::MAX;
-        part.r = u64::MAX;
+        part.returned = Returned {
+            granted: u64::MAX,
+            unused: u64::MAX,
+            granted_at: now,
+            lease_ms: u64::MAX,
+            rate: u64::MAX,
+        };
         run(&call(Mode::Return, 0, 1, 0, part), &mut states, now + 1);
-        part.a = 1;
+        part.cost = 1;
         run(&call(Mode::Peek, 0, 4, 0, part), &mut states, now + 2_000);
     }
 }
@@ -712,10 +719,10 @@ fn a_windows_debt_keeps_its_key() {
                 .unwrap(),
         );
         let now = 1_700_000_000_000u64;
-        part.a = 1;
-        part.b = 1;
+        part.cost = 1;
+        part.wanted = 1;
         assert!(lua(&mut conn, &keys, &call(Mode::Grant, 0, 1, 0, part), now).granted);
-        part.a = 39;
+        part.cost = 39;
         let r = lua(&mut conn, &keys, &call(Mode::Force, 0, 2, 0, part), now);
         assert!(!r.granted, "{kind:?}: a debt stands");
         let pttl: i64 = redis::cmd("PTTL").arg(&state).query(&mut conn).unwrap();
