@@ -19,25 +19,12 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::wire::{Amount, Mode, Params};
+use super::request::Request;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-
-/// One decision waiting for, or in, a script call.
-pub(crate) struct Request {
-    /// The state key of each policy.
-    pub(crate) keys: SmallVec<[String; 2]>,
-    pub(crate) params: SmallVec<[Params; 2]>,
-    /// What the request sends for each policy.
-    pub(crate) amounts: SmallVec<[Amount; 2]>,
-    pub(crate) mode: Mode,
-    /// Where a queued request's answer goes; `None` for the caller that runs its own call.
-    pub(crate) reply: Option<oneshot::Sender<Result<Decision, StoreError>>>,
-}
 
 /// Something that can wait in a lane's queue: it carries the sender its answer goes to.
 pub(crate) trait Queued: Send + 'static {

@@ -53,8 +53,9 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::engine::{store_error, Connector, Core, Options, PooledOrShared};
-use super::{pool_error, RedisStoreBuilder};
+use super::builder::RedisStoreBuilder;
+use super::connector::{pool_error, store_error, Connector, PooledOrShared};
+use super::engine::{Core, Options};
 use crate::error::{ConfigError, StoreError};
 
 /// A store in a Redis Cluster. Cheap to clone: clones share the pool or connection. See the

@@ -2,123 +2,23 @@
 //! call, under the key's hash tag; calls that queue behind a busy lane leave together, as one
 //! `EVALSHA` that runs each in order. See [`crate::store::leased`].
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use redis::Script;
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
-use super::engine::{Connector, Core};
+#[cfg(feature = "cluster")]
+use super::cluster::RedisClusterStore;
+use super::connector::Connector;
+use super::engine::Core;
 use super::keys::{redis_key, Holds};
-use super::script_call::ScriptCall;
+use super::ledger_call::{invocation, LedgerRequest};
+use super::single::RedisStore;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::store::leased::{Kind, LeaseBackend, LedgerCall, LedgerReply};
 use crate::store::BoxFuture;
-
-const LEASE: &str = include_str!("../../../lua/lease.lua");
-
-/// The lease script, hashed once.
-fn script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(LEASE))
-}
-
-/// The Lua text of the lease script, for inspection or loading ahead of time.
-///
-/// ```
-/// assert!(tollgate::store::redis::lease_script_source().contains("redis.call('TIME')"));
-/// ```
-pub fn lease_script_source() -> &'static str {
-    LEASE
-}
-
-/// One ledger call waiting for, or in, a script call.
-pub(crate) struct LedgerRequest {
-    /// Per policy its ledger state, then (sliding window log only) its entries' units, then
-    /// the key's override of the policy: the exact store's override key, so one override
-    /// serves both modes (and the command line's `override set`).
-    keys: SmallVec<[String; 6]>,
-    call: LedgerCall,
-    reply: Option<oneshot::Sender<Result<LedgerReply, StoreError>>>,
-}
-
-impl Queued for LedgerRequest {
-    type Output = LedgerReply;
-
-    fn reply_to(&mut self, tx: oneshot::Sender<Result<LedgerReply, StoreError>>) {
-        self.reply = Some(tx);
-    }
-
-    fn abandoned(&self) -> bool {
-        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
-    }
-
-    fn answer(self, result: Result<LedgerReply, StoreError>) {
-        if let Some(tx) = self.reply {
-            // The caller may have given up; its answer is then dropped.
-            let _ = tx.send(result);
-        }
-    }
-}
-
-/// One call's part of the script's arguments: mode, (the clock, alone: an injected clock's
-/// time, or `""` for the server's `TIME`), lease, block ids, then each policy's eleven
-/// integers as little-endian doubles in one binary string (read by one `struct.unpack` per
-/// policy, where eleven text arguments cost eleven `tonumber`s).
-fn push_call(inv: &mut ScriptCall, call: &LedgerCall, alone: Option<Option<u64>>) {
-    inv.arg(call.mode.code());
-    match alone {
-        Some(Some(now)) => {
-            inv.arg(now);
-        }
-        Some(None) => {
-            inv.arg("");
-        }
-        None => {}
-    }
-    inv.arg(call.lease_ms)
-        .arg(call.block_id)
-        .arg(call.previous_block);
-    inv.arg(call.packed_parts());
-}
-
-/// The script call for `batch`: the single-call layout for one call, the batch layout
-/// (`'B'`, the clock, the number of calls, then each call) for more. `now`: an injected
-/// clock's time (tests), else the script reads `TIME`.
-fn invocation(batch: &[LedgerRequest], now: Option<u64>) -> ScriptCall {
-    let keys = batch.iter().map(|r| r.keys.len()).sum();
-    let bytes = batch
-        .iter()
-        .map(|r| {
-            r.keys.iter().map(String::len).sum::<usize>()
-                + 64
-                + crate::store::leased::PART_BYTES * r.call.parts.len()
-        })
-        .sum();
-    let mut inv = ScriptCall::new(script(), keys, 3 + 5 * batch.len(), bytes);
-    for request in batch {
-        for key in &request.keys {
-            inv.key(key.as_str());
-        }
-    }
-    if let [one] = batch {
-        push_call(&mut inv, &one.call, Some(now));
-    } else {
-        inv.arg("B");
-        match now {
-            Some(now) => inv.arg(now),
-            None => inv.arg(""),
-        };
-        inv.arg(batch.len());
-        for request in batch {
-            push_call(&mut inv, &request.call, None);
-        }
-    }
-    inv
-}
 
 /// Runs `batch` in one script call: each call's reply, in order (the call's error for all
 /// when it failed).
@@ -220,7 +120,7 @@ impl<C: Connector> Runner<C::Lane, LedgerRequest> for Core<C> {
     }
 }
 
-impl LeaseBackend for super::RedisStore {
+impl LeaseBackend for RedisStore {
     fn ledger(
         &self,
         key: &Key,
@@ -232,7 +132,7 @@ impl LeaseBackend for super::RedisStore {
 }
 
 #[cfg(feature = "cluster")]
-impl LeaseBackend for super::RedisClusterStore {
+impl LeaseBackend for RedisClusterStore {
     fn ledger(
         &self,
         key: &Key,

@@ -50,7 +50,7 @@
 //!   share a hash tag, so the same script runs unchanged on
 //!   [`RedisClusterStore`].
 //!
-//! Connection failures, timeouts and script errors are [`StoreError`]s (keeping the redis-rs
+//! Connection failures, timeouts and script errors are [`StoreError`](crate::StoreError)s (keeping the redis-rs
 //! error as their source); wrapped in a [`ResilientStore`](crate::store::ResilientStore), its
 //! failure mode decides what a request gets then.
 //!
@@ -91,255 +91,28 @@
 //! ```
 
 mod batch;
+mod builder;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+mod connector;
 mod engine;
 mod keys;
 mod lease;
+mod ledger_call;
+mod ops;
+mod overrides;
+mod request;
 mod script;
 mod script_call;
+mod single;
 mod store_impl;
 mod wire;
 
+pub use builder::RedisStoreBuilder;
 #[cfg(feature = "cluster")]
 pub use cluster::RedisClusterStore;
 pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 pub use keys::DEFAULT_PREFIX;
-pub use lease::lease_script_source;
-pub use script::{TTL_GRID_MS, TTL_MARGIN_MS};
-
-use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
-
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
-
-use crate::clock::Clock;
-use crate::error::{ConfigError, StoreError};
-use engine::{store_error, Connector, Core, Options, PooledOrShared};
-
-/// The Lua text of the decision script both Redis stores run, for inspection, auditing or
-/// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
-///
-/// ```
-/// let lua = tollgate::store::redis::script_source();
-/// assert!(lua.contains("redis.call('TIME')"));
-/// ```
-pub fn script_source() -> &'static str {
-    script::source()
-}
-
-/// A store in one Redis server (or a primary with replicas). Cheap to clone: clones share the
-/// pool or connection. See the [module docs](crate::store::redis).
-#[derive(Clone)]
-pub struct RedisStore {
-    core: Arc<Core<Single>>,
-}
-
-impl fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RedisStore").field(&self.core).finish()
-    }
-}
-
-/// Builds a [`RedisStore`] or a [`RedisClusterStore`].
-///
-/// # Examples
-///
-/// ```
-/// use tollgate::store::RedisStore;
-///
-/// // Building from a URL does not connect yet: the first decision does.
-/// let store = RedisStore::builder().prefix("app").build_with_url("redis://127.0.0.1:6379")?;
-/// assert_eq!(store.prefix(), "app");
-///
-/// let err = RedisStore::builder().prefix("a{b}").build_with_url("redis://127.0.0.1").unwrap_err();
-/// assert_eq!(err.field(), "prefix");
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-#[derive(Debug, Default)]
-#[must_use]
-pub struct RedisStoreBuilder {
-    pub(crate) options: Options,
-}
-
-impl RedisStoreBuilder {
-    /// The first part of every key (default `tollgate`). It must not contain `{`, `}`,
-    /// whitespace or control characters; that is checked when the store is built.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.options.prefix = prefix.into().into_boxed_str();
-        self
-    }
-
-    /// Passes this clock's time to the script instead of reading the server's `TIME`. For
-    /// tests: production stores should keep the default server clock, which every instance
-    /// shares.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.options.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// For stores built from a URL: how long to wait for a connection and for each reply
-    /// (default: 1 s to connect, 500 ms per reply). A pool passed in keeps its own settings.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.options.timeout = Some(timeout);
-        self
-    }
-
-    /// The most concurrent decisions one script call may carry (default
-    /// [`DEFAULT_MAX_BATCH`], at most 1 024). `1` sends every decision in a call of its own,
-    /// as soon as it is made. See [Coalescing](crate::store::redis#coalescing).
-    pub fn max_batch(mut self, max_batch: usize) -> Self {
-        self.options.max_batch = max_batch;
-        self
-    }
-
-    /// How many script calls may be in flight at once (per hash slot on a cluster) before
-    /// new decisions queue for the next call (default [`DEFAULT_MAX_IN_FLIGHT`]). See
-    /// [Coalescing](crate::store::redis#coalescing).
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        self.options.max_in_flight = max_in_flight;
-        self
-    }
-
-    /// A store using the application's `deadpool-redis` pool: one pooled connection per
-    /// decision.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] on `prefix` when the prefix is invalid.
-    pub fn build_with_pool(self, pool: deadpool_redis::Pool) -> Result<RedisStore, ConfigError> {
-        Ok(RedisStore {
-            core: Arc::new(Core::new(Single::Pool(pool), self.options)?),
-        })
-    }
-
-    /// A store over one multiplexed connection to `url` (a [`ConnectionManager`], which
-    /// reconnects by itself). The connection is opened by the first decision.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] on `url` when the URL cannot be parsed, or on `prefix`.
-    pub fn build_with_url(self, url: &str) -> Result<RedisStore, ConfigError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| ConfigError::new("url", format_args!("{url:?}"), e.to_string()))?;
-        // One attempt per reconnect: a reconnect that fails is retried by the next call
-        // (see the store's handling of refused connections), never by sleeping in a back-off
-        // that a decision would wait behind.
-        let mut config = ConnectionManagerConfig::new().set_number_of_retries(0);
-        if let Some(t) = self.options.timeout {
-            config = config
-                .set_connection_timeout(Some(t))
-                .set_response_timeout(Some(t));
-        }
-        let single = Single::Url(Box::new(Lazy {
-            client,
-            config,
-            manager: OnceCell::new(),
-        }));
-        Ok(RedisStore {
-            core: Arc::new(Core::new(single, self.options)?),
-        })
-    }
-}
-
-impl RedisStore {
-    /// A builder for the key prefix, clock and timeout.
-    pub fn builder() -> RedisStoreBuilder {
-        RedisStoreBuilder::default()
-    }
-
-    /// A store on the application's `deadpool-redis` pool, with the default prefix. See the
-    /// [module docs](crate::store::redis) for an example.
-    pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
-        Self {
-            core: Arc::new(Core::unchecked(Single::Pool(pool), Options::default())),
-        }
-    }
-
-    /// A store over one multiplexed connection to `url`, with the default prefix; see
-    /// [`RedisStoreBuilder::build_with_url`].
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] on `url` when the URL cannot be parsed.
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
-        Self::builder().build_with_url(url)
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        self.core.prefix()
-    }
-
-    /// Sends `PING`: a start-up check that Redis is reachable.
-    ///
-    /// # Errors
-    ///
-    /// The [`StoreError`] a decision would have met.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.core.ping().await
-    }
-}
-
-store_impl::engine_store!(RedisStore, "redis");
-
-/// How a single-server store reaches Redis.
-pub(crate) enum Single {
-    Pool(deadpool_redis::Pool),
-    Url(Box<Lazy>),
-}
-
-/// A client and the connection it opens on first use.
-pub(crate) struct Lazy {
-    client: redis::Client,
-    config: ConnectionManagerConfig,
-    manager: OnceCell<ConnectionManager>,
-}
-
-impl Connector for Single {
-    type Conn = PooledOrShared<deadpool_redis::Connection, ConnectionManager>;
-    type Lane = ();
-
-    fn lane(&self, _state_key: &str) {}
-
-    async fn connection(&self) -> Result<Self::Conn, StoreError> {
-        // The pool's `get` and the first connect are futures of kilobytes (deadpool's: 6.9 KB),
-        // and every decision's future would carry them and copy them into its box: boxed,
-        // they cost one allocation per pooled call, and nothing on a connection already made.
-        match self {
-            Single::Pool(pool) => Box::pin(pool.get())
-                .await
-                .map(PooledOrShared::Pooled)
-                .map_err(pool_error),
-            Single::Url(lazy) => match lazy.manager.get() {
-                Some(manager) => Ok(PooledOrShared::Shared(manager.clone())),
-                None => Box::pin(lazy.manager.get_or_try_init(|| {
-                    lazy.client
-                        .get_connection_manager_with_config(lazy.config.clone())
-                }))
-                .await
-                .cloned()
-                .map(PooledOrShared::Shared)
-                .map_err(store_error),
-            },
-        }
-    }
-
-    fn describe(&self) -> &'static str {
-        match self {
-            Single::Pool(_) => "deadpool-redis pool",
-            Single::Url(_) => "multiplexed connection",
-        }
-    }
-}
-
-/// A pool that could not hand out a connection.
-pub(crate) fn pool_error(e: deadpool_redis::PoolError) -> StoreError {
-    match e {
-        deadpool_redis::PoolError::Timeout(_) => StoreError::Timeout,
-        deadpool_redis::PoolError::Backend(e) => store_error(e),
-        other => StoreError::Connection(crate::error::Cause::from(other.to_string())),
-    }
-}
+pub use ledger_call::lease_script_source;
+pub use script::{script_source, TTL_GRID_MS, TTL_MARGIN_MS};
+pub use single::RedisStore;

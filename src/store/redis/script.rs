@@ -56,6 +56,17 @@ const SINGLE: &str = include_str!("../../../lua/single.lua");
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 const DRIVER: &str = include_str!("../../../lua/decide.lua");
 
+/// The Lua text of the decision script both Redis stores run, for inspection, auditing or
+/// loading ahead of time with `SCRIPT LOAD` (the stores load it themselves on `NOSCRIPT`).
+///
+/// ```
+/// let lua = tollgate::store::redis::script_source();
+/// assert!(lua.contains("redis.call('TIME')"));
+/// ```
+pub fn script_source() -> &'static str {
+    source()
+}
+
 /// The whole decision script, as sent to Redis.
 pub(crate) fn source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();

@@ -1,6 +1,7 @@
 //! Unit tests of the engine: batch assembly and reply parsing, without a server.
 use super::*;
 use crate::policy::Algorithm;
+use crate::store::redis::request::units;
 use crate::store::redis::wire::parse_batch_reply;
 use crate::Rate;
 

@@ -1,0 +1,256 @@
+//! The operations of both Redis stores ([`Op`]): each a request of the decision script in
+//! the op's mode, batched like any other, so one atomic script call; a reset is one
+//! `UNLINK`. A charge that takes an in-flight slot names the slot itself ([`next_slot`]), so
+//! a caller that gives up can give it back without the reply.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::connector::{store_error, Connector};
+use super::engine::Core;
+use super::keys::{redis_key, Holds};
+use super::request::{units, Amount, Mode};
+use crate::decision::Decision;
+use crate::error::{Cause, StoreError};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::store::op::refused_misfit;
+use crate::store::{Applied, ApplyFuture, BoxFuture, Op};
+
+impl<C: Connector> Core<C> {
+    /// Applies `op` (see [`Store::apply`](crate::store::Store::apply)): one request of the
+    /// decision script in the op's mode, batched like any other, so one atomic script call;
+    /// a reset is one `UNLINK`.
+    pub(crate) fn apply(self: &Arc<Self>, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
+        if let Some(refused) = refused_misfit(&op, policies.len()) {
+            return refused;
+        }
+        let call = match op {
+            Op::Check { costs } => {
+                let call = self.charge(key, policies, &costs);
+                return Box::pin(async move { call.await.map(Applied::Decision) });
+            }
+            Op::Peek { costs } => {
+                let call = self.decide(key, policies, units(&costs), Mode::Peek);
+                return Box::pin(async move { call.await.map(Applied::Decision) });
+            }
+            Op::Refund { costs } => self.refund(key, policies, &costs),
+            Op::Settle { reserved, actual } => self.settle(key, policies, &reserved, &actual),
+            Op::Release { slot } => self.slot(key, policies, slot, Mode::Refund),
+            Op::Refresh { slot } => self.slot(key, policies, slot, Mode::Refresh),
+            Op::Reset => return self.reset(key, policies),
+        };
+        match call {
+            Some(call) => Box::pin(async move { call.await.map(|_| Applied::Done) }),
+            None => Box::pin(std::future::ready(Ok(Applied::Done))),
+        }
+    }
+
+    /// A charge, taking an in-flight slot for each in-flight policy: the request names its
+    /// slot (see [`next_slot`]) in place of that policy's cost, and an allowed decision
+    /// carries it for the release.
+    pub(crate) fn charge(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        if !policies.iter().any(Policy::is_in_flight) {
+            return self.decide(key, policies, units(costs), Mode::Charge);
+        }
+        let slot = next_slot();
+        let named = policies
+            .iter()
+            .zip(costs)
+            .map(|(p, &c)| {
+                if p.is_in_flight() {
+                    Amount::Slot(slot)
+                } else {
+                    Amount::Units(c)
+                }
+            })
+            .collect();
+        let call = self.decide(key, policies, named, Mode::Charge);
+        Box::pin(SlotCharge {
+            call: Some(call),
+            core: Arc::clone(self),
+            key: key.clone(),
+            held: policies
+                .iter()
+                .filter(|p| p.is_in_flight())
+                .cloned()
+                .collect(),
+            slot,
+        })
+    }
+
+    /// A settlement ([`Op::Settle`]): one request in settle mode with each policy's
+    /// settlement; `None` when every policy settles at what it reserved.
+    fn settle(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        reserved: &[u64],
+        actual: &[u64],
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
+        // A policy settled at what it reserved changes nothing (as in the memory store): it
+        // is not sent, so the script neither writes its state nor logs an entry of 0.
+        let (policies, amounts): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
+            .iter()
+            .zip(reserved.iter().zip(actual))
+            .filter(|(_, (r, a))| r != a)
+            .map(|(p, (&reserved, &actual))| (p.clone(), Amount::Settled { reserved, actual }))
+            .unzip();
+        (!policies.is_empty()).then(|| self.decide(key, &policies, amounts, Mode::Settle))
+    }
+
+    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`;
+    /// `None` for slot 0, which names no slot here (a failure mode decided the request).
+    fn slot(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        slot: u64,
+        mode: Mode,
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
+        (slot != 0).then(|| {
+            let slots = policies.iter().map(|_| Amount::Slot(slot)).collect();
+            self.decide(key, policies, slots, mode)
+        })
+    }
+
+    /// A refund ([`Op::Refund`]): units only; a slot comes back only by its release (the
+    /// script's refund of an in-flight state reads the amount as the slot's name).
+    fn refund(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+    ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
+        let (policies, amounts): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
+            .iter()
+            .zip(costs)
+            .filter(|(p, _)| !p.is_in_flight())
+            .map(|(p, &c)| (p.clone(), Amount::Units(c)))
+            .unzip();
+        Some(self.decide(key, &policies, amounts, Mode::Refund))
+    }
+
+    /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
+    fn reset(self: &Arc<Self>, key: &Key, policies: &[Policy]) -> ApplyFuture {
+        if policies.is_empty() {
+            // `UNLINK` with no keys is a syntax error; there is nothing to forget.
+            return Box::pin(std::future::ready(Ok(Applied::Done)));
+        }
+        let mut cmd = redis::cmd("UNLINK");
+        for p in policies {
+            for a in crate::Algorithm::ALL {
+                cmd.arg(redis_key(&self.prefix, key, p.name(), Holds::State(a)));
+            }
+        }
+        let core = Arc::clone(self);
+        Box::pin(async move {
+            let mut conn = core.connector.connection().await?;
+            let _: i64 = cmd.query_async(&mut conn).await.map_err(store_error)?;
+            Ok(Applied::Done)
+        })
+    }
+}
+
+/// The future of a charge that takes an in-flight slot. The slot is named by the client
+/// ([`next_slot`]), so a caller that gives up before the answer (a timeout, a client gone,
+/// an HTTP/2 stream reset) does not need the reply to give it back: when this future is
+/// dropped unfinished, the call it was waiting on is finished on the current Tokio runtime
+/// and, if it took the slot, the slot is released at once. The release is sent after the
+/// charge's reply, so it cannot overtake the charge on another connection. Without a
+/// runtime (dropped outside one), the slot comes back when its lease ends.
+struct SlotCharge<C: Connector> {
+    /// `None` once answered.
+    call: Option<BoxFuture<Result<Decision, StoreError>>>,
+    core: Arc<Core<C>>,
+    key: Key,
+    /// The in-flight policies of the charge: the ones a release names.
+    held: SmallVec<[Policy; 1]>,
+    slot: u64,
+}
+
+impl<C: Connector> Future for SlotCharge<C> {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(call) = self.call.as_mut() else {
+            return std::task::Poll::Ready(Err(StoreError::Protocol(Cause::from(
+                "a slot charge polled after it answered",
+            ))));
+        };
+        let outcome = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        let slot = self.slot;
+        std::task::Poll::Ready(outcome.map(|d| if d.is_allowed() { d.with_slot(slot) } else { d }))
+    }
+}
+
+impl<C: Connector> Drop for SlotCharge<C> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "tollgate::store",
+                "an in-flight charge was dropped outside a Tokio runtime; its slot, if taken, comes back when its lease ends"
+            );
+            return;
+        };
+        let core = Arc::clone(&self.core);
+        let key = self.key.clone();
+        let held = std::mem::take(&mut self.held);
+        let slot = self.slot;
+        runtime.spawn(async move {
+            if let Ok(decision) = call.await {
+                if decision.is_allowed() {
+                    if let Err(error) = core.apply(&key, &held, Op::Release { slot }).await {
+                        tracing::warn!(
+                            target: "tollgate::store",
+                            %error,
+                            "giving back the slot of a cancelled in-flight charge failed; it comes back when its lease ends"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A name for an in-flight slot, unique among the slots held at once: 32 random bits per
+/// process, then a 21-bit counter, so below 2^53 (exact as a Lua number) and never 0. Two
+/// processes collide only if they drew the same 32 bits; a counter wraps after two million
+/// slots, long after any slot of its first round has been given back or has expired.
+pub(crate) fn next_slot() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        h.write_u64(nanos);
+        (h.finish() & 0xFFFF_FFFF) << 21
+    });
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0x1F_FFFF;
+        if n != 0 {
+            return base | n;
+        }
+    }
+}
