@@ -1,7 +1,22 @@
 //! `MemoryLedger`: the ledger in the process, for tests and single-instance use.
 
-use super::*;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::run::run;
+use super::state::LState;
+use super::{Kind, LeaseBackend, LedgerCall, LedgerReply, Override};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::overrides::ActiveOverride;
+use crate::policy::{Algorithm, Policy};
 use crate::store::{ApplyFuture, Op, OverrideStore, StoreExt};
+use crate::store::{BoxFuture, MemoryStore, Store};
 
 /// A lease ledger in process memory, with a [`MemoryStore`] for the policies that are not
 /// leased: the shared state of several [`LeasedStore`](crate::store::leased::LeasedStore)s of one process,

@@ -1,0 +1,110 @@
+//! Giving units back to the ledger: a block's unused units (and the refill or log time it
+//! still holds), and the units of a request that turned out not to count.
+
+use super::*;
+
+impl<S: LeaseBackend> Shared<S> {
+    /// The call that gives a block's unused units back, if it has any and its ledger is the
+    /// one that granted it.
+    pub(super) fn give_back(
+        self: &Arc<Self>,
+        entry: &Entry,
+        block: Block,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let unused = block.parts.iter().map(|p| p.left).max().unwrap_or(0);
+        // A block used up before its period ends still holds, in the bucket, the refill
+        // reserved for the rest of the period and, in the log, an entry counting until the
+        // period's end: both come back too.
+        let early = self.now() < block.expires
+            && entry
+                .policies
+                .iter()
+                .any(|p| matches!(Kind::of(p), Some(Kind::Bucket | Kind::Log)));
+        if unused == 0 && !early {
+            return None;
+        }
+        if block.generation != self.inner.generation() {
+            bump(&self.counters.units_dropped, unused);
+            crate::telemetry::lease_units("dropped", unused);
+            return None;
+        }
+        let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
+        for (part, bp) in call.parts.iter_mut().zip(&block.parts) {
+            part.returned = block.returned(bp);
+        }
+        let fut = self.inner.ledger(&entry.key, &entry.policies, call);
+        let me = self.clone();
+        Some(async move {
+            match fut.await {
+                Ok(_) => {
+                    bump(&me.counters.units_returned, unused);
+                    crate::telemetry::lease_units("returned", unused);
+                }
+                Err(e) => {
+                    bump(&me.counters.units_dropped, unused);
+                    crate::telemetry::lease_units("dropped", unused);
+                    tracing::debug!(target: "tollgate::store", error = %e, "lease return failed");
+                }
+            }
+        })
+    }
+
+    /// Gives back the block this instance holds for `key`'s `policies`, if any, and waits
+    /// for the answer (a debt stands on the key: see [`settle`](crate::store::Op::Settle)).
+    pub(super) async fn return_block(self: &Arc<Self>, key: &Key, policies: &[Policy]) {
+        let Some(entry) = self.existing(key, policies) else {
+            return;
+        };
+        let block = entry.st.lock().block.take();
+        if let Some(fut) = block.and_then(|b| self.give_back(&entry, b)) {
+            fut.await;
+        }
+    }
+
+    /// Gives back units a request took (a mixed request refused by the exact store, a
+    /// refund).
+    pub(super) async fn untake(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        taken: Taken,
+    ) {
+        match taken {
+            Taken::Nothing => {
+                // From a block: back into it, if it is still held.
+                if let Some(e) = self.existing(key, policies) {
+                    let mut st = e.st.lock();
+                    if let Some(b) = &mut st.block {
+                        for (p, c) in b.parts.iter_mut().zip(costs) {
+                            p.left = p.left.saturating_add(*c).min(p.granted);
+                        }
+                    }
+                }
+            }
+            Taken::Block(id) => {
+                if let Some(e) = self.existing(key, policies) {
+                    let mut st = e.st.lock();
+                    if let Some(b) = st.block.as_mut().filter(|b| b.id == id) {
+                        for (p, c) in b.parts.iter_mut().zip(costs) {
+                            p.left = p.left.saturating_add(*c).min(p.granted);
+                        }
+                    }
+                }
+            }
+            Taken::Ledger { id, at } => {
+                let mut call = self.call(Mode::Return, 0, id, policies);
+                for (part, &c) in call.parts.iter_mut().zip(costs) {
+                    part.returned = Returned {
+                        granted: c,
+                        unused: c,
+                        granted_at: at,
+                        lease_ms: 0,
+                        rate: 0,
+                    };
+                }
+                let _ = self.inner.ledger(key, policies, call).await;
+            }
+        }
+    }
+}
