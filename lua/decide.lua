@@ -9,15 +9,15 @@
 -- (read in single.lua, which runs first and answers the common call of one request).
 -- Then three binary strings (little-endian; struct.unpack reads them much faster than
 -- tonumber parses decimal text), or, for one policy and one state, the three one after the
--- other as one string (ARGV[2] alone; see single.lua): per policy its algorithm id, limit, window ms, capacity
--- and max delay ms (f64 each, np = #ARGV[2] / 40); per state the index of its policy
--- (u32); per request its
--- mode (u8: 1 to charge an allowed request, 0 to only evaluate (peek), 2 to refund: give
--- back up to each cost to its state, 3 to settle: a cost of 0 or more is charged whether or
--- not it fits (within each algorithm's bound), a negative one refunded, 4 to refresh the
--- leases of in-flight slots), the number of policies m (u32, at least 1), and m pairs of
--- state index (u32) and cost (f64). For an in-flight policy the cost is the request's slot
--- id (0: no slot).
+-- other as one string (ARGV[2] alone; see single.lua): per policy its algorithm id, limit,
+-- window ms, capacity and max delay ms (f64 each, PARAMS_BYTES); per state the index of its
+-- policy (u32, STATE_BYTES); per request its mode (u8: MODE_CHARGE to charge an allowed
+-- request, MODE_PEEK to only evaluate, MODE_REFUND to give back up to each cost to its
+-- state, MODE_SETTLE to charge a cost of 0 or more whether or not it fits (within each
+-- algorithm's bound) and refund a negative one, MODE_REFRESH to push back the expiry of
+-- in-flight slots; the modes that decide are below MODE_REFUND), the number of policies m
+-- (u32, at least 1), and m pairs of state index (u32) and cost (f64). For an in-flight
+-- policy the cost is the request's slot id (0: no slot).
 --
 -- Each state is read once and written once, however many requests of the batch touch it.
 -- Within a request every policy is evaluated first; only if every one allows is any of them
@@ -35,12 +35,13 @@
 local params, state_policies, requests = ARGV[2], ARGV[3], ARGV[4]
 if #ARGV == 2 then
   local one = ARGV[2]
-  params, state_policies, requests = one:sub(1, 40), one:sub(41, 44), one:sub(45)
+  params, state_policies, requests = one:sub(1, PARAMS_BYTES),
+    one:sub(PARAMS_BYTES + 1, PARAMS_BYTES + STATE_BYTES), one:sub(PARAMS_BYTES + STATE_BYTES + 1)
 end
-local np = #params / 40
+local np = #params / PARAMS_BYTES
 local policies, built = {}, {}
 for k = 1, np do
-  local id, limit, window, capacity, max_delay = unpack_struct('<ddddd', params, 40 * k - 39)
+  local id, limit, window, capacity, max_delay = unpack_struct('<ddddd', params, PARAMS_BYTES * (k - 1) + 1)
   local a = built[id]
   if not a then
     if not ALG[id] then
@@ -59,7 +60,7 @@ local nk = #KEYS / 2
 -- an override changes), to keep that TTL when a write leaves it in the same cell of the
 -- grid (the expiry and keep rules in prelude.lua).
 local P, S, E, X, K = {}, {}, {}, {}, {}
-if #state_policies ~= 4 * nk then
+if #state_policies ~= STATE_BYTES * nk then
   return redis.error_reply('tollgate: ' .. nk .. ' keys but ' .. #state_policies .. ' bytes of state policies')
 end
 -- A batch of one policy (what the store coalesces most) names policy 1 for every state: one
@@ -71,7 +72,7 @@ if np == 1 and state_policies == string.rep('\1\0\0\0', nk) then
   end
 else
   for i = 1, nk do
-    P[i] = policies[unpack_struct('<I4', state_policies, 4 * i - 3)]
+    P[i] = policies[unpack_struct('<I4', state_policies, STATE_BYTES * (i - 1) + 1)]
   end
 end
 local zsets = false
@@ -174,8 +175,8 @@ while pos <= last do
   -- Every request names at least one policy, so its header and first pair can be read in
   -- one go; a request of several policies then reads its pairs from the first.
   local mode, m, i, cost, after = unpack_struct('<BI4I4d', requests, pos)
-  local charge = mode == 1
-  if m == 1 and mode <= 1 then
+  local charge = mode == MODE_CHARGE
+  if m == 1 and mode <= MODE_CHARGE then
     -- The common request: one policy.
     pos = after
     if E[i] then
@@ -201,7 +202,7 @@ while pos <= last do
     end
   else
     local err
-    pos = pos + 5
+    pos = pos + REQUEST_HEAD_BYTES
     for j = 1, m do
       i, cost, pos = unpack_struct('<I4d', requests, pos)
       idx[j], costs[j] = i, cost
@@ -211,17 +212,17 @@ while pos <= last do
       replies[r + 1], replies[r + 2] = pack('<bI4', -1, #err), err
       r = r + 2
     else
-      if mode >= 2 then
+      if mode >= MODE_REFUND then
         -- A refund, settlement or refresh, then the states as it left them (an evaluation
         -- at cost 0). A state named twice gets both, the second after the first.
         for j = 1, m do
           local i = idx[j]
           local a, c, changed = P[i].a, costs[j], false
-          if mode == 2 then
+          if mode == MODE_REFUND then
             changed = a.refund(S[i], now, P[i], c)
-          elseif mode == 3 and c < 0 then
+          elseif mode == MODE_SETTLE and c < 0 then
             changed = a.refund(S[i], now, P[i], -c)
-          elseif mode == 3 then
+          elseif mode == MODE_SETTLE then
             changed = a.overcharge(S[i], now, P[i], c)
           elseif a.refresh then
             changed = a.refresh(S[i], now, P[i], c)

@@ -1,7 +1,7 @@
 -- Fixed window: one string per (key, policy) holding {window, count}.
 -- The arithmetic is src/algorithm/fixed_window.rs: a count past the limit (a settlement's
 -- debt) is carried into the next windows, N paid per window.
-ALG[4] = function()
+ALG[ALG_FIXED_WINDOW] = function()
   local fixed = packed('<dd', 16)
 
   function fixed.fresh()

@@ -1,7 +1,7 @@
 -- GCRA: one string per (key, policy) holding {tat, frac} (the theoretical arrival time in
 -- whole ms plus a remainder in 1/N ms). The arithmetic is src/algorithm/gcra.rs, shaping
 -- included.
-ALG[5] = function()
+ALG[ALG_GCRA] = function()
   local gcra = packed('<dd', 16)
 
   function gcra.fresh()

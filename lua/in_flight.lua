@@ -3,7 +3,7 @@
 -- arithmetic is src/algorithm/in_flight.rs; the "cost" a request sends for this policy is its
 -- slot id (0: no slot asked, only a look), because a request always takes exactly one slot.
 -- Slots whose lease has ended (their holder crashed) are dropped when the set is read.
-ALG[6] = function()
+ALG[ALG_IN_FLIGHT] = function()
   local inf = { zset = true }
 
   function inf.load(key, now, p)

@@ -1,4 +1,4 @@
--- tollgate: the lease ledger (src/store/leased/ledger.rs is the same arithmetic in Rust).
+-- tollgate: the lease ledger (src/store/leased/ledger/ is the same arithmetic in Rust).
 --
 -- One call grants a block of units of every policy of a request (all or nothing), decides
 -- one request exactly (a block of `cost` used at once), peeks, gives unused units back, or
@@ -7,13 +7,15 @@
 -- KEYS: per policy its ledger state, then (sliding window log only) the units of each of its
 --       entries, then the key's override of the policy (the exact store's override key: two
 --       little-endian doubles, limit and capacity; absent when there is none).
--- ARGV: mode ('g' grant, 'p' peek, 'r' return, 'f' force, 'x' reset, 'k' keep), now ('' reads
---       TIME), the lease a grant asks for in ms (0: no block, the request decided exactly),
---       the block id, the id of the block a grant gives back first ('0': none), then one
---       binary string: eleven little-endian doubles (whole numbers) per policy (LedgerCall in
---       src/store/leased/ledger.rs):
---         kind (1 counter, 2 log, 3 bucket/GCRA, 4 fixed), limit N, window W in ms,
---         capacity C (the plan's N and C: an override in force replaces them),
+-- ARGV: mode (LEDGER_GRANT, LEDGER_PEEK, LEDGER_RETURN, LEDGER_FORCE, LEDGER_RESET or
+--       LEDGER_KEEP, one letter each), now ('' reads TIME), the lease a grant asks for in ms
+--       (0: no block, the request decided exactly), the block id, the id of the block a
+--       grant gives back first ('0': none), then one binary string: eleven little-endian
+--       doubles (whole numbers, LEDGER_PART_BYTES) per policy (LedgerCall in
+--       src/store/leased/ledger/call.rs):
+--         kind (KIND_COUNTER, KIND_LOG, KIND_BUCKET for the bucket and GCRA, KIND_FIXED),
+--         limit N, window W in ms, capacity C (the plan's N and C: an override in force
+--         replaces them),
 --         cost: a grant's or a peek's cost; a force's extra units (a debt, never forgiven:
 --           as the exact algorithms' overcharge),
 --         wanted: the most units a grant's block may hold,
@@ -30,22 +32,21 @@
 --        allowed 0 when a debt stands afterwards (a policy past its limit: not even a cost
 --        of 0 fits).
 --
--- A batch of calls (ARGV[1] 'B'): ARGV: 'B', now, the number of calls, then per call its
--- mode, lease, block id, previous block id and binary string; KEYS: each call's keys in turn.
+-- A batch of calls (ARGV[1] LEDGER_BATCH): ARGV: LEDGER_BATCH, now, the number of calls, then
+-- per call its mode, lease, block id, previous block id and binary string; KEYS: each call's
+-- keys in turn.
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
 -- one by one at the same instant; the reply is each call's reply, one after the other (each
 -- says how many answers it holds).
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
 local unpack_struct, pack = struct.unpack, struct.pack
-local TTL_MARGIN_MS = 1000
--- Policies keep capacity x window within 2^50 (exact in doubles); an override that does not
--- is ignored, as is anything in an override key that is not one.
-local MAX_PRODUCT = 1125899906842624
--- A settlement's debt saturates at 2^52 units x window (MAX_USAGE_WINDOW_PRODUCT in
--- algorithm/mod.rs), so every count x window stays below 2^53. An extra charge above 2^53
--- arrives rounded; it is compared with, or clamped to, far smaller numbers only, which
--- rounding cannot reach (round to nearest is monotone).
-local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496
+-- The constants shared with Rust come first, generated (lua/constants.lua). Policies keep
+-- capacity x window within MAX_CAPACITY_WINDOW_PRODUCT (exact in doubles); an override that
+-- does not is ignored, as is anything in an override key that is not one. A settlement's
+-- debt saturates at MAX_USAGE_WINDOW_PRODUCT (units x window), so every count x window
+-- stays below 2^53. An extra charge above 2^53 arrives rounded; it is compared with, or
+-- clamped to, far smaller numbers only, which rounding cannot reach (round to nearest is
+-- monotone).
 
 local function idiv(a, b)
   local q = floor(a / b)
@@ -104,7 +105,7 @@ local function usable(v, w)
   end
   local limit, cap = unpack_struct('<dd', v)
   if limit >= 1 and cap >= 1 and limit == floor(limit) and cap == floor(cap)
-    and limit * w <= MAX_PRODUCT and cap * w <= MAX_PRODUCT then
+    and limit * w <= MAX_CAPACITY_WINDOW_PRODUCT and cap * w <= MAX_CAPACITY_WINDOW_PRODUCT then
     return limit, cap
   end
   return nil
@@ -128,11 +129,12 @@ end
 -- answers nil and goes to the general path, which reads the state afresh: nothing was written.
 -- `key` is the state, `okey` the override.
 local function quick(mode, lease, previous_block, blob, key, okey)
-  if #blob ~= 88 or previous_block ~= '0' or not (mode == 'p' or (mode == 'g' and lease == 0)) then
+  if #blob ~= LEDGER_PART_BYTES or previous_block ~= '0'
+    or not (mode == LEDGER_PEEK or (mode == LEDGER_GRANT and lease == 0)) then
     return nil
   end
   local kind, n, w, cap, cost = unpack_struct('<ddddd', blob)
-  if kind ~= 1 and kind ~= 3 and kind ~= 4 then
+  if kind ~= KIND_COUNTER and kind ~= KIND_BUCKET and kind ~= KIND_FIXED then
     return nil
   end
   local both = redis.call('MGET', key, okey)
@@ -149,14 +151,14 @@ local function quick(mode, lease, previous_block, blob, key, okey)
     x, y, z = unpack_struct('<ddd', v)
   end
   local remaining, reset = 0, 0
-  if kind == 3 then
+  if kind == KIND_BUCKET then
     local deficit = max(x - max(now - y, 0) * n, 0)
     local room = cap * w - deficit
     if room < 0 or idiv(room, w) < cost then
       return nil
     end
     deficit = deficit + cost * w
-    if mode == 'g' then
+    if mode == LEDGER_GRANT then
       redis.call('SET', key, pack('<ddd', deficit, max(now, y), 0),
         'PX', ceil_div(deficit, slowest) + TTL_MARGIN_MS)
     end
@@ -164,12 +166,12 @@ local function quick(mode, lease, previous_block, blob, key, okey)
   else
     local idx = idiv(now, w)
     local prev, cur = 0, 0
-    if kind == 1 then
+    if kind == KIND_COUNTER then
       prev, cur = counter_counts(x, y, z, idx, n)
     else
       cur = fixed_count(x, y, idx, n)
     end
-    if kind == 4 then
+    if kind == KIND_FIXED then
       if n - cur < cost then
         return nil
       end
@@ -181,8 +183,8 @@ local function quick(mode, lease, previous_block, blob, key, okey)
       end
     end
     cur = cur + cost
-    if kind == 4 then
-      if mode == 'g' then
+    if kind == KIND_FIXED then
+      if mode == LEDGER_GRANT then
         redis.call('SET', key, pack('<ddd', idx, cur, 0),
           'PX', (idx + max(ceil_div(cur, slowest), 1)) * w - now + TTL_MARGIN_MS)
       end
@@ -191,7 +193,7 @@ local function quick(mode, lease, previous_block, blob, key, okey)
         reset = (idx + 1) * w - now
       end
     else
-      if mode == 'g' then
+      if mode == LEDGER_GRANT then
         redis.call('SET', key, pack('<ddd', idx, cur, prev),
           'PX', (idx + max(ceil_div(cur, slowest), 1) + 1) * w - now + TTL_MARGIN_MS)
       end
@@ -207,7 +209,7 @@ local function quick(mode, lease, previous_block, blob, key, okey)
   return pack('<dddddddddd', 1, 0, now, 1, cost, remaining, reset, 0, n, cap)
 end
 
-if ARGV[1] ~= 'B' then
+if ARGV[1] ~= LEDGER_BATCH then
   local reply = quick(ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6], KEYS[1], KEYS[2])
   if reply then
     return reply
@@ -219,7 +221,7 @@ end
 -- capacity (`plan_limit`: the plan's, for the TTLs).
 -- Each table is built whole, with the fields load() fills, so it is allocated once.
 local function policies(blob, k)
-  local P, pos, count = {}, 1, floor(#blob / 88)
+  local P, pos, count = {}, 1, floor(#blob / LEDGER_PART_BYTES)
   local okeys = {}
   for i = 1, count do
     local kind, limit, window, capacity, cost, wanted, back_granted, back_unused, back_granted_at,
@@ -235,7 +237,7 @@ local function policies(blob, k)
       deficit = 0, updated = 0, entries = false, used = 0,
     }
     k = k + 1
-    if kind == 2 then
+    if kind == KIND_LOG then
       P[i].units_key = KEYS[k + 1]
       k = k + 1
     end
@@ -258,7 +260,7 @@ end
 -- Loading: one string of three little-endian doubles: counter {w, c, p}, fixed {w, c, 0},
 -- bucket {d, u, 0}; the log reads its live units (a sorted set and a hash).
 local function load(p)
-  if p.kind == 2 then
+  if p.kind == KIND_LOG then
     local dead = redis.call('ZRANGEBYSCORE', p.key, '-inf', now - p.window)
     if #dead > 0 then
       redis.call('ZREMRANGEBYSCORE', p.key, '-inf', now - p.window)
@@ -281,10 +283,10 @@ local function load(p)
   end
   local idx = idiv(now, p.window)
   p.idx = idx
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     p.prev, p.cur = counter_counts(x, y, z, idx, p.limit)
     p.stored_window, p.stored_current, p.stored_previous = x, y, z
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     p.cur = fixed_count(x, y, idx, p.limit)
     p.stored_window, p.stored_current = x, y
   else
@@ -296,13 +298,13 @@ end
 
 -- The most units a block lent for `t` ms may hold now (negative: not even one).
 local function most(p, t)
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     local e = now - p.idx * p.window
     return idiv(max(p.limit * p.window - p.prev * (p.window - e) - p.cur * p.window, 0), p.window)
       - ((p.prev * (p.window - e) + p.cur * p.window > p.limit * p.window) and 1 or 0)
-  elseif p.kind == 2 then
+  elseif p.kind == KIND_LOG then
     return p.limit - p.used
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     return p.limit - p.cur
   else
     local room = p.capacity * p.window - p.deficit - p.limit * t
@@ -372,14 +374,14 @@ end
 
 -- How long until a request of `cost` passes if nothing else happens (exact, no lease).
 local function retry(p, cost)
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     if cost > p.limit then
       -- Never passes; asked again once the counter has forgotten everything (its debt
       -- paid), and no sooner than two windows.
       return max(counter_clears(p), 2 * p.window)
     end
     return max(earliest(p.prev, p.cur, p.idx, p.limit, p.window, cost) - now, 1)
-  elseif p.kind == 2 then
+  elseif p.kind == KIND_LOG then
     table.sort(p.entries, function(l, r) return l[1] < r[1] end)
     local freed, at = 0, now + p.window
     for _, e in ipairs(p.entries) do
@@ -390,7 +392,7 @@ local function retry(p, cost)
       end
     end
     return max(at - now, 1)
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     if cost > p.limit then
       -- Never passes; asked again once the window's count (its debt) is paid off.
       return (p.idx + max(ceil_div(p.cur, p.limit), 1)) * p.window - now
@@ -407,17 +409,17 @@ end
 
 -- The state's remaining units and reset time, as it stands.
 local function view(p)
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     local e = now - p.idx * p.window
     local weighted = p.prev * (p.window - e) + p.cur * p.window
     return idiv(max(p.limit * p.window - weighted, 0), p.window), counter_clears(p)
-  elseif p.kind == 2 then
+  elseif p.kind == KIND_LOG then
     local newest = 0
     for _, e in ipairs(p.entries) do
       newest = max(newest, e[1] + p.window - now)
     end
     return max(p.limit - p.used, 0), newest
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     return max(p.limit - p.cur, 0), fixed_clears(p)
   else
     return idiv(max(p.capacity * p.window - p.deficit, 0), p.window), ceil_div(p.deficit, p.limit)
@@ -428,15 +430,15 @@ end
 -- key is kept until its debt is paid, at the slower of the plan's limit and an override's
 -- (which can end unwritten).
 local function store(p)
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     local windows = max(ceil_div(p.cur, min(p.limit, p.plan_limit)), 1) + 1
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, p.prev),
       'PX', (p.idx + windows) * p.window - now + TTL_MARGIN_MS)
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     local windows = max(ceil_div(p.cur, min(p.limit, p.plan_limit)), 1)
     redis.call('SET', p.key, pack('<ddd', p.idx, p.cur, 0),
       'PX', (p.idx + windows) * p.window - now + TTL_MARGIN_MS)
-  elseif p.kind == 3 then
+  elseif p.kind == KIND_BUCKET then
     -- Kept for the slower of the plan's rate and an override's (which can end unwritten).
     redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
       'PX', ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS)
@@ -445,9 +447,9 @@ end
 
 -- Charges `k` units used at most until now + lease.
 local function charge(p, k, lease, id)
-  if p.kind == 1 or p.kind == 4 then
+  if p.kind == KIND_COUNTER or p.kind == KIND_FIXED then
     p.cur = p.cur + k
-  elseif p.kind == 2 then
+  elseif p.kind == KIND_LOG then
     local fin = now + lease
     redis.call('ZADD', p.key, fin, id)
     redis.call('HSET', p.units_key, id, int(k))
@@ -469,10 +471,10 @@ end
 local function give(p, id)
   local k, u, g, lease, r = p.back_granted, p.back_unused, p.back_granted_at, p.back_lease,
     p.back_rate
-  if not (u > 0 or p.kind == 2 or p.kind == 3) then
+  if not (u > 0 or p.kind == KIND_LOG or p.kind == KIND_BUCKET) then
     return
   end
-  if p.kind == 2 then
+  if p.kind == KIND_LOG then
     local score = redis.call('ZSCORE', p.key, id)
     if score then
       local left = tonumber(redis.call('HGET', p.units_key, id) or '0') - u
@@ -488,13 +490,13 @@ local function give(p, id)
   end
   load(p)
   local gidx = idiv(g, p.window)
-  if p.kind == 1 then
+  if p.kind == KIND_COUNTER then
     if p.stored_window == gidx then
       redis.call('SET', p.key, pack('<ddd', p.stored_window, max(p.stored_current - u, 0), p.stored_previous), 'KEEPTTL')
     elseif p.stored_window == gidx + 1 then
       redis.call('SET', p.key, pack('<ddd', p.stored_window, p.stored_current, max(p.stored_previous - u, 0)), 'KEEPTTL')
     end
-  elseif p.kind == 4 then
+  elseif p.kind == KIND_FIXED then
     if p.stored_window == gidx then
       redis.call('SET', p.key, pack('<ddd', p.stored_window, max(p.stored_current - u, 0), 0), 'KEEPTTL')
     end
@@ -518,7 +520,7 @@ end
 local function call(mode, asked, block_id, previous_block, P, count)
   local out = {}
 
-  if mode == 'x' then
+  if mode == LEDGER_RESET then
     for i = 1, count do
       if P[i].units_key then
         redis.call('DEL', P[i].key, P[i].units_key)
@@ -529,7 +531,7 @@ local function call(mode, asked, block_id, previous_block, P, count)
     return pack('<dddd', 1, 0, now, 0)
   end
 
-  if mode == 'r' then
+  if mode == LEDGER_RETURN then
     for i = 1, count do
       local p = P[i]
       give(p, block_id)
@@ -537,10 +539,10 @@ local function call(mode, asked, block_id, previous_block, P, count)
     return pack('<dddd', 1, 0, now, 0)
   end
 
-  if mode == 'k' then
+  if mode == LEDGER_KEEP then
     for i = 1, count do
       local p = P[i]
-      if p.kind == 3 then
+      if p.kind == KIND_BUCKET then
         load(p)
         if p.deficit > 0 then
           local ttl = ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS
@@ -554,7 +556,7 @@ local function call(mode, asked, block_id, previous_block, P, count)
     return pack('<dddd', 1, 0, now, 0)
   end
 
-  if mode == 'g' and previous_block ~= '0' then
+  if mode == LEDGER_GRANT and previous_block ~= '0' then
     for i = 1, count do
       give(P[i], previous_block)
     end
@@ -566,14 +568,14 @@ local function call(mode, asked, block_id, previous_block, P, count)
 
   -- Force: in full, as the exact algorithms' overcharge (ledger.rs `force`): a debt paid at
   -- the limit's rate, saturating at MAX_USAGE_WINDOW_PRODUCT / W units.
-  if mode == 'f' then
+  if mode == LEDGER_FORCE then
     for i = 1, count do
       local p = P[i]
       if p.cost > 0 then
-        if p.kind == 3 then
+        if p.kind == KIND_BUCKET then
           p.deficit = min(p.deficit + p.cost * p.window, max(p.deficit, MAX_USAGE_WINDOW_PRODUCT))
           store(p)
-        elseif p.kind == 2 then
+        elseif p.kind == KIND_LOG then
           -- One entry dated ahead, counting until the windows its units used up have passed
           -- (debt_entry in sliding_window_log.rs).
           local total = min(p.used + p.cost, max(p.used, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window)))
@@ -601,7 +603,7 @@ local function call(mode, asked, block_id, previous_block, P, count)
   -- Grant (or peek): a block lent for `asked` ms when every policy has room for at least
   -- its cost, else one exact request, else a refusal.
   local lease, granted = -1, {}
-  if mode == 'g' and asked > 0 then
+  if mode == LEDGER_GRANT and asked > 0 then
     local all = true
     for i = 1, count do
       if most(P[i], asked) < P[i].cost then
@@ -613,7 +615,7 @@ local function call(mode, asked, block_id, previous_block, P, count)
       for i = 1, count do
         local p = P[i]
         granted[i] = max(min(p.wanted, most(p, asked)), p.cost)
-        if p.kind == 1 or p.kind == 4 then
+        if p.kind == KIND_COUNTER or p.kind == KIND_FIXED then
           lease = min(lease, (p.idx + 1) * p.window - now)
         end
       end
@@ -651,12 +653,12 @@ local function call(mode, asked, block_id, previous_block, P, count)
   out[1] = pack('<dddd', 1, lease, now, count)
   for i = 1, count do
     local p = P[i]
-    if mode == 'g' then
+    if mode == LEDGER_GRANT then
       charge(p, granted[i], lease, block_id)
-    elseif p.kind == 2 then
+    elseif p.kind == KIND_LOG then
       p.used = p.used + granted[i]
       p.entries[#p.entries + 1] = { now, granted[i] }
-    elseif p.kind == 3 then
+    elseif p.kind == KIND_BUCKET then
       p.deficit = p.deficit + granted[i] * p.window
     else
       p.cur = p.cur + granted[i]
@@ -667,7 +669,7 @@ local function call(mode, asked, block_id, previous_block, P, count)
   return table.concat(out)
 end
 
-if ARGV[1] ~= 'B' then
+if ARGV[1] ~= LEDGER_BATCH then
   local P, count = policies(ARGV[6], 0)
   return call(ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5], P, count)
 end

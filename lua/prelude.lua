@@ -7,20 +7,13 @@ local ALG = {}
 local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
 local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 
--- Kept past expires_at, in ms, so a key never vanishes while its state still matters.
-local TTL_MARGIN_MS = 1000
--- The string states' keys expire on a grid of this step (ms; at most TTL_MARGIN_MS, and a
--- power of two, so dividing by it is exact in doubles): see the expiry rule below.
-local TTL_GRID_MS = 512
--- The retry_after of a refusal by an in-flight policy (in_flight.rs RETRY_AFTER_MS).
-local IN_FLIGHT_RETRY_AFTER_MS = 1000
--- The most usage a state holds, debt included, times the window in ms (2^52,
--- MAX_USAGE_WINDOW_PRODUCT in algorithm/mod.rs): a settlement's debt saturates there, so every
--- number below stays under 2^53, where doubles are exact. Costs arrive at most 2^53 - 1 (the
--- client clamps them); a product of one with a window can exceed 2^53 and be inexact, but only
--- where it is compared with, or clamped to, a number far below 2^53, which rounding cannot
--- reach (round to nearest is monotone).
-local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496
+-- The constants shared with Rust (TTL_MARGIN_MS, TTL_GRID_MS, IN_FLIGHT_RETRY_AFTER_MS,
+-- MAX_USAGE_WINDOW_PRODUCT, the algorithm ids and mode bytes) come first, generated
+-- (lua/constants.lua). Every number below stays under 2^53, where doubles are exact:
+-- a settlement's debt saturates at MAX_USAGE_WINDOW_PRODUCT (usage x window). Costs arrive
+-- at most 2^53 - 1 (the client clamps them); a product of one with a window can exceed
+-- 2^53 and be inexact, but only where it is compared with, or clamped to, a number far
+-- below 2^53, which rounding cannot reach (round to nearest is monotone).
 
 -- floor(a / b) for integers a >= 0, b >= 1.
 local function idiv(a, b)

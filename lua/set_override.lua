@@ -59,8 +59,6 @@ end
 if deficit - q * slow > 0 then
   q = q + 1
 end
-local TTL_MARGIN_MS = 1000
-local TTL_GRID_MS = 512
 local target = math.max(updated + q, now) + TTL_MARGIN_MS
 target = target + (-target) % TTL_GRID_MS
 redis.call('SET', KEYS[1], struct.pack('<dd', deficit, updated), 'PX', target - now)

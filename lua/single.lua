@@ -1,4 +1,5 @@
--- tollgate: the clock, then the common call decided before anything else is defined.
+-- tollgate: the clock, then the common call decided before anything else is defined (after
+-- the constants shared with Rust, lua/constants.lua).
 --
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the whole call.
 local now = tonumber(ARGV[1])
@@ -19,27 +20,27 @@ end
 --
 -- A call of one policy and one state sends its three binary strings (decide.lua) as one
 -- ARGV[2]: one argument and one struct.unpack cost Redis less than three of each. For one
--- request of one policy it is 61 bytes: the policy (5 f64), the state's policy (u32, 1),
--- then the request (mode u8, m u32, state u32, cost f64).
+-- request of one policy it is LONE_REQUEST_BYTES: the policy (5 f64), the state's policy
+-- (u32, 1), then the request (mode u8, m u32, state u32, cost f64).
 repeat
   local one = ARGV[2]
-  if #KEYS ~= 2 or #ARGV ~= 2 or #one ~= 61 then
+  if #KEYS ~= 2 or #ARGV ~= 2 or #one ~= LONE_REQUEST_BYTES then
     break
   end
   local unpack_struct, pack, floor, max, min = struct.unpack, struct.pack, math.floor, math.max, math.min
   local id, n, w, capacity, max_delay, sp, mode, m, i, cost = unpack_struct('<dddddI4BI4I4d', one)
-  if sp ~= 1 or mode > 1 or m ~= 1 or i ~= 1 then
+  if sp ~= 1 or mode > MODE_CHARGE or m ~= 1 or i ~= 1 then
     break
   end
   local size
-  if id == 1 then
+  if id == ALG_SLIDING_WINDOW_COUNTER then
     size = 24
-  elseif id == 3 or id == 4 or id == 5 then
+  elseif id == ALG_TOKEN_BUCKET or id == ALG_FIXED_WINDOW or id == ALG_GCRA then
     size = 16
   else
     break
   end
-  local charge = mode == 1
+  local charge = mode == MODE_CHARGE
   local key = KEYS[1]
   local values = redis.call('MGET', key, KEYS[2])
   local v = values[1]
@@ -67,11 +68,9 @@ repeat
   -- A cost above the capacity (which never fits, or fits only by shaping's delay), and a
   -- window's count past the limit (a settlement's debt, carried into the next windows), are
   -- decided by the general path.
-  if cost > capacity or (size == 24 or id == 4) and s2 > n then
+  if cost > capacity or (size == 24 or id == ALG_FIXED_WINDOW) and s2 > n then
     break
   end
-  local MAX_USAGE_WINDOW_PRODUCT = 4503599627370496
-
   -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua).
   local function idiv(a, b)
     local q = floor(a / b)
@@ -88,7 +87,7 @@ repeat
   -- under the policy it was written with (see `kept_since` in the algorithm's file).
   local allowed, remaining, reset_after, retry_after, delay = false, 0, 0, 0, 0
   local write, expires_at, was = false, nil, nil
-  if id == 1 then
+  if id == ALG_SLIDING_WINDOW_COUNTER then
     -- Sliding window counter (sliding_window_counter.lua: evaluate, counter_earliest).
     if not fresh then
       was = (s1 + 2) * w
@@ -149,7 +148,7 @@ repeat
       end
       retry_after = earliest - now
     end
-  elseif id == 4 then
+  elseif id == ALG_FIXED_WINDOW then
     -- Fixed window (fixed_window.lua: evaluate).
     if not fresh then
       was = (s1 + 1) * w
@@ -181,7 +180,7 @@ repeat
   else
     -- ceil(a / b) for integers a >= 0, b >= 1 (ceil_div in prelude.lua), inline below.
     local q
-    if id == 5 then
+    if id == ALG_GCRA then
       -- GCRA (gcra.lua: evaluate, expires_at).
       if not fresh then
         was = s1
@@ -292,8 +291,6 @@ repeat
     -- branch above leaves expires_at >= now, so the TTL is at least TTL_MARGIN_MS.
     local keep = expires_at == was
     if not keep then
-      local TTL_MARGIN_MS = 1000
-      local TTL_GRID_MS = 512
       local target = expires_at + TTL_MARGIN_MS
       target = target + (-target) % TTL_GRID_MS
       if was then

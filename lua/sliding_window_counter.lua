@@ -1,7 +1,7 @@
 -- Sliding window counter: one string per (key, policy) holding {window, current, previous}.
 -- The arithmetic is src/algorithm/sliding_window_counter.rs, line for line: a count past the
 -- limit (a settlement's debt) is carried into the next windows, N paid per window.
-ALG[1] = function()
+ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
   local counter = packed('<ddd', 24)
 
   function counter.fresh()

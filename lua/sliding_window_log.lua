@@ -6,7 +6,7 @@
 --
 -- A batch reads the live entries once, decides every request against them in memory, and
 -- writes once at the end: the trim, the member of this millisecond, and the TTL.
-ALG[2] = function()
+ALG[ALG_SLIDING_WINDOW_LOG] = function()
   local log = { zset = true }
 
   -- The live entries (logged after now - W), oldest first; nil and a message when the key

@@ -1,6 +1,6 @@
 -- Token bucket: one string per (key, policy) holding {deficit, updated_at}; the deficit is
 -- missing tokens x W, refilled by N per ms. The arithmetic is src/algorithm/token_bucket.rs.
-ALG[3] = function()
+ALG[ALG_TOKEN_BUCKET] = function()
   local bucket = packed('<dd', 16)
 
   function bucket.fresh()

@@ -25,11 +25,12 @@ OUT=${OUT:-}
 command -v redis-server >/dev/null || { echo "redis-server is not installed"; exit 1; }
 script=$(mktemp)
 trap 'rm -f "$script" "$before"; redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true' EXIT
-# The order src/store/redis/script.rs joins them in.
+# The order src/store/redis/script.rs joins them in, with the values of lua/constants.lua
+# written in.
 for f in single prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
   cat "lua/$f.lua"
   echo
-done >"$script"
+done | python3 benches/scripts/inline_constants.py >"$script"
 before=$(mktemp)
 if [ -n "${BEFORE:-}" ]; then
   for f in prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do

@@ -25,11 +25,12 @@ script=$(mktemp)
 before=$(mktemp)
 log=$(mktemp)
 trap 'rm -f "$script" "$before" "$log"' EXIT
-# The decision script as src/store/redis/script.rs joins it (single.lua first, decide.lua last).
+# The decision script as src/store/redis/script.rs joins it (single.lua first, decide.lua last),
+# with the values of lua/constants.lua written in.
 for f in single prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
   cat "lua/$f.lua"
   echo
-done >"$script"
+done | python3 benches/scripts/inline_constants.py >"$script"
 if [ -n "${BEFORE:-}" ]; then
   for f in prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
     git show "$BEFORE:lua/$f.lua"

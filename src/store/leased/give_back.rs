@@ -28,7 +28,7 @@ impl<S: LeaseBackend> Shared<S> {
             crate::telemetry::lease_units("dropped", unused);
             return None;
         }
-        let mut call = self.call(Mode::Return, 0, block.id, &entry.policies);
+        let mut call = self.call(LedgerMode::Return, 0, block.id, &entry.policies);
         for (part, bp) in call.parts.iter_mut().zip(&block.parts) {
             part.returned = block.returned(bp);
         }
@@ -93,7 +93,7 @@ impl<S: LeaseBackend> Shared<S> {
                 }
             }
             Taken::Ledger { id, at } => {
-                let mut call = self.call(Mode::Return, 0, id, policies);
+                let mut call = self.call(LedgerMode::Return, 0, id, policies);
                 for (part, &c) in call.parts.iter_mut().zip(costs) {
                     part.returned = Returned {
                         granted: c,

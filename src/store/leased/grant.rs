@@ -16,7 +16,7 @@ impl<S: LeaseBackend> Shared<S> {
 
     pub(super) fn call(
         &self,
-        mode: Mode,
+        mode: LedgerMode,
         period: u64,
         id: u64,
         policies: &[Policy],
@@ -93,7 +93,7 @@ impl<S: LeaseBackend> Shared<S> {
             return Ok((d, Taken::Nothing));
         }
         let id = self.next_id();
-        let mut call = self.call(Mode::Grant, period, id, policies);
+        let mut call = self.call(LedgerMode::Grant, period, id, policies);
         for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
             part.cost = cost;
             part.wanted = want.max(cost);
@@ -144,7 +144,7 @@ impl<S: LeaseBackend> Shared<S> {
         costs: &[u64],
     ) -> Result<(Decision, Taken), StoreError> {
         let id = self.next_id();
-        let mut call = self.call(Mode::Grant, 0, id, policies);
+        let mut call = self.call(LedgerMode::Grant, 0, id, policies);
         for (part, &cost) in call.parts.iter_mut().zip(costs) {
             part.cost = cost;
             part.wanted = cost;

@@ -56,7 +56,7 @@ impl Kind {
 
 /// What a ledger call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub(crate) enum LedgerMode {
     Grant,
     Peek,
     Return,
@@ -67,16 +67,16 @@ pub(crate) enum Mode {
     Keep,
 }
 
-impl Mode {
+impl LedgerMode {
     #[cfg(feature = "redis")]
     pub(crate) fn code(self) -> &'static str {
         match self {
-            Mode::Grant => "g",
-            Mode::Peek => "p",
-            Mode::Return => "r",
-            Mode::Force => "f",
-            Mode::Reset => "x",
-            Mode::Keep => "k",
+            LedgerMode::Grant => "g",
+            LedgerMode::Peek => "p",
+            LedgerMode::Return => "r",
+            LedgerMode::Force => "f",
+            LedgerMode::Reset => "x",
+            LedgerMode::Keep => "k",
         }
     }
 }

@@ -217,9 +217,10 @@ use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 pub(crate) use ledger::Kind;
+pub(crate) use ledger::LedgerMode;
 #[cfg(feature = "redis")]
 pub(crate) use ledger::PART_BYTES;
-use ledger::{Mode, Part, Returned};
+use ledger::{Part, Returned};
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);

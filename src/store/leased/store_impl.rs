@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::ledger::{Kind, Mode};
+use super::ledger::{Kind, LedgerMode};
 use super::*;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
@@ -160,7 +160,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
             let dl = if lp.is_empty() {
                 Decision::from_policies([])
             } else {
-                let mut call = shared.call(Mode::Peek, 0, 0, &lp);
+                let mut call = shared.call(LedgerMode::Peek, 0, 0, &lp);
                 for (part, &c) in call.parts.iter_mut().zip(&lc) {
                     part.cost = c;
                 }
@@ -242,7 +242,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                     shared.untake(&key, &lp, &back, Taken::Nothing).await;
                 }
                 if extra.iter().any(|&x| x > 0) {
-                    let mut call = shared.call(Mode::Force, 0, shared.next_id(), &lp);
+                    let mut call = shared.call(LedgerMode::Force, 0, shared.next_id(), &lp);
                     for (part, &x) in call.parts.iter_mut().zip(&extra) {
                         part.cost = x;
                     }
@@ -286,7 +286,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
         let all: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
         Box::pin(async move {
             if !lp.is_empty() {
-                let call = shared.call(Mode::Reset, 0, 0, &lp);
+                let call = shared.call(LedgerMode::Reset, 0, 0, &lp);
                 shared.inner.ledger(&key, &lp, call).await?;
             }
             shared.inner.apply(&key, &all, Op::Reset).await
@@ -314,7 +314,7 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let keep = (kind == Kind::Bucket).then(|| {
             let call = self
                 .shared
-                .call(Mode::Keep, 0, 0, std::slice::from_ref(policy));
+                .call(LedgerMode::Keep, 0, 0, std::slice::from_ref(policy));
             self.shared
                 .inner
                 .ledger(key, std::slice::from_ref(policy), call)

@@ -251,7 +251,7 @@ impl<C: Connector> Core<C> {
     /// The script call for one assembled batch.
     pub(crate) fn invocation(&self, batch: &Assembled<'_>) -> ScriptCall {
         let now = self.clock.is_injected().then(|| self.clock.now_millis());
-        wire::invocation(batch, now)
+        wire::invocation(super::script::script(), batch, now)
     }
 
     /// Decides (or refunds, by `mode`) now when the lane has room, else queues for the next

@@ -8,16 +8,21 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::batch::Queued;
+use super::lua_constants;
 use super::script_call::ScriptCall;
 use crate::error::StoreError;
 use crate::store::leased::{LedgerCall, LedgerReply};
 
-const LEASE: &str = include_str!("../../../lua/lease.lua");
+/// The lease script: `lua/lease.lua`, the shared constants written in.
+pub(crate) fn lease_source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| lua_constants::inline(include_str!("../../../lua/lease.lua")))
+}
 
 /// The lease script, hashed once.
 fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(LEASE))
+    SCRIPT.get_or_init(|| Script::new(lease_source()))
 }
 
 /// The Lua text of the lease script, for inspection or loading ahead of time.
@@ -26,7 +31,7 @@ fn script() -> &'static Script {
 /// assert!(tollgate::store::redis::lease_script_source().contains("redis.call('TIME')"));
 /// ```
 pub fn lease_script_source() -> &'static str {
-    LEASE
+    lease_source()
 }
 
 /// One ledger call waiting for, or in, a script call.
@@ -101,7 +106,7 @@ pub(crate) fn invocation(batch: &[LedgerRequest], now: Option<u64>) -> ScriptCal
     if let [one] = batch {
         push_call(&mut inv, &one.call, Some(now));
     } else {
-        inv.arg("B");
+        inv.arg(lua_constants::LEDGER_BATCH);
         match now {
             Some(now) => inv.arg(now),
             None => inv.arg(""),

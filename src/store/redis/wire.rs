@@ -27,7 +27,6 @@ use smallvec::SmallVec;
 
 use super::keys::OverrideOf;
 use super::request::{Mode, Params, Request};
-use super::script::{algorithm_id, script};
 use super::script_call::ScriptCall;
 use crate::algorithm::PolicyDecision;
 use crate::decision::Decision;
@@ -53,7 +52,7 @@ pub(crate) fn read_override(value: &[u8]) -> Option<(u64, u64)> {
 /// The parameters of `policy` as the script takes them.
 pub(crate) fn params(policy: &Policy) -> Params {
     [
-        u64::from(algorithm_id(policy.algorithm())),
+        u64::from(crate::algorithm::registration(policy.algorithm()).script_id),
         policy.limit(),
         policy.window_millis(),
         policy.capacity(),
@@ -75,16 +74,20 @@ pub(crate) struct Assembled<'a> {
     pub(crate) requests: Vec<u8>,
 }
 
-/// The script call for one assembled batch; `now` is the injected clock's time, if any
-/// (otherwise the script reads `TIME`).
-pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall {
+/// The call of `script` (the decision script) for one assembled batch; `now` is the injected
+/// clock's time, if any (otherwise the script reads `TIME`).
+pub(crate) fn invocation(
+    script: &'static redis::Script,
+    batch: &Assembled<'_>,
+    now: Option<u64>,
+) -> ScriptCall {
     let bytes = 2 * batch.keys.iter().map(|k| k.len() + 2).sum::<usize>()
         + batch.params.len()
         + batch.states.len()
         + batch.requests.len();
     let joined = batch.params.len() == PARAMS_BYTES && batch.states.len() == STATE_BYTES;
     let mut inv = ScriptCall::new(
-        script(),
+        script,
         2 * batch.keys.len(),
         if joined { 2 } else { 4 },
         bytes,
@@ -110,9 +113,18 @@ pub(crate) fn invocation(batch: &Assembled<'_>, now: Option<u64>) -> ScriptCall 
     inv
 }
 
-/// The bytes of one policy's parameters, and of one state's policy index.
-const PARAMS_BYTES: usize = 40;
-const STATE_BYTES: usize = 4;
+/// The bytes of one policy's parameters: five doubles.
+pub(crate) const PARAMS_BYTES: usize = 40;
+/// The bytes of one state's policy index.
+pub(crate) const STATE_BYTES: usize = 4;
+/// The bytes of a request's head: its mode and its number of policies.
+pub(crate) const REQUEST_HEAD_BYTES: usize = 5;
+/// The bytes of one of a request's (state index, cost) pairs.
+const PAIR_BYTES: usize = 12;
+/// The bytes of a call of one request of one policy (one argument): what `lua/single.lua`
+/// decides from.
+pub(crate) const LONE_REQUEST_BYTES: usize =
+    PARAMS_BYTES + STATE_BYTES + REQUEST_HEAD_BYTES + PAIR_BYTES;
 
 /// Binary strings sent as one argument, written straight into the command's buffer.
 struct Joined<'a>([&'a [u8]; 3]);
@@ -175,8 +187,8 @@ impl<'a> Builder<'a> {
             keys: Vec::with_capacity(requests),
             of_policy: SmallVec::new(),
             index: None,
-            // One policy per request is the common case: 5 + 12 bytes.
-            requests: Vec::with_capacity(requests * 17),
+            // One policy per request is the common case.
+            requests: Vec::with_capacity(requests * (REQUEST_HEAD_BYTES + PAIR_BYTES)),
         }
     }
 
@@ -462,7 +474,7 @@ mod tests {
         let calls = assemble(batch);
         assert_eq!(calls.len(), 1);
         let (assembled, _) = &calls[0];
-        let inv = invocation(assembled, None);
+        let inv = invocation(crate::store::redis::script::script(), assembled, None);
         inv.cmd()
             .args_iter()
             .skip(3 + 2 * assembled.keys.len())
@@ -478,7 +490,8 @@ mod tests {
         // A lone decision: the 61 bytes lua/single.lua decides from.
         let args = script_args(&[request(&["k"])]);
         assert_eq!(args.len(), 2);
-        assert_eq!((args[0].len(), args[1].len()), (0, 61));
+        assert_eq!((args[0].len(), args[1].len()), (0, LONE_REQUEST_BYTES));
+        assert_eq!(LONE_REQUEST_BYTES, 61);
         assert_eq!(args[1][40..44], 1u32.to_le_bytes());
         // A hot key's batch: still one state, so one argument that decide.lua splits.
         let args = script_args(&[request(&["k"]), request(&["k"]), request(&["k"])]);

@@ -2,7 +2,7 @@
 
 use smallvec::SmallVec;
 
-use super::{Kind, Mode};
+use super::{Kind, LedgerMode};
 use crate::policy::Policy;
 
 /// One policy's part of a ledger call: the policy's numbers, what the call asks of it, and
@@ -99,7 +99,7 @@ impl Override {
 /// ledger.
 #[derive(Debug, Clone)]
 pub struct LedgerCall {
-    pub(crate) mode: Mode,
+    pub(crate) mode: LedgerMode,
     /// Grants: the lease asked for, in ms (how long the block may be spent); 0 asks for no
     /// block: the request is decided exactly.
     pub(crate) lease_ms: u64,

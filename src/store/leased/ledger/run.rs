@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use smallvec::SmallVec;
 
 use super::state::{fits, limits, load, most, retry, view_of, LState, View};
-use super::{Answer, Kind, LedgerCall, LedgerReply, Mode, Part, Returned};
+use super::{Answer, Kind, LedgerCall, LedgerMode, LedgerReply, Part, Returned};
 use crate::algorithm::{
     sliding_window_log, FixedWindow, FixedWindowState, LimitAlgorithm, SlidingWindowCounter,
     SlidingWindowCounterState, TokenBucket, TokenBucketState,
@@ -137,13 +137,13 @@ pub(super) fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) ->
         answers: SmallVec::new(),
     };
     match call.mode {
-        Mode::Return => {
+        LedgerMode::Return => {
             for (part, state) in call.parts.iter().zip(states.iter_mut()) {
                 give_back(part, &part.returned, state, now, call.block_id);
             }
             done(true)
         }
-        Mode::Force => {
+        LedgerMode::Force => {
             // Answers whether the key is within its limits afterwards: when a debt stands,
             // the caller gives back the block it holds, charged before the debt.
             let mut clear = true;
@@ -156,15 +156,15 @@ pub(super) fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) ->
             }
             done(clear)
         }
-        Mode::Reset => {
+        LedgerMode::Reset => {
             for state in states.iter_mut() {
                 *state = None;
             }
             done(true)
         }
         // Nothing expires in process memory.
-        Mode::Keep => done(true),
-        Mode::Grant | Mode::Peek => grant_or_peek(call, states, now),
+        LedgerMode::Keep => done(true),
+        LedgerMode::Grant | LedgerMode::Peek => grant_or_peek(call, states, now),
     }
 }
 
@@ -172,7 +172,7 @@ pub(super) fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) ->
 /// policy has room for at least its cost, else the request decided exactly, else a refusal.
 /// A grant gives the block in hand back first.
 fn grant_or_peek(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> LedgerReply {
-    if call.mode == Mode::Grant && call.previous_block != 0 {
+    if call.mode == LedgerMode::Grant && call.previous_block != 0 {
         for (part, state) in call.parts.iter().zip(states.iter_mut()) {
             give_back(part, &part.returned, state, now, call.previous_block);
         }
@@ -189,7 +189,7 @@ fn grant_or_peek(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> 
     let mut answers = SmallVec::new();
     for (i, part) in call.parts.iter().enumerate() {
         let v = &mut views[i];
-        if call.mode == Mode::Grant {
+        if call.mode == LedgerMode::Grant {
             charge(
                 part,
                 v,
@@ -207,7 +207,7 @@ fn grant_or_peek(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> 
             }
         }
         let (remaining, mut reset_after_ms) = view_of(part, v, states[i].as_ref(), now);
-        if call.mode == Mode::Peek && part.kind == Kind::Log && granted[i] > 0 {
+        if call.mode == LedgerMode::Peek && part.kind == Kind::Log && granted[i] > 0 {
             // The entry a peek does not write would count for a whole window.
             reset_after_ms = reset_after_ms.max(part.window_ms);
         }
@@ -232,7 +232,7 @@ fn grant_or_peek(call: &LedgerCall, states: &mut [Option<LState>], now: u64) -> 
 /// lease and every policy has room for its cost over it (ending at a window's end for the
 /// windows), else the cost alone with no lease; `None` when not even that fits.
 fn what_fits(call: &LedgerCall, views: &[View], now: u64) -> Option<(u64, SmallVec<[u64; 2]>)> {
-    if call.mode == Mode::Grant
+    if call.mode == LedgerMode::Grant
         && call.lease_ms > 0
         && call
             .parts

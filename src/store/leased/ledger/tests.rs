@@ -59,7 +59,7 @@ impl Drop for Server {
     }
 }
 
-fn call(mode: Mode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCall {
+fn call(mode: LedgerMode, period: u64, id: u64, previous: u64, part: Part) -> LedgerCall {
     LedgerCall {
         mode,
         lease_ms: period,
@@ -93,7 +93,7 @@ fn push_keys(cmd: &mut redis::Cmd, keys: &Keys<'_>, calls: &[LedgerCall]) {
 
 fn lua(conn: &mut redis::Connection, keys: &Keys<'_>, c: &LedgerCall, now: u64) -> LedgerReply {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    cmd.arg(crate::store::redis::lease_script_source());
     push_keys(&mut cmd, keys, std::slice::from_ref(c));
     let reply: Vec<u8> = cmd
         .arg(c.mode.code())
@@ -121,7 +121,7 @@ fn lua_batch(
     now: u64,
 ) -> Vec<LedgerReply> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../../../../lua/lease.lua"));
+    cmd.arg(crate::store::redis::lease_script_source());
     push_keys(&mut cmd, keys, calls);
     cmd.arg("B").arg(now).arg(calls.len());
     for c in calls {

@@ -63,12 +63,14 @@ fn a_forced_charge_is_the_exact_algorithms_debt() {
                         assert!(exact.decide(t0, &limits, used).is_allowed());
                         part.cost = used;
                         part.wanted = used;
-                        assert!(run(&call(Mode::Grant, 0, 1, 0, part), &mut states, t0).granted);
+                        assert!(
+                            run(&call(LedgerMode::Grant, 0, 1, 0, part), &mut states, t0).granted
+                        );
                     }
                     let t1 = t0 + w / 3;
                     exact.overcharge(t1, &limits, extra);
                     part.cost = extra;
-                    run(&call(Mode::Force, 0, 2, 0, part), &mut states, t1);
+                    run(&call(LedgerMode::Force, 0, 2, 0, part), &mut states, t1);
                     // How long the debt takes to pay back (it saturates at ⌊2^52 / W⌋ units).
                     let units = extra.min(crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / w);
                     let debt_ms = (units / n + 1) * w;
@@ -87,7 +89,7 @@ fn a_forced_charge_is_the_exact_algorithms_debt() {
                         for cost in [1, n] {
                             let want = exact.evaluate(t, &limits, cost);
                             part.cost = cost;
-                            let got = run(&call(Mode::Peek, 0, 3, 0, part), &mut states, t);
+                            let got = run(&call(LedgerMode::Peek, 0, 3, 0, part), &mut states, t);
                             let what = format!(
                                 "{kind:?} n {n} w {w}: used {used}, extra {extra}, cost {cost} at +{later}"
                             );
@@ -155,14 +157,14 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                     if used > 0 {
                         part.cost = used;
                         part.wanted = used;
-                        both(call(Mode::Grant, 0, 1, 0, part), t0);
+                        both(call(LedgerMode::Grant, 0, 1, 0, part), t0);
                     }
                     let t1 = t0 + w / 3;
                     part.cost = extra;
-                    both(call(Mode::Force, 0, 2, 0, part), t1);
+                    both(call(LedgerMode::Force, 0, 2, 0, part), t1);
                     // A second force adds to the debt, and saturates as the first did.
                     if extra % 2 == 1 {
-                        both(call(Mode::Force, 0, 3, 0, part), t1 + 1);
+                        both(call(LedgerMode::Force, 0, 3, 0, part), t1 + 1);
                     }
                     // How long the debt takes to pay back (it saturates at ⌊2^52 / W⌋ units).
                     let units = extra.min(crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / w);
@@ -185,8 +187,8 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                         let id = 10 + i as u64;
                         part.cost = 1;
                         part.wanted = n;
-                        both(call(Mode::Peek, 0, id, 0, part), t);
-                        let r = both(call(Mode::Grant, w / 4 + 1, id, 0, part), t);
+                        both(call(LedgerMode::Peek, 0, id, 0, part), t);
+                        let r = both(call(LedgerMode::Grant, w / 4 + 1, id, 0, part), t);
                         if let Some((hid, k, at, lease_ms)) = held.take() {
                             let mut back = part;
                             back.returned = Returned {
@@ -196,7 +198,7 @@ fn forced_charges_at_the_extremes_match_in_lua_and_rust() {
                                 lease_ms,
                                 rate: 0,
                             };
-                            both(call(Mode::Return, 0, hid, 0, back), t);
+                            both(call(LedgerMode::Return, 0, hid, 0, back), t);
                         }
                         if r.granted && r.lease_ms > 0 {
                             held = Some((id, r.answers[0].granted, t, r.lease_ms));
@@ -224,14 +226,14 @@ fn hostile_numbers_saturate_never_wrap() {
         let now = 1_700_000_000_000u64;
         let mut part = Part::new(kind, &policy);
         part.cost = u64::MAX;
-        run(&call(Mode::Force, 0, 1, 0, part), &mut states, now);
-        run(&call(Mode::Force, 0, 2, 0, part), &mut states, now);
+        run(&call(LedgerMode::Force, 0, 1, 0, part), &mut states, now);
+        run(&call(LedgerMode::Force, 0, 2, 0, part), &mut states, now);
         // ⌊2^52 / 1000⌋ units at 10 a second: about 4.5 · 10^11 ms.
         let debt_ms = crate::algorithm::MAX_USAGE_WINDOW_PRODUCT / 1_000 / 10 * 1_000;
         for a in [1, 10, 11, u64::MAX] {
             part.cost = a;
             part.wanted = u64::MAX;
-            let r = run(&call(Mode::Grant, 300, 3, 0, part), &mut states, now);
+            let r = run(&call(LedgerMode::Grant, 300, 3, 0, part), &mut states, now);
             assert!(!r.granted, "{kind:?} cost {a}");
             let retry = r.answers[0].retry_after_ms;
             assert!(
@@ -239,7 +241,7 @@ fn hostile_numbers_saturate_never_wrap() {
                 "{kind:?} cost {a}: retry after {retry}, debt {debt_ms} ms"
             );
             let r = run(
-                &call(Mode::Peek, 0, 3, 0, part),
+                &call(LedgerMode::Peek, 0, 3, 0, part),
                 &mut states,
                 now + debt_ms / 2,
             );
@@ -247,7 +249,7 @@ fn hostile_numbers_saturate_never_wrap() {
         }
         part.cost = 1;
         let r = run(
-            &call(Mode::Peek, 0, 4, 0, part),
+            &call(LedgerMode::Peek, 0, 4, 0, part),
             &mut states,
             now + debt_ms + 2_000,
         );
@@ -260,9 +262,17 @@ fn hostile_numbers_saturate_never_wrap() {
             lease_ms: u64::MAX,
             rate: u64::MAX,
         };
-        run(&call(Mode::Return, 0, 1, 0, part), &mut states, now + 1);
+        run(
+            &call(LedgerMode::Return, 0, 1, 0, part),
+            &mut states,
+            now + 1,
+        );
         part.cost = 1;
-        run(&call(Mode::Peek, 0, 4, 0, part), &mut states, now + 2_000);
+        run(
+            &call(LedgerMode::Peek, 0, 4, 0, part),
+            &mut states,
+            now + 2_000,
+        );
     }
 }
 
@@ -293,9 +303,22 @@ fn a_windows_debt_keeps_its_key() {
         let now = 1_700_000_000_000u64;
         part.cost = 1;
         part.wanted = 1;
-        assert!(lua(&mut conn, &keys, &call(Mode::Grant, 0, 1, 0, part), now).granted);
+        assert!(
+            lua(
+                &mut conn,
+                &keys,
+                &call(LedgerMode::Grant, 0, 1, 0, part),
+                now
+            )
+            .granted
+        );
         part.cost = 39;
-        let r = lua(&mut conn, &keys, &call(Mode::Force, 0, 2, 0, part), now);
+        let r = lua(
+            &mut conn,
+            &keys,
+            &call(LedgerMode::Force, 0, 2, 0, part),
+            now,
+        );
         assert!(!r.granted, "{kind:?}: a debt stands");
         let pttl: i64 = redis::cmd("PTTL").arg(&state).query(&mut conn).unwrap();
         let want = windows * 1_000;

@@ -79,7 +79,7 @@ fn differential(batched: bool) {
                     *p = effective(*p);
                 }
                 let want = run(&rust_call, &mut states, now);
-                if c.mode == Mode::Grant && want.granted && want.lease_ms > 0 {
+                if c.mode == LedgerMode::Grant && want.granted && want.lease_ms > 0 {
                     let a = want.answers[0];
                     held = Some((id, a.granted, now, want.lease_ms, a.limit));
                 }
@@ -152,7 +152,7 @@ fn random_call(
     match rand(6) {
         0 => {
             part.cost = cost(rand);
-            call(Mode::Peek, 0, id, 0, part)
+            call(LedgerMode::Peek, 0, id, 0, part)
         }
         1 if held.is_some() => {
             let (hid, k, at, lease_ms, rate) = held.take().unwrap_or_default();
@@ -163,7 +163,7 @@ fn random_call(
                 lease_ms,
                 rate: if rand(4) == 0 { 0 } else { rate },
             };
-            call(Mode::Return, 0, hid, 0, part)
+            call(LedgerMode::Return, 0, hid, 0, part)
         }
         2 => {
             // Mostly small debts, carried over a few windows; now and then one at the
@@ -174,10 +174,10 @@ fn random_call(
             } else {
                 [1, 3, 7, 8, 20, 45][rand(6) as usize]
             };
-            call(Mode::Force, 0, id, 0, part)
+            call(LedgerMode::Force, 0, id, 0, part)
         }
-        3 if rand(4) == 0 => call(Mode::Keep, 0, 0, 0, part),
-        3 if rand(3) == 0 => call(Mode::Reset, 0, 0, 0, part),
+        3 if rand(4) == 0 => call(LedgerMode::Keep, 0, 0, 0, part),
+        3 if rand(3) == 0 => call(LedgerMode::Reset, 0, 0, 0, part),
         _ => {
             part.cost = cost(rand);
             part.wanted = part.cost + rand(4);
@@ -193,7 +193,7 @@ fn random_call(
                     rate,
                 };
             }
-            call(Mode::Grant, lease, id, previous, part)
+            call(LedgerMode::Grant, lease, id, previous, part)
         }
     }
 }
@@ -227,7 +227,12 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
     let now = 1_700_000_000_000u64;
     part.cost = 500;
     part.wanted = 500;
-    let reply = lua(&mut conn, &keys, &call(Mode::Grant, 0, 1, 0, part), now);
+    let reply = lua(
+        &mut conn,
+        &keys,
+        &call(LedgerMode::Grant, 0, 1, 0, part),
+        now,
+    );
     assert!(reply.granted);
     let pttl = |conn: &mut redis::Connection| -> i64 {
         redis::cmd("PTTL").arg(state).query(conn).unwrap()
@@ -253,7 +258,12 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
         .unwrap(),
     );
     keep.cost = 0;
-    lua(&mut conn, &keys, &call(Mode::Keep, 0, 0, 0, keep), now);
+    lua(
+        &mut conn,
+        &keys,
+        &call(LedgerMode::Keep, 0, 0, 0, keep),
+        now,
+    );
     assert!(pttl(&mut conn) >= 50_000, "{}", pttl(&mut conn));
     // A grant under the override writes the slower rate's TTL too.
     part.cost = 1;
@@ -261,7 +271,7 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
     let reply = lua(
         &mut conn,
         &keys,
-        &call(Mode::Grant, 0, 2, 0, part),
+        &call(LedgerMode::Grant, 0, 2, 0, part),
         now + 10,
     );
     assert!(reply.granted);
