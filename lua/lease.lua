@@ -38,56 +38,16 @@
 -- The calls run in order, each against the state the earlier ones left, exactly as if sent
 -- one by one at the same instant; the reply is each call's reply, one after the other (each
 -- says how many answers it holds).
-local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
-local unpack_struct, pack = struct.unpack, struct.pack
--- The constants shared with Rust come first, generated (lua/constants.lua). Policies keep
--- capacity x window within MAX_CAPACITY_WINDOW_PRODUCT (exact in doubles); an override that
--- does not is ignored, as is anything in an override key that is not one. A settlement's
--- debt saturates at MAX_USAGE_WINDOW_PRODUCT (units x window), so every count x window
--- stays below 2^53. An extra charge above 2^53 arrives rounded; it is compared with, or
--- clamped to, far smaller numbers only, which rounding cannot reach (round to nearest is
+--
+-- The script is integers.lua (floor, max, min, idiv, ceil_div, int, …), then
+-- sliding_window_counter_math.lua, then this text. The upper-case names are the constants
+-- shared with Rust (lua/constants.lua), written in when the script is assembled. Policies
+-- keep capacity x window within MAX_CAPACITY_WINDOW_PRODUCT (exact in doubles); an override
+-- that does not is ignored, as is anything in an override key that is not one. A
+-- settlement's debt saturates at MAX_USAGE_WINDOW_PRODUCT (units x window), so every count x
+-- window stays below 2^53. An extra charge above 2^53 arrives rounded; it is compared with,
+-- or clamped to, far smaller numbers only, which rounding cannot reach (round to nearest is
 -- monotone).
-
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if a - q * b > 0 then
-    return q + 1
-  end
-  return q
-end
-
-local function int(x)
-  return format('%.0f', x)
-end
-
--- (previous, current) j >= 1 windows after a window that counted c (`carried` in
--- sliding_window_counter.rs): a count past the limit (a debt) is carried, n paid per window.
--- A product past 2^53 is inexact, but then above c, and the difference is clamped to 0.
-local function carried(c, j, n)
-  local left = max(c - n * (j - 1), 0)
-  return min(left, n), max(left - n, 0)
-end
-
--- The counter's (previous, current) in window idx from its state {x, y, z} (`counts`).
-local function counter_counts(x, y, z, idx, n)
-  if x == idx then
-    return z, y
-  elseif x < idx then
-    return carried(y, idx - x, n)
-  end
-  return 0, 0
-end
-
 -- The fixed window's count in window idx from its state {x, y} (`count_at`).
 local function fixed_count(x, y, idx, n)
   if x == idx then
@@ -124,8 +84,11 @@ end
 -- tables are garbage to collect): one request of one counter, fixed window or token bucket /
 -- GCRA policy that has room, charged at once (a grant with no lease and no block to give
 -- back) or peeked, as a cold key's decisions are. The arithmetic is that of load(), most(),
--- charge() and view() below for those kinds (and of ledger.rs; the differential tests in
--- ledger/tests.rs hold all three to the same replies). Anything else, a refusal included,
+-- charge() and view() below for those kinds (and of src/store/leased/ledger/; the
+-- differential tests in ledger/tests/ hold all three to the same replies); the counter's is
+-- sliding_window_counter_math.lua's, inline: building that here cost a cold counter call
+-- about 10 000 more instructions of Redis (11 %), and every other cold call about 2 500
+-- (its closures' upvalues). Anything else, a refusal included,
 -- answers nil and goes to the general path, which reads the state afresh: nothing was written.
 -- `key` is the state, `okey` the override.
 local function quick(mode, lease, previous_block, blob, key, okey)
@@ -167,7 +130,13 @@ local function quick(mode, lease, previous_block, blob, key, okey)
     local idx = idiv(now, w)
     local prev, cur = 0, 0
     if kind == KIND_COUNTER then
-      prev, cur = counter_counts(x, y, z, idx, n)
+      -- counts and carried of sliding_window_counter_math.lua, inline.
+      if x == idx then
+        prev, cur = z, y
+      elseif x < idx then
+        local left = max(y - n * (idx - x - 1), 0)
+        prev, cur = min(left, n), max(left - n, 0)
+      end
     else
       cur = fixed_count(x, y, idx, n)
     end
@@ -177,8 +146,8 @@ local function quick(mode, lease, previous_block, blob, key, okey)
       end
     else
       local e = now - idx * w
-      local weighted = prev * (w - e) + cur * w
-      if idiv(max(n * w - weighted, 0), w) - ((weighted > n * w) and 1 or 0) < cost then
+      local room = n * w - (prev * (w - e) + cur * w)
+      if room < 0 or idiv(room, w) < cost then
         return nil
       end
     end
@@ -197,8 +166,9 @@ local function quick(mode, lease, previous_block, blob, key, okey)
         redis.call('SET', key, pack('<ddd', idx, cur, prev),
           'PX', (idx + max(ceil_div(cur, slowest), 1) + 1) * w - now + TTL_MARGIN_MS)
       end
+      -- Room was left, so cur <= n: the estimate clears at the end of the next window.
       local e = now - idx * w
-      remaining = idiv(max(n * w - prev * (w - e) - cur * w, 0), w)
+      remaining = idiv(max(n * w - (prev * (w - e) + cur * w), 0), w)
       if cur > 0 then
         reset = (idx + 2) * w - now
       elseif prev > 0 then
@@ -215,6 +185,10 @@ if ARGV[1] ~= LEDGER_BATCH then
     return reply
   end
 end
+
+-- The general path: the counter's arithmetic, shared with the decision script.
+local counter_counts, counter_weighted, counter_earliest, counter_clears_in =
+  sliding_window_counter_math()
 
 -- The policies of a call from its binary string, their keys after KEYS[k]; how many; and the
 -- index of their last key. A policy with an override in force decides with its limit and
@@ -299,9 +273,12 @@ end
 -- The most units a block lent for `t` ms may hold now (negative: not even one).
 local function most(p, t)
   if p.kind == KIND_COUNTER then
-    local e = now - p.idx * p.window
-    return idiv(max(p.limit * p.window - p.prev * (p.window - e) - p.cur * p.window, 0), p.window)
-      - ((p.prev * (p.window - e) + p.cur * p.window > p.limit * p.window) and 1 or 0)
+    local room = p.limit * p.window
+      - counter_weighted(p.prev, p.cur, now - p.idx * p.window, p.window)
+    if room < 0 then
+      return -1
+    end
+    return idiv(room, p.window)
   elseif p.kind == KIND_LOG then
     return p.limit - p.used
   elseif p.kind == KIND_FIXED then
@@ -313,55 +290,6 @@ local function most(p, t)
     end
     return idiv(room, p.window)
   end
-end
-
--- The earliest offset into a window with counts (prev, cur) at which `cost` fits, or nil
--- (fits_from in sliding_window_counter.rs).
-local function fits_from(prev, cur, n, w, cost)
-  local room = n - cur - cost
-  if room < 0 then
-    return nil
-  end
-  if prev == 0 then
-    return 0
-  end
-  local overlap = idiv(room * w, prev)
-  if overlap >= 1 then
-    return w - min(overlap, w)
-  end
-  return nil
-end
-
--- The counter's earliest passing time (sliding_window_counter.rs `earliest`), a debt carried
--- into the next windows included.
-local function earliest(prev, cur, idx, n, w, cost)
-  local start = idx * w
-  local e = fits_from(prev, cur, n, w, cost)
-  if e then
-    return max(start + e, now)
-  end
-  local first = max(ceil_div(max(cur + cost - n, 0), n), 1)
-  for j = first, first + 1 do
-    local p, c = carried(cur, j, n)
-    e = fits_from(p, c, n, w, cost)
-    if e then
-      return start + j * w + e
-    end
-  end
-  return start + (first + 2) * w
-end
-
--- Time until the counter's estimate is 0 (clears_in in sliding_window_counter.rs).
-local function counter_clears(p)
-  local windows
-  if p.cur > 0 then
-    windows = ceil_div(p.cur, p.limit) + 1
-  elseif p.prev > 0 then
-    windows = 1
-  else
-    return 0
-  end
-  return (p.idx + windows) * p.window - now
 end
 
 -- Time until the fixed window's count is paid off (clears_in in fixed_window.rs).
@@ -378,9 +306,9 @@ local function retry(p, cost)
     if cost > p.limit then
       -- Never passes; asked again once the counter has forgotten everything (its debt
       -- paid), and no sooner than two windows.
-      return max(counter_clears(p), 2 * p.window)
+      return max(counter_clears_in(p.prev, p.cur, p.idx, now, p.limit, p.window), 2 * p.window)
     end
-    return max(earliest(p.prev, p.cur, p.idx, p.limit, p.window, cost) - now, 1)
+    return max(counter_earliest(p.prev, p.cur, p.idx, now, p.limit, p.window, cost) - now, 1)
   elseif p.kind == KIND_LOG then
     table.sort(p.entries, function(l, r) return l[1] < r[1] end)
     local freed, at = 0, now + p.window
@@ -410,9 +338,9 @@ end
 -- The state's remaining units and reset time, as it stands.
 local function view(p)
   if p.kind == KIND_COUNTER then
-    local e = now - p.idx * p.window
-    local weighted = p.prev * (p.window - e) + p.cur * p.window
-    return idiv(max(p.limit * p.window - weighted, 0), p.window), counter_clears(p)
+    local weighted = counter_weighted(p.prev, p.cur, now - p.idx * p.window, p.window)
+    return idiv(max(p.limit * p.window - weighted, 0), p.window),
+      counter_clears_in(p.prev, p.cur, p.idx, now, p.limit, p.window)
   elseif p.kind == KIND_LOG then
     local newest = 0
     for _, e in ipairs(p.entries) do

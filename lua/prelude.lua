@@ -1,44 +1,15 @@
--- tollgate: shared helpers. Every value is an integer below 2^53, so doubles are exact;
--- divisions are floored with a correction step instead of trusting a / b near 2^53.
+-- tollgate: the decision script's helpers (after integers.lua: idiv, ceil_div, int).
 -- ALG[id] builds algorithm id's functions; a batch builds only the ones it uses, because
 -- defining a function costs time at every call of the script.
 local ALG = {}
--- Globals are looked up by name at every use; the script runs often enough to keep them local.
-local floor, max, min, tonumber, format = math.floor, math.max, math.min, tonumber, string.format
-local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
 
 -- The constants shared with Rust (TTL_MARGIN_MS, TTL_GRID_MS, IN_FLIGHT_RETRY_AFTER_MS,
--- MAX_USAGE_WINDOW_PRODUCT, the algorithm ids and mode bytes) come first, generated
--- (lua/constants.lua). Every number below stays under 2^53, where doubles are exact:
+-- MAX_USAGE_WINDOW_PRODUCT, the algorithm ids and mode bytes, lua/constants.lua) are written
+-- in when the script is assembled. Every number below stays under 2^53, where doubles are exact:
 -- a settlement's debt saturates at MAX_USAGE_WINDOW_PRODUCT (usage x window). Costs arrive
 -- at most 2^53 - 1 (the client clamps them); a product of one with a window can exceed
 -- 2^53 and be inexact, but only where it is compared with, or clamped to, a number far
 -- below 2^53, which rounding cannot reach (round to nearest is monotone).
-
--- floor(a / b) for integers a >= 0, b >= 1.
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- ceil(a / b) for integers a >= 0, b >= 1.
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if a - q * b > 0 then
-    return q + 1
-  end
-  return q
-end
-
--- An integer as a decimal string, never in exponent form.
-local function int(x)
-  return format('%.0f', x)
-end
 
 -- The TTL that keeps a key until `expires_at` (ms, on the decision's clock) has passed,
 -- plus a margin. A number, not a string: redis.call renders it exactly (it is far below

@@ -1,5 +1,6 @@
--- tollgate: the clock, then the common call decided before anything else is defined (after
--- the constants shared with Rust, lua/constants.lua).
+-- tollgate: the clock, then the common call decided before anything else is defined. The
+-- upper-case names (TTL_MARGIN_MS, ALG_GCRA, MODE_CHARGE, …) are the constants shared with
+-- Rust (lua/constants.lua): their values are written in when the script is assembled.
 --
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the whole call.
 local now = tonumber(ARGV[1])
@@ -14,9 +15,11 @@ end
 -- a script runs its whole text again: each function definition creates a closure, each
 -- table is garbage to collect), so that call is decided here with locals only, in the same
 -- arithmetic as the algorithm's file in lua/ (and src/algorithm/), and answered in the same
--- layout. Anything else — a batch, several policies, a refund, a state that is missing
--- because its key holds another type, or an unreadable one — falls through to the general
--- path, which has done nothing yet.
+-- layout. (Calling sliding_window_counter_math.lua instead of the counter's copy below,
+-- defined before this text, cost a lone counter decision about 10 000 more instructions of
+-- Redis, 16 %, and a lone token bucket decision about 3 500, 5 %.) Anything else — a batch,
+-- several policies, a refund, a state that is missing because its key holds another type,
+-- or an unreadable one — falls through to the general path, which has done nothing yet.
 --
 -- A call of one policy and one state sends its three binary strings (decide.lua) as one
 -- ARGV[2]: one argument and one struct.unpack cost Redis less than three of each. For one
@@ -88,7 +91,8 @@ repeat
   local allowed, remaining, reset_after, retry_after, delay = false, 0, 0, 0, 0
   local write, expires_at, was = false, nil, nil
   if id == ALG_SLIDING_WINDOW_COUNTER then
-    -- Sliding window counter (sliding_window_counter.lua: evaluate, counter_earliest).
+    -- Sliding window counter (sliding_window_counter.lua: evaluate; earliest in
+    -- sliding_window_counter_math.lua).
     if not fresh then
       was = (s1 + 2) * w
     end

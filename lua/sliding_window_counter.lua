@@ -1,6 +1,7 @@
 -- Sliding window counter: one string per (key, policy) holding {window, current, previous}.
--- The arithmetic is src/algorithm/sliding_window_counter.rs, line for line: a count past the
--- limit (a settlement's debt) is carried into the next windows, N paid per window.
+-- The arithmetic is src/algorithm/sliding_window_counter.rs, line for line (the shared part
+-- in sliding_window_counter_math.lua): a count past the limit (a settlement's debt) is
+-- carried into the next windows, N paid per window.
 ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
   local counter = packed('<ddd', 24)
 
@@ -8,66 +9,7 @@ ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
     return { 0, 0, 0 }
   end
 
-  -- (previous, current) j >= 1 windows after a window that counted c (carried in
-  -- sliding_window_counter.rs). A product past 2^53 is inexact, but then above c, and the
-  -- difference is clamped to 0 as the Rust saturates.
-  local function counter_carried(c, j, n)
-    local left = max(c - n * (j - 1), 0)
-    return min(left, n), max(left - n, 0)
-  end
-
-  local function counter_counts(s, idx, n)
-    if s[1] == idx then
-      return s[3], s[2]
-    elseif s[1] < idx then
-      return counter_carried(s[2], idx - s[1], n)
-    end
-    return 0, 0
-  end
-
-  -- The earliest offset into a window with counts (prev, cur) at which `cost` fits, or nil
-  -- (fits_from in sliding_window_counter.rs).
-  local function counter_fits_from(prev, cur, n, w, cost)
-    local room = n - cur - cost
-    if room < 0 then
-      return nil
-    end
-    if prev == 0 then
-      return 0
-    end
-    local overlap = idiv(room * w, prev)
-    if overlap >= 1 then
-      return w - min(overlap, w)
-    end
-    return nil
-  end
-
-  local function counter_earliest(prev, cur, idx, now, n, w, cost)
-    local start = idx * w
-    local e = counter_fits_from(prev, cur, n, w, cost)
-    if e then
-      return max(start + e, now)
-    end
-    local first = max(ceil_div(max(cur + cost - n, 0), n), 1)
-    for j = first, first + 1 do
-      local p, c = counter_carried(cur, j, n)
-      e = counter_fits_from(p, c, n, w, cost)
-      if e then
-        return start + j * w + e
-      end
-    end
-    return start + (first + 2) * w
-  end
-
-  -- Time until the estimate is 0 (clears_in in sliding_window_counter.rs).
-  local function counter_clears_in(prev, cur, idx, now, n, w)
-    if cur > 0 then
-      return (idx + ceil_div(cur, n) + 1) * w - now
-    elseif prev > 0 then
-      return (idx + 1) * w - now
-    end
-    return 0
-  end
+  local counts, weighted, earliest, clears_in = sliding_window_counter_math()
 
   -- With `charge`, an allowed request is also committed (what `commit` does, from the
   -- values already at hand). A cost above the capacity never fits: denied, with the state's
@@ -80,28 +22,28 @@ ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
     local n, w = p.limit, p.window
     local idx = idiv(now, w)
     local e = now - idx * w
-    local prev, cur = counter_counts(s, idx, n)
-    local weighted = prev * (w - e) + cur * w
-    local allowed = weighted + cost * w <= n * w
-    local weighted_after, cur_after = weighted, cur
+    local prev, cur = counts(s[1], s[2], s[3], idx, n)
+    local before = weighted(prev, cur, e, w)
+    local allowed = before + cost * w <= n * w
+    local weighted_after, cur_after = before, cur
     if allowed then
-      weighted_after, cur_after = weighted + cost * w, cur + cost
+      weighted_after, cur_after = before + cost * w, cur + cost
       if charge then
         s[1], s[2], s[3] = idx, cur + cost, prev
       end
     end
     local remaining = idiv(max(n * w - weighted_after, 0), w)
-    local reset_after = counter_clears_in(prev, cur_after, idx, now, n, w)
+    local reset_after = clears_in(prev, cur_after, idx, now, n, w)
     local retry_after = 0
     if not allowed then
-      retry_after = counter_earliest(prev, cur, idx, now, n, w, cost) - now
+      retry_after = earliest(prev, cur, idx, now, n, w, cost) - now
     end
     return allowed, remaining, reset_after, retry_after, 0
   end
 
   function counter.commit(s, now, p, cost)
     local idx = idiv(now, p.window)
-    local prev, cur = counter_counts(s, idx, p.limit)
+    local prev, cur = counts(s[1], s[2], s[3], idx, p.limit)
     s[1], s[2], s[3] = idx, min(cur + cost, max(cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window))), prev
   end
 
@@ -119,7 +61,7 @@ ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
       s[2], s[3] = s[2] - back, s[3] - rest
       return true
     elseif s[1] < idx then
-      local prev, cur = counter_counts(s, idx, p.limit)
+      local prev, cur = counts(s[1], s[2], s[3], idx, p.limit)
       if cur == 0 and s[1] + 1 == idx then
         local back = min(cost, s[2])
         if back == 0 then
@@ -141,7 +83,7 @@ ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
   -- the state changed.
   function counter.overcharge(s, now, p, extra)
     local idx = idiv(now, p.window)
-    local prev, cur = counter_counts(s, idx, p.limit)
+    local prev, cur = counts(s[1], s[2], s[3], idx, p.limit)
     s[1], s[2], s[3] = idx, min(cur + extra, max(cur, idiv(MAX_USAGE_WINDOW_PRODUCT, p.window))), prev
     return true
   end

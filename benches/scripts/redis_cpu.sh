@@ -27,7 +27,7 @@ script=$(mktemp)
 trap 'rm -f "$script" "$before"; redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true' EXIT
 # The order src/store/redis/script.rs joins them in, with the values of lua/constants.lua
 # written in.
-for f in single prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
+for f in single integers prelude sliding_window_counter_math sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
   cat "lua/$f.lua"
   echo
 done | python3 benches/scripts/inline_constants.py >"$script"

@@ -27,7 +27,7 @@ log=$(mktemp)
 trap 'rm -f "$script" "$before" "$log"' EXIT
 # The decision script as src/store/redis/script.rs joins it (single.lua first, decide.lua last),
 # with the values of lua/constants.lua written in.
-for f in single prelude sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
+for f in single integers prelude sliding_window_counter_math sliding_window_counter sliding_window_log token_bucket fixed_window gcra in_flight decide; do
   cat "lua/$f.lua"
   echo
 done | python3 benches/scripts/inline_constants.py >"$script"

@@ -22,6 +22,12 @@
 //! full window, reached only when the previous window's traffic was packed at its very end, is
 //! just under `2N`.
 //!
+//! The lease ledger ([`crate::store::leased`]) decides with this module's arithmetic too
+//! (`counts`, `weighted`, `clears_in` and the evaluation), and `lua/` has it once in
+//! `sliding_window_counter_math.lua`, which the decision script's `sliding_window_counter.lua`
+//! and the lease script share; `lua/single.lua` and the lease script's common call keep an
+//! inline copy of the common case, where sharing would cost Redis more than the arithmetic.
+//!
 //! **Debts**: a settlement above its reservation ([`overcharge`](LimitAlgorithm::overcharge))
 //! may push the current window's count `c` past `N`. When the window ends, at most `N` of it
 //! becomes the previous window's count (weighted as above) and the rest, `c − N`, stays
@@ -78,6 +84,15 @@ pub(crate) fn counts(state: &SlidingWindowCounterState, idx: u64, n: u64) -> (u6
     } else {
         (0, 0)
     }
+}
+
+/// The estimate of the last window at offset `e` into the current one, scaled by `W`:
+/// `prev·(W − e) + cur·W` (saturating; below 2^53 for any state the algorithms keep, see
+/// [`evaluate`](LimitAlgorithm::evaluate)).
+#[inline]
+pub(crate) fn weighted(prev: u64, cur: u64, e: u64, w: u64) -> u64 {
+    prev.saturating_mul(w - e)
+        .saturating_add(cur.saturating_mul(w))
 }
 
 /// The earliest offset into a window with counts `(prev, cur)` at which a request of `cost`
@@ -220,14 +235,12 @@ impl LimitAlgorithm for SlidingWindowCounter {
         let (prev, cur) = counts(state, idx, n);
         // Below 2^53: `prev·W` is at most the limit × W under which it was counted (2^50),
         // `(cur + cost)·W` at most 2^52 + 2^50 (see `MAX_USAGE_WINDOW_PRODUCT`).
-        let weighted = prev
-            .saturating_mul(w - e)
-            .saturating_add(cur.saturating_mul(w));
-        let allowed = weighted.saturating_add(cost * w) <= n * w;
+        let before = weighted(prev, cur, e, w);
+        let allowed = before.saturating_add(cost * w) <= n * w;
         let (weighted_after, cur_after) = if allowed {
-            (weighted + cost * w, cur + cost)
+            (before + cost * w, cur + cost)
         } else {
-            (weighted, cur)
+            (before, cur)
         };
         let remaining = (n * w).saturating_sub(weighted_after) / w;
         let reset_after = clears_in(prev, cur_after, idx, now, n, w);

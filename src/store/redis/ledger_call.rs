@@ -13,10 +13,20 @@ use super::script_call::ScriptCall;
 use crate::error::StoreError;
 use crate::store::leased::{LedgerCall, LedgerReply};
 
-/// The lease script: `lua/lease.lua`, the shared constants written in.
+/// The lease script: `lua/integers.lua`, `lua/sliding_window_counter_math.lua` (shared with
+/// the decision script) and `lua/lease.lua`, the shared constants written in.
 pub(crate) fn lease_source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
-    SOURCE.get_or_init(|| lua_constants::inline(include_str!("../../../lua/lease.lua")))
+    SOURCE.get_or_init(|| {
+        lua_constants::inline(
+            &[
+                include_str!("../../../lua/integers.lua"),
+                include_str!("../../../lua/sliding_window_counter_math.lua"),
+                include_str!("../../../lua/lease.lua"),
+            ]
+            .join("\n"),
+        )
+    })
 }
 
 /// The lease script, hashed once.

@@ -2,8 +2,9 @@
 //! that sets a token bucket's override.
 //!
 //! The script is the concatenation of `lua/single.lua` (the clock, and the common call of
-//! one request on one policy, decided before anything else is defined), `lua/prelude.lua`,
-//! each algorithm's Lua file (from the algorithm registry in [`crate::algorithm`]) and the
+//! one request on one policy, decided before anything else is defined), `lua/integers.lua`
+//! and `lua/prelude.lua` (helpers), `lua/sliding_window_counter_math.lua` (the counter's
+//! arithmetic, which the lease script shares), each algorithm's Lua file (from the algorithm registry in [`crate::algorithm`]) and the
 //! driver `lua/decide.lua`, with the values of the constants it shares with Rust written in
 //! (see `lua_constants.rs`), built once.
 
@@ -18,7 +19,9 @@ use crate::algorithm::registration;
 use crate::policy::Algorithm;
 
 const SINGLE: &str = include_str!("../../../lua/single.lua");
+const INTEGERS: &str = include_str!("../../../lua/integers.lua");
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+const COUNTER_MATH: &str = include_str!("../../../lua/sliding_window_counter_math.lua");
 const DRIVER: &str = include_str!("../../../lua/decide.lua");
 
 /// The Lua text of the decision script both Redis stores run, for inspection, auditing or
@@ -37,7 +40,7 @@ pub(crate) fn source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
     SOURCE.get_or_init(|| {
         let algorithms = Algorithm::ALL.iter().map(|&a| registration(a).lua);
-        let joined = [SINGLE, PRELUDE]
+        let joined = [SINGLE, INTEGERS, PRELUDE, COUNTER_MATH]
             .into_iter()
             .chain(algorithms)
             .chain([DRIVER])

@@ -115,20 +115,20 @@ pub(super) fn fixed_state(v: &View) -> FixedWindowState {
     }
 }
 
-/// The counter's weighted count at `now`, scaled by `w`.
-pub(super) fn weighted(part: &Part, v: &View, now: u64) -> u64 {
-    let e = now - v.idx * part.window_ms;
-    v.prev
-        .saturating_mul(part.window_ms - e)
-        .saturating_add(v.cur.saturating_mul(part.window_ms))
-}
-
 /// The most units a block valid `t` ms may hold now; `None` when not even one.
 pub(super) fn most(part: &Part, v: &View, now: u64, t: u64) -> Option<u64> {
     match part.kind {
-        Kind::Counter => (part.limit * part.window_ms)
-            .checked_sub(weighted(part, v, now))
-            .map(|room| room / part.window_ms),
+        Kind::Counter => {
+            let w = part.window_ms;
+            (part.limit * w)
+                .checked_sub(sliding_window_counter::weighted(
+                    v.prev,
+                    v.cur,
+                    now - v.idx * w,
+                    w,
+                ))
+                .map(|room| room / w)
+        }
         Kind::Log => part.limit.checked_sub(v.used),
         Kind::Fixed => part.limit.checked_sub(v.cur),
         Kind::Bucket => (part.capacity * part.window_ms)
