@@ -4,7 +4,7 @@
 --
 -- KEYS[i]: state i (one per distinct (key, policy)), then KEYS[nk + i]: its per-key override
 -- (a string of two little-endian doubles: limit and capacity), if one is set; in a cluster
--- all share one slot.
+-- all share one hash slot.
 -- ARGV[1]: now in ms, or "" to read the server clock (TIME); one instant for the batch
 -- (read in single.lua, which runs first and answers the common call of one request).
 -- Then three binary strings (little-endian; struct.unpack reads them much faster than

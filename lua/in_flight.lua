@@ -1,8 +1,8 @@
 -- In flight: one sorted set per (key, policy) of the slots held. Member = the slot id the
--- client chose for the request (a whole number), score = when its lease ends (ms). The
+-- client chose for the request (a whole number), score = when it expires (ms). The
 -- arithmetic is src/algorithm/in_flight.rs; the "cost" a request sends for this policy is its
 -- slot id (0: no slot asked, only a look), because a request always takes exactly one slot.
--- Slots whose lease has ended (their holder crashed) are dropped when the set is read.
+-- Slots that have expired (their holder crashed) are dropped when the set is read.
 ALG[ALG_IN_FLIGHT] = function()
   local inf = { zset = true }
 
@@ -43,7 +43,7 @@ ALG[ALG_IN_FLIGHT] = function()
   end
 
   -- Gives the slot back if it is held; true when the state changed. A slot not in the set
-  -- (its lease ended, a reset forgot it, or it was given back already) frees nothing, not
+  -- (it expired, a reset forgot it, or it was given back already) frees nothing, not
   -- even for the rest of a batch.
   function inf.refund(s, now, p, slot)
     if slot == 0 then
@@ -69,7 +69,7 @@ ALG[ALG_IN_FLIGHT] = function()
     return true
   end
 
-  -- Extends the slot's lease (it exists: a slot already gone is not brought back).
+  -- Pushes back the slot's expiry (it exists: a slot already gone is not brought back).
   function inf.refresh(s, now, p, slot)
     if slot == 0 then
       return false
@@ -83,18 +83,18 @@ ALG[ALG_IN_FLIGHT] = function()
   end
 
   function inf.store(key, s, now, p)
-    local lease_end = now + p.window
+    local expiry = now + p.window
     for i = 1, #s.drop do
       redis.call('ZREM', key, int(s.drop[i]))
     end
     for i = 1, #s.keep do
-      redis.call('ZADD', key, 'XX', lease_end, int(s.keep[i]))
+      redis.call('ZADD', key, 'XX', expiry, int(s.keep[i]))
     end
     for i = 1, #s.add do
-      redis.call('ZADD', key, lease_end, int(s.add[i]))
+      redis.call('ZADD', key, expiry, int(s.add[i]))
     end
     if #s.add > 0 or #s.keep > 0 then
-      redis.call('PEXPIRE', key, ttl(lease_end, now))
+      redis.call('PEXPIRE', key, ttl(expiry, now))
     end
   end
 

@@ -429,8 +429,8 @@ local function give(p, id)
       redis.call('SET', p.key, pack('<ddd', p.stored_window, max(p.stored_current - u, 0), 0), 'KEEPTTL')
     end
   elseif p.deficit > 0 then
-    -- The reservation comes back at the lower of the rate it was made at and today's; the
-    -- block's weight decays at the higher.
+    -- The refill charged ahead comes back at the lower of the rate it was charged at and
+    -- today's; the block's weight decays at the higher.
     local at_grant = p.limit
     if r > 0 then
       at_grant = r

@@ -31,7 +31,7 @@ impl<S: fmt::Debug> fmt::Debug for LeasedStoreBuilder<S> {
 
 impl<S: LeaseBackend> LeasedStoreBuilder<S> {
     /// How long a block may be spent (default [`DEFAULT_LEASE_TIME`]; 10 ms to 60 s). Longer
-    /// leases cost fewer calls and, for the token bucket and GCRA, reserve more refill.
+    /// leases cost fewer calls and, for the token bucket and GCRA, charge more refill ahead.
     pub fn lease_time(mut self, lease_time: Duration) -> Self {
         self.lease_time = lease_time;
         self
@@ -47,8 +47,8 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
 
     /// The most keys this instance tracks at once (default [`DEFAULT_MAX_KEYS`], at least
     /// 1). A key is tracked from its second decision (the first is decided exactly and
-    /// leaves only its hash in a short memory of recent keys: one 8-byte slot per key of the
-    /// cap, 1 024 to 65 536 slots); a tracked key keeps its observed rate, its block and its
+    /// leaves only its hash in a short memory of recent keys: one 8-byte cell per key of the
+    /// cap, 1 024 to 65 536 cells); a tracked key keeps its observed rate, its block and its
     /// last refusal, and is forgotten after eight idle lease times (at least 5 s). While the cap is reached, a
     /// request for an untracked key is decided exactly (one ledger call) and not remembered,
     /// so a flood of distinct keys costs calls, never memory ([`LeaseStats::first_sightings`]

@@ -97,7 +97,7 @@ pub(super) struct Denied {
     pub(super) decisions: SmallVec<[PolicyDecision; 2]>,
 }
 
-/// Units asked per policy in the current and the previous lease period.
+/// Units asked per policy in the current and the previous span of one lease time.
 #[derive(Default)]
 pub(super) struct Meter {
     pub(super) start: u64,
@@ -106,45 +106,47 @@ pub(super) struct Meter {
 }
 
 impl Meter {
-    pub(super) fn roll(&mut self, now: u64, period: u64, n: usize) {
+    pub(super) fn roll(&mut self, now: u64, span: u64, n: usize) {
         if self.cur.len() != n {
             self.cur = SmallVec::from_elem(0, n);
             self.prev = SmallVec::from_elem(0, n);
             self.start = now;
         }
         let elapsed = now.saturating_sub(self.start);
-        if elapsed >= 2 * period {
+        if elapsed >= 2 * span {
             self.cur.iter_mut().for_each(|c| *c = 0);
             self.prev.iter_mut().for_each(|c| *c = 0);
             self.start = now;
-        } else if elapsed >= period {
+        } else if elapsed >= span {
             self.prev.clone_from(&self.cur);
             self.cur.iter_mut().for_each(|c| *c = 0);
-            self.start += period;
+            self.start += span;
         }
     }
 
-    pub(super) fn add(&mut self, now: u64, period: u64, costs: &[u64]) {
-        self.roll(now, period, costs.len());
+    pub(super) fn add(&mut self, now: u64, span: u64, costs: &[u64]) {
+        self.roll(now, span, costs.len());
         for (c, x) in self.cur.iter_mut().zip(costs) {
             *c = c.saturating_add(*x);
         }
     }
 
-    /// Units of policy `i` expected over the next `period`.
-    pub(super) fn estimate(&self, now: u64, period: u64, i: usize) -> u64 {
-        let e = now.saturating_sub(self.start).min(period);
+    /// Units of policy `i` expected over the next `span`.
+    pub(super) fn estimate(&self, now: u64, span: u64, i: usize) -> u64 {
+        let e = now.saturating_sub(self.start).min(span);
         let prev = self.prev.get(i).copied().unwrap_or(0);
         let cur = self.cur.get(i).copied().unwrap_or(0);
-        (prev.saturating_mul(period - e) / period).saturating_add(cur)
+        (prev.saturating_mul(span - e) / span).saturating_add(cur)
     }
 }
 
 /// What the slow path does for a request.
 pub(super) enum Plan {
+    /// One ledger call decides the request, which takes no block.
     Exact,
-    Lease {
-        period: u64,
+    /// Ask for a block lent for `lease_ms`, of `wants` units per policy.
+    Block {
+        lease_ms: u64,
         wants: SmallVec<[u64; 2]>,
     },
 }
@@ -258,7 +260,7 @@ impl<S: LeaseBackend> Shared<S> {
         costs: &[u64],
         now: u64,
     ) -> Plan {
-        let mut period = self.lease_ms;
+        let mut lease_ms = self.lease_ms;
         let mut caps: SmallVec<[u64; 2]> = SmallVec::new();
         for (i, (p, &cost)) in policies.iter().zip(costs).enumerate() {
             // The limit in force (an override's, once the ledger named it), not the plan's:
@@ -278,36 +280,36 @@ impl<S: LeaseBackend> Shared<S> {
                 return Plan::Exact;
             }
             match Kind::of(p) {
-                // The reserved refill N·T/W stays within the block cap.
+                // The refill charged ahead, N·T/W, stays within the block cap.
                 Some(Kind::Bucket) => {
-                    period = period.min(cap * p.window_millis() / limit.max(1));
+                    lease_ms = lease_ms.min(cap * p.window_millis() / limit.max(1));
                 }
                 // A block's entry counts T longer than its units need: T stays within the
                 // same fraction of the window.
                 Some(Kind::Log) => {
-                    period = period.min((p.window_millis() as f64 * self.fraction) as u64);
+                    lease_ms = lease_ms.min((p.window_millis() as f64 * self.fraction) as u64);
                 }
                 _ => {}
             }
             caps.push(cap);
         }
-        if period < 10 {
+        if lease_ms < 10 {
             return Plan::Exact;
         }
         let mut wants = SmallVec::new();
         for (i, (&cost, &cap)) in costs.iter().zip(&caps).enumerate() {
-            // The units expected over the period, from those asked over the last lease time.
+            // The units expected over the lease, from those asked over the last lease time.
             let expected = st
                 .meter
                 .estimate(now, self.lease_ms, i)
-                .saturating_mul(period)
+                .saturating_mul(lease_ms)
                 / self.lease_ms;
             if expected < cost.saturating_mul(2) {
                 return Plan::Exact;
             }
             wants.push(expected.saturating_mul(2).clamp(cost, cap));
         }
-        Plan::Lease { period, wants }
+        Plan::Block { lease_ms, wants }
     }
 
     /// Starts the task that returns the units of blocks that expired unused and forgets idle

@@ -12,9 +12,9 @@ impl<S: LeaseBackend> Shared<S> {
         block: Block,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let unused = block.parts.iter().map(|p| p.left).max().unwrap_or(0);
-        // A block used up before its period ends still holds, in the bucket, the refill
-        // reserved for the rest of the period and, in the log, an entry counting until the
-        // period's end: both come back too.
+        // A block used up before its lease ends still holds, in the bucket, the refill charged
+        // ahead for the rest of the lease and, in the log, an entry counting until the lease's
+        // end: both come back too.
         let early = self.now() < block.expires
             && entry
                 .policies
@@ -43,7 +43,7 @@ impl<S: LeaseBackend> Shared<S> {
                 Err(e) => {
                     bump(&me.counters.units_dropped, unused);
                     crate::telemetry::lease_units("dropped", unused);
-                    tracing::debug!(target: "tollgate::store", error = %e, "lease return failed");
+                    tracing::debug!(target: "tollgate::store", error = %e, "block return failed");
                 }
             }
         })

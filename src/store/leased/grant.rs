@@ -17,13 +17,13 @@ impl<S: LeaseBackend> Shared<S> {
     pub(super) fn call(
         &self,
         mode: LedgerMode,
-        period: u64,
+        lease_ms: u64,
         id: u64,
         policies: &[Policy],
     ) -> ledger::LedgerCall {
         ledger::LedgerCall {
             mode,
-            lease_ms: period,
+            lease_ms,
             block_id: id,
             previous_block: 0,
             parts: policies
@@ -55,7 +55,7 @@ impl<S: LeaseBackend> Shared<S> {
         };
         match plan {
             Plan::Exact => self.exact(Some(&entry), key, policies, costs).await,
-            Plan::Lease { period, wants } => {
+            Plan::Block { lease_ms, wants } => {
                 // A grant runs to its end even when its caller gives up: cut off after the
                 // ledger charged the block, or after the block in hand was taken to be given
                 // back, it would lose a whole block (up to a tenth of the limit) until the
@@ -66,7 +66,7 @@ impl<S: LeaseBackend> Shared<S> {
                     key.clone(),
                     policies.iter().cloned().collect(),
                     costs.iter().copied().collect(),
-                    period,
+                    lease_ms,
                     wants,
                 );
                 Finishing::new(grant).await
@@ -82,7 +82,7 @@ impl<S: LeaseBackend> Shared<S> {
         key: Key,
         policies: SmallVec<[Policy; 2]>,
         costs: SmallVec<[u64; 2]>,
-        period: u64,
+        lease_ms: u64,
         wants: SmallVec<[u64; 2]>,
     ) -> Result<(Decision, Taken), StoreError> {
         let (key, policies, costs) = (&key, &policies[..], &costs[..]);
@@ -93,14 +93,14 @@ impl<S: LeaseBackend> Shared<S> {
             return Ok((d, Taken::Nothing));
         }
         let id = self.next_id();
-        let mut call = self.call(LedgerMode::Grant, period, id, policies);
+        let mut call = self.call(LedgerMode::Grant, lease_ms, id, policies);
         for ((part, &cost), &want) in call.parts.iter_mut().zip(costs).zip(&wants) {
             part.cost = cost;
             part.wanted = want.max(cost);
         }
         let generation = self.inner.generation();
         // The block in hand, used up or ended, goes back in the same call: its
-        // unused units, and the reserved refill or log time it still holds.
+        // unused units, and the refill charged ahead or log time it still holds.
         let old = entry.st.lock().block.take();
         let mut kept = None;
         if let Some(old) = old {

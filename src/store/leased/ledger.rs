@@ -31,10 +31,10 @@ pub use reply::LedgerReply;
 pub(crate) enum Kind {
     /// The sliding window counter: blocks end at the window boundary.
     Counter = 1,
-    /// The sliding window log: a block is an entry that counts until its period ends.
+    /// The sliding window log: a block is an entry that counts until its lease ends.
     Log = 2,
-    /// The token bucket and (non-shaping) GCRA, one meter: a block also reserves the refill
-    /// its period would hand out.
+    /// The token bucket and (non-shaping) GCRA, one meter: a block is also charged the refill
+    /// its lease would hand out (the refill charged ahead).
     Bucket = 3,
     /// The fixed window: blocks end at the window boundary.
     Fixed = 4,

@@ -5,21 +5,38 @@
 //! in-process [`MemoryLedger`]). For a key that is hot on this instance it takes a *block*
 //! of units of every policy of the request from the store's lease ledger in one atomic call,
 //! charged there at once, and then admits requests locally from the block until it is used
-//! up or its period ends; what is left goes back to the ledger. Cold keys, and policies whose
+//! up or its lease ends; what is left goes back to the ledger. Cold keys, and policies whose
 //! limit is small, stay exact: one ledger call per decision, the block being the request's
 //! own cost, used at once. A key refused by the ledger is refused locally until the time the
 //! ledger named (`retry_after`) or for one lease time, whichever ends first: an exhausted key
 //! costs at most one call per lease time, not one per refused request.
+//!
+//! # Vocabulary
+//!
+//! These words mean one thing each here, in the Redis store and in `lua/`:
+//!
+//! * **slot**: an in-flight request's place (an in-flight policy counts the slots taken).
+//! * **hold**: what an admitted request keeps until its response ends.
+//! * **block**: the units (of each of a request's policies) an instance holds from the ledger.
+//! * **lease**: the time a block is lent for: from its grant, at most the
+//!   [lease time](LeasedStoreBuilder::lease_time), and never past the end of a window it was
+//!   charged to.
+//! * **reservation**: an estimate charged up front, for a request whose cost is known after.
+//! * **settlement**: the difference between that cost and its reservation, charged or given
+//!   back after.
+//!
+//! A token bucket's block is also charged the refill its lease would hand out: that is *the
+//! refill charged ahead*, not a reservation.
 //!
 //! # The invariant: zero over-admission
 //!
 //! Across all instances, the admitted requests satisfy the bound the exact mode satisfies, in
 //! every interval. A unit admitted later than it was charged could break it (a block charged
 //! at `g` and spent at `g + T`, after the state refilled or slid for `T`), so every block is
-//! accounted for its whole period `[g, g + T]`:
+//! accounted for its whole lease `[g, g + T]`:
 //!
 //! * **Fixed window** (at most `N` per window): a block is charged to the window `g` falls in
-//!   and its period ends at that window's end, so its units are admitted in the window they
+//!   and its lease ends at that window's end, so its units are admitted in the window they
 //!   were charged to. Unused units go back to that window's count while it lasts.
 //! * **Sliding window counter** (`N + N·L/W` in any span `L ≤ W`): blocks end at the window
 //!   boundary too. The counter's bound holds: the units admitted in the head of window `k`
@@ -29,25 +46,25 @@
 //!   with charged counts in place of admitted ones. Unused units come off the window they
 //!   were charged to, current or previous.
 //! * **Sliding window log** (at most `N` in any window of `W`): a block is an entry that
-//!   counts until `W` after its period *ends* (`g + T`), not after `g`. A window that could
+//!   counts until `W` after its lease *ends* (`g + T`), not after `g`. A window that could
 //!   hold one of its units intersects `[g, g + T]`; a grant at `s` checks every entry still
 //!   counting at `s`, and later windows see a subset of those, so in every window the units of
 //!   the blocks that touch it sum to at most `N`. A return shortens the entry to the units
 //!   used and to the time of the return.
 //! * **Token bucket and GCRA** (at most `C + N·L/W` in any span `L`): a block of `k` units
-//!   for `T` ms is charged `k` tokens *plus the refill the period would hand out*, `N·T/W`
-//!   (exactly, in the bucket's scaled integers). Proof: take any span `[s, t]` and the
+//!   for `T` ms is charged `k` tokens *plus the refill its lease would hand out*, `N·T/W`
+//!   (the refill charged ahead; exactly, in the bucket's scaled integers). Proof: take any span `[s, t]` and the
 //!   earliest grant `g*` of a block that touches it; the charges granted in `[g*, t]` fit an
 //!   exact bucket, so they sum to at most `C + N·(t − g*)/W`, and they include the touching
-//!   blocks' units plus the reservation `N·T*/W ≥ N·(s − g*)/W` of the block at `g*`. So
+//!   blocks' units plus the refill charged ahead `N·T*/W ≥ N·(s − g*)/W` of the block at `g*`. So
 //!   the touching units sum to at most `C + N·(t − s)/W`. A return gives back the unused
-//!   units and the reservation for the rest of the period, never more than the block still
+//!   units and the refill charged ahead for the rest of the lease, never more than the block still
 //!   weighs in the bucket, which leaves a state the same proof covers (as if the block had
 //!   been smaller and shorter). A shaping GCRA (`max_delay`) cannot be leased: its delays are
 //!   decided per request.
 //! * **In flight**: slots are held, not spent; never leased.
 //!
-//! **Settlements above their reservation are debts, as in the exact mode.** The extra charge
+//! **Costs settled above their reservation are debts, as in the exact mode.** The extra charge
 //! goes to the ledger in full, through the exact algorithms' own
 //! [`overcharge`](crate::algorithm::LimitAlgorithm::overcharge) arithmetic (the same in Rust
 //! and in `lua/lease.lua`): the fixed window and the counter carry a count past the limit
@@ -60,7 +77,8 @@
 //! leaves a debt standing, the settling instance gives its block back in the same breath
 //! (its next request asks the ledger, which refuses until the debt is paid). The bound of
 //! [`Op::Settle`](crate::store::Op::Settle) then holds with one reading: a block's units
-//! are reserved together when it is granted, as concurrent requests are in the exact mode.
+//! are charged together when it is granted, as the reservations of concurrent requests are
+//! in the exact mode.
 //! So a key whose requests are settled one after another is served, over `j` whole windows
 //! (fixed window, counter), over any `j·W` ms (log) or over any `L` ms (token bucket and GCRA:
 //! `C + N·L/W`), at most the exact bound `j·N` (or `C + N·L/W`) plus, for each instance, the
@@ -86,9 +104,9 @@
 //! limit (default 1/10; the capacity for the token bucket and GCRA), and its size follows the
 //! key's observed local rate × the lease time (default 250 ms), so a quiet key takes small
 //! blocks or none. Requests refused that the exact mode would have admitted are bounded by
-//! the units held unused in blocks plus the conservative margin: at most
+//! the units left unused in blocks plus the conservative margin: at most
 //! `instances × (largest block + margin)` at any time, where the margin is `N·T/W` for the
-//! token bucket and GCRA (the reserved refill), and 0 for the windows (whose blocks only end
+//! token bucket and GCRA (the refill charged ahead), and 0 for the windows (whose blocks only end
 //! early) — the log's blocks also stay in the window up to `T` longer. Unused units return
 //! when the block ends or is replaced, when the store is [shut down](LeasedStore::shutdown),
 //! and within half a lease time of a block expiring unused (a background task); after a
@@ -104,7 +122,7 @@
 //! [`remove_override`](crate::Limiter::remove_override) and an override's expiry.
 //!
 //! **Bound: an override takes effect on every instance within one lease time.** A block
-//! lives at most one lease time (its period), and a refusal kept locally is asked again
+//! lives at most one lease time, and a refusal kept locally is asked again
 //! after at most one lease time (even when the ledger named a longer `retry_after`): so from
 //! `s + lease_time`, `s` the moment the override was written, every unit any instance admits
 //! comes from a ledger call made after `s`, which saw the override and every unit charged
@@ -117,8 +135,8 @@
 //! most their exact-mode bound for the override's limit and capacity. The token bucket and
 //! GCRA carry the key's deficit into the new numbers as the exact stores do (tokens taken
 //! under a higher limit still have to refill, at the override's rate), and a block gives back
-//! its reserved refill at the lower of the rate it was reserved under and the one in force,
-//! so raising a limit never returns more than was reserved. On Redis a bucket's ledger key
+//! the refill charged ahead at the lower of the rate it was charged at and the one in force,
+//! so raising a limit never returns more than was charged. On Redis a bucket's ledger key
 //! is kept for the slower of the plan's and the override's rate (setting one extends it), so
 //! it cannot expire while the override still holds tokens back. Until `s + lease_time`,
 //! blocks granted under the old limit may still be spent: at most one block per instance,
@@ -231,7 +249,7 @@ pub const DEFAULT_MAX_BLOCK_FRACTION: f64 = 0.1;
 /// The default cap on the keys an instance tracks (their observed rate and blocks).
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
-/// Blocks end this many ms before the ledger's end of their period, for the rounding of
+/// Blocks end this many ms before the ledger's end of their lease, for the rounding of
 /// both clocks to whole milliseconds.
 const CLOCK_SLACK_MS: u64 = 2;
 

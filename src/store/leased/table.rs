@@ -3,10 +3,10 @@
 //! A key is tracked (an [`Entry`]: its observed rate, block and last refusal) from its second
 //! decision within a short memory, not its first: under a flood of distinct keys, or simply
 //! many cold ones, nothing is allocated for a key seen once, and the sweep has only keys that
-//! came back to visit. The memory is a direct-mapped table of key hashes: a key's slot is
+//! came back to visit. The memory is a direct-mapped table of key hashes: a key's cell is
 //! overwritten when another key lands on it, so "seen before" means "seen since the last
-//! key that shared its slot". A key asking `r` times a second while `f` distinct others
-//! arrive is tracked after about `1 + f / (r × slots)` decisions: with 65 536 slots, a key
+//! key that shared its cell". A key asking `r` times a second while `f` distinct others
+//! arrive is tracked after about `1 + f / (r × cells)` decisions: with 65 536 cells, a key
 //! at 100 requests a second is tracked on its second or third under a flood of a hundred
 //! thousand new keys a second. Until then it is decided exactly, which is what a cold key
 //! gets anyway.
@@ -24,9 +24,9 @@ use super::entries::Entry;
 use crate::key::Key;
 use crate::policy::Policy;
 
-/// The fewest and the most slots the first-sighting filter has (8 bytes each).
-const MIN_SEEN_SLOTS: usize = 1 << 10;
-const MAX_SEEN_SLOTS: usize = 1 << 16;
+/// The fewest and the most cells the first-sighting filter has (8 bytes each).
+const MIN_SEEN_CELLS: usize = 1 << 10;
+const MAX_SEEN_CELLS: usize = 1 << 16;
 
 /// The tracked keys of one store.
 pub(super) struct EntryTable {
@@ -47,20 +47,20 @@ fn same(entry: &Entry, key: &Key, policies: &[Policy]) -> bool {
 }
 
 impl EntryTable {
-    /// A table whose first-sighting filter has a slot per key of `max_keys` (1 024 to 65 536
-    /// slots).
+    /// A table whose first-sighting filter has a cell per key of `max_keys` (1 024 to 65 536
+    /// cells).
     pub(super) fn new(max_keys: usize) -> Self {
-        let slots = max_keys
-            .clamp(MIN_SEEN_SLOTS, MAX_SEEN_SLOTS)
+        let cells = max_keys
+            .clamp(MIN_SEEN_CELLS, MAX_SEEN_CELLS)
             .next_power_of_two();
         Self {
             hasher: foldhash::quality::RandomState::default(),
             entries: parking_lot::Mutex::new(HashTable::new()),
-            seen: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            seen: (0..cells).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// The hash of `key` with `policies` (never 0: 0 marks an empty filter slot).
+    /// The hash of `key` with `policies` (never 0: 0 marks an empty filter cell).
     pub(super) fn hash(&self, key: &Key, policies: &[Policy]) -> u64 {
         let mut h = self.hasher.build_hasher();
         key.as_str().hash(&mut h);
@@ -80,10 +80,10 @@ impl EntryTable {
     }
 
     /// Notes a sighting of the key whose hash is `hash`: whether it was seen before (since
-    /// the last key that shared its slot).
+    /// the last key that shared its cell).
     pub(super) fn seen_before(&self, hash: u64) -> bool {
-        let slot = &self.seen[(hash >> 17) as usize & (self.seen.len() - 1)];
-        slot.swap(hash, Ordering::Relaxed) == hash
+        let cell = &self.seen[(hash >> 17) as usize & (self.seen.len() - 1)];
+        cell.swap(hash, Ordering::Relaxed) == hash
     }
 
     /// The entry of `key` and `policies`, made and tracked if it is not there while fewer than

@@ -1,7 +1,7 @@
 //! Coalescing concurrent decisions into one script call.
 //!
 //! A decision is sent at once when fewer than `max_in_flight` script calls are in flight on
-//! its lane (the whole server, or one cluster slot): at low load nothing waits and nothing is
+//! its lane (the whole server, or one Cluster hash slot): at low load nothing waits and nothing is
 //! added. Otherwise it queues, and when a call comes back the queue leaves as the next call,
 //! up to `max_batch` decisions in arrival order. One script call then reads each state once,
 //! decides every request in order against the states as the earlier ones left them, and
@@ -60,16 +60,17 @@ impl Queued for Request {
     }
 }
 
-/// How many calls a lane has in flight and who waits for the next one.
+/// How many script calls a lane has under way and who waits for the next one.
 struct Lane<R> {
-    in_flight: usize,
+    /// Script calls under way.
+    calls: usize,
     waiting: Vec<R>,
 }
 
 impl<R> Default for Lane<R> {
     fn default() -> Self {
         Self {
-            in_flight: 0,
+            calls: 0,
             waiting: Vec::new(),
         }
     }
@@ -84,8 +85,8 @@ pub(crate) struct Lanes<L, R = Request> {
 
 /// What a caller does with its request.
 pub(crate) enum Admission<L: Copy + Hash + Eq + Send + 'static, R: Queued = Request> {
-    /// Run it now, holding an in-flight place of the lane until the call ends.
-    Run(InFlight<L, R>, R),
+    /// Run it now, holding a permit of the lane until the call ends.
+    Run(CallPermit<L, R>, R),
     /// Queued: the answer comes through this receiver.
     Queued(oneshot::Receiver<Result<R::Output, StoreError>>),
 }
@@ -117,10 +118,10 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Lanes<L, R> {
         let lanes = runner.lanes();
         let mut map = lanes.lanes.lock();
         let state = map.entry(lane).or_default();
-        if state.in_flight < lanes.max_in_flight || lanes.max_batch == 1 {
-            state.in_flight += 1;
+        if state.calls < lanes.max_in_flight || lanes.max_batch == 1 {
+            state.calls += 1;
             drop(map);
-            let guard = InFlight {
+            let guard = CallPermit {
                 runner: Arc::clone(runner) as Arc<dyn Runner<L, R>>,
                 lane,
             };
@@ -134,14 +135,15 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Lanes<L, R> {
     }
 }
 
-/// An in-flight place on a lane. When it is given back (the call ended, or its caller gave
-/// up), the requests that queued meanwhile leave as the next call, in a task of their own.
-pub(crate) struct InFlight<L: Copy + Hash + Eq + Send + 'static, R: Queued = Request> {
+/// A permit to run a script call on a lane (one of `max_in_flight`). When it is given back
+/// (the call ended, or its caller gave up), the requests that queued meanwhile leave as the
+/// next call, in a task of their own.
+pub(crate) struct CallPermit<L: Copy + Hash + Eq + Send + 'static, R: Queued = Request> {
     runner: Arc<dyn Runner<L, R>>,
     lane: L,
 }
 
-impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for InFlight<L, R> {
+impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for CallPermit<L, R> {
     fn drop(&mut self) {
         loop {
             let batch = {
@@ -152,8 +154,8 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for InFlight<L, R> {
                 };
                 state.waiting.retain(|r| !r.abandoned());
                 if state.waiting.is_empty() {
-                    state.in_flight -= 1;
-                    if state.in_flight == 0 {
+                    state.calls -= 1;
+                    if state.calls == 0 {
                         map.remove(&self.lane);
                     }
                     return;
@@ -163,8 +165,8 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for InFlight<L, R> {
             };
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => {
-                    // The place passes to the next call.
-                    let next = InFlight {
+                    // The permit passes to the next call.
+                    let next = CallPermit {
                         runner: Arc::clone(&self.runner),
                         lane: self.lane,
                     };
@@ -181,7 +183,7 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Drop for InFlight<L, R> {
                             "no tokio runtime to send the decision from",
                         ))));
                     }
-                    // This place stays taken: the loop hands it to the next batch.
+                    // This permit stays taken: the loop hands it to the next batch.
                 }
             }
         }

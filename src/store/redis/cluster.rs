@@ -2,13 +2,13 @@
 //! a cluster.
 //!
 //! Every key of one principal shares one hash tag (`<prefix>:{<key>}:…`), so the script that
-//! decides all of a request's policies touches a single slot: no `CROSSSLOT` errors, and the
+//! decides all of a request's policies touches a single hash slot: no `CROSSSLOT` errors, and the
 //! whole decision is still **one round trip** to the primary that owns the slot. redis-rs
 //! follows `MOVED` and `ASK` redirections and refreshes its slot map by itself; on `NOSCRIPT`
 //! the script is loaded on every primary and the call retried once. Different principals
-//! spread over the cluster's slots. Concurrent decisions are
-//! [coalesced](crate::store::redis#coalescing) per slot: a batch only ever holds keys of one
-//! slot.
+//! spread over the cluster's hash slots. Concurrent decisions are
+//! [coalesced](crate::store::redis#coalescing) per hash slot: a batch only ever holds keys of
+//! one hash slot.
 //!
 //! Everything the [Redis store](crate::store::redis) guarantees holds here too: all or
 //! nothing across policies, the arithmetic of [`crate::algorithm`], the server clock, a TTL on

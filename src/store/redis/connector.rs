@@ -39,7 +39,7 @@ pub(crate) trait Connector: Send + Sync + 'static {
     type Conn: ConnectionLike + Send;
 
     /// What decisions must share to go in one script call: nothing on one server, the hash
-    /// slot in a cluster.
+    /// hash slot in a cluster.
     type Lane: Copy + std::hash::Hash + Eq + Send + Sync + 'static;
 
     /// The lane of a state key.

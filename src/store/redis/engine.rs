@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::connector::{store_error, Connector};
-use super::keys::{redis_key, validate_prefix, Holds, DEFAULT_PREFIX};
+use super::keys::{redis_key, validate_prefix, KeyFor, DEFAULT_PREFIX};
 use super::ledger_call::LedgerRequest;
 use super::request::{Amount, Mode, Request};
 use super::script_call::ScriptCall;
@@ -239,7 +239,7 @@ impl<C: Connector> Core<C> {
         Request {
             keys: policies
                 .iter()
-                .map(|p| redis_key(&self.prefix, key, p.name(), Holds::State(p.algorithm())))
+                .map(|p| redis_key(&self.prefix, key, p.name(), KeyFor::State(p.algorithm())))
                 .collect(),
             params: policies.iter().map(wire::params).collect(),
             amounts,
@@ -271,11 +271,11 @@ impl<C: Connector> Core<C> {
         let request = self.request(key, policies, amounts, mode);
         let lane = self.connector.lane(&request.keys[0]);
         match Lanes::admit(self, lane, request) {
-            Admission::Run(place, request) => {
+            Admission::Run(permit, request) => {
                 let core = Arc::clone(self);
                 Box::pin(async move {
                     let result = core.call_ref(std::slice::from_ref(&request)).await.pop();
-                    drop(place);
+                    drop(permit);
                     result.unwrap_or_else(|| {
                         Err(StoreError::Protocol(crate::error::Cause::from(
                             "the decision script answered nothing",

@@ -1,7 +1,7 @@
 //! The key layout: `<prefix>:{<key>}:<policy>:<part>`, one hash tag per principal. Every
 //! Redis key the stores name is built here.
 //!
-//! | holds                              | `<part>`                      |
+//! | the key of                         | `<part>`                      |
 //! |------------------------------------|-------------------------------|
 //! | an algorithm's state               | its key part (`swc`, `gcra`…) |
 //! | the key's override of that state   | the state's part, then `:ovr` |
@@ -24,9 +24,9 @@ const OVERRIDE_SUFFIX: &str = ":ovr";
 /// What the key of a ledger log's entry units adds to the log's key.
 const LOG_UNITS_SUFFIX: &str = ":u";
 
-/// What a key holds, which names its last part.
+/// What a key is for, which names its last part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Holds {
+pub(crate) enum KeyFor {
     /// The state of a policy of this algorithm.
     State(Algorithm),
     /// The key's per-key override of that state: two little-endian doubles, the limit and
@@ -38,14 +38,14 @@ pub(crate) enum Holds {
     LedgerLogUnits,
 }
 
-impl Holds {
+impl KeyFor {
     /// The part after the policy's name, and the suffix after that part.
     fn part(self) -> (&'static str, &'static str) {
         match self {
-            Holds::State(a) => (algorithm_part(a), ""),
-            Holds::Override(a) => (algorithm_part(a), OVERRIDE_SUFFIX),
-            Holds::Ledger(kind) => (ledger_part(kind), ""),
-            Holds::LedgerLogUnits => (ledger_part(Kind::Log), LOG_UNITS_SUFFIX),
+            KeyFor::State(a) => (algorithm_part(a), ""),
+            KeyFor::Override(a) => (algorithm_part(a), OVERRIDE_SUFFIX),
+            KeyFor::Ledger(kind) => (ledger_part(kind), ""),
+            KeyFor::LedgerLogUnits => (ledger_part(Kind::Log), LOG_UNITS_SUFFIX),
         }
     }
 }
@@ -65,11 +65,11 @@ fn ledger_part(kind: Kind) -> &'static str {
     }
 }
 
-/// `<prefix>:{<key>}:<policy>:<part>`, the part naming what the key holds: every key of one
+/// `<prefix>:{<key>}:<policy>:<part>`, the part naming what the key is for: every key of one
 /// principal shares the hash tag, so one script call's keys are in one Cluster hash slot.
-pub(crate) fn redis_key(prefix: &str, key: &Key, policy: &str, holds: Holds) -> String {
+pub(crate) fn redis_key(prefix: &str, key: &Key, policy: &str, of: KeyFor) -> String {
     let key = key.as_str();
-    let (part, suffix) = holds.part();
+    let (part, suffix) = of.part();
     let mut s = String::with_capacity(
         prefix.len() + key.len() + policy.len() + part.len() + suffix.len() + 5,
     );
@@ -84,9 +84,9 @@ pub(crate) fn redis_key(prefix: &str, key: &Key, policy: &str, holds: Holds) -> 
     s
 }
 
-/// The key of a state's override, from the state's key ([`Holds::State`]), written straight
+/// The key of a state's override, from the state's key ([`KeyFor::State`]), written straight
 /// into a command without a `String` of its own: a script call names one per state. The same
-/// text as [`redis_key`] with [`Holds::Override`].
+/// text as [`redis_key`] with [`KeyFor::Override`].
 pub(crate) struct OverrideOf<'a>(pub(crate) &'a str);
 
 impl ToRedisArgs for OverrideOf<'_> {
@@ -127,11 +127,11 @@ mod tests {
     use super::*;
 
     /// Every kind of key a principal's policy has.
-    fn every_holds() -> Vec<Holds> {
-        let mut all: Vec<Holds> = Algorithm::ALL.iter().map(|&a| Holds::State(a)).collect();
-        all.extend(Algorithm::ALL.iter().map(|&a| Holds::Override(a)));
-        all.extend([Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed].map(Holds::Ledger));
-        all.push(Holds::LedgerLogUnits);
+    fn every_key_for() -> Vec<KeyFor> {
+        let mut all: Vec<KeyFor> = Algorithm::ALL.iter().map(|&a| KeyFor::State(a)).collect();
+        all.extend(Algorithm::ALL.iter().map(|&a| KeyFor::Override(a)));
+        all.extend([Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed].map(KeyFor::Ledger));
+        all.push(KeyFor::LedgerLogUnits);
         all
     }
 
@@ -142,14 +142,14 @@ mod tests {
             "app",
             &key,
             "burst",
-            Holds::State(Algorithm::SlidingWindowCounter),
+            KeyFor::State(Algorithm::SlidingWindowCounter),
         );
         assert_eq!(k, "app:{user:a%20%7Bb%7D}:burst:swc");
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
-        for holds in every_holds() {
+        for of in every_key_for() {
             for policy in ["burst", "daily"] {
-                let other = redis_key("app", &key, policy, holds);
-                assert_eq!(tag(&other), tag(&k), "{holds:?}");
+                let other = redis_key("app", &key, policy, of);
+                assert_eq!(tag(&other), tag(&k), "{of:?}");
                 assert!(other.starts_with("app:{"), "{other}");
             }
         }
@@ -158,22 +158,22 @@ mod tests {
     #[test]
     fn each_part_has_its_own_key() {
         let key = Key::new("ip", "1.2.3.4");
-        let names: Vec<String> = every_holds()
+        let names: Vec<String> = every_key_for()
             .into_iter()
             .map(|h| redis_key("t", &key, "p", h))
             .collect();
         let distinct: std::collections::HashSet<&String> = names.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{names:?}");
         assert_eq!(
-            redis_key("t", &key, "p", Holds::Override(Algorithm::Gcra)),
+            redis_key("t", &key, "p", KeyFor::Override(Algorithm::Gcra)),
             "t:{ip:1.2.3.4}:p:gcra:ovr"
         );
         assert_eq!(
-            redis_key("t", &key, "p", Holds::Ledger(Kind::Bucket)),
+            redis_key("t", &key, "p", KeyFor::Ledger(Kind::Bucket)),
             "t:{ip:1.2.3.4}:p:lease-tb"
         );
         assert_eq!(
-            redis_key("t", &key, "p", Holds::LedgerLogUnits),
+            redis_key("t", &key, "p", KeyFor::LedgerLogUnits),
             "t:{ip:1.2.3.4}:p:lease-swl:u"
         );
     }
@@ -182,7 +182,7 @@ mod tests {
     fn an_override_written_from_its_state_key_is_the_override_key() {
         let key = Key::new("user", "42");
         for a in Algorithm::ALL {
-            let state = redis_key("app", &key, "api", Holds::State(a));
+            let state = redis_key("app", &key, "api", KeyFor::State(a));
             let mut cmd = redis::cmd("GET");
             cmd.arg(OverrideOf(&state));
             let written: Vec<Vec<u8>> = cmd
@@ -195,7 +195,7 @@ mod tests {
                 .collect();
             assert_eq!(
                 written,
-                [redis_key("app", &key, "api", Holds::Override(a)).into_bytes()]
+                [redis_key("app", &key, "api", KeyFor::Override(a)).into_bytes()]
             );
         }
     }

@@ -11,7 +11,7 @@ use super::batch::{queued_answer, Admission, Lanes, Queued, Runner};
 use super::cluster::RedisClusterStore;
 use super::connector::Connector;
 use super::engine::Core;
-use super::keys::{redis_key, Holds};
+use super::keys::{redis_key, KeyFor};
 use super::ledger_call::{invocation, LedgerRequest};
 use super::single::RedisStore;
 use crate::error::StoreError;
@@ -60,16 +60,16 @@ pub(crate) fn ledger<C: Connector>(
     let prefix = core.prefix();
     for (policy, part) in policies.iter().zip(&call.parts) {
         let name = policy.name();
-        keys.push(redis_key(prefix, key, name, Holds::Ledger(part.kind)));
+        keys.push(redis_key(prefix, key, name, KeyFor::Ledger(part.kind)));
         if part.kind == Kind::Log {
-            keys.push(redis_key(prefix, key, name, Holds::LedgerLogUnits));
+            keys.push(redis_key(prefix, key, name, KeyFor::LedgerLogUnits));
         }
         // The exact store's override key: one override serves both modes.
         keys.push(redis_key(
             prefix,
             key,
             name,
-            Holds::Override(policy.algorithm()),
+            KeyFor::Override(policy.algorithm()),
         ));
     }
     let Some(first) = keys.first() else {
@@ -84,11 +84,11 @@ pub(crate) fn ledger<C: Connector>(
         reply: None,
     };
     match Lanes::admit(core, lane, request) {
-        Admission::Run(place, request) => {
+        Admission::Run(permit, request) => {
             let core = Arc::clone(core);
             Box::pin(async move {
                 let reply = run_batch(&core, std::slice::from_ref(&request)).await.pop();
-                drop(place);
+                drop(permit);
                 reply.unwrap_or_else(|| {
                     Err(StoreError::Protocol(crate::error::Cause::from(
                         "the lease script answered nothing",

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::connector::{store_error, Connector};
 use super::engine::Core;
-use super::keys::{redis_key, Holds};
+use super::keys::{redis_key, KeyFor};
 use super::request::{units, Amount, Mode};
 use crate::decision::Decision;
 use crate::error::{Cause, StoreError};
@@ -138,7 +138,7 @@ impl<C: Connector> Core<C> {
         Some(self.decide(key, &policies, amounts, Mode::Refund))
     }
 
-    /// One `UNLINK` of every state key of these policies (all algorithms), in one slot.
+    /// One `UNLINK` of every state key of these policies (all algorithms), in one hash slot.
     fn reset(self: &Arc<Self>, key: &Key, policies: &[Policy]) -> ApplyFuture {
         if policies.is_empty() {
             // `UNLINK` with no keys is a syntax error; there is nothing to forget.
@@ -147,7 +147,7 @@ impl<C: Connector> Core<C> {
         let mut cmd = redis::cmd("UNLINK");
         for p in policies {
             for a in crate::Algorithm::ALL {
-                cmd.arg(redis_key(&self.prefix, key, p.name(), Holds::State(a)));
+                cmd.arg(redis_key(&self.prefix, key, p.name(), KeyFor::State(a)));
             }
         }
         let core = Arc::clone(self);
@@ -165,7 +165,7 @@ impl<C: Connector> Core<C> {
 /// dropped unfinished, the call it was waiting on is finished on the current Tokio runtime
 /// and, if it took the slot, the slot is released at once. The release is sent after the
 /// charge's reply, so it cannot overtake the charge on another connection. Without a
-/// runtime (dropped outside one), the slot comes back when its lease ends.
+/// runtime (dropped outside one), the slot comes back when it expires.
 struct SlotCharge<C: Connector> {
     /// `None` once answered.
     call: Option<BoxFuture<Result<Decision, StoreError>>>,
@@ -203,7 +203,7 @@ impl<C: Connector> Drop for SlotCharge<C> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 target: "tollgate::store",
-                "an in-flight charge was dropped outside a Tokio runtime; its slot, if taken, comes back when its lease ends"
+                "an in-flight charge was dropped outside a Tokio runtime; its slot, if taken, comes back when it expires"
             );
             return;
         };
@@ -218,7 +218,7 @@ impl<C: Connector> Drop for SlotCharge<C> {
                         tracing::warn!(
                             target: "tollgate::store",
                             %error,
-                            "giving back the slot of a cancelled in-flight charge failed; it comes back when its lease ends"
+                            "giving back the slot of a cancelled in-flight charge failed; it comes back when it expires"
                         );
                     }
                 }

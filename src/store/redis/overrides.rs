@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::connector::{store_error, Connector};
 use super::engine::Core;
-use super::keys::{redis_key, Holds};
+use super::keys::{redis_key, KeyFor};
 use super::wire;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -50,7 +50,7 @@ impl<C: Connector> Core<C> {
             &self.prefix,
             key,
             policy.name(),
-            Holds::Override(policy.algorithm()),
+            KeyFor::Override(policy.algorithm()),
         )
     }
 
@@ -69,7 +69,7 @@ impl<C: Connector> Core<C> {
             &self.prefix,
             key,
             policy.name(),
-            Holds::State(policy.algorithm()),
+            KeyFor::State(policy.algorithm()),
         ))
         .key(self.override_key(key, policy));
         match set {

@@ -37,7 +37,7 @@ pub(crate) enum Mode {
     /// Charge each cost whether or not it fits, or refund it when negative (see
     /// [`Op::Settle`](crate::store::Op::Settle)); costs are sent as signed.
     Settle = 3,
-    /// Extend the lease of the in-flight slot named by each cost.
+    /// Push back the expiry of the in-flight slot named by each cost.
     Refresh = 4,
 }
 
@@ -57,7 +57,8 @@ pub(crate) enum Amount {
     /// The name of an in-flight slot to take, give back or extend (below 2^53, see
     /// [`next_slot`](super::ops::next_slot)).
     Slot(u64),
-    /// A settlement: `reserved` units were charged and the request cost `actual`.
+    /// A settlement: `reserved` units were charged up front (the reservation) and the request
+    /// cost `actual`; the difference is charged or given back.
     Settled {
         /// Units charged when the request was admitted.
         reserved: u64,

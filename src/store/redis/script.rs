@@ -4,9 +4,9 @@
 //! The script is the concatenation of `lua/single.lua` (the clock, and the common call of
 //! one request on one policy, decided before anything else is defined), `lua/integers.lua`
 //! and `lua/prelude.lua` (helpers), `lua/sliding_window_counter_math.lua` (the counter's
-//! arithmetic, which the lease script shares), each algorithm's Lua file (from the algorithm registry in [`crate::algorithm`]) and the
-//! driver `lua/decide.lua`, with the values of the constants it shares with Rust written in
-//! (see `lua_constants.rs`), built once.
+//! arithmetic, which the lease script shares), each algorithm's Lua file (from the algorithm
+//! registry in [`crate::algorithm`]) and the driver `lua/decide.lua`, with the values of the
+//! constants it shares with Rust written in (see `lua_constants.rs`), built once.
 
 use std::sync::OnceLock;
 

@@ -33,7 +33,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::policy::Policy;
 
-/// The value of an override key ([`Holds::Override`](super::keys::Holds)) for `policy` (the
+/// The value of an override key ([`KeyFor::Override`](super::keys::KeyFor)) for `policy` (the
 /// overriding policy): its limit and capacity as two little-endian doubles.
 pub(crate) fn override_value(policy: &Policy) -> Vec<u8> {
     let mut v = Vec::with_capacity(16);
@@ -95,7 +95,7 @@ pub(crate) fn invocation(
     for &k in &batch.keys {
         inv.key(k);
     }
-    // Each state's override key, in the same order (same hash tag: same slot).
+    // Each state's override key, in the same order (same hash tag: same hash slot).
     for &k in &batch.keys {
         inv.key(OverrideOf(k));
     }

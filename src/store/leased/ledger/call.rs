@@ -20,7 +20,7 @@ pub(crate) struct Part {
     /// The most units the state holds at once (`C`; the limit but for the bucket).
     pub(crate) capacity: u64,
     /// Grant and peek: the request's cost, which must fit. Force: the units charged
-    /// whatever the state (a settlement above its reservation).
+    /// whatever the state (a cost settled above its reservation).
     pub(crate) cost: u64,
     /// Grant: the most units the block may hold (at least `cost`).
     pub(crate) wanted: u64,

@@ -50,7 +50,7 @@ pub struct MemoryLedger {
     states: Arc<parking_lot::Mutex<HashMap<StateId, LState>>>,
     /// Overrides of leased policies: by key, policy name and algorithm (as the Redis
     /// override key names them), the limit, the capacity and when it ends (ms), if it does.
-    overrides: Arc<parking_lot::Mutex<HashMap<OverrideSlot, Kept>>>,
+    overrides: Arc<parking_lot::Mutex<HashMap<OverrideId, Kept>>>,
     clock: Arc<dyn Clock>,
     exact: MemoryStore,
 }
@@ -64,12 +64,12 @@ fn state_id(key: &Key, policy: &Policy, kind: Kind) -> StateId {
 }
 
 /// Where an override of a leased policy is kept: the key, the policy's name and algorithm.
-type OverrideSlot = (Key, Box<str>, Algorithm);
+type OverrideId = (Key, Box<str>, Algorithm);
 
 /// An override kept: its limit, its capacity, and when it ends (ms), if it does.
 type Kept = (u64, u64, Option<u64>);
 
-fn slot(key: &Key, policy: &Policy) -> OverrideSlot {
+fn override_id(key: &Key, policy: &Policy) -> OverrideId {
     (key.clone(), policy.name().into(), policy.algorithm())
 }
 
@@ -121,7 +121,7 @@ impl MemoryLedger {
     /// `key`'s override of `policy` in force at `now`, usable with window `w`.
     fn override_of(&self, key: &Key, policy: &Policy, now: u64, w: u64) -> Option<Override> {
         let map = self.overrides.lock();
-        let &(limit, capacity, ends) = map.get(&slot(key, policy))?;
+        let &(limit, capacity, ends) = map.get(&override_id(key, policy))?;
         if ends.is_some_and(|e| e <= now) {
             return None;
         }
@@ -224,7 +224,10 @@ impl OverrideStore for MemoryLedger {
         });
         let mut map = self.overrides.lock();
         map.retain(|_, (_, _, e)| e.is_none_or(|e| e > now));
-        map.insert(slot(key, policy), (policy.limit(), policy.capacity(), ends));
+        map.insert(
+            override_id(key, policy),
+            (policy.limit(), policy.capacity(), ends),
+        );
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -232,7 +235,7 @@ impl OverrideStore for MemoryLedger {
         if Kind::of(policy).is_none() {
             return self.exact.remove_override(key, policy);
         }
-        self.overrides.lock().remove(&slot(key, policy));
+        self.overrides.lock().remove(&override_id(key, policy));
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -253,7 +256,7 @@ impl OverrideStore for MemoryLedger {
                 .iter()
                 .filter(|p| Kind::of(p).is_some())
                 .filter_map(|p| {
-                    let &(limit, capacity, ends) = map.get(&slot(key, p))?;
+                    let &(limit, capacity, ends) = map.get(&override_id(key, p))?;
                     if ends.is_some_and(|e| e <= now) {
                         return None;
                     }

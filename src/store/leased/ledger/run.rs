@@ -63,7 +63,7 @@ fn charge(
     }
 }
 
-/// Charges `extra` units whatever the state (a settlement above its reservation), as the
+/// Charges `extra` units whatever the state (a cost settled above its reservation), as the
 /// exact algorithms' `overcharge` does, through their own arithmetic: in full, a debt the key
 /// pays back at its limit's rate (the windows carry a count past the limit into the next
 /// windows, the log dates an entry ahead, the bucket goes into deficit), saturating at
@@ -119,7 +119,7 @@ fn force(part: &Part, state: &mut Option<LState>, now: u64, extra: u64, id: u64)
         (Kind::Log, s) => {
             let mut v = load(part, s, now);
             // The entry the exact log would write, dated as far ahead: it counts until `W`
-            // after that, as a block's entry counts until `W` after its period ends.
+            // after that, as a block's entry counts until `W` after its lease ends.
             if let Some((ahead, units)) = sliding_window_log::debt_entry(v.used, extra, &limits) {
                 charge(part, &mut v, state, now, units, ahead, id);
             }
@@ -329,8 +329,8 @@ fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64,
             if v.deficit == 0 {
                 return;
             }
-            // The rate the block reserved its refill at, and the one in force now: the
-            // reservation comes back at the lower, the block's weight decays at the higher.
+            // The rate the block's refill was charged ahead at, and the one in force now: that
+            // refill comes back at the lower, the block's weight decays at the higher.
             let at_grant = if rate > 0 { rate } else { part.limit };
             let (slow, fast) = (part.limit.min(at_grant), part.limit.max(at_grant));
             let end = g.saturating_add(valid);

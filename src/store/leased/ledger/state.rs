@@ -26,7 +26,7 @@ pub(super) enum LState {
         d: u64,
         u: u64,
     },
-    /// Entry id → (end of its period, units).
+    /// Entry id → (end of its lease, units).
     Log(BTreeMap<u64, (u64, u64)>),
 }
 

@@ -1,4 +1,4 @@
-//! Forced charges (settlements above their reservation) are debts as the exact algorithms
+//! Forced charges (costs settled above their reservation) are debts as the exact algorithms
 //! keep them, at every size a caller can send, in Rust and in Lua alike.
 
 use super::*;
@@ -35,7 +35,7 @@ fn extremes(n: u64, w: u64) -> Vec<u64> {
 }
 
 /// A forced charge is a debt as the exact algorithms keep it: after a request of `used`
-/// units and a settlement `extra` above its reservation, the ledger (in Rust) and the exact
+/// units and a cost settled `extra` above its reservation, the ledger (in Rust) and the exact
 /// algorithm admit and refuse alike at every later instant, with the same `retry_after`,
 /// whatever `extra` (any `u64`) and however long after.
 #[test]
