@@ -11,22 +11,10 @@
 //! ledger named (`retry_after`) or for one lease time, whichever ends first: an exhausted key
 //! costs at most one call per lease time, not one per refused request.
 //!
-//! # Vocabulary
-//!
-//! These words mean one thing each here, in the Redis store and in `lua/`:
-//!
-//! * **slot**: an in-flight request's place (an in-flight policy counts the slots taken).
-//! * **hold**: what an admitted request keeps until its response ends.
-//! * **block**: the units (of each of a request's policies) an instance holds from the ledger.
-//! * **lease**: the time a block is lent for: from its grant, at most the
-//!   [lease time](LeasedStoreBuilder::lease_time), and never past the end of a window it was
-//!   charged to.
-//! * **reservation**: an estimate charged up front, for a request whose cost is known after.
-//! * **settlement**: the difference between that cost and its reservation, charged or given
-//!   back after.
-//!
-//! A token bucket's block is also charged the refill its lease would hand out: that is *the
-//! refill charged ahead*, not a reservation.
+//! The words (block, lease, reservation, settlement, debt, slot) are the
+//! [glossary](crate::guide::glossary)'s. One more here: a token bucket's block is also
+//! charged the refill its lease would hand out, *the refill charged ahead* (it is not a
+//! reservation).
 //!
 //! # The invariant: zero over-admission
 //!
