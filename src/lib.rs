@@ -174,26 +174,48 @@
 //! │   │   ├── breaker.rs     the circuit breaker
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
 //! │   ├── leased/            LeasedStore: blocks of quota leased from a shared store
-//! │   │   ├── mod.rs         the store, the per-algorithm argument, grants and returns
+//! │   │   ├── mod.rs         docs: the invariant, its bounds, overrides, failures; leasable
+//! │   │   ├── store.rs       LeasedStore: the wrapped store, its keys, stats, shutdown
 //! │   │   ├── builder.rs     LeasedStoreBuilder: lease time, block size, key cap
+//! │   │   ├── stats.rs       LeaseStats: what the store counts of its leases
 //! │   │   ├── entries.rs     per key: observed rate, block, refusal; answers without a call
+//! │   │   ├── grant.rs       a request decided from a new block or by one ledger call
+//! │   │   ├── give_back.rs   unused units and untaken requests given back to the ledger
+//! │   │   ├── finishing.rs   a grant runs to its end when its caller gives up
 //! │   │   ├── store_impl.rs  the Store implementation: leased and exact policies, all or nothing
 //! │   │   ├── table.rs       the keys tracked, and the filter that keeps one-off keys out
-//! │   │   ├── ledger.rs      the lease ledger's arithmetic (the twin of lua/lease.lua), LeaseBackend
+//! │   │   ├── ledger.rs      the lease ledger: kinds, modes, LeaseBackend
 //! │   │   └── ledger/
+//! │   │       ├── call.rs    a ledger call: each policy's part, the block given back
+//! │   │       ├── reply.rs   a ledger's reply, and reading it from Redis
+//! │   │       ├── state.rs   a ledger state's view: what fits, when a cost would
+//! │   │       ├── run.rs     one call over the states (the twin of lua/lease.lua)
 //! │   │       ├── memory.rs  MemoryLedger: the ledger in the process
-//! │   │       └── tests.rs   the Lua and Rust ledgers agree
+//! │   │       ├── tests.rs   the Lua and Rust ledgers agree: the server and the calls
+//! │   │       └── tests/
+//! │   │           ├── differential.rs   random calls, alone and batched
+//! │   │           └── debts.rs          forced charges at every size
 //! │   └── redis/             RedisStore and RedisClusterStore
-//! │       ├── mod.rs         the store and its builder
+//! │       ├── mod.rs         docs and re-exports
+//! │       ├── single.rs      RedisStore: one server, a pool or one connection
 //! │       ├── cluster.rs     the Redis Cluster store
+//! │       ├── builder.rs     RedisStoreBuilder: the settings both stores share
+//! │       ├── connector.rs   how the engine reaches Redis; errors as StoreErrors
 //! │       ├── engine.rs      what both stores share, generic over the connection
 //! │       ├── engine/tests.rs   its unit tests: batches assembled, replies read
+//! │       ├── ops.rs         the operations, and the in-flight charge's slot
+//! │       ├── overrides.rs   per-key overrides
 //! │       ├── store_impl.rs  the one Store implementation of both
+//! │       ├── request.rs     one decision as sent: keys, parameters, amounts, mode
 //! │       ├── script.rs      the Lua decision script, hashed once
+//! │       ├── lua_constants.rs   the constants Lua shares with Rust, written into the scripts
+//! │       ├── lua_constants/tests.rs   lua/constants.lua is current; no Lua file writes them
+//! │       ├── ttl.rs         how long the scripts' keys live
 //! │       ├── script_call.rs one EVALSHA, built straight into the command's buffer
 //! │       ├── wire.rs        one script call's arguments and reply
-//! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>
-//! │       ├── lease.rs       the lease ledger of both stores (lua/lease.lua)
+//! │       ├── keys.rs        <prefix>:{<key>}:<policy>:<part>, every key built once
+//! │       ├── ledger_call.rs a ledger call as sent: lua/lease.lua, one call or a batch
+//! │       ├── lease.rs       the lease ledger of both stores
 //! │       └── batch.rs       concurrent decisions coalesced into one call
 //! ├── limiter/               Limiter: the one decision path
 //! │   ├── mod.rs             Limiter: check, peek, reset, decide
