@@ -43,27 +43,41 @@ pub fn normalise_username(username: &str) -> String {
     let composed = nfkc(username);
     let mut kept = String::with_capacity(composed.len());
     let mut previous = '\0';
+    // Whether folding or removal changed anything: if not, `kept` is `composed`, already NFKC.
+    let mut changed = false;
     let mut keep = |c: char| {
         if is_default_ignorable(c) {
-            return;
+            return false;
         }
         // `İ` folds to `i` + U+0307; on a soft-dotted letter the dot is already there.
         if c == '\u{307}' && matches!(previous, 'i' | 'j') {
-            return;
+            return false;
         }
         kept.push(c);
         previous = c;
+        true
     };
     for c in composed.chars() {
-        if c.is_ascii() {
+        if c.is_ascii_uppercase() {
             keep(c.to_ascii_lowercase());
-        } else if let Ok(i) = tables::CASE_FOLDING.binary_search_by_key(&c, |&(from, _)| from) {
-            tables::CASE_FOLDING[i].1.chars().for_each(&mut keep);
-        } else {
+            changed = true;
+        } else if c.is_ascii() {
             keep(c);
+        } else if let Ok(i) = tables::CASE_FOLDING.binary_search_by_key(&c, |&(from, _)| from) {
+            for c in tables::CASE_FOLDING[i].1.chars() {
+                keep(c);
+            }
+            changed = true;
+        } else if !keep(c) {
+            changed = true;
         }
     }
-    nfkc(&kept)
+    let recomposed = if changed {
+        nfkc(&kept)
+    } else {
+        Cow::Borrowed(kept.as_str())
+    };
+    recomposed
         .trim()
         .trim_end_matches('.')
         .trim_end()
