@@ -255,7 +255,9 @@
 //! │   ├── builder.rs         LoginGuardBuilder
 //! │   ├── decision.rs        LoginDecision and its generic refusal
 //! │   ├── layer.rs           LoginLayer and LoginService
-//! │   └── username.rs        username normalisation
+//! │   ├── username.rs        username normalisation
+//! │   └── username/
+//! │       └── tables.rs      Unicode data for it, generated from ICU4X by a test
 //! ├── guide/                 guides, documentation only
 //! │   ├── mod.rs             the list
 //! │   ├── glossary.rs        the words: slot, hold, reservation, settlement, lease, block
