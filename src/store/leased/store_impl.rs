@@ -297,11 +297,12 @@ impl<S: LeaseBackend> LeasedStore<S> {
 impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
     /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
     /// override key on Redis), and gives back this instance's blocks of the key. For a token
-    /// bucket or GCRA, the key's ledger state is first kept at least as long as the
-    /// override's refill rate needs it (before the override is written, so that a caller
-    /// giving up half way cannot leave an override whose slower rate outlives the state).
-    /// Every instance decides under the override within one lease time: see
-    /// [Per-key overrides](super#per-key-overrides).
+    /// bucket or GCRA, the key's ledger state is kept at least as long as the override's
+    /// refill rate needs it both before the override is written (so that a caller giving up
+    /// half way cannot leave an override whose slower rate outlives the state) and after (a
+    /// write of another instance that landed in between set the state's TTL for the plan's
+    /// faster rate; every write after the override reads it). Every instance decides under
+    /// the override within one lease time: see [Per-key overrides](super#per-key-overrides).
     fn set(
         &self,
         key: &Key,
@@ -311,22 +312,23 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let Some(kind) = Kind::of(policy) else {
             return self.shared.inner.set_override(key, policy, ttl);
         };
-        let keep = (kind == Kind::Bucket).then(|| {
-            let call = self
-                .shared
-                .call(LedgerMode::Keep, 0, 0, std::slice::from_ref(policy));
-            self.shared
-                .inner
-                .ledger(key, std::slice::from_ref(policy), call)
-        });
+        let keep = kind == Kind::Bucket;
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
         Box::pin(async move {
-            if let Some(keep) = keep {
-                keep.await?;
+            let policies = std::slice::from_ref(&policy);
+            let keep_state = || {
+                let call = shared.call(LedgerMode::Keep, 0, 0, policies);
+                shared.inner.ledger(&key, policies, call)
+            };
+            if keep {
+                keep_state().await?;
             }
             shared.inner.set_override(&key, &policy, ttl).await?;
+            if keep {
+                keep_state().await?;
+            }
             // Blocks and refusals of this instance were decided under the old limit.
             shared.forget(&key);
             Ok(())
