@@ -94,6 +94,11 @@
 //! (its `policy` label tells such routes apart). It is never a request's path, so the label
 //! set stays bounded: routes × policies × outcomes.
 //!
+//! **The login guard** records one decision per attempt, however many of its three limits
+//! it checked: `route` is the guard's name (`login` by default, see
+//! [`LoginGuardBuilder::name`](crate::login::LoginGuardBuilder::name)) and `policy` the
+//! limit that governed the attempt (the one that refused it, or the tightest).
+//!
 //! **Refusals**: every answer tollgate gives instead of the guarded service is counted once
 //! in `tollgate_refusals_total`, from the layer, [`Limiter::decide`] and the login layer; a
 //! rate-limited refusal is also a `tollgate_decisions_total{allowed="false"}`.

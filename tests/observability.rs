@@ -279,3 +279,51 @@ async fn the_handler_and_on_response_see_the_decision() {
     assert!(refused.retry_after().is_some());
     assert_eq!(seen[3], None);
 }
+
+/// The login guard fills the same span fields on every attempt it decides, admitted or
+/// refused, keyed by the client IP's digest.
+#[tokio::test]
+async fn a_login_attempt_fills_the_span_whether_admitted_or_refused() {
+    use axum::routing::post;
+    use tollgate::login::{LoginGuard, LoginLayer};
+
+    let closed = Closed::default();
+    let subscriber =
+        tracing_subscriber::registry().with(closed.clone().with_filter(LevelFilter::INFO));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let guard = LoginGuard::builder()
+        .ip_user_rate(Rate::per_minute(1))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", post(|| async { http::StatusCode::UNAUTHORIZED }))
+        .layer(LoginLayer::json_field(guard, "username"))
+        .layer(TraceLayer::new_for_http().make_span_with(request_span));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    for expected in [StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS] {
+        let res = client
+            .post(format!("http://{addr}/login"))
+            .json(&serde_json::json!({ "username": "alice", "password": "guess" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), expected);
+    }
+    let spans = closed.wait(2).await;
+    let field = |i: usize, name: &str| spans[i].get(name).cloned();
+    for (i, allowed) in [(0, "true"), (1, "false")] {
+        let key = field(i, "ratelimit.key").expect("the client IP's digest");
+        assert_eq!(key.len(), 16);
+        assert_eq!(
+            field(i, "ratelimit.policy").as_deref(),
+            Some("login.ip-user")
+        );
+        assert_eq!(field(i, "ratelimit.allowed").as_deref(), Some(allowed));
+        assert_eq!(field(i, "ratelimit.outcome").as_deref(), Some("decided"));
+    }
+    assert_eq!(field(0, "ratelimit.remaining").as_deref(), Some("0"));
+    assert_eq!(field(0, "ratelimit.refusal"), None);
+    assert!(field(1, "ratelimit.refusal").is_some());
+}

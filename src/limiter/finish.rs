@@ -36,6 +36,10 @@ pub(crate) enum Asker {
     /// an answer rather than an error, so only a cost above a capacity is logged, and
     /// neither a trace event nor a span field is recorded.
     Check,
+    /// The login guard's check of one of its three limits: as `check`, but nothing is
+    /// recorded: the guard records the attempt's one decision, under its own name as the
+    /// route (`LoginGuard::check`).
+    Guard,
     /// [`Limiter::acquire`] and [`Limiter::reserve`]: as `check`, but the request keeps its
     /// in-flight slots, in the permit or reservation.
     Acquire,
@@ -128,7 +132,9 @@ impl<S: Store> Limiter<S> {
         outcome: Result<Decision, StoreError>,
         reserved: Reserved,
     ) -> R {
-        self.record(set, asker.is_request().then_some(key), &outcome);
+        if asker != Asker::Guard {
+            self.record(set, asker.is_request().then_some(key), &outcome);
+        }
         let decision = match outcome {
             Ok(decision) => decision,
             Err(error) => return R::refused(self.refuse(asker, set, key, Err(error))),
@@ -145,7 +151,8 @@ impl<S: Store> Limiter<S> {
                 span_decision(&span, key, &decision, &set.enforced);
             }
         }
-        if matches!(asker, Asker::Decide | Asker::Check) && !set.in_flight.is_empty() {
+        if matches!(asker, Asker::Decide | Asker::Check | Asker::Guard) && !set.in_flight.is_empty()
+        {
             // Nothing would give the slot back: it goes back at once.
             self.give_back_slots(set, key, &decision);
         }

@@ -404,6 +404,18 @@ impl<S: Store> Limiter<S> {
     /// [`CheckError::Forbidden`] for a deny-listed key, and [`CheckError::Store`] when the
     /// store fails.
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
+        self.check_as(Asker::Check, key, cost).await
+    }
+
+    /// [`check`](Self::check) for `asker`: the login guard checks its three limits with
+    /// [`Asker::Guard`], and records the attempt's one decision itself.
+    #[inline(always)]
+    pub(crate) async fn check_as(
+        &self,
+        asker: Asker,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
         // One load of the plan for the set and the lists, released before any await.
         let (set, future) = {
             let guard = self.plan();
@@ -421,12 +433,12 @@ impl<S: Store> Limiter<S> {
             // A store that answers at once (the memory store) is decided right here: no
             // future, no set or key copied.
             if let Some(outcome) = self.answer_now(set, key, costs) {
-                return self.finish(Asker::Check, set, key, outcome, None);
+                return self.finish(asker, set, key, outcome, None);
             }
             (Arc::clone(set), self.answer_later(set, key, costs))
         };
         let outcome = future.await;
-        self.finish(Asker::Check, &set, key, outcome, None)
+        self.finish(asker, &set, key, outcome, None)
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging

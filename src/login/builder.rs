@@ -271,6 +271,8 @@ impl<S: Store> LoginGuardBuilder<S> {
             inner: Arc::new(GuardInner {
                 limiters: [base, ip_limiter, user_limiter],
                 policies: Arc::from([ip_user, ip, user]),
+                route: Arc::from(self.name.as_str()),
+                metric_keys: crate::telemetry::DecisionKeys::new(3),
                 mode: self.mode,
                 username_secret: self.username_secret,
             }),

@@ -10,6 +10,7 @@ use super::{normalise_username, LoginDecision, LoginGuardBuilder, LoginMode, IP,
 use crate::decision::Decision;
 use crate::error::CheckError;
 use crate::key::{Key, RequestView};
+use crate::limiter::Asker;
 use crate::limiter::Limiter;
 use crate::policy::{Algorithm, Policy, Rate};
 use crate::store::{MemoryStore, Store};
@@ -37,6 +38,9 @@ pub(super) struct GuardInner<S> {
     pub(super) limiters: [Limiter<S>; 3],
     /// The three limiters' policies, in the same order.
     pub(super) policies: Arc<[Policy]>,
+    /// The `route` label of the attempt's one recorded decision: the guard's name.
+    pub(super) route: Arc<str>,
+    pub(super) metric_keys: crate::telemetry::DecisionKeys,
     pub(super) mode: LoginMode,
     pub(super) username_secret: Option<Box<[u8]>>,
 }
@@ -233,7 +237,7 @@ impl<S: Store> LoginGuard<S> {
         let mut decisions = Vec::with_capacity(3);
         for (i, (key, limiter)) in attempt.keys.iter().zip(limiters).enumerate() {
             let cost = self.inner.policies[i].cost();
-            let d = match limiter.check(key, cost).await {
+            let d = match limiter.check_as(Asker::Guard, key, cost).await {
                 Ok(d) => d,
                 Err(e) => {
                     self.refund(attempt, 0..i).await;
@@ -253,7 +257,34 @@ impl<S: Store> LoginGuard<S> {
                 break;
             }
         }
-        Ok(self.decision(Decision::from_policies(decisions)))
+        let decision = Decision::from_policies(decisions);
+        self.record(attempt, &decision);
+        Ok(self.decision(decision))
+    }
+
+    /// Records an attempt's one decision (each of the three limits' checks records none):
+    /// one `tollgate_decisions_total` under the guard's name as the route and the governing
+    /// limit as the policy, and the decision on the current span, keyed by the client IP
+    /// (the key a refusal is logged with).
+    fn record(&self, attempt: &LoginAttempt, decision: &Decision) {
+        let inner = &self.inner;
+        let store = inner.limiters[IP_USER].store().name();
+        crate::telemetry::decision(
+            decision,
+            store,
+            &inner.policies,
+            &inner.route,
+            &inner.metric_keys,
+        );
+        if let Some(span) = crate::telemetry::current_span() {
+            let key = crate::telemetry::span_takes_key(&span)
+                .then(|| crate::key::digest(&attempt.keys[IP]));
+            let policy = inner
+                .policies
+                .get(decision.governing_index())
+                .map(Policy::name);
+            crate::telemetry::span_decision(&span, key.as_deref(), policy, Some(decision), None);
+        }
     }
 
     /// Records a wrong password. The attempt was charged by [`check`](Self::check), so this
