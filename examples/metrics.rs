@@ -21,7 +21,7 @@
 //! wraps a network store (Redis); its buckets are set here, as the exporter would otherwise
 //! render it as a summary. With the `redis` feature and `REDIS_URL` set, the limits live in
 //! that Redis behind a fail-open `ResilientStore` (what `observability/render_chart.py` runs
-//! to draw the README's chart).
+//! to draw the chart in `docs/observability.md`).
 
 use std::net::SocketAddr;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the README's chart of tollgate's metrics from a real run.
+"""Draws the chart in docs/observability.md of tollgate's metrics from a real run.
 
 It starts a redis-server of its own on a free port, starts the `metrics` example against it
 (limits in Redis behind a fail-open ResilientStore), sends real HTTP traffic from 20 clients

@@ -31,7 +31,8 @@
 //! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
 //!
 //! The features and their descriptions come from `Cargo.toml` (a test keeps this table and
-//! the README's equal to it).
+//! the README's equal to it). The guide, in the repository's `docs/` folder, covers each
+//! capability at length.
 //!
 //! Also: per-route policies ([`route`]), trusted-proxy client addresses and other keys
 //! ([`key`]), TOML plans with a deterministic audit (feature `config`), and failure handling
@@ -332,6 +333,36 @@ mod telemetry;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 mod readme_doctests {}
+
+/// The guide's code blocks (`docs/`), compiled and run as doctests: one module per chapter, so
+/// that a failure names it.
+#[cfg(doctest)]
+mod guide_doctests {
+    #[doc = include_str!("../docs/policies.md")]
+    mod policies {}
+    #[doc = include_str!("../docs/keys.md")]
+    mod keys {}
+    #[doc = include_str!("../docs/edge.md")]
+    mod edge {}
+    #[doc = include_str!("../docs/stores.md")]
+    mod stores {}
+    #[doc = include_str!("../docs/login.md")]
+    mod login {}
+    #[doc = include_str!("../docs/grpc.md")]
+    mod grpc {}
+    #[doc = include_str!("../docs/responses.md")]
+    mod responses {}
+    #[doc = include_str!("../docs/observability.md")]
+    mod observability {}
+    #[doc = include_str!("../docs/operations.md")]
+    mod operations {}
+    #[doc = include_str!("../docs/counting.md")]
+    mod counting {}
+    #[doc = include_str!("../docs/direct-api.md")]
+    mod direct_api {}
+    #[doc = include_str!("../docs/architecture.md")]
+    mod architecture {}
+}
 
 #[cfg(feature = "config")]
 pub use config::audit;

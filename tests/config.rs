@@ -813,11 +813,11 @@ async fn the_example_plan_guards_logins_through_redis() {
         .unwrap();
 }
 
-/// The README's TOML plan is a plan that builds and passes the audit.
+/// The guide's TOML plan is a plan that builds and passes the audit.
 #[cfg(feature = "redis")] // the plan names a Redis store
 #[test]
 fn the_readme_plan_passes() {
-    let readme = std::fs::read_to_string("README.md").unwrap();
+    let readme = std::fs::read_to_string("docs/policies.md").unwrap();
     let section = &readme[readme.find("### The same plan as TOML").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let text = &section[start..start + section[start..].find("```").unwrap()];

@@ -1127,11 +1127,11 @@ async fn nginx_drops_excess_before_the_origin_which_still_limits_per_user() {
     assert_eq!(handled.load(Ordering::SeqCst), 6);
 }
 
-/// The README's worked example: its plan exports exactly the nginx file it shows.
+/// The guide's worked example: its plan exports exactly the nginx file it shows.
 #[test]
 fn the_readme_example_is_what_the_exporter_writes() {
-    let readme = std::fs::read_to_string("README.md").unwrap();
-    let section = &readme[readme.find("## Edge and origin").unwrap()..];
+    let readme = std::fs::read_to_string("docs/edge.md").unwrap();
+    let section = &readme[readme.find("# Edge and origin").unwrap()..];
     let block = |fence: &str| {
         let start = section.find(fence).unwrap() + fence.len();
         section[start..start + section[start..].find("```").unwrap()].to_owned()
