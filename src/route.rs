@@ -81,8 +81,31 @@ impl fmt::Debug for Cost {
     }
 }
 
-/// What applies to the requests a route pattern matches. See the
-/// [module docs](crate::route).
+/// What applies to the requests a route pattern matches: policies, a cost, tiers, a counting
+/// rule, or an exemption. See the [module docs](crate::route) for patterns.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::key::{Global, RequestView};
+/// use tollgate::route::Route;
+/// use tollgate::{Limiter, Policy, Rate};
+///
+/// let limiter = Limiter::builder()
+///     .route("GET /search", Route::new().policy(Policy::new("search", Rate::per_minute(1))?))
+///     .route("GET /health", Route::exempt())
+///     .policy(Policy::new("api", Rate::per_minute(100))?)
+///     .extractor(Global::new())
+///     .build()?;
+/// let search = http::Request::get("/search?q=a").body(())?;
+/// assert!(limiter.decide(&RequestView::new(&search)).await.is_ok());
+/// assert!(limiter.decide(&RequestView::new(&search)).await.is_err());
+/// let health = http::Request::get("/health").body(())?;
+/// for _ in 0..3 {
+///     assert!(limiter.decide(&RequestView::new(&health)).await.is_ok());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct Route {

@@ -20,8 +20,34 @@ use crate::store::{MemoryStore, Store};
 /// Applies a [`Limiter`] to every request of the wrapped service.
 ///
 /// Clones share one limiter — and so one state — which matters because axum and hyper clone
-/// the service for every connection. See the [crate docs](crate) for examples, and
-/// [`for_route`](Self::for_route) for attaching policies through axum's router.
+/// the service for every connection. See [`for_route`](Self::for_route) for attaching
+/// policies through axum's router.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use http::{Request, Response, StatusCode};
+/// use tollgate::key::Global;
+/// use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// let limiter = Limiter::builder()
+///     .policy(Policy::new("api", Rate::per_minute(1))?)
+///     .extractor(Global::new()) // one budget for everyone, for the example
+///     .build()?;
+/// let layer = RateLimitLayer::new(limiter);
+/// let service = layer.layer(service_fn(|_: Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(Response::new(String::from("hello")))
+/// }));
+///
+/// let first = service.clone().oneshot(Request::new(String::new())).await?;
+/// assert_eq!(first.status(), StatusCode::OK);
+/// assert_eq!(first.headers()["ratelimit-remaining"], "0");
+/// let second = service.oneshot(Request::new(String::new())).await?;
+/// assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert!(second.headers().contains_key("retry-after"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 pub struct RateLimitLayer<St = MemoryStore> {
     pub(crate) shared: Arc<Shared<St>>,
 }

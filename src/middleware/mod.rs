@@ -6,6 +6,34 @@
 //! decision path about each request, calls the inner service when the request may go ahead
 //! (adding quota headers to its response), and otherwise answers with the
 //! [`Refusal`](crate::Refusal), rendered for HTTP or gRPC.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use axum::{routing::get, Router};
+//! use tollgate::key::Global;
+//! use tollgate::middleware::RateLimitInfo;
+//! use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("api", Rate::per_minute(10))?)
+//!     .extractor(Global::new())
+//!     .build()?;
+//! // A handler reads the decision from the request's extensions.
+//! let app = Router::new()
+//!     .route(
+//!         "/",
+//!         get(|info: axum::Extension<RateLimitInfo>| async move {
+//!             format!("{} left", info.remaining())
+//!         }),
+//!     )
+//!     .layer(RateLimitLayer::new(limiter).info_extensions(true));
+//! let res = app.oneshot(http::Request::get("/").body(axum::body::Body::empty())?).await?;
+//! assert_eq!(res.status(), 200);
+//! assert_eq!(res.headers()["ratelimit-limit"], "10");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 mod body;
 mod estimate;

@@ -172,8 +172,25 @@ pub enum FailureMode {
 
 /// A named rate with an algorithm: the unit that stores keep state for.
 ///
-/// Cheap to clone. Build one with [`Policy::new`] or [`Policy::builder`]; see the
-/// [module docs](crate::policy) for examples.
+/// Cheap to clone. Build one with [`Policy::new`] (the sliding window counter, a cost of 1)
+/// or [`Policy::builder`]; every mistake fails at build, naming the field and the value.
+///
+/// ```
+/// use tollgate::{Algorithm, Policy, Rate};
+///
+/// let api = Policy::new("api", Rate::per_minute(1000))?;
+/// assert_eq!((api.name(), api.limit()), ("api", 1000));
+///
+/// let uploads = Policy::builder("uploads", Rate::per_hour(100).with_burst(10))
+///     .algorithm(Algorithm::TokenBucket)
+///     .cost(5)
+///     .build()?;
+/// assert_eq!(uploads.capacity(), 10);
+///
+/// let err = Policy::new("broken", Rate::per_minute(0)).unwrap_err();
+/// assert_eq!(err.field(), "limit");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct Policy {
     inner: Arc<PolicyInner>,

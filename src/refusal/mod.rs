@@ -187,6 +187,27 @@ impl Default for Rendering {
 /// machine error code, message and rendering in one value. See the [module docs](self).
 ///
 /// Cheap to clone; `'static`, so it can be returned from handlers and stored.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::key::{Global, RequestView};
+/// use tollgate::{Limiter, Policy, Rate, RefusalKind};
+///
+/// let limiter = Limiter::builder()
+///     .policy(Policy::new("api", Rate::per_minute(1))?)
+///     .extractor(Global::new())
+///     .build()?;
+/// let req = http::Request::get("/").body(())?;
+/// limiter.decide(&RequestView::new(&req)).await.ok();
+/// let refusal = limiter.decide(&RequestView::new(&req)).await.unwrap_err();
+/// assert_eq!(refusal.kind(), RefusalKind::RateLimited);
+/// assert_eq!(refusal.status(), 429);
+/// assert_eq!(refusal.policy().map(|p| p.name()), Some("api"));
+/// let res = refusal.default_response(); // what the layer answers
+/// assert!(res.headers().contains_key("retry-after"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone)]
 pub struct Refusal {
     // Boxed: a refusal travels in `Result`s on the request path, where the common `Ok` case

@@ -7,6 +7,37 @@ use super::*;
 /// the limit across instances. See the [module docs](crate::store::leased).
 ///
 /// Cheap to clone: clones share their blocks.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tollgate::key::Key;
+/// use tollgate::store::leased::{LeasedStore, MemoryLedger};
+/// use tollgate::{Limiter, Policy, Rate};
+///
+/// // Two instances leasing from one ledger (in production: `RedisStore`, shared by every
+/// // instance): together they never admit more than 10 per minute.
+/// let ledger = MemoryLedger::new();
+/// let instance = || -> Result<Limiter<LeasedStore<MemoryLedger>>, tollgate::ConfigError> {
+///     let store = LeasedStore::builder(ledger.clone())
+///         .lease_time(Duration::from_millis(200))
+///         .build()?;
+///     Limiter::builder()
+///         .store(store)
+///         .policy(Policy::new("api", Rate::per_minute(10))?)
+///         .build()
+/// };
+/// let (a, b) = (instance()?, instance()?);
+/// let key = Key::new("tenant", "acme");
+/// let mut admitted = 0;
+/// for i in 0..30 {
+///     let limiter = if i % 2 == 0 { &a } else { &b };
+///     admitted += usize::from(limiter.check(&key, 1).await?.is_allowed());
+/// }
+/// assert_eq!(admitted, 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 pub struct LeasedStore<S> {
     pub(super) shared: Arc<Shared<S>>,
 }

@@ -109,6 +109,29 @@ const MAX_KNOWN_POLICIES: usize = 256;
 
 /// The in-process store. Cheap to clone: clones share state. See the
 /// [module docs](crate::store::memory).
+///
+/// It is the default store of [`Limiter::builder`](crate::Limiter::builder); build one to set
+/// its bounds, or to share one store among limiters.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::key::Key;
+/// use tollgate::store::MemoryStore;
+/// use tollgate::{Limiter, Policy, Rate};
+///
+/// // At most 100 000 keys: a flood of new keys evicts the least used, never the memory.
+/// let store = MemoryStore::builder().max_keys(100_000).build()?;
+/// let limiter = Limiter::builder()
+///     .store(store.clone())
+///     .policy(Policy::new("api", Rate::per_minute(2))?)
+///     .build()?;
+/// let key = Key::new("tenant", "acme");
+/// assert!(limiter.check(&key, 1).await?.is_allowed());
+/// assert_eq!(limiter.check(&key, 1).await?.remaining(), 0);
+/// assert!(!limiter.check(&key, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,

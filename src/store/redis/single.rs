@@ -14,6 +14,31 @@ use crate::error::{ConfigError, StoreError};
 
 /// A store in one Redis server (or a primary with replicas). Cheap to clone: clones share the
 /// pool or connection. See the [module docs](crate::store::redis).
+///
+/// Building connects nothing: the first decision does. Wrap it in a
+/// [`ResilientStore`](crate::store::ResilientStore) to say what happens when Redis is down.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::key::Key;
+/// use tollgate::store::{FailureMode, RedisStore, ResilientStore};
+/// use tollgate::{Limiter, Policy, Rate};
+///
+/// let redis = RedisStore::builder()
+///     .prefix("myapp:rl")
+///     .timeout(Duration::from_millis(50))
+///     .build_with_url("redis://127.0.0.1:6379")?;
+/// let store = ResilientStore::builder(redis, FailureMode::FailClosed).build()?;
+/// let limiter = Limiter::builder()
+///     .store(store)
+///     .policy(Policy::new("api", Rate::per_minute(100))?)
+///     .build()?;
+/// // Every instance pointing at this Redis shares the 100 per minute.
+/// let decision = limiter.check(&Key::new("tenant", "acme"), 1).await?;
+/// println!("allowed: {}, remaining: {}", decision.is_allowed(), decision.remaining());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RedisStore {
     pub(super) core: Arc<Core<Single>>,

@@ -129,6 +129,32 @@ pub use builder::{ResilientStoreBuilder, DEFAULT_DENY_CACHE_RECHECK};
 use deny_cache::DenyCache;
 
 /// A store that fails gracefully; see the [module docs](crate::store::resilient).
+///
+/// It wraps the store that may fail (Redis, usually) with a timeout, a circuit breaker, a
+/// [`FailureMode`] for when it cannot answer, and optionally a cache of recent denials.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tollgate::key::Key;
+/// use tollgate::store::{FailureMode, MemoryStore, ResilientStore};
+/// use tollgate::{DecidedBy, Limiter, Policy, Rate};
+///
+/// // In production the wrapped store is a `RedisStore`; any store will do.
+/// let store = ResilientStore::builder(MemoryStore::new(), FailureMode::FailClosed)
+///     .timeout(Duration::from_millis(50))
+///     .circuit_breaker(5, Duration::from_secs(10))
+///     .deny_cache(10_000)
+///     .build()?;
+/// let limiter = Limiter::builder()
+///     .store(store)
+///     .policy(Policy::new("api", Rate::per_minute(100))?)
+///     .build()?;
+/// let decision = limiter.check(&Key::new("tenant", "acme"), 1).await?;
+/// assert_eq!(decision.decided_by(), DecidedBy::Decided); // the wrapped store answered
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 pub struct ResilientStore<S> {
     inner: Arc<Inner<S>>,
 }
