@@ -1141,3 +1141,35 @@ fn a_bucket_key_outlives_its_state_when_an_override_slows_its_refill() {
         }
     });
 }
+
+/// `ping` loads both scripts, so the first decision after start-up is one `EVALSHA`: no
+/// `NOSCRIPT` round trip, no `SCRIPT LOAD` on the request path.
+#[tokio::test]
+async fn ping_loads_the_scripts_so_the_first_decision_is_one_call() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("ping-loads")
+        .build_with_url(&server.url())
+        .unwrap();
+    store.ping().await.unwrap();
+    let sha = |source: &str| redis::Script::new(source).get_hash().to_owned();
+    let (decide, lease) = (
+        sha(tollgate::store::redis::script_source()),
+        sha(tollgate::store::redis::lease_script_source()),
+    );
+    let loaded: Vec<i64> = server
+        .query(&["SCRIPT", "EXISTS", &decide, &lease])
+        .unwrap();
+    assert_eq!(loaded, [1, 1]);
+
+    let _: String = server.query(&["CONFIG", "RESETSTAT"]).unwrap();
+    let p = Policy::new("api", Rate::per_minute(10)).unwrap();
+    let d = store
+        .check(&Key::new("t", "a"), std::slice::from_ref(&p), &[1])
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    let stats: String = server.query(&["INFO", "commandstats"]).unwrap();
+    assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
+    assert!(!stats.contains("cmdstat_script"), "{stats}");
+}

@@ -149,7 +149,10 @@ impl RedisClusterStore {
         self.core.prefix()
     }
 
-    /// Sends `PING` (to a random node): a start-up check that the cluster is reachable.
+    /// Sends `PING`, then loads tollgate's scripts (`SCRIPT LOAD`): a start-up check that
+    /// Redis is reachable, after which the first decision is one round trip (without it, the
+    /// first call to each script meets `NOSCRIPT` and loads it, three round trips, which a
+    /// tight [`ResilientStore`](crate::store::ResilientStore) timeout may not allow).
     ///
     /// # Errors
     ///

@@ -208,13 +208,23 @@ impl<C: Connector> Core<C> {
         &self.prefix
     }
 
-    /// Sends `PING`.
+    /// Sends `PING`, then loads the decision and lease scripts (`SCRIPT LOAD`, on every
+    /// primary of a cluster), so that the first decision after start-up is one round trip
+    /// rather than three (`NOSCRIPT`, the load, the call again): a first decision within a
+    /// tight timeout.
     pub(crate) async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.connector.connection().await?;
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(store_error)?;
+        for script in [super::script::script(), super::ledger_call::script()] {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+        }
         Ok(())
     }
 

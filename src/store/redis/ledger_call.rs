@@ -30,7 +30,7 @@ pub(crate) fn lease_source() -> &'static str {
 }
 
 /// The lease script, hashed once.
-fn script() -> &'static Script {
+pub(crate) fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| Script::new(lease_source()))
 }
