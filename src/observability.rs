@@ -86,6 +86,8 @@
 //! | `tollgate_memory_evicted_usage_ratio` | histogram | — (the share of its limit each evicted entry had used) |
 //! | `tollgate_fallback_overadmitted_total` | counter | — (requests the local fallback admitted that the store, answering late, refused) |
 //! | `tollgate_lease_units_total` | counter | `event`: units of [leased](crate::store::leased) blocks `granted`, `returned` unused, or `dropped` unused (under-admission until their window or refill frees them) |
+//! | `tollgate_sentinel_switches_total` | counter | — (master switches a [Sentinel store](crate::store::sentinel) followed: failovers) |
+//! | `tollgate_sentinel_failover_seconds` | histogram | — (for each switch, how long the store had been without a master, from the first failure it saw to the first call on the new one) |
 //! | `tollgate_plan_reloads_total` | counter | `result`: `ok`, `refused` (plans put in force, or refused while the plan in force stayed) |
 //!
 //! **`route`** is the route's pattern as declared in the limiter's route table

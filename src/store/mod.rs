@@ -88,8 +88,12 @@ pub mod resilient;
 
 #[cfg(feature = "cluster")]
 pub use self::redis::cluster;
+#[cfg(feature = "sentinel")]
+pub use self::redis::sentinel;
 #[cfg(feature = "cluster")]
 pub use self::redis::RedisClusterStore;
+#[cfg(feature = "sentinel")]
+pub use self::redis::RedisSentinelStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryCheck, MemoryStore, MemoryStoreBuilder};

@@ -15,7 +15,7 @@ use super::free_port;
 const INSTALL_HINT: &str = "redis-server (and redis-cli) must be on PATH for the Redis tests: \
      install them with `apt-get install redis-server` (Debian/Ubuntu) or `brew install redis`";
 
-fn require(binary: &str) {
+pub(super) fn require(binary: &str) {
     let found = Command::new(binary)
         .arg("--version")
         .stdout(Stdio::null())
@@ -25,7 +25,7 @@ fn require(binary: &str) {
     assert!(found, "`{binary}` was not found. {INSTALL_HINT}");
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
+pub(super) fn temp_dir(tag: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "tollgate-{tag}-{}-{}",
@@ -48,6 +48,11 @@ impl RedisServer {
     /// A standalone server.
     pub fn start() -> Self {
         Self::spawn(&[])
+    }
+
+    /// A standalone server started with `extra` arguments (`--replicaof`, …).
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::spawn(extra)
     }
 
     fn spawn(extra: &[&str]) -> Self {

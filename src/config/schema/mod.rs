@@ -49,7 +49,7 @@ pub enum FailureModeName {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct StoreConfig {
-    /// `memory` (default), `redis` or `redis_cluster`.
+    /// `memory` (default), `redis`, `redis_cluster` or `sentinel`.
     #[serde(default)]
     pub kind: StoreKind,
     /// Redis URL (`redis://host:port`); for a cluster, the seed nodes in `urls`.
@@ -57,6 +57,11 @@ pub struct StoreConfig {
     /// Redis Cluster seed nodes.
     #[serde(default)]
     pub urls: Vec<String>,
+    /// For `sentinel`: the Sentinel processes (`redis://host:port`).
+    #[serde(default)]
+    pub sentinels: Vec<String>,
+    /// For `sentinel`: the name the sentinels monitor the master by.
+    pub master: Option<String>,
     /// Key prefix (default `tollgate`).
     pub prefix: Option<String>,
     /// The memory store's key cap.
@@ -85,6 +90,9 @@ pub enum StoreKind {
     Redis,
     /// A Redis Cluster.
     RedisCluster,
+    /// The Redis master that Sentinel names, followed across failovers
+    /// ([`crate::store::sentinel`]).
+    Sentinel,
 }
 
 /// The key section: which extractor keys requests.

@@ -131,6 +131,18 @@ impl LeaseBackend for RedisStore {
     }
 }
 
+#[cfg(feature = "sentinel")]
+impl LeaseBackend for super::sentinel::RedisSentinelStore {
+    fn ledger(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        call: LedgerCall,
+    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+        ledger(&self.core, key, policies, call)
+    }
+}
+
 #[cfg(feature = "cluster")]
 impl LeaseBackend for RedisClusterStore {
     fn ledger(
