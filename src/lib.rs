@@ -196,10 +196,12 @@
 //! │   │       └── tests/
 //! │   │           ├── differential.rs   random calls, alone and batched
 //! │   │           └── debts.rs          forced charges at every size
-//! │   └── redis/             RedisStore and RedisClusterStore
+//! │   └── redis/             RedisStore, RedisClusterStore and RedisSentinelStore
 //! │       ├── mod.rs         docs and re-exports
 //! │       ├── single.rs      RedisStore: one server, a pool or one connection
 //! │       ├── cluster.rs     the Redis Cluster store
+//! │       ├── sentinel.rs    RedisSentinelStore: the master Sentinel names, across failovers
+//! │       ├── sentinel/link.rs   the master resolved, dropped on failure, resolved again
 //! │       ├── builder.rs     RedisStoreBuilder: the settings both stores share
 //! │       ├── connector.rs   how the engine reaches Redis; errors as StoreErrors
 //! │       ├── engine.rs      what both stores share, generic over the connection

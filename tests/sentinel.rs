@@ -26,15 +26,50 @@ fn store(set: &SentinelSet) -> RedisSentinelStore {
 /// few seconds.
 #[test]
 fn sentinel_store_end_to_end() {
+    #[cfg(feature = "metrics")]
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
     let mut set = SentinelSet::start();
     let rt = support::runtime();
     rt.block_on(exact_on_the_resolved_master(&set));
     rt.block_on(a_plan_builds_a_sentinel_store(&set));
     demotion_is_followed(&set, &rt);
     killed_master_under_load(&mut set, &rt);
+    // One switch for the demotion's store, one for each of the failover's two.
+    #[cfg(feature = "metrics")]
+    {
+        let text = prometheus.render();
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            line("tollgate_sentinel_switches_total").as_deref(),
+            Some("tollgate_sentinel_switches_total 3"),
+            "{text}"
+        );
+        assert_eq!(
+            line("tollgate_sentinel_failover_seconds_count").as_deref(),
+            Some("tollgate_sentinel_failover_seconds_count 3"),
+            "{text}"
+        );
+        eprintln!("{:?}", line("tollgate_sentinel_failover_seconds_sum"));
+    }
 }
 
 async fn exact_on_the_resolved_master(set: &SentinelSet) {
+    // A caller that gives up at once does not stop the resolution it started.
+    let early = store(set);
+    let gave_up = tokio::time::timeout(Duration::from_micros(1), early.ping()).await;
+    assert!(gave_up.is_err());
+    let started = Instant::now();
+    while early.master_address().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(5), "never resolved");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
     let store = store(set);
     assert_eq!(
         store.master_address(),
@@ -108,20 +143,28 @@ fn demotion_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
         Duration::from_secs(20),
         || set.master_address().is_some_and(|a| a != old),
     );
-    // Until the sentinels demote it, the old master still takes writes, which its demotion
-    // discards (Sentinel's own window): no request is sent in it.
+    let named = asked.elapsed();
+    // Until it is demoted, the old master still takes writes, which its demotion discards
+    // (Sentinel's own window): no request is sent in it. The sentinels would send this
+    // `REPLICAOF` on their next look at it (up to 10 s); sent now, the test need not wait.
+    let promoted = set.replica.port().to_string();
+    let _: String = set
+        .master
+        .query(&["REPLICAOF", "127.0.0.1", &promoted])
+        .unwrap();
     wait_until("the old master is demoted", Duration::from_secs(20), || {
         set.master
             .query::<String>(&["INFO", "replication"])
             .is_ok_and(|i| i.contains("role:slave"))
     });
-    let demoted = asked.elapsed();
     let started = Instant::now();
+    let mut refused = Vec::new();
     let remaining = rt.block_on(async {
         loop {
             match limiter.check(&key, 1).await {
                 Ok(d) => break d.remaining(),
-                Err(_) if started.elapsed() < Duration::from_secs(10) => {
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    refused.push(e.to_string());
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => panic!("no decision on the promoted master: {e}"),
@@ -129,14 +172,20 @@ fn demotion_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
         }
     });
     let resumed = started.elapsed();
+    assert!(
+        refused
+            .first()
+            .is_some_and(|e| e.contains("read only replica")),
+        "the demoted master's first answer is READONLY: {refused:?}"
+    );
     assert_eq!(remaining, 100 - 11, "the state survived the demotion");
     assert_eq!(store.master_address(), set.master_address());
     assert_eq!(store.master_switches(), 1);
     set.wait_settled();
     eprintln!(
-        "demotion: the old master was demoted {} ms after SENTINEL FAILOVER; the store \
-         decided on the promoted master {} ms after that",
-        demoted.as_millis(),
+        "demotion: the sentinels named the replica {} ms after SENTINEL FAILOVER; the store \
+         decided on it {} ms after the old master was demoted",
+        named.as_millis(),
         resumed.as_millis()
     );
 }

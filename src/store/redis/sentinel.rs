@@ -45,8 +45,8 @@
 //!
 //! With the `metrics` feature, `tollgate_sentinel_switches_total` counts the master
 //! switches a store followed and `tollgate_sentinel_failover_seconds` records, for each,
-//! how long it had been without a master (from the first failure it saw to the first call on
-//! the new master); see [`crate::observability`].
+//! how long it had been without a master (from the first call that found none to the first
+//! call on the new master); see [`crate::observability`].
 //!
 //! # Examples
 //!

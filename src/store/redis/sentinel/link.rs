@@ -3,7 +3,6 @@
 //! resolve interval.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +10,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind,
+    Value,
+};
 
 use super::super::connector::store_error;
 use crate::error::{Cause, StoreError};
@@ -63,19 +65,28 @@ impl fmt::Debug for Link {
     }
 }
 
-/// Whether `e` says the connection may no longer reach a master: the server is gone, stalled
-/// (a timeout: a stopped master stays "up" to its socket while Sentinel promotes another), or
-/// a replica now (`READONLY`). A slow but healthy master costs one resolution that finds it
-/// again.
+/// Whether `e` says the connection may no longer reach a master: the server is gone, or
+/// stalled (a timeout: a stopped master stays "up" to its socket while Sentinel promotes
+/// another). A slow but healthy master costs one resolution that finds it again.
 fn master_lost(e: &RedisError) -> bool {
     e.is_timeout()
         || e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-        // A script's write on a replica comes back as a script error quoting READONLY.
-        || e.to_string().contains("READONLY")
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+/// Whether a reply says the server is a replica now: a write met `READONLY`. Server errors
+/// arrive as values here; redis-rs makes them errors only when a reply is read.
+fn demoted(reply: &Value) -> bool {
+    match reply {
+        Value::ServerError(e) => {
+            e.kind() == Some(ServerErrorKind::ReadOnly) || e.code() == "READONLY"
+        }
+        Value::Array(items) => items.iter().any(demoted),
+        _ => false,
+    }
 }
 
 impl Link {
@@ -125,9 +136,15 @@ impl Link {
         if let Some(master) = self.master.load_full() {
             return Ok(self.watched(&master));
         }
-        // Boxed: the resolution's future is large and only the first call after a loss
-        // awaits it.
-        Box::pin(self.resolve()).await
+        // A task of its own: callers give up after their own (often far shorter) timeout,
+        // and a resolution that each of them cancelled would never finish.
+        let link = Arc::clone(self);
+        match tokio::spawn(link.resolve()).await {
+            Ok(master) => master.map(|m| self.watched(&m)),
+            Err(e) => Err(StoreError::Connection(Cause::from(format!(
+                "the resolution of the Redis master failed: {e}"
+            )))),
+        }
     }
 
     fn watched(self: &Arc<Self>, master: &Master) -> Watched {
@@ -138,9 +155,14 @@ impl Link {
         }
     }
 
-    /// Drops the master of `epoch` when `e` says it is lost; later calls resolve again.
-    fn failed(&self, epoch: u64, e: &RedisError) {
-        if !master_lost(e) {
+    /// Drops the master of `epoch` when `reply` says it is lost or demoted; later calls
+    /// resolve again.
+    fn check<T>(&self, epoch: u64, reply: &redis::RedisResult<T>, demoted: impl Fn(&T) -> bool) {
+        let lost = match reply {
+            Err(e) => master_lost(e),
+            Ok(value) => demoted(value),
+        };
+        if !lost {
             return;
         }
         let current = self.master.load();
@@ -149,7 +171,7 @@ impl Link {
             tracing::warn!(
                 target: "tollgate::store",
                 master = %self.master_name,
-                error = %e,
+                error = %reply.as_ref().err().map_or_else(|| "READONLY".to_owned(), ToString::to_string),
                 "lost the Redis master: asking Sentinel again"
             );
         }
@@ -159,10 +181,10 @@ impl Link {
     /// call that waited for another one's uses its master. Within the resolve interval of
     /// the last attempt, fails at once instead of asking again, so that neither a burst of
     /// requests nor a dead sentinel list turns into a storm of sentinel queries.
-    async fn resolve(self: &Arc<Self>) -> Result<Watched, StoreError> {
+    async fn resolve(self: Arc<Self>) -> Result<Arc<Master>, StoreError> {
         let mut resolver = self.resolver.lock().await;
         if let Some(master) = self.master.load_full() {
-            return Ok(self.watched(&master));
+            return Ok(master);
         }
         let now = Instant::now();
         resolver.lost_since.get_or_insert(now);
@@ -207,26 +229,23 @@ impl Link {
             epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
         });
         self.master.store(Some(Arc::clone(&master)));
-        Ok(self.watched(&master))
+        Ok(master)
     }
 
     /// The master the sentinels name, checked to be a master (`ROLE`) by redis-rs, and a
     /// connection to it.
-    fn find<'a>(
-        &'a self,
-        sentinel: &'a mut Sentinel,
-    ) -> impl Future<Output = redis::RedisResult<(Box<str>, MultiplexedConnection)>> + Send + 'a
-    {
-        async move {
-            let client = sentinel
-                .async_master_for(&self.master_name, Some(&self.node))
-                .await?;
-            let address = client.get_connection_info().addr().to_string();
-            let connection = client
-                .get_multiplexed_async_connection_with_config(&self.config)
-                .await?;
-            Ok((address.into_boxed_str(), connection))
-        }
+    async fn find(
+        &self,
+        sentinel: &mut Sentinel,
+    ) -> redis::RedisResult<(Box<str>, MultiplexedConnection)> {
+        let client = sentinel
+            .async_master_for(&self.master_name, Some(&self.node))
+            .await?;
+        let address = client.get_connection_info().addr().to_string();
+        let connection = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok((address.into_boxed_str(), connection))
     }
 }
 
@@ -241,9 +260,7 @@ impl ConnectionLike for Watched {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let reply = self.connection.req_packed_command(cmd).await;
-            if let Err(e) = &reply {
-                self.link.failed(self.epoch, e);
-            }
+            self.link.check(self.epoch, &reply, demoted);
             reply
         })
     }
@@ -259,9 +276,9 @@ impl ConnectionLike for Watched {
                 .connection
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            if let Err(e) = &reply {
-                self.link.failed(self.epoch, e);
-            }
+            self.link.check(self.epoch, &reply, |values: &Vec<Value>| {
+                values.iter().any(demoted)
+            });
             reply
         })
     }
