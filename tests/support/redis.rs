@@ -36,6 +36,37 @@ pub(super) fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Sends one command to `url` over a fresh synchronous connection.
+pub(super) fn query_at<T: redis::FromRedisValue>(
+    url: &str,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn)
+}
+
+/// Waits up to 10 s for the process `child` to answer `PING` at `url`.
+pub(super) fn wait_for_pong(child: &mut Child, url: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("the process exited with {status}"));
+        }
+        if query_at::<String>(url, &["PING"]).is_ok_and(|s| s == "PONG") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no PONG within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// One `redis-server` process.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -88,19 +119,8 @@ impl RedisServer {
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("redis-server exited with {status}"));
-            }
-            if self.query::<String>(&["PING"]).is_ok_and(|s| s == "PONG") {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no PONG within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let url = self.url();
+        wait_for_pong(&mut self.child, &url)
     }
 
     /// The TCP port.
@@ -126,13 +146,7 @@ impl RedisServer {
 
     /// Sends one command over a fresh synchronous connection.
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
-        let client = redis::Client::open(self.url())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut conn)
+        query_at(&self.url(), args)
     }
 
     /// Every key matching `pattern`, by `SCAN`.

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::free_port;
-use super::redis::{require, temp_dir, RedisServer};
+use super::redis::{query_at, require, temp_dir, wait_for_pong, RedisServer};
 
 /// The name the sentinels monitor the master by.
 pub const MASTER_NAME: &str = "mymaster";
@@ -97,29 +97,12 @@ impl SentinelProcess {
     }
 
     fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
-        let client = redis::Client::open(self.url())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut conn)
+        query_at(&self.url(), args)
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("the sentinel exited with {status}"));
-            }
-            if self.query::<String>(&["PING"]).is_ok_and(|s| s == "PONG") {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no PONG within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let url = self.url();
+        wait_for_pong(&mut self.child, &url)
     }
 
     /// How many other sentinels and replicas this sentinel knows of.
