@@ -43,6 +43,11 @@ pub enum FailureModeName {
 ///
 /// let plan = Plan::from_toml("[store]\nkind = \"memory\"\nmax_keys = 100000")?;
 /// assert_eq!(plan.store.kind, StoreKind::Memory);
+///
+/// let text = "[store]\nkind = \"sentinel\"\nsentinels = [\"redis://10.0.0.1:26379\"]\nmaster = \"mymaster\"";
+/// let plan = Plan::from_toml(text)?;
+/// assert_eq!(plan.store.kind, StoreKind::Sentinel);
+/// assert_eq!(plan.store.master.as_deref(), Some("mymaster"));
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -104,6 +104,10 @@ mod link;
 use link::{Link, Watched};
 
 /// The default least time between two resolutions of the master.
+///
+/// ```
+/// assert_eq!(tollgate::store::redis::DEFAULT_RESOLVE_INTERVAL.as_millis(), 100);
+/// ```
 pub const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The bound on one resolution, and on connecting to the master, when no timeout is set.
@@ -135,6 +139,18 @@ impl RedisStoreBuilder {
     /// [`build_with_sentinel`](Self::build_with_sentinel) (default
     /// [`DEFAULT_RESOLVE_INTERVAL`]; 10 ms to 60 s, checked when the store is built). See
     /// [following a failover](crate::store::sentinel#following-a-failover).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::RedisSentinelStore;
+    ///
+    /// let builder = RedisSentinelStore::builder().resolve_interval(Duration::from_millis(250));
+    /// assert!(builder.build_with_sentinel(["redis://127.0.0.1:26379"], "mymaster").is_ok());
+    ///
+    /// let too_often = RedisSentinelStore::builder().resolve_interval(Duration::from_millis(1));
+    /// let err = too_often.build_with_sentinel(["redis://127.0.0.1:26379"], "mymaster").unwrap_err();
+    /// assert_eq!(err.field(), "resolve_interval");
+    /// ```
     pub fn resolve_interval(mut self, interval: Duration) -> Self {
         self.resolve_interval = Some(interval);
         self
@@ -148,6 +164,20 @@ impl RedisStoreBuilder {
     ///
     /// A [`ConfigError`] on `sentinels` when there are none or one cannot be parsed, on
     /// `master` when the name is empty, on `resolve_interval`, or on `prefix`.
+    ///
+    /// ```
+    /// use tollgate::store::RedisSentinelStore;
+    ///
+    /// let store = RedisSentinelStore::builder()
+    ///     .build_with_sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "mymaster")?;
+    /// assert_eq!(store.master_address(), None); // not asked yet
+    ///
+    /// let err = RedisSentinelStore::builder()
+    ///     .build_with_sentinel(["redis://10.0.0.1:26379", "http://10.0.0.2"], "mymaster")
+    ///     .unwrap_err();
+    /// assert_eq!((err.field(), err.value()), ("sentinels", "\"http://10.0.0.2\""));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
     pub fn build_with_sentinel<I, U>(
         self,
         sentinels: I,
