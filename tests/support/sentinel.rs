@@ -174,18 +174,26 @@ impl SentinelSet {
         assert!(done, "no sentinel accepted SENTINEL FAILOVER");
     }
 
+    /// Whether the first server (`master`) is the one the sentinels name as master now.
+    fn first_is_master(&self) -> bool {
+        let address = self.master_address().expect("no sentinel names a master");
+        address.ends_with(&format!(":{}", self.master.port()))
+    }
+
+    /// The server the sentinels name as master, and the other one.
+    pub fn roles(&self) -> (&RedisServer, &RedisServer) {
+        if self.first_is_master() {
+            (&self.master, &self.replica)
+        } else {
+            (&self.replica, &self.master)
+        }
+    }
+
     /// Waits until the server that is not the master is its replica, in sync, and every
     /// sentinel knows the other two and that replica: ready for the next failover.
     pub fn wait_settled(&self) {
         wait_until("the set settles", Duration::from_secs(30), || {
-            let Some(master) = self.master_address() else {
-                return false;
-            };
-            let other = if master.ends_with(&format!(":{}", self.master.port())) {
-                &self.replica
-            } else {
-                &self.master
-            };
+            let (_, other) = self.roles();
             other
                 .query::<String>(&["INFO", "replication"])
                 .is_ok_and(|i| i.contains("master_link_status:up"))
@@ -195,13 +203,11 @@ impl SentinelSet {
 
     /// Kills the server the sentinels name as master with SIGKILL: when it is dead.
     pub fn kill_master(&mut self) -> Instant {
-        let address = self.master_address().expect("no sentinel names a master");
-        let server = if address.ends_with(&format!(":{}", self.master.port())) {
-            &mut self.master
+        if self.first_is_master() {
+            self.master.kill();
         } else {
-            &mut self.replica
-        };
-        server.kill();
+            self.replica.kill();
+        }
         Instant::now()
     }
 }

@@ -25,6 +25,9 @@ struct Master {
     /// Which resolution made it, so that a failure on an older master's connection does
     /// not drop a newer one.
     epoch: u64,
+    /// When the oldest call still unanswered was sent, in [`Link::now`] units (0: none): set
+    /// by a call whose caller gave up, cleared by any reply.
+    unanswered_since: AtomicU64,
 }
 
 /// What a resolution attempt left behind, under the resolution lock.
@@ -52,6 +55,8 @@ pub(crate) struct Link {
     resolver: tokio::sync::Mutex<Resolver>,
     epochs: AtomicU64,
     switches: AtomicU64,
+    /// The origin of [`Link::now`].
+    base: Instant,
 }
 
 impl fmt::Debug for Link {
@@ -116,6 +121,7 @@ impl Link {
             }),
             epochs: AtomicU64::new(0),
             switches: AtomicU64::new(0),
+            base: Instant::now(),
         }
     }
 
@@ -147,33 +153,68 @@ impl Link {
         }
     }
 
-    fn watched(self: &Arc<Self>, master: &Master) -> Watched {
+    fn watched(self: &Arc<Self>, master: &Arc<Master>) -> Watched {
         Watched {
             connection: master.connection.clone(),
             link: Arc::clone(self),
-            epoch: master.epoch,
+            master: Arc::clone(master),
         }
     }
 
-    /// Drops the master of `epoch` when `reply` says it is lost or demoted; later calls
-    /// resolve again.
-    fn check<T>(&self, epoch: u64, reply: &redis::RedisResult<T>, demoted: impl Fn(&T) -> bool) {
-        let lost = match reply {
-            Err(e) => master_lost(e),
-            Ok(value) => demoted(value),
-        };
-        if !lost {
-            return;
+    /// Milliseconds since the link was made, plus one (0 means "none" where it is stored).
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+
+    /// A call to `master` sent at `sent` was given up by its caller. Callers usually give up
+    /// long before the connection's own timeout, so a stalled master (a stopped process, a
+    /// partition) would never fail a call: once calls have gone unanswered for longer than
+    /// the timeout, with no reply meanwhile, the master is dropped as lost.
+    fn abandoned(&self, master: &Master, sent: u64) {
+        let _ =
+            master
+                .unanswered_since
+                .compare_exchange(0, sent, Ordering::AcqRel, Ordering::Acquire);
+        let since = master.unanswered_since.load(Ordering::Acquire);
+        let silent = self.now().saturating_sub(since);
+        if since != 0 && silent > u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX) {
+            self.lose(master.epoch, format_args!("no reply for {silent} ms"));
         }
+    }
+
+    /// Drops the master of `epoch`, unless another has replaced it; later calls resolve
+    /// again.
+    fn lose(&self, epoch: u64, reason: fmt::Arguments<'_>) {
         let current = self.master.load();
         if current.as_ref().is_some_and(|m| m.epoch == epoch) {
             self.master.store(None);
             tracing::warn!(
                 target: "tollgate::store",
                 master = %self.master_name,
-                error = %reply.as_ref().err().map_or_else(|| "READONLY".to_owned(), ToString::to_string),
+                reason = %reason,
                 "lost the Redis master: asking Sentinel again"
             );
+        }
+    }
+
+    /// Drops `master` when `reply` says it is lost or demoted.
+    fn check<T>(
+        &self,
+        master: &Master,
+        reply: &redis::RedisResult<T>,
+        demoted: impl Fn(&T) -> bool,
+    ) {
+        match reply {
+            Err(e) if master_lost(e) => self.lose(master.epoch, format_args!("{e}")),
+            Err(_) => {}
+            Ok(value) => {
+                master.unanswered_since.store(0, Ordering::Release);
+                if demoted(value) {
+                    self.lose(master.epoch, format_args!("READONLY: it is a replica now"));
+                }
+            }
         }
     }
 
@@ -227,6 +268,7 @@ impl Link {
             address,
             connection,
             epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+            unanswered_since: AtomicU64::new(0),
         });
         self.master.store(Some(Arc::clone(&master)));
         Ok(master)
@@ -253,14 +295,48 @@ impl Link {
 pub(crate) struct Watched {
     connection: MultiplexedConnection,
     link: Arc<Link>,
-    epoch: u64,
+    master: Arc<Master>,
+}
+
+/// A call in flight: dropped before it is answered, it tells the link its caller gave up.
+struct InFlight<'a> {
+    link: &'a Link,
+    master: &'a Master,
+    sent: u64,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.link.abandoned(self.master, self.sent);
+        }
+    }
+}
+
+impl<'a> InFlight<'a> {
+    fn new(link: &'a Link, master: &'a Master) -> Self {
+        InFlight {
+            link,
+            master,
+            sent: link.now(),
+            answered: false,
+        }
+    }
 }
 
 impl ConnectionLike for Watched {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let reply = self.connection.req_packed_command(cmd).await;
-            self.link.check(self.epoch, &reply, demoted);
+            let Watched {
+                connection,
+                link,
+                master,
+            } = self;
+            let mut call = InFlight::new(link, master);
+            let reply = connection.req_packed_command(cmd).await;
+            call.answered = true;
+            link.check(master, &reply, demoted);
             reply
         })
     }
@@ -272,11 +348,17 @@ impl ConnectionLike for Watched {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let reply = self
-                .connection
+            let Watched {
+                connection,
+                link,
+                master,
+            } = self;
+            let mut call = InFlight::new(link, master);
+            let reply = connection
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            self.link.check(self.epoch, &reply, |values: &Vec<Value>| {
+            call.answered = true;
+            link.check(master, &reply, |values: &Vec<Value>| {
                 values.iter().any(demoted)
             });
             reply
