@@ -8,8 +8,11 @@
 //! # Following a failover
 //!
 //! * **Losing the master.** A call whose connection fails (refused, dropped, timed out) or
-//!   whose write meets `READONLY` (the master was demoted) drops that master; that call
-//!   fails with its [`StoreError`], so a
+//!   whose write meets `READONLY` (the master was demoted) drops that master, and so do calls
+//!   that callers gave up on (a `ResilientStore`'s timeout) and that stayed unanswered, with
+//!   no reply meanwhile, for longer than the store's [timeout](RedisStoreBuilder::timeout): a
+//!   stopped or cut-off master fails no call, it only stops answering. The call fails with
+//!   its [`StoreError`], so a
 //!   [`ResilientStore`](crate::store::ResilientStore)'s failure mode decides it, and a
 //!   [`LeasedStore`](crate::store::leased::LeasedStore) keeps deciding from the blocks in
 //!   hand.
@@ -37,11 +40,15 @@
 //! replica had not received when the master died are lost: the requests they admitted are
 //! admitted again by the new master. **Over-admission across one failover is at most the
 //! units admitted within the replication lag before the master died** (with the replica in
-//! sync, the last few milliseconds of traffic; the test suite measures it from
-//! `INFO replication` offsets and checks admissions against the limit plus what the master
-//! admitted in its last 100 ms). Nothing is lost when the replica was in sync, for instance
-//! after a manual `SENTINEL FAILOVER`, which waits for it. Requests decided by a failure mode
-//! while no master answered are bounded by that mode (fail-open admits them all).
+//! sync, the last few milliseconds of traffic). `tests/sentinel.rs` measures it: it counts
+//! the admissions the new master never recorded (admitted minus the units its state shows
+//! spent) and checks all admissions against the limit plus those of the last 100 ms before
+//! the kill. Nothing is lost when the replica was in sync, for instance after a manual
+//! `SENTINEL FAILOVER`, which waits for it. Sentinel has a window of its own: a master that
+//! is cut off but alive takes writes until it is demoted, and its demotion discards them
+//! (`min-replicas-to-write` on the master narrows that window). Requests decided by a
+//! failure mode while no master answered are bounded by that mode (fail-open admits them
+//! all).
 //!
 //! With the `metrics` feature, `tollgate_sentinel_switches_total` counts the master
 //! switches a store followed and `tollgate_sentinel_failover_seconds` records, for each,
