@@ -325,8 +325,13 @@ impl<'a> InFlight<'a> {
     }
 }
 
-impl ConnectionLike for Watched {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Watched {
+    /// Sends one call through `send` and tells the link what came of it.
+    fn watch<'a, T: Send + 'a>(
+        &'a mut self,
+        send: impl FnOnce(&'a mut MultiplexedConnection) -> RedisFuture<'a, T> + Send + 'a,
+        demoted: fn(&T) -> bool,
+    ) -> RedisFuture<'a, T> {
         Box::pin(async move {
             let Watched {
                 connection,
@@ -334,11 +339,17 @@ impl ConnectionLike for Watched {
                 master,
             } = self;
             let mut call = InFlight::new(link, master);
-            let reply = connection.req_packed_command(cmd).await;
+            let reply = send(connection).await;
             call.answered = true;
             link.check(master, &reply, demoted);
             reply
         })
+    }
+}
+
+impl ConnectionLike for Watched {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.watch(move |c| c.req_packed_command(cmd), demoted)
     }
 
     fn req_packed_commands<'a>(
@@ -347,22 +358,10 @@ impl ConnectionLike for Watched {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let Watched {
-                connection,
-                link,
-                master,
-            } = self;
-            let mut call = InFlight::new(link, master);
-            let reply = connection
-                .req_packed_commands(pipeline, offset, count)
-                .await;
-            call.answered = true;
-            link.check(master, &reply, |values: &Vec<Value>| {
-                values.iter().any(demoted)
-            });
-            reply
-        })
+        self.watch(
+            move |c| c.req_packed_commands(pipeline, offset, count),
+            |values| values.iter().any(demoted),
+        )
     }
 
     fn get_db(&self) -> i64 {
