@@ -100,25 +100,32 @@ async fn exact_on_the_resolved_master(set: &SentinelSet) {
 
 async fn a_plan_builds_a_sentinel_store(set: &SentinelSet) {
     let sentinels: Vec<String> = set.urls().iter().map(|u| format!("{u:?}")).collect();
-    let text = format!(
-        "failure_mode = \"fail_closed\"\n\
-         [[policies]]\nname = \"api\"\nlimit = 3\nwindow = \"1m\"\n\
-         [default]\npolicies = [\"api\"]\n\
-         [store]\nkind = \"sentinel\"\nsentinels = [{}]\nmaster = \"{MASTER_NAME}\"\nprefix = \"plan\"\n",
-        sentinels.join(", ")
-    );
-    let plan = Plan::from_toml(&text).unwrap();
-    let limiter = Limiter::from_config(&plan).unwrap();
-    let key = Key::new("user", "plan");
-    let mut answers = Vec::new();
-    for _ in 0..4 {
-        let d = limiter.check(&key, 1).await.unwrap();
-        assert_eq!(d.decided_by(), DecidedBy::Decided);
-        answers.push(d.is_allowed());
+    // Exact, then through the lease ledger: both decide on the master Sentinel names.
+    for (prefix, lease) in [("plan", ""), ("leased", "lease_time = \"250ms\"\n")] {
+        let text = format!(
+            "failure_mode = \"fail_closed\"\n\
+             [[policies]]\nname = \"api\"\nlimit = 3\nwindow = \"1m\"\n\
+             [default]\npolicies = [\"api\"]\n\
+             [store]\nkind = \"sentinel\"\nsentinels = [{}]\nmaster = \"{MASTER_NAME}\"\n\
+             prefix = \"{prefix}\"\n{lease}",
+            sentinels.join(", ")
+        );
+        let plan = Plan::from_toml(&text).unwrap();
+        let limiter = Limiter::from_config(&plan).unwrap();
+        let key = Key::new("user", "plan");
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            let d = limiter.check(&key, 1).await.unwrap();
+            assert_eq!(d.decided_by(), DecidedBy::Decided);
+            answers.push(d.is_allowed());
+        }
+        assert_eq!(answers, [true, true, true, false], "{text}");
+        // The state is on the master, under the plan's prefix.
+        assert!(
+            !set.master.scan(&format!("{prefix}:*")).is_empty(),
+            "{text}"
+        );
     }
-    assert_eq!(answers, [true, true, true, false]);
-    // The state is on the master, under the plan's prefix.
-    assert!(!set.master.scan("plan:*").is_empty());
 }
 
 /// `SENTINEL FAILOVER`: the master becomes a replica and answers writes with `READONLY`; the
