@@ -10,6 +10,8 @@
 //! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
 //!   per decision.
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
+//! * `RedisSentinelStore` (feature `sentinel`): the same on the master Sentinel names,
+//!   followed across failovers.
 //! * [`LeasedStore`](leased::LeasedStore): wraps a shared store and decides hot keys locally
 //!   from blocks of quota leased from it, never exceeding the limit across instances.
 //!
