@@ -27,7 +27,8 @@
 //! | `opentelemetry` | The decision as attributes of the request's OpenTelemetry span, through `tracing-opentelemetry`, whether or not the span declares the fields (see [`observability`]) |
 //! | `redis` | The Redis store (`store::RedisStore`): one Lua script per decision, on a pool or a multiplexed connection |
 //! | `cluster` | The Redis Cluster store (`store::RedisClusterStore`); implies `redis` |
-//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset` and `override` against the store, `top` through the admin API; implies `config` and `cluster` |
+//! | `sentinel` | The Redis store through Sentinel (`store::RedisSentinelStore`): finds the master by its name and follows a failover; implies `redis` |
+//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset` and `override` against the store, `top` through the admin API; implies `config`, `cluster` and `sentinel` |
 //! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
 //!
 //! The features and their descriptions come from `Cargo.toml` (a test keeps this table and
@@ -196,10 +197,12 @@
 //! │   │       └── tests/
 //! │   │           ├── differential.rs   random calls, alone and batched
 //! │   │           └── debts.rs          forced charges at every size
-//! │   └── redis/             RedisStore and RedisClusterStore
+//! │   └── redis/             RedisStore, RedisClusterStore and RedisSentinelStore
 //! │       ├── mod.rs         docs and re-exports
 //! │       ├── single.rs      RedisStore: one server, a pool or one connection
 //! │       ├── cluster.rs     the Redis Cluster store
+//! │       ├── sentinel.rs    RedisSentinelStore: the master Sentinel names, across failovers
+//! │       ├── sentinel/link.rs   the master resolved, dropped on failure, resolved again
 //! │       ├── builder.rs     RedisStoreBuilder: the settings both stores share
 //! │       ├── connector.rs   how the engine reaches Redis; errors as StoreErrors
 //! │       ├── engine.rs      what both stores share, generic over the connection

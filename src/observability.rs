@@ -76,7 +76,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `outcome` (`decided`, `cached_deny`, `fail_open`, `fail_closed`, `fallback`), `allowed` (`true`/`false`), `store` ([`Store::name`]: `memory`, `redis`, `redis-cluster`), `policy` (the governing policy's name), `route` (see below) |
+//! | `tollgate_decisions_total` | counter | `outcome` (`decided`, `cached_deny`, `fail_open`, `fail_closed`, `fallback`), `allowed` (`true`/`false`), `store` ([`Store::name`]: `memory`, `redis`, `redis-cluster`, `redis-sentinel`), `policy` (the governing policy's name), `route` (see below) |
 //! | `tollgate_refusals_total` | counter | `kind` ([`RefusalKind::as_str`]: `rate_limited`, `cost_exceeds_capacity`, `missing_key`, `forbidden`, `store_unavailable`, `login_refused`, `login_body_too_large`, `login_body_unreadable`, `login_username_ambiguous`) |
 //! | `tollgate_degraded_total` | counter | `outcome` (`fail_open`, `fail_closed`, `fallback`): decisions a failure mode took because the store failed |
 //! | `tollgate_store_errors_total` | counter | `kind` (`connection`, `timeout`, `backend`, `protocol`, `circuit_open`, `capacity`) |
@@ -86,6 +86,8 @@
 //! | `tollgate_memory_evicted_usage_ratio` | histogram | — (the share of its limit each evicted entry had used) |
 //! | `tollgate_fallback_overadmitted_total` | counter | — (requests the local fallback admitted that the store, answering late, refused) |
 //! | `tollgate_lease_units_total` | counter | `event`: units of [leased](crate::store::leased) blocks `granted`, `returned` unused, or `dropped` unused (under-admission until their window or refill frees them) |
+//! | `tollgate_sentinel_switches_total` | counter | — (master switches a [Sentinel store](crate::store::sentinel) followed: failovers) |
+//! | `tollgate_sentinel_failover_seconds` | histogram | — (for each switch, how long the store had been without a master, from the first call that found none to the first call on the new one) |
 //! | `tollgate_plan_reloads_total` | counter | `result`: `ok`, `refused` (plans put in force, or refused while the plan in force stayed) |
 //!
 //! **`route`** is the route's pattern as declared in the limiter's route table

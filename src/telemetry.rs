@@ -152,6 +152,14 @@ mod counting {
                 "Requests the local fallback admitted that the store, answering late, refused."
             );
             describe_counter!(
+                "tollgate_sentinel_switches_total",
+                "Redis master switches a Sentinel store followed (failovers)."
+            );
+            describe_histogram!(
+                "tollgate_sentinel_failover_seconds",
+                "For each master switch, how long the Sentinel store had been without a master."
+            );
+            describe_counter!(
                 "tollgate_lease_units_total",
                 "Units of leased quota blocks, by event: granted, returned unused, dropped unused (under-admission until their window or refill frees them)."
             );
@@ -354,6 +362,14 @@ mod counting {
         metrics::counter!("tollgate_lease_units_total", "event" => event).increment(units);
     }
 
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn sentinel_switch(without_master: std::time::Duration) {
+        describe();
+        metrics::counter!("tollgate_sentinel_switches_total").increment(1);
+        metrics::histogram!("tollgate_sentinel_failover_seconds")
+            .record(without_master.as_secs_f64());
+    }
+
     pub(crate) fn plan_reload(ok: bool) {
         describe();
         if ok {
@@ -407,6 +423,9 @@ mod counting {
     pub(crate) fn fallback_overadmitted() {}
     #[inline(always)]
     pub(crate) fn plan_reload(_: bool) {}
+    #[cfg(feature = "sentinel")]
+    #[inline(always)]
+    pub(crate) fn sentinel_switch(_: std::time::Duration) {}
     #[inline(always)]
     pub(crate) fn lease_units(_: &'static str, _: u64) {}
 }

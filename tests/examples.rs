@@ -451,3 +451,25 @@ fn an_example_that_cannot_start_says_why_in_words() {
         "a debug structure was printed: {stderr}"
     );
 }
+
+/// The Sentinel example decides on the master the sentinels name, and stops after
+/// `SECONDS`.
+#[cfg(feature = "sentinel")]
+#[test]
+fn sentinel_decides_on_the_master_the_sentinels_name() {
+    let set = support::sentinel::SentinelSet::start();
+    let out = Command::new(example("sentinel"))
+        .env("SENTINELS", set.urls().join(","))
+        .env("SECONDS", "2")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let master = format!("master 127.0.0.1:{} ", set.master.port());
+    assert!(stdout.contains(&master), "{stdout}");
+    assert!(stdout.contains("failovers followed 0"), "{stdout}");
+}

@@ -10,6 +10,8 @@
 //! * `RedisStore` (feature `redis`): one Redis server shared by every instance; one round trip
 //!   per decision.
 //! * `RedisClusterStore` (feature `cluster`): the same on a Redis Cluster.
+//! * `RedisSentinelStore` (feature `sentinel`): the same on the master Sentinel names,
+//!   followed across failovers.
 //! * [`LeasedStore`](leased::LeasedStore): wraps a shared store and decides hot keys locally
 //!   from blocks of quota leased from it, never exceeding the limit across instances.
 //!
@@ -88,8 +90,12 @@ pub mod resilient;
 
 #[cfg(feature = "cluster")]
 pub use self::redis::cluster;
+#[cfg(feature = "sentinel")]
+pub use self::redis::sentinel;
 #[cfg(feature = "cluster")]
 pub use self::redis::RedisClusterStore;
+#[cfg(feature = "sentinel")]
+pub use self::redis::RedisSentinelStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryCheck, MemoryStore, MemoryStoreBuilder};

@@ -3,6 +3,7 @@
 //! * [`http`]: an axum app served on a free loopback port, captured log lines, a tenant key.
 //! * [`redis`]: real `redis-server` processes (one node, or a three-master cluster) on free
 //!   loopback ports, stopped on drop.
+//! * [`sentinel`]: a master, a replica and three sentinels watching them, stopped on drop.
 //! * [`scenarios`]: policies, traces and checks shared by the tests of every store.
 //! * [`cancel`]: dropping a future at each of its await points.
 //! * [`gated`]: a store wrapper whose replies come late, so those points exist.
@@ -22,6 +23,7 @@ pub mod http;
 pub mod proxy;
 pub mod redis;
 pub mod scenarios;
+pub mod sentinel;
 
 pub use self::http::{by_tenant, serve, Logs};
 pub use self::redis::{RedisCluster, RedisServer};

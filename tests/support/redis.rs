@@ -15,7 +15,7 @@ use super::free_port;
 const INSTALL_HINT: &str = "redis-server (and redis-cli) must be on PATH for the Redis tests: \
      install them with `apt-get install redis-server` (Debian/Ubuntu) or `brew install redis`";
 
-fn require(binary: &str) {
+pub(super) fn require(binary: &str) {
     let found = Command::new(binary)
         .arg("--version")
         .stdout(Stdio::null())
@@ -25,7 +25,7 @@ fn require(binary: &str) {
     assert!(found, "`{binary}` was not found. {INSTALL_HINT}");
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
+pub(super) fn temp_dir(tag: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "tollgate-{tag}-{}-{}",
@@ -34,6 +34,37 @@ fn temp_dir(tag: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).expect("cannot create a temporary directory");
     dir
+}
+
+/// Sends one command to `url` over a fresh synchronous connection.
+pub(super) fn query_at<T: redis::FromRedisValue>(
+    url: &str,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn)
+}
+
+/// Waits up to 10 s for the process `child` to answer `PING` at `url`.
+pub(super) fn wait_for_pong(child: &mut Child, url: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("the process exited with {status}"));
+        }
+        if query_at::<String>(url, &["PING"]).is_ok_and(|s| s == "PONG") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no PONG within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// One `redis-server` process.
@@ -48,6 +79,11 @@ impl RedisServer {
     /// A standalone server.
     pub fn start() -> Self {
         Self::spawn(&[])
+    }
+
+    /// A standalone server started with `extra` arguments (`--replicaof`, …).
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::spawn(extra)
     }
 
     fn spawn(extra: &[&str]) -> Self {
@@ -83,19 +119,8 @@ impl RedisServer {
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("redis-server exited with {status}"));
-            }
-            if self.query::<String>(&["PING"]).is_ok_and(|s| s == "PONG") {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no PONG within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let url = self.url();
+        wait_for_pong(&mut self.child, &url)
     }
 
     /// The TCP port.
@@ -121,13 +146,7 @@ impl RedisServer {
 
     /// Sends one command over a fresh synchronous connection.
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
-        let client = redis::Client::open(self.url())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut conn)
+        query_at(&self.url(), args)
     }
 
     /// Every key matching `pattern`, by `SCAN`.

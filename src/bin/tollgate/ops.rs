@@ -1,5 +1,5 @@
-//! The operator commands: `inspect` and `reset` against the shared store (Redis or Redis
-//! Cluster) with a plan file, `top` through a running application's admin API.
+//! The operator commands: `inspect` and `reset` against the shared store (Redis, Redis
+//! Cluster or Redis through Sentinel) with a plan file, `top` through a running application's admin API.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -123,6 +123,14 @@ pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Fai
             }
             StoreKind::RedisCluster => {
                 cluster_store(&plan.store.urls, &prefix, leased).map_err(built)?
+            }
+            StoreKind::Sentinel => {
+                let master = plan.store.master.as_deref().unwrap_or_default();
+                let store = tollgate::store::RedisSentinelStore::builder()
+                    .prefix(prefix.as_str())
+                    .build_with_sentinel(&plan.store.sentinels, master)
+                    .map_err(|e| built(e.within("store")))?;
+                erase(store, leased)
             }
             _ => {
                 return Err(invalid(format!(

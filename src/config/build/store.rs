@@ -15,36 +15,43 @@ impl Plan {
             ));
         }
         let s = &self.store;
+        let url = ("url", s.url.is_some(), format!("{:?}", s.url));
+        let urls = ("urls", !s.urls.is_empty(), format!("{:?}", s.urls));
+        let max_keys = (
+            "max_keys",
+            s.max_keys.is_some(),
+            format!("{:?}", s.max_keys),
+        );
+        let sentinels = (
+            "sentinels",
+            !s.sentinels.is_empty(),
+            format!("{:?}", s.sentinels),
+        );
+        let master = ("master", s.master.is_some(), format!("{:?}", s.master));
+        let prefix = ("prefix", s.prefix.is_some(), format!("{:?}", s.prefix));
         let (kind, ignored) = match s.kind {
-            StoreKind::Memory => (
-                "memory",
-                [
-                    ("url", s.url.is_some(), format!("{:?}", s.url)),
-                    ("urls", !s.urls.is_empty(), format!("{:?}", s.urls)),
-                    ("prefix", s.prefix.is_some(), format!("{:?}", s.prefix)),
-                ],
-            ),
+            StoreKind::Memory => ("memory", [url, urls, prefix, sentinels, master]),
             StoreKind::Redis => (
                 "redis",
                 [
-                    ("urls", !s.urls.is_empty(), format!("{:?}", s.urls)),
-                    (
-                        "max_keys",
-                        s.max_keys.is_some(),
-                        format!("{:?}", s.max_keys),
-                    ),
+                    urls,
+                    max_keys,
+                    sentinels,
+                    master,
                     ("", false, String::new()),
                 ],
             ),
             StoreKind::RedisCluster => (
                 "redis_cluster",
+                [url, max_keys, sentinels, master, ("", false, String::new())],
+            ),
+            StoreKind::Sentinel => (
+                "sentinel",
                 [
-                    ("url", s.url.is_some(), format!("{:?}", s.url)),
-                    (
-                        "max_keys",
-                        s.max_keys.is_some(),
-                        format!("{:?}", s.max_keys),
-                    ),
+                    url,
+                    urls,
+                    max_keys,
+                    ("", false, String::new()),
                     ("", false, String::new()),
                 ],
             ),
@@ -143,11 +150,32 @@ impl Plan {
                     None => Ok(DynStore::new(self.resilient(store)?)),
                 }
             }
+            #[cfg(feature = "sentinel")]
+            StoreKind::Sentinel => {
+                let master = self.store.master.as_deref().ok_or_else(|| {
+                    ConfigError::new(
+                        "store.master",
+                        "(missing)",
+                        "a sentinel store needs the name the sentinels monitor the master by",
+                    )
+                })?;
+                let mut b = crate::store::RedisSentinelStore::builder();
+                if let Some(p) = &self.store.prefix {
+                    b = b.prefix(p.clone());
+                }
+                let store = b
+                    .build_with_sentinel(&self.store.sentinels, master)
+                    .map_err(|e| e.within("store"))?;
+                match self.leased(store.clone())? {
+                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
+                    None => Ok(DynStore::new(self.resilient(store)?)),
+                }
+            }
             #[allow(unreachable_patterns)]
             other => Err(ConfigError::new(
                 "store.kind",
                 format_args!("{other:?}"),
-                "this store needs a cargo feature this build lacks (redis, cluster)",
+                "this store needs a cargo feature this build lacks (redis, cluster, sentinel)",
             )),
         }
     }

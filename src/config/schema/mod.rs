@@ -43,13 +43,18 @@ pub enum FailureModeName {
 ///
 /// let plan = Plan::from_toml("[store]\nkind = \"memory\"\nmax_keys = 100000")?;
 /// assert_eq!(plan.store.kind, StoreKind::Memory);
+///
+/// let text = "[store]\nkind = \"sentinel\"\nsentinels = [\"redis://10.0.0.1:26379\"]\nmaster = \"mymaster\"";
+/// let plan = Plan::from_toml(text)?;
+/// assert_eq!(plan.store.kind, StoreKind::Sentinel);
+/// assert_eq!(plan.store.master.as_deref(), Some("mymaster"));
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct StoreConfig {
-    /// `memory` (default), `redis` or `redis_cluster`.
+    /// `memory` (default), `redis`, `redis_cluster` or `sentinel`.
     #[serde(default)]
     pub kind: StoreKind,
     /// Redis URL (`redis://host:port`); for a cluster, the seed nodes in `urls`.
@@ -57,6 +62,11 @@ pub struct StoreConfig {
     /// Redis Cluster seed nodes.
     #[serde(default)]
     pub urls: Vec<String>,
+    /// For `sentinel`: the Sentinel processes (`redis://host:port`).
+    #[serde(default)]
+    pub sentinels: Vec<String>,
+    /// For `sentinel`: the name the sentinels monitor the master by.
+    pub master: Option<String>,
     /// Key prefix (default `tollgate`).
     pub prefix: Option<String>,
     /// The memory store's key cap.
@@ -85,6 +95,9 @@ pub enum StoreKind {
     Redis,
     /// A Redis Cluster.
     RedisCluster,
+    /// The Redis master that Sentinel names, followed across failovers
+    /// ([`crate::store::sentinel`]).
+    Sentinel,
 }
 
 /// The key section: which extractor keys requests.

@@ -1,5 +1,5 @@
-//! The builder of both Redis stores: the settings they share. The builds on one server are
-//! in `single.rs`, those on a cluster in `cluster.rs`.
+//! The builder of the Redis stores: the settings they share. The builds on one server are
+//! in `single.rs`, those on a cluster in `cluster.rs`, through Sentinel in `sentinel.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,9 @@ use crate::clock::Clock;
 #[must_use]
 pub struct RedisStoreBuilder {
     pub(crate) options: Options,
+    /// Read by the Sentinel build only.
+    #[cfg(feature = "sentinel")]
+    pub(crate) resolve_interval: Option<Duration>,
 }
 
 impl RedisStoreBuilder {

@@ -120,25 +120,24 @@ impl<C: Connector> Runner<C::Lane, LedgerRequest> for Core<C> {
     }
 }
 
-impl LeaseBackend for RedisStore {
-    fn ledger(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        call: LedgerCall,
-    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
-        ledger(&self.core, key, policies, call)
-    }
+/// Implements `LeaseBackend` for a Redis store type holding `core: Arc<Core<_>>`.
+macro_rules! lease_backend {
+    ($store:ty) => {
+        impl LeaseBackend for $store {
+            fn ledger(
+                &self,
+                key: &Key,
+                policies: &[Policy],
+                call: LedgerCall,
+            ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+                ledger(&self.core, key, policies, call)
+            }
+        }
+    };
 }
 
+lease_backend!(RedisStore);
 #[cfg(feature = "cluster")]
-impl LeaseBackend for RedisClusterStore {
-    fn ledger(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        call: LedgerCall,
-    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
-        ledger(&self.core, key, policies, call)
-    }
-}
+lease_backend!(RedisClusterStore);
+#[cfg(feature = "sentinel")]
+lease_backend!(super::sentinel::RedisSentinelStore);

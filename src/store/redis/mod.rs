@@ -105,6 +105,8 @@ mod overrides;
 mod request;
 mod script;
 mod script_call;
+#[cfg(feature = "sentinel")]
+pub mod sentinel;
 mod single;
 mod store_impl;
 mod ttl;
@@ -117,5 +119,7 @@ pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 pub use keys::DEFAULT_PREFIX;
 pub use ledger_call::lease_script_source;
 pub use script::script_source;
+#[cfg(feature = "sentinel")]
+pub use sentinel::{RedisSentinelStore, DEFAULT_RESOLVE_INTERVAL};
 pub use single::RedisStore;
 pub use ttl::{TTL_GRID_MS, TTL_MARGIN_MS};
