@@ -372,6 +372,7 @@ impl<S: Store> LimiterBuilder<S> {
                 routes,
                 table,
                 lists,
+                attached: None,
             },
         ))
     }
@@ -407,6 +408,7 @@ pub(super) fn attach<S: Store>(
             routes: vec![compiled],
             table: None,
             lists: Arc::clone(lists),
+            attached: Some(Box::default()),
         },
     ))
 }
@@ -430,6 +432,7 @@ fn compile_route(
     names: &mut PolicyNames,
 ) -> Result<CompiledRoute, ConfigError> {
     let (field, here, label) = at;
+    super::route_key::check(|rest| join(field, rest), here, route)?;
     if route.exempt {
         if !route.policies.is_empty() || !route.tiers.is_empty() {
             return Err(ConfigError::new(
@@ -490,6 +493,7 @@ fn compile_route(
         &cost_field,
         &route.policies,
         (&route.cost, &route.meters, route.count.as_ref()),
+        super::route_key::for_set(route, None),
         sets,
         names,
     )?;
@@ -515,6 +519,7 @@ fn compile_route(
             &cost_field,
             policies,
             (&route.cost, &route.meters, route.count.as_ref()),
+            super::route_key::for_set(route, Some(tier)),
             sets,
             names,
         )?;
@@ -533,6 +538,7 @@ fn compile_set(
     cost_field: &str,
     policies: &[Policy],
     (cost, meters, count): (&Cost, &[(String, Meter)], Option<&CountWhen>),
+    key: Option<Arc<dyn KeyExtractor>>,
     sets: &mut Vec<PolicySet>,
     names: &mut PolicyNames,
 ) -> Result<usize, ConfigError> {
@@ -618,6 +624,7 @@ fn compile_set(
         penalties: penalties.into_boxed_slice(),
         penalty_of: penalty_of.into_boxed_slice(),
         cost: cost.clone(),
+        key,
     });
     Ok(id)
 }
