@@ -300,6 +300,30 @@ async fn a_plan_names_a_key_per_route() {
     assert_eq!(statuses, [200, 200, 200, 429]);
 }
 
+#[test]
+fn a_plan_names_a_key_per_tier() {
+    let text = PLAN.replace(
+        "key = { kind = \"api_key\", header = \"x-api-key\" }",
+        "key = { kind = \"api_key\", header = \"x-api-key\" }\n\
+         tiers.partner = [\"partner-api\"]\n\
+         tier_keys.partner = { kind = \"header\", header = \"x-partner-id\" }\n\
+         [tier]\nheader = \"x-plan\"\n\
+         [[policies]]\nname = \"partner-api\"\nlimit = 100\nwindow = \"1h\"\n",
+    );
+    let built = Plan::from_toml(&text).unwrap().build().unwrap();
+    let mut req = request("/api/x", "192.0.2.1:1", Some("k"));
+    req.headers_mut()
+        .insert("x-plan", "partner".parse().unwrap());
+    req.headers_mut()
+        .insert("x-partner-id", "acme".parse().unwrap());
+    let key = built.limiter().key_for(&RequestView::new(&req)).unwrap();
+    assert_eq!(key.as_str(), "header:acme");
+    // A tier key for a tier the route does not have keys nothing.
+    let text = text.replace("tier_keys.partner", "tier_keys.gold");
+    let err = Plan::from_toml(&text).unwrap().build().unwrap_err();
+    assert_eq!(err.field(), "routes[0].tier_keys.gold");
+}
+
 /// A leased store hands out blocks per key and policy: a route's own key is just another
 /// key, so each API key gets its limit, exactly, through leases too.
 #[tokio::test]
