@@ -1,9 +1,9 @@
-//! Per-route policies: which policies (and cost) apply to which requests.
+//! Per-route policies: which policies (and cost, and key) apply to which requests.
 //!
 //! A [`Limiter`](crate::Limiter) holds a route table: patterns like `POST /login`,
 //! `/api/{*rest}` or `/search` (a method is optional; without one the route applies to every
-//! method), each with a [`Route`] — policies, per-tier policies, a cost — or exempt from limiting
-//! altogether. Requests that match no pattern get the default route (the policies given to
+//! method), each with a [`Route`] — policies, per-tier policies, a cost, its own
+//! [key](Route::key) — or exempt from limiting altogether. Requests that match no pattern get the default route (the policies given to
 //! [`LimiterBuilder::policy`](crate::LimiterBuilder::policy)).
 //!
 //! Matching uses [`matchit`] (axum's router) with axum 0.8's syntax: the most specific path

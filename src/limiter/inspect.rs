@@ -23,8 +23,8 @@ pub struct KeyState {
     pub key: String,
     /// The key's digest, as in logs, spans and [`Limiter::top_refused`].
     pub digest: String,
-    /// The route's label, as in metrics (`GET /search`, `default`, `for_route`); `None` for
-    /// an exempt route.
+    /// The route's label, as in metrics (`GET /search`, `default`, the pattern axum matched
+    /// for an attached route, `for_route`); `None` for an exempt route.
     pub route: Option<String>,
     /// `allow` or `deny` when an access list holds the key (its requests are then not
     /// decided by the policies), else `None`.

@@ -605,7 +605,10 @@ impl<S: Store> Limiter<S> {
     /// lists, tier function and policy names: for attaching limits through axum's own router
     /// (`.route_layer(...)`), so that axum's routing — `HEAD` on `GET` routes, path
     /// parameters, nesting — decides which policy applies. The new limiter applies `route`
-    /// to every request it sees (it has no route table of its own).
+    /// to every request it sees (it has no route table of its own), keyed by the route's
+    /// [own key](crate::route::Route::key) if it names one. Its decisions are labelled in
+    /// metrics with the path pattern axum matched (`/reports/{id}`), or `for_route` when
+    /// the request carries none (tonic, a direct [`decide`](Self::decide)).
     ///
     /// See [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) for the layer and
     /// an example.
