@@ -10,6 +10,9 @@
 //!
 //! [`Limiter::for_route`]: super::Limiter::for_route
 
+// Without axum no request carries a pattern: every set keeps the plan's label.
+#![cfg_attr(not(feature = "axum"), allow(dead_code, unused_imports))]
+
 use std::ops::Deref;
 use std::sync::{Arc, PoisonError, RwLock};
 
