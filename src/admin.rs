@@ -14,7 +14,7 @@
 //! | `PUT /overrides/{source}/{material}?policy=api&limit=5000[&burst=…][&ttl_ms=…]` | sets an override ([`Limiter::set_override`]), answering the overrides in force; an invalid one is a 400 naming the field |
 //! | `DELETE /overrides/{source}/{material}?policy=api` | removes it: the plan's limit applies again |
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
-//! | `GET /plan` | the policies enforced, route by route (`limiter`: [`EffectivePlan`]), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
+//! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
 //!
 //! A key is its source and raw material, as [`Key::new`] builds it: `/keys/ip/203.0.113.5`,
 //! `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key that [`ApiKey`](crate::key::ApiKey)

@@ -223,10 +223,13 @@
 //! │       └── batch.rs       concurrent decisions coalesced into one call
 //! ├── limiter/               Limiter: the one decision path
 //! │   ├── mod.rs             Limiter: check, peek, reset, decide
-//! │   ├── builder.rs         LimiterBuilder: routes and policies compiled into tables
+//! │   ├── builder.rs         LimiterBuilder: the settings, checked and built
+//! │   ├── compile.rs         routes and policies compiled into the tables decisions read
 //! │   ├── decide.rs          route, key, lists, cost, penalties, shadow, store
 //! │   ├── finish.rs          the store's answer: metrics, telemetry, refusal, holds
 //! │   ├── route_table.rs     matching as axum's router does
+//! │   ├── route_key.rs       a route's own key: which extractor keys its requests
+//! │   ├── attached.rs        for_route's metrics label: the pattern axum matched
 //! │   ├── access.rs          allow and deny lists
 //! │   ├── penalty.rs         blocks after a denial
 //! │   ├── shadow.rs          policies counted but never refusing

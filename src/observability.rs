@@ -91,10 +91,11 @@
 //! | `tollgate_plan_reloads_total` | counter | `result`: `ok`, `refused` (plans put in force, or refused while the plan in force stayed) |
 //!
 //! **`route`** is the route's pattern as declared in the limiter's route table
-//! (`"GET /search"`), `default` for the default route, and `for_route` for a route attached
-//! through axum's router ([`RateLimitLayer::for_route`]), whose pattern tollgate does not see
-//! (its `policy` label tells such routes apart). It is never a request's path, so the label
-//! set stays bounded: routes × policies × outcomes.
+//! (`"GET /search"`), `default` for the default route, and for a route attached through
+//! axum's router ([`RateLimitLayer::for_route`]) the path pattern axum matched
+//! (`"/reports/{id}"`; `for_route` when axum names none, as for tonic, or past 64 patterns on
+//! one layer). It is never a request's path, so the label set stays bounded: routes ×
+//! policies × outcomes.
 //!
 //! **The login guard** records one decision per attempt, however many of its three limits
 //! it checked: `route` is the guard's name (`login` by default, see

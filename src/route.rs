@@ -1,9 +1,9 @@
-//! Per-route policies: which policies (and cost) apply to which requests.
+//! Per-route policies: which policies (and cost, and key) apply to which requests.
 //!
 //! A [`Limiter`](crate::Limiter) holds a route table: patterns like `POST /login`,
 //! `/api/{*rest}` or `/search` (a method is optional; without one the route applies to every
-//! method), each with a [`Route`] — policies, per-tier policies, a cost — or exempt from limiting
-//! altogether. Requests that match no pattern get the default route (the policies given to
+//! method), each with a [`Route`] — policies, per-tier policies, a cost, its own
+//! [key](Route::key) — or exempt from limiting altogether. Requests that match no pattern get the default route (the policies given to
 //! [`LimiterBuilder::policy`](crate::LimiterBuilder::policy)).
 //!
 //! Matching uses [`matchit`] (axum's router) with axum 0.8's syntax: the most specific path
@@ -49,7 +49,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use crate::count::CountWhen;
-use crate::key::RequestView;
+use crate::key::{KeyExtractor, RequestView};
 use crate::policy::Policy;
 
 /// Computes a request's cost.
@@ -117,6 +117,10 @@ pub struct Route {
     pub(crate) meters: Vec<(String, Meter)>,
     /// Which requests count, decided from the response head; `None`: every admitted one.
     pub(crate) count: Option<CountWhen>,
+    /// The route's own key; `None`: the limiter's.
+    pub(crate) key: Option<Arc<dyn KeyExtractor>>,
+    /// Tiers keyed their own way, overriding `key` for their requests.
+    pub(crate) tier_keys: Vec<(String, Arc<dyn KeyExtractor>)>,
 }
 
 impl Route {
@@ -223,6 +227,73 @@ impl Route {
     /// [metered](Self::metered) policies; building the limiter checks both.
     pub fn count_when(mut self, when: CountWhen) -> Self {
         self.count = Some(when);
+        self
+    }
+
+    /// Keys this route's requests with `extractor` instead of the limiter's
+    /// [`extractor`](crate::LimiterBuilder::extractor): one limiter can count `/` per client
+    /// address, `/api/*` per API key and `POST /login` per (address, username). Requests of
+    /// other routes keep the limiter's key; the allow and deny lists, the
+    /// [missing-key](crate::MissingKey) setting and every policy's state work on whichever
+    /// key the route gives. The same key from two routes is one principal: a policy shared by
+    /// both counts it once.
+    ///
+    /// An [exempt](Self::exempt) route reads no key, so a key on one is a build error.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::key::{ApiKey, PeerIp, RequestView};
+    /// use tollgate::{route::Route, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("pages", Rate::per_minute(60))?) // `/` and the rest: per address
+    ///     .extractor(PeerIp::new())
+    ///     .route("/api/{*rest}", Route::new()
+    ///         .policy(Policy::new("api", Rate::per_minute(1))?)
+    ///         .key(ApiKey::new()))                       // `/api/*`: per API key
+    ///     .build()?;
+    /// let call = |api_key: &str| {
+    ///     http::Request::get("/api/items").header("x-api-key", api_key).body(()).unwrap()
+    /// };
+    /// let (a, b) = (call("key-a"), call("key-b"));
+    /// assert_eq!(limiter.key_for(&RequestView::new(&a)).unwrap().source(), "apikey");
+    /// assert!(limiter.decide(&RequestView::new(&a)).await.is_ok());
+    /// assert!(limiter.decide(&RequestView::new(&a)).await.is_err()); // key-a's minute is spent
+    /// assert!(limiter.decide(&RequestView::new(&b)).await.is_ok());  // key-b has its own
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn key(mut self, extractor: impl KeyExtractor) -> Self {
+        self.key = Some(Arc::new(extractor));
+        self
+    }
+
+    /// Keys the requests of `tier` with `extractor`, instead of the route's [`key`](Self::key)
+    /// or the limiter's. The tier must be one the route names with [`tier`](Self::tier).
+    ///
+    /// ```
+    /// use tollgate::key::{ApiKey, RequestView};
+    /// use tollgate::{route::Route, Limiter, Policy, Rate};
+    ///
+    /// let route = Route::new()
+    ///     .policy(Policy::new("anonymous", Rate::per_minute(10))?)
+    ///     .tier("partner", [Policy::new("partner", Rate::per_minute(1000))?])
+    ///     .tier_key("partner", ApiKey::new());
+    /// let limiter = Limiter::builder()
+    ///     .route("/api/{*rest}", route)
+    ///     .default_route(Route::exempt())
+    ///     .tier_fn(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
+    ///     .build()?;
+    /// let req = http::Request::get("/api/x")
+    ///     .header("x-plan", "partner")
+    ///     .header("x-api-key", "k")
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(limiter.key_for(&RequestView::new(&req)).unwrap().source(), "apikey");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn tier_key(mut self, tier: impl Into<String>, extractor: impl KeyExtractor) -> Self {
+        self.tier_keys.push((tier.into(), Arc::new(extractor)));
         self
     }
 }

@@ -58,13 +58,13 @@ fn plans_that_do_not_build_fail_with_the_field_and_value() {
         (
             "[default]",
             "[[routes]]\npattern = \"/a\"\npolicies = [\"nope\"]\n[default]",
-            "routes[2].policies[0]",
+            "routes[3].policies[0]",
             "\"nope\"",
         ),
         (
             "[default]",
             "[[routes]]\npattern = \"/x/{\"\npolicies = [\"site\"]\n[default]",
-            "routes[2].pattern",
+            "routes[3].pattern",
             "\"/x/{\"",
         ),
         (

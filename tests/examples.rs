@@ -243,6 +243,22 @@ async fn from_config_serves_its_plan() {
         .await
         .iter()
         .all(|s| *s == 200));
+    // `/api/…` is keyed by API key (the route's own key): one key's minute spent, another
+    // key from the same address still has its own.
+    let api = |key: &'static str| {
+        let (client, url) = (client.clone(), format!("{base}/api/items"));
+        async move {
+            let res = client.get(url).header("x-api-key", key).send().await;
+            res.unwrap().status().as_u16()
+        }
+    };
+    let mut spent = vec![];
+    for _ in 0..11 {
+        spent.push(api("key-a").await);
+    }
+    assert_eq!(spent[10], 429, "{spent:?}");
+    assert!(spent[..10].iter().all(|s| *s == 200), "{spent:?}");
+    assert_eq!(api("key-b").await, 200);
 }
 
 #[cfg(feature = "redis")]

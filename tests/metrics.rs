@@ -257,7 +257,8 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     let decisions = "tollgate_decisions_total";
 
     // Decisions by policy and route: the pattern as declared, `default` for the default
-    // route, `for_route` for a route attached through axum's router; never the raw path.
+    // route, the pattern axum matched for a route attached through axum's router (the raw
+    // paths `/reports/0` and `/reports/1` are one series); never the raw path.
     let search = [("policy", "search"), ("route", "GET /search")];
     let allowed = [
         ("allowed", "true"),
@@ -274,7 +275,7 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // Three requests to `/`, and the two to `/reports/…`, which the outer layer decides too.
     let api = [("policy", "api"), ("route", "default"), ("allowed", "true")];
     assert_eq!(value(s, decisions, &api), 5.0);
-    let reports = [("policy", "reports"), ("route", "for_route")];
+    let reports = [("policy", "reports"), ("route", "/reports/{id}")];
     assert_eq!(value(s, decisions, &reports), 2.0);
     assert!(
         !text.contains("/reports/0") && !text.contains("/reports/1"),

@@ -36,7 +36,8 @@
 //!
 //! A trusted proxy's forwarding header names the client, so trusting a range means letting
 //! every address in it choose its own key. `TG011` checks every trusted-proxy list of the
-//! plan (`key.trusted_proxies`, each `key.fallback…` in the chain, `login.ip_key…`) and
+//! plan (`key.trusted_proxies`, each `key.fallback…` in the chain, each route's own
+//! `routes[i].key…` and `routes[i].tier_keys…`, `login.ip_key…`) and
 //! flags a range when its prefix is `/0`, or when it is wider than a /8 (IPv4) or a /16
 //! (IPv6) and not inside private space (IPv6 unique-local `fc00::/7` or link-local
 //! `fe80::/10`; every IPv4 range wider than /8 holds public addresses). Private, loopback
@@ -564,16 +565,14 @@ fn auth_routes_count_failures(plan: &Plan, findings: &mut Findings) {
 
 /// `TG008`: an authenticated customer route keyed by IP only.
 fn authenticated_routes_keyed_by_ip(plan: &Plan, findings: &mut Findings) {
-    if !plan.key.kind.is_ip_only() {
-        return;
-    }
     for (i, r) in plan.routes.iter().enumerate() {
-        if r.authenticated && r.is_customer_facing() && !r.exempt {
+        let (key, path) = r.key_in(&plan.key, i);
+        if key.kind.is_ip_only() && r.authenticated && r.is_customer_facing() && !r.exempt {
             findings.push(
                 "TG008",
                 format!(
-                    "routes[{i}] ({:?}) is authenticated but key.kind = {:?}",
-                    r.pattern, plan.key.kind
+                    "routes[{i}] ({:?}) is authenticated but {path}.kind = {:?}",
+                    r.pattern, key.kind
                 ),
                 None,
             );
@@ -608,6 +607,14 @@ fn policies_shared_by_auth_and_read(plan: &Plan, findings: &mut Findings) {
 fn trusted_proxy_ranges(plan: &Plan, findings: &mut Findings) {
     let mut lists = vec![];
     proxy_lists(&plan.key, "key".to_owned(), &mut lists);
+    for (path, k) in plan
+        .routes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.own_keys(i))
+    {
+        proxy_lists(k, path, &mut lists);
+    }
     if let Some(k) = plan.login.as_ref().and_then(|l| l.ip_key.as_ref()) {
         proxy_lists(k, "login.ip_key".to_owned(), &mut lists);
     }

@@ -96,7 +96,8 @@ impl<S: Store> Limiter<S> {
         let Some(set) = plan.resolve(request) else {
             return Prepared::Pass;
         };
-        let Some(key) = plan.lists.key_for(request) else {
+        let set = &*set;
+        let Some(key) = plan.lists.key_for(Some(set), request) else {
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
             refusal.log(None);

@@ -23,8 +23,8 @@ pub struct KeyState {
     pub key: String,
     /// The key's digest, as in logs, spans and [`Limiter::top_refused`].
     pub digest: String,
-    /// The route's label, as in metrics (`GET /search`, `default`, `for_route`); `None` for
-    /// an exempt route.
+    /// The route's label, as in metrics (`GET /search`, `default`, the pattern axum matched
+    /// for an attached route, `for_route`); `None` for an exempt route.
     pub route: Option<String>,
     /// `allow` or `deny` when an access list holds the key (its requests are then not
     /// decided by the policies), else `None`.
@@ -81,6 +81,12 @@ pub struct RouteView {
     pub route: String,
     /// The tier, for a tier's policies; `None` for requests of no tier.
     pub tier: Option<String>,
+    /// How its requests are keyed: the extractor, as its `Debug` shows it (no key material,
+    /// no secret), e.g. `ApiKey { header: Some("x-api-key"), .. }`.
+    pub key: String,
+    /// Whether that is the route's (or the tier's) [own key](crate::route::Route::key)
+    /// rather than the limiter's.
+    pub own_key: bool,
     /// Its enforced policies, then its shadow policies.
     pub policies: Vec<PolicyView>,
 }
@@ -256,6 +262,7 @@ impl<S: Store> Limiter<S> {
     /// assert_eq!(plan.routes[0].route, "GET /search");
     /// assert_eq!(plan.routes[1].route, "default");
     /// assert_eq!((plan.routes[1].policies[0].name.as_str(), plan.routes[1].policies[0].limit), ("api", 100));
+    /// assert!(!plan.routes[1].own_key && plan.routes[1].key.starts_with("PeerIp"));
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn effective_plan(&self) -> EffectivePlan {
@@ -263,9 +270,12 @@ impl<S: Store> Limiter<S> {
         let sets = &plan.sets;
         let view = |id: usize, tier: Option<&str>| {
             let set = &sets[id];
+            let (key, own_key) = plan.lists.describe_key(set);
             RouteView {
                 route: set.route.to_string(),
                 tier: tier.map(str::to_owned),
+                key,
+                own_key,
                 policies: set
                     .enforced
                     .iter()

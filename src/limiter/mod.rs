@@ -7,7 +7,9 @@
 //! and not on another.
 
 mod access;
+mod attached;
 mod builder;
+mod compile;
 mod decide;
 mod finish;
 mod heavy_hitters;
@@ -17,6 +19,7 @@ mod overrides;
 mod penalty;
 mod permit;
 mod reload;
+mod route_key;
 mod route_table;
 mod shadow;
 
@@ -190,6 +193,9 @@ pub(crate) struct CompiledPlan {
     routes: Vec<CompiledRoute>,
     table: Option<RouteTable>,
     lists: Arc<Lists>,
+    /// For a limiter made by [`Limiter::for_route`]: its sets labelled by the pattern axum
+    /// matched.
+    attached: Option<Box<attached::Labels>>,
 }
 
 /// How a request becomes a key, and the keys that skip the policies.
@@ -201,25 +207,20 @@ pub(crate) struct Lists {
     pub(crate) deny: AccessList,
 }
 
-impl Lists {
-    /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
-    /// the request must be refused for want of a key.
-    #[inline]
-    pub(crate) fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
-        match self.extractor.extract(request) {
-            Some(key) => Some(key),
-            None => match self.missing_key {
-                MissingKey::Reject => None,
-                MissingKey::Shared => Some(Key::new("anonymous", "")),
-            },
-        }
-    }
-}
-
 impl CompiledPlan {
     /// The policy set that applies to a request, or `None` when it is exempt.
     #[inline]
-    pub(crate) fn resolve(&self, request: &RequestView<'_>) -> Option<&Arc<PolicySet>> {
+    pub(crate) fn resolve(&self, request: &RequestView<'_>) -> Option<attached::SetRef<'_>> {
+        let id = self.resolve_id(request)?;
+        Some(match &self.attached {
+            None => attached::SetRef::Plan(&self.sets[id]),
+            Some(labels) => labels.set(&self.sets, id, request),
+        })
+    }
+
+    /// The index of the policy set that applies to a request, or `None` when it is exempt.
+    #[inline]
+    fn resolve_id(&self, request: &RequestView<'_>) -> Option<usize> {
         let route_idx = self
             .table
             .as_ref()
@@ -233,11 +234,11 @@ impl CompiledPlan {
             let tier_fn = self.lists.tier_fn.as_ref();
             if let Some(tier) = tier_fn.and_then(|f| f(request)) {
                 if let Some((_, set)) = route.tiers.iter().find(|(t, _)| t == tier) {
-                    return Some(&self.sets[*set]);
+                    return Some(*set);
                 }
             }
         }
-        route.default_set.map(|s| &self.sets[s])
+        route.default_set
     }
 
     /// The default route's policy set, `None` when it is exempt.
@@ -251,8 +252,9 @@ impl CompiledPlan {
 
 /// The policies one request is checked against (a route, or a route's tier).
 pub(crate) struct PolicySet {
-    /// The route's label in metrics: its pattern as declared, [`DEFAULT_ROUTE`] or
-    /// [`ATTACHED_ROUTE`]; never a request's path.
+    /// The route's label in metrics: its pattern as declared, [`DEFAULT_ROUTE`], the
+    /// pattern axum matched for an attached route, or [`ATTACHED_ROUTE`] when there is none;
+    /// never a request's path.
     pub(crate) route: Arc<str>,
     pub(crate) enforced: Arc<[Policy]>,
     /// The in-flight policies among `enforced`: their slots are held until the response ends.
@@ -273,12 +275,14 @@ pub(crate) struct PolicySet {
     shadow_costs: SmallVec<[u64; 2]>,
     /// The keys of the decisions counter (feature `metrics`), built once per set.
     metric_keys: crate::telemetry::DecisionKeys,
+    /// The route's (or the tier's) own key; `None`: the limiter's.
+    key: Option<Arc<dyn KeyExtractor>>,
 }
 
 /// The `route` label of the default route's decisions.
 pub(crate) const DEFAULT_ROUTE: &str = "default";
-/// The `route` label of a route attached with [`Limiter::for_route`], whose pattern axum
-/// knows and tollgate does not.
+/// The `route` label of a route attached with [`Limiter::for_route`] when axum did not say
+/// which pattern it matched (see [`attached`]).
 pub(crate) const ATTACHED_ROUTE: &str = "for_route";
 
 struct CompiledRoute {
@@ -377,10 +381,16 @@ impl<S: Store> Limiter<S> {
         self.inner.common.shadow.get()
     }
 
-    /// The key for a request: the extractor's, or the shared anonymous key, or `None` when
-    /// the request must be rejected for want of a key.
+    /// The key for a request: the extractor's of the route the request matches (its
+    /// [own key](crate::route::Route::key), if it names one) or the limiter's, or the shared
+    /// anonymous key, or `None` when the request must be rejected for want of a key. This is
+    /// the key [`decide`](Self::decide) and the layer decide the request by.
+    ///
+    /// See [`Route::key`](crate::route::Route::key) for an example.
     pub fn key_for(&self, request: &RequestView<'_>) -> Option<Key> {
-        self.plan().lists.key_for(request)
+        let plan = self.plan();
+        let set = plan.resolve(request);
+        plan.lists.key_for(set.as_deref().map(|s| &**s), request)
     }
 
     /// Checks `key` against the default route's policies, charging `cost` units to each —
@@ -608,7 +618,10 @@ impl<S: Store> Limiter<S> {
     /// lists, tier function and policy names: for attaching limits through axum's own router
     /// (`.route_layer(...)`), so that axum's routing — `HEAD` on `GET` routes, path
     /// parameters, nesting — decides which policy applies. The new limiter applies `route`
-    /// to every request it sees (it has no route table of its own).
+    /// to every request it sees (it has no route table of its own), keyed by the route's
+    /// [own key](crate::route::Route::key) if it names one. Its decisions are labelled in
+    /// metrics with the path pattern axum matched (`/reports/{id}`), or `for_route` when
+    /// the request carries none (tonic, a direct [`decide`](Self::decide)).
     ///
     /// See [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) for the layer and
     /// an example.

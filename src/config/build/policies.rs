@@ -160,6 +160,12 @@ impl Plan {
                     format!("{:?}", r.cost.unwrap_or(0)),
                 ),
                 ("count", r.count.is_some(), format!("{:?}", r.count)),
+                ("key", r.key.is_some(), format!("{:?}", r.key)),
+                (
+                    "tier_keys",
+                    !r.tier_keys.is_empty(),
+                    format!("{:?}", r.tier_keys),
+                ),
             ];
             for (field, set, value) in ignored {
                 if set {
@@ -259,6 +265,12 @@ impl Plan {
                 }
                 if let Some(count) = &r.count {
                     route = route.count_when(count.count_when(&format!("{at}.count"))?);
+                }
+                if let Some(key) = &r.key {
+                    route = route.key(key.build(&format!("{at}.key"))?);
+                }
+                for (tier, key) in &r.tier_keys {
+                    route = route.tier_key(tier, key.build(&format!("{at}.tier_keys.{tier}"))?);
                 }
                 route
             };

@@ -34,11 +34,9 @@ fn origin_allowance(plan: &Plan, route: &RouteConfig, policy: &str) -> Option<(u
     Some((p.limit / cost, window_ms, capacity / cost))
 }
 
-/// `TG013`: edge rules stricter than an origin policy on the same key and route.
+/// `TG013`: edge rules stricter than an origin policy on the same key and route (the route's
+/// own key, else `[key]`).
 fn dead_origin_limits(plan: &Plan, rule: &EdgeRule, out: &mut Vec<EdgeFinding>) {
-    if !same_key(&plan.key, &rule.key) {
-        return;
-    }
     for route in &rule.routes {
         let Some((k, r)) = plan
             .routes
@@ -48,6 +46,9 @@ fn dead_origin_limits(plan: &Plan, rule: &EdgeRule, out: &mut Vec<EdgeFinding>) 
         else {
             continue;
         };
+        if !same_key(r.key_in(&plan.key, k).0, &rule.key) {
+            continue;
+        }
         let names = r.policies.iter().chain(r.tiers.values().flatten());
         for name in names {
             let Some((requests, window_ms, capacity)) = origin_allowance(plan, r, name) else {
@@ -86,29 +87,42 @@ fn origin_ip_section(key: &KeyConfig, path: String) -> Option<(&KeyConfig, Strin
         .and_then(|next| origin_ip_section(next, format!("{path}.fallback")))
 }
 
-/// `TG014`: an edge keyed by client IP in front of an origin that sees only the edge.
+/// `TG014`: an edge keyed by client IP in front of an origin that sees only the edge: for
+/// `[key]`, and for the own key of each route an IP-keyed rule covers.
 fn unseen_edge_keys(plan: &Plan, rules: &[EdgeRule], out: &mut Vec<EdgeFinding>) {
     let Some(rule) = rules.iter().find(|r| r.key == Key::Ip) else {
         return;
     };
-    let Some((section, path)) = origin_ip_section(&plan.key, "key".to_owned()) else {
-        return; // the origin does not key by address at all
-    };
-    let (field, value) = match section.kind {
-        KeyKind::PeerIp => (format!("{path}.kind"), "\"peer_ip\"".to_owned()),
-        _ if section.trusted_proxies.is_empty() => {
-            (format!("{path}.trusted_proxies"), "[]".to_owned())
+    let mut keys = vec![(&plan.key, "key".to_owned())];
+    for (k, r) in plan.routes.iter().enumerate() {
+        let covered = rules
+            .iter()
+            .filter(|r| r.key == Key::Ip)
+            .any(|rule| rule.routes.iter().any(|m| m.pattern == r.pattern.trim()));
+        if covered {
+            keys.extend(r.own_keys(k).map(|(path, key)| (key, path)));
         }
-        _ => return,
-    };
-    out.push((
-        "TG014",
-        format!(
-            "edge.rules[{}] {:?} keys by client IP, but behind the edge {field} = {value} makes the origin see the edge's (or a load balancer's) address: every client shares one origin key",
-            rule.index, rule.name
-        ),
-        Some((field, value)),
-    ));
+    }
+    for (key, path) in keys {
+        let Some((section, path)) = origin_ip_section(key, path) else {
+            continue; // this key does not read an address at all
+        };
+        let (field, value) = match section.kind {
+            KeyKind::PeerIp => (format!("{path}.kind"), "\"peer_ip\"".to_owned()),
+            _ if section.trusted_proxies.is_empty() => {
+                (format!("{path}.trusted_proxies"), "[]".to_owned())
+            }
+            _ => continue,
+        };
+        out.push((
+            "TG014",
+            format!(
+                "edge.rules[{}] {:?} keys by client IP, but behind the edge {field} = {value} makes the origin see the edge's (or a load balancer's) address: every client shares one origin key",
+                rule.index, rule.name
+            ),
+            Some((field, value)),
+        ));
+    }
 }
 
 /// Every edge finding of the plan, for [`audit`](crate::audit()).

@@ -109,6 +109,51 @@ fn client_ip_section(key: &KeyConfig, path: String) -> Option<(&KeyConfig, Strin
         .and_then(|next| client_ip_section(next, format!("{path}.fallback")))
 }
 
+/// Refuses an IP-keyed rule over a route whose own key reads the client address behind
+/// proxies otherwise than `[key]` does: nginx's `real_ip` is one setting for the whole
+/// server, written from `[key]`, so it cannot carry a second reading for one route.
+fn route_addresses(plan: &Plan, rules: &[EdgeRule]) -> Result<(), ConfigError> {
+    let server = client_ip_section(&plan.key, "key".to_owned())
+        .map(|(k, _)| (&k.trusted_proxies, k.header.as_deref()));
+    for rule in rules.iter().filter(|r| r.key == Key::Ip) {
+        for (k, route) in plan.routes.iter().enumerate() {
+            if !rule
+                .routes
+                .iter()
+                .any(|m| m.pattern == route.pattern.trim())
+            {
+                continue;
+            }
+            for (path, key) in route.own_keys(k) {
+                let Some((own, at)) = client_ip_section(key, path) else {
+                    continue;
+                };
+                if server == Some((&own.trusted_proxies, own.header.as_deref())) {
+                    continue;
+                }
+                let (field, value) = match server {
+                    None => ("kind", format!("{:?}", own.kind)),
+                    Some((proxies, _)) if *proxies != own.trusted_proxies => {
+                        ("trusted_proxies", format!("{:?}", own.trusted_proxies))
+                    }
+                    Some(_) => ("header", format!("{:?}", own.header)),
+                };
+                return Err(ConfigError::new(
+                    format!("{at}.{field}"),
+                    value,
+                    format!(
+                        "nginx: {} {:?} keys by client IP on {:?}, whose key reads the client address from other proxies or another header than [key] does; nginx reads one client address for the whole server (real_ip, from [key]), so it would count other clients than the origin: read the address as [key] does, or leave the route out of the rule",
+                        rule.field("routes"),
+                        rule.name,
+                        route.pattern
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `real_ip` directives matching the plan's trusted proxies.
 fn real_ip(plan: &Plan, out: &mut String) -> Result<(), ConfigError> {
     let Some((key, path)) = client_ip_section(&plan.key, "key".to_owned()) else {
@@ -210,6 +255,7 @@ pub(super) fn export(
 ) -> Result<String, ConfigError> {
     plain_option("listen", &options.listen)?;
     plain_option("origin", &options.origin)?;
+    route_addresses(plan, rules)?;
     let zones = zones(plan, rules, options.round_stricter, notes)?;
     let locations = locations(rules);
     let (server, maps) = server(plan, rules, options, &locations, &zones.limit_lines)?;

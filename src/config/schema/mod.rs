@@ -252,6 +252,38 @@ pub struct RouteConfig {
     /// `"failures"`, `"successes"`, or status classes and codes (`["4xx", "5xx"]`, `"429"`).
     /// See [`CountWhen`](crate::route::CountWhen).
     pub count: Option<CountSetting>,
+    /// The route's own key, written as `[key]` is (`key = { kind = "api_key" }`): its
+    /// requests are keyed by it instead of `[key]` (see
+    /// [`Route::key`](crate::route::Route::key)).
+    ///
+    /// ```
+    /// use tollgate::config::{KeyKind, Plan};
+    ///
+    /// let plan = Plan::from_toml(r#"
+    /// [[policies]]
+    /// name = "api"
+    /// limit = 100
+    /// window = "1m"
+    ///
+    /// [[routes]]
+    /// pattern = "/api/{*rest}"
+    /// policies = ["api"]
+    /// key = { kind = "api_key", header = "x-api-key" }
+    ///
+    /// [default]
+    /// policies = ["api"]
+    /// "#)?;
+    /// assert_eq!(plan.routes[0].key.as_ref().unwrap().kind, KeyKind::ApiKey);
+    /// let plan = plan.build()?;
+    /// assert!(plan.limiter().effective_plan().routes[0].own_key);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub key: Option<KeyConfig>,
+    /// Keys of the route's tiers, overriding `key` for their requests
+    /// (`tier_keys.partner = { kind = "api_key" }`; see
+    /// [`Route::tier_key`](crate::route::Route::tier_key)).
+    #[serde(default)]
+    pub tier_keys: BTreeMap<String, KeyConfig>,
 }
 
 /// A route's `count`: which responses count against its policies.
@@ -325,6 +357,33 @@ impl RouteConfig {
     pub fn is_customer_facing(&self) -> bool {
         self.customer_facing
             .unwrap_or(self.kind != RouteKind::Internal)
+    }
+
+    /// The key sections the route names itself (`key`, then each of `tier_keys`), with their
+    /// fields; `i` is the route's index in `[[routes]]`.
+    pub(crate) fn own_keys(&self, i: usize) -> impl Iterator<Item = (String, &KeyConfig)> {
+        let key = self
+            .key
+            .iter()
+            .map(move |k| (format!("routes[{i}].key"), k));
+        let tiers = self
+            .tier_keys
+            .iter()
+            .map(move |(t, k)| (format!("routes[{i}].tier_keys.{t}"), k));
+        key.chain(tiers)
+    }
+
+    /// The key the route's requests of no tier are keyed by, with its field: its own `key`,
+    /// else the plan's `[key]`.
+    pub(crate) fn key_in<'a>(
+        &'a self,
+        plan_key: &'a KeyConfig,
+        i: usize,
+    ) -> (&'a KeyConfig, String) {
+        match &self.key {
+            Some(k) => (k, format!("routes[{i}].key")),
+            None => (plan_key, "key".to_owned()),
+        }
     }
 }
 

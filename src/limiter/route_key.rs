@@ -1,0 +1,85 @@
+//! A route's own key: which extractor keys a policy set's requests, and the mistakes in
+//! naming one that building refuses.
+
+use std::sync::Arc;
+
+use super::{Lists, MissingKey, PolicySet};
+use crate::error::ConfigError;
+use crate::key::{Key, KeyExtractor, RequestView};
+use crate::route::Route;
+
+/// The extractor of a route's set: the tier's own key, else the route's, else `None` (the
+/// limiter's).
+pub(super) fn for_set(route: &Route, tier: Option<&str>) -> Option<Arc<dyn KeyExtractor>> {
+    tier.and_then(|tier| route.tier_keys.iter().find(|(t, _)| t == tier))
+        .map(|(_, key)| key)
+        .or(route.key.as_ref())
+        .cloned()
+}
+
+/// Refuses a key nothing would read: on an exempt route, or for a tier the route does not
+/// have (or named twice). `field` names a setting of the route in errors, `here` the route in
+/// messages.
+pub(super) fn check(
+    field: impl Fn(&str) -> String,
+    here: &str,
+    route: &Route,
+) -> Result<(), ConfigError> {
+    if route.exempt && route.key.is_some() {
+        return Err(ConfigError::new(
+            field("key"),
+            format_args!("{:?}", route.key),
+            format!("{here} is exempt, so no key is read for its requests: drop the key or the exemption"),
+        ));
+    }
+    for (i, (tier, key)) in route.tier_keys.iter().enumerate() {
+        let at = field(&format!("tier_keys.{tier}"));
+        if !route.tiers.iter().any(|(t, _)| t == tier) {
+            return Err(ConfigError::new(
+                at,
+                format_args!("{key:?}"),
+                format!("{here} has no tier {tier:?}, so this key would key nothing: add the tier's policies with Route::tier, or drop the key"),
+            ));
+        }
+        if route.tier_keys[..i].iter().any(|(t, _)| t == tier) {
+            return Err(ConfigError::new(
+                at,
+                format_args!("{key:?}"),
+                "the same tier is given a key twice",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Lists {
+    /// The key for a request of `set` (`None`: of an exempt route): the set's own
+    /// extractor's, or the limiter's, or the shared anonymous key, or `None` when the request
+    /// must be refused for want of a key.
+    #[inline]
+    pub(crate) fn key_for(
+        &self,
+        set: Option<&PolicySet>,
+        request: &RequestView<'_>,
+    ) -> Option<Key> {
+        let extractor = set
+            .and_then(|s| s.key.as_deref())
+            .unwrap_or(&*self.extractor);
+        match extractor.extract(request) {
+            Some(key) => Some(key),
+            None => match self.missing_key {
+                MissingKey::Reject => None,
+                MissingKey::Shared => Some(Key::new("anonymous", "")),
+            },
+        }
+    }
+
+    /// How `set`'s requests are keyed, as the extractor's `Debug` shows it (which shows no
+    /// key material and no secret), and whether that is the set's own key.
+    pub(crate) fn describe_key(&self, set: &PolicySet) -> (String, bool) {
+        match &set.key {
+            Some(own) => (format!("{own:?}"), true),
+            None => (format!("{:?}", self.extractor), false),
+        }
+    }
+}
