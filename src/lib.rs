@@ -28,6 +28,7 @@
 //! | `redis` | The Redis store (`store::RedisStore`): one Lua script per decision, on a pool or a multiplexed connection |
 //! | `cluster` | The Redis Cluster store (`store::RedisClusterStore`); implies `redis` |
 //! | `sentinel` | The Redis store through Sentinel (`store::RedisSentinelStore`): finds the master by its name and follows a failover; implies `redis` |
+//! | `regions` | Limits shared across regions (`store::regions::RegionalLedger`): each region's Redis lends from deposits its instances take blocks from, taken from a home ledger; implies `redis` |
 //! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset` and `override` against the store, `top` through the admin API; implies `config`, `cluster` and `sentinel` |
 //! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
 //!
@@ -197,6 +198,12 @@
 //! │   │       └── tests/
 //! │   │           ├── differential.rs   random calls, alone and batched
 //! │   │           └── debts.rs          forced charges at every size
+//! │   ├── regions/           RegionalLedger: one limit across regions, lent home → region → instance
+//! │   │   ├── mod.rs         docs: the three levels, the invariant, its price, latency, failures
+//! │   │   ├── deposit.rs     a deposit, and the region script's calls and replies
+//! │   │   ├── home.rs        takes, renewals from the home, returns, exact decisions at home
+//! │   │   ├── stats.rs       RegionStats: the flows between a region and the home
+//! │   │   └── store_impl.rs  the LeaseBackend and Store implementations
 //! │   └── redis/             RedisStore, RedisClusterStore and RedisSentinelStore
 //! │       ├── mod.rs         docs and re-exports
 //! │       ├── single.rs      RedisStore: one server, a pool or one connection
@@ -205,6 +212,7 @@
 //! │       ├── sentinel/link.rs   the master resolved, dropped on failure, resolved again
 //! │       ├── builder.rs     RedisStoreBuilder: the settings both stores share
 //! │       ├── connector.rs   how the engine reaches Redis; errors as StoreErrors
+//! │       ├── deposits.rs    a region's deposits in its Redis: lua/region.lua's calls
 //! │       ├── engine.rs      what both stores share, generic over the connection
 //! │       ├── engine/tests.rs   its unit tests: batches assembled, replies read
 //! │       ├── ops.rs         the operations, and the in-flight charge's slot

@@ -88,6 +88,8 @@
 //! | `tollgate_lease_units_total` | counter | `event`: units of [leased](crate::store::leased) blocks `granted`, `returned` unused, or `dropped` unused (under-admission until their window or refill frees them) |
 //! | `tollgate_sentinel_switches_total` | counter | — (master switches a [Sentinel store](crate::store::sentinel) followed: failovers) |
 //! | `tollgate_sentinel_failover_seconds` | histogram | — (for each switch, how long the store had been without a master, from the first call that found none to the first call on the new one) |
+//! | `tollgate_region_home_calls_total` | counter | `region`, `call`: calls a [region](crate::store::regions) made to the home ledger (`grant`, `exact`, `refused`, `return`, `forward`, `error`) |
+//! | `tollgate_region_units_total` | counter | `region`, `flow`: units between a region and the home (`deposited`, `returned`, `dropped`) |
 //! | `tollgate_plan_reloads_total` | counter | `result`: `ok`, `refused` (plans put in force, or refused while the plan in force stayed) |
 //!
 //! **`route`** is the route's pattern as declared in the limiter's route table

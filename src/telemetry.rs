@@ -160,6 +160,14 @@ mod counting {
                 "For each master switch, how long the Sentinel store had been without a master."
             );
             describe_counter!(
+                "tollgate_region_home_calls_total",
+                "Calls a region made to the home ledger, by region and call: grant (a deposit), exact (one request), refused, return, error."
+            );
+            describe_counter!(
+                "tollgate_region_units_total",
+                "Units flowing between a region and the home ledger, by region and flow: deposited, returned home, dropped (under-admission until their window or refill frees them)."
+            );
+            describe_counter!(
                 "tollgate_lease_units_total",
                 "Units of leased quota blocks, by event: granted, returned unused, dropped unused (under-admission until their window or refill frees them)."
             );
@@ -362,6 +370,20 @@ mod counting {
         metrics::counter!("tollgate_lease_units_total", "event" => event).increment(units);
     }
 
+    #[cfg(feature = "regions")]
+    pub(crate) fn region_home_call(region: &str, call: &'static str) {
+        describe();
+        metrics::counter!("tollgate_region_home_calls_total", "region" => region.to_owned(), "call" => call)
+            .increment(1);
+    }
+
+    #[cfg(feature = "regions")]
+    pub(crate) fn region_units(region: &str, flow: &'static str, units: u64) {
+        describe();
+        metrics::counter!("tollgate_region_units_total", "region" => region.to_owned(), "flow" => flow)
+            .increment(units);
+    }
+
     #[cfg(feature = "sentinel")]
     pub(crate) fn sentinel_switch(without_master: std::time::Duration) {
         describe();
@@ -426,6 +448,12 @@ mod counting {
     #[cfg(feature = "sentinel")]
     #[inline(always)]
     pub(crate) fn sentinel_switch(_: std::time::Duration) {}
+    #[cfg(feature = "regions")]
+    #[inline(always)]
+    pub(crate) fn region_home_call(_: &str, _: &'static str) {}
+    #[cfg(feature = "regions")]
+    #[inline(always)]
+    pub(crate) fn region_units(_: &str, _: &'static str, _: u64) {}
     #[inline(always)]
     pub(crate) fn lease_units(_: &'static str, _: u64) {}
 }

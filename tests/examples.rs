@@ -489,3 +489,36 @@ fn sentinel_decides_on_the_master_the_sentinels_name() {
     assert!(stdout.contains(&master), "{stdout}");
     assert!(stdout.contains("failovers followed 0"), "{stdout}");
 }
+
+/// The regions example starts its own servers, shares one limit across three regions with
+/// the home 80 ms away, and never admits more than the limit in a window, through a cut.
+#[cfg(feature = "regions")]
+#[test]
+fn regions_share_one_limit_and_never_pass_it() {
+    let out = Command::new(example("regions"))
+        .env("SECONDS", "6")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let totals: Vec<u64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("window "))
+        .filter_map(|l| {
+            l.split("total")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!totals.is_empty(), "{stdout}");
+    assert!(totals.iter().all(|&t| t <= 1_000), "{stdout}");
+    assert!(totals.iter().any(|&t| t >= 500), "{stdout}");
+    assert!(stdout.contains("the home is cut off"), "{stdout}");
+}

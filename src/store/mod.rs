@@ -86,6 +86,8 @@ mod op;
 mod override_store;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "regions")]
+pub mod regions;
 pub mod resilient;
 
 #[cfg(feature = "cluster")]

@@ -20,6 +20,8 @@ struct State {
     answered: AtomicU64,
     /// While true, the server's answers wait in the proxy.
     hold: watch::Sender<bool>,
+    /// While true, the link is cut: connections are closed and new ones refused.
+    cut: watch::Sender<bool>,
 }
 
 /// A delaying proxy in front of `upstream`, running on the current Tokio runtime until
@@ -40,6 +42,7 @@ impl Proxy {
             delay_ms: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             hold: watch::channel(false).0,
+            cut: watch::channel(false).0,
         });
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -47,6 +50,10 @@ impl Proxy {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
+                if *shared.cut.borrow() {
+                    drop(client);
+                    continue;
+                }
                 let state = Arc::clone(&shared);
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(state.upstream).await {
@@ -80,6 +87,17 @@ impl Proxy {
         self.state.hold.send_replace(false);
     }
 
+    /// Cuts the link, as a network partition: open connections are closed and new ones
+    /// refused, until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        self.state.cut.send_replace(true);
+    }
+
+    /// Ends a [`cut`](Self::cut).
+    pub fn heal(&self) {
+        self.state.cut.send_replace(false);
+    }
+
     /// Bytes the server has answered so far, whether or not they reached the client.
     pub fn answered(&self) -> u64 {
         self.state.answered.load(Ordering::SeqCst)
@@ -108,6 +126,7 @@ impl Drop for Proxy {
 async fn pump(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    let mut cut = state.cut.subscribe();
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let up = async move {
@@ -146,5 +165,9 @@ async fn pump(client: TcpStream, server: TcpStream, state: Arc<State>) {
         }
         let _ = client_write.shutdown().await;
     };
-    tokio::join!(up, down);
+    // A cut drops both halves, which closes both sockets.
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = cut.wait_for(|c| *c) => {}
+    }
 }

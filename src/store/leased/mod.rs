@@ -226,7 +226,7 @@ pub(crate) use ledger::Kind;
 pub(crate) use ledger::LedgerMode;
 #[cfg(feature = "redis")]
 pub(crate) use ledger::PART_BYTES;
-use ledger::{Part, Returned};
+pub(crate) use ledger::{Answer, Part, Returned};
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);

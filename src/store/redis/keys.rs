@@ -7,6 +7,7 @@
 //! | the key's override of that state   | the state's part, then `:ovr` |
 //! | a lease ledger's state             | `lease-swc`, `lease-swl`, `lease-tb`, `lease-fw` |
 //! | a ledger log's entry units         | `lease-swl:u`                 |
+//! | a region's deposit (regions)       | the ledger's part, then `:deposit` |
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -24,6 +25,9 @@ const OVERRIDE_SUFFIX: &str = ":ovr";
 /// What the key of a ledger log's entry units adds to the log's key.
 const LOG_UNITS_SUFFIX: &str = ":u";
 
+/// What a region's deposit key adds to the ledger state's key.
+const DEPOSIT_SUFFIX: &str = ":deposit";
+
 /// What a key is for, which names its last part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyFor {
@@ -36,6 +40,8 @@ pub(crate) enum KeyFor {
     Ledger(Kind),
     /// The units of each entry of a ledger's sliding window log (a hash by entry id).
     LedgerLogUnits,
+    /// A region's deposit of a policy leased as this kind (`lua/region.lua`).
+    Deposit(Kind),
 }
 
 impl KeyFor {
@@ -46,6 +52,7 @@ impl KeyFor {
             KeyFor::Override(a) => (algorithm_part(a), OVERRIDE_SUFFIX),
             KeyFor::Ledger(kind) => (ledger_part(kind), ""),
             KeyFor::LedgerLogUnits => (ledger_part(Kind::Log), LOG_UNITS_SUFFIX),
+            KeyFor::Deposit(kind) => (ledger_part(kind), DEPOSIT_SUFFIX),
         }
     }
 }

@@ -95,6 +95,8 @@ mod builder;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 mod connector;
+#[cfg(feature = "regions")]
+mod deposits;
 mod engine;
 mod keys;
 mod lease;
@@ -115,6 +117,8 @@ mod wire;
 pub use builder::RedisStoreBuilder;
 #[cfg(feature = "cluster")]
 pub use cluster::RedisClusterStore;
+#[cfg(feature = "regions")]
+pub use deposits::region_script_source;
 pub use engine::{DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT};
 pub use keys::DEFAULT_PREFIX;
 pub use ledger_call::lease_script_source;

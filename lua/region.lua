@@ -1,0 +1,185 @@
+-- tollgate: a region's deposits (src/store/regions/ reads and writes them).
+--
+-- A deposit is a block of one policy's units that the region took from the home ledger, kept
+-- in the region's Redis for the region's instances to take from: what is left of it, until
+-- when it may be lent (on this Redis's clock), and the home block it is (to give it back).
+-- Every unit an instance of the region admits comes out of a deposit, within its lease: so
+-- the home ledger's accounting, which charged the block for its whole lease, covers it.
+--
+-- KEYS: one deposit per policy (<prefix>:{<key>}:<policy>:region-<kind>).
+-- ARGV: mode (one letter, below), now ('' reads TIME), then per mode:
+--   't' take: the lease asked (ms; 0: the request's cost only, no block), how long a refill
+--       is left to the caller that starts it (ms), then a binary string of five doubles per
+--       policy: cost, wanted (the most units the caller's block may hold), the units of the
+--       caller's previous block given back first, when that block was taken (this Redis's
+--       ms), and 1 when the deposit is renewed as its time runs out (token bucket, GCRA, the
+--       log), 0 when only as its units run out (the windows, whose leases end at the window
+--       boundary anyway).
+--   'i' install: a binary string of DEPOSIT_FIELDS doubles per policy, the new deposit.
+--   'g' give back: two doubles per policy: the unused units of a block, when it was taken.
+--   'd' deny: one double per policy: until when the home refused (ms): until then a request
+--       that does not fit what is left is refused here, without asking the home.
+--   'x' drain: every deposit is removed (a reset, a debt).
+-- Reply: binary little-endian doubles.
+--   't': allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
+--       the background, 2 the caller renews it now (nothing fits), 3 the home refused (see
+--       denied_until), 4 nothing fits and another caller renews), then per policy the units
+--       granted and the deposit after the call (DEPOSIT_FIELDS doubles).
+--   'i', 'x': now, then per policy the deposit before the call (zeros when there was none).
+--   'g', 'd': now.
+-- A deposit: left, ends, installed, block, granted, granted_at, lease, rate, taken,
+-- lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at.
+-- `granted_at` is the home's clock; every other time is this Redis's.
+local floor, max, min, tonumber = math.floor, math.max, math.min, tonumber
+local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
+local FIELDS = 16
+local DEPOSIT = '<' .. string.rep('d', FIELDS)
+local SLACK_MS = 2
+
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+end
+
+local function load(key)
+  local v = redis.call('GET', key)
+  if v and #v == FIELDS * 8 then
+    return { unpack_struct(DEPOSIT, v) }
+  end
+  return nil
+end
+
+local function empty()
+  local d = {}
+  for i = 1, FIELDS do
+    d[i] = 0
+  end
+  return d
+end
+
+local function save(key, d)
+  local last = max(d[2], d[10], d[11], d[12])
+  redis.call('SET', key, pack(DEPOSIT, unpack(d, 1, FIELDS)), 'PX', max(last - now, 0) + 5000)
+end
+
+local function out(d)
+  return pack(DEPOSIT, unpack(d, 1, FIELDS))
+end
+
+local n = #KEYS
+
+if mode == 't' then
+  local lease, lock_ms, blob = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+  local ds, asks = {}, {}
+  local fits, denied, locked, given = true, false, false, false
+  local room = lease
+  for i = 1, n do
+    local cost, wanted, back, back_at, timed = unpack_struct('<ddddd', blob, (i - 1) * 40 + 1)
+    local d = load(KEYS[i]) or empty()
+    -- A block given back goes into the deposit it came from, while it may still be lent.
+    if back > 0 and d[2] > now and back_at > d[3] then
+      d[1] = min(d[1] + back, d[5])
+      d[9] = max(d[9] - back, 0)
+      given = true
+    end
+    ds[i] = d
+    asks[i] = { cost, wanted, timed }
+    local live = d[2] - now > SLACK_MS
+    if not live or d[1] < cost then
+      fits = false
+    elseif lease > 0 then
+      room = min(room, d[2] - now - SLACK_MS)
+    end
+    if d[12] > now then
+      denied = true
+    end
+    if d[11] > now then
+      locked = true
+    end
+  end
+  local allowed, status, granted = 0, 0, {}
+  if fits then
+    allowed = 1
+    local renew = false
+    for i = 1, n do
+      local d, cost, wanted = ds[i], asks[i][1], asks[i][2]
+      local g = cost
+      if lease > 0 then
+        g = max(min(wanted, d[1]), cost)
+      end
+      granted[i] = g
+      d[1] = d[1] - g
+      d[9] = d[9] + g
+      d[10] = max(d[10], now + room)
+      if d[1] * 2 < d[5] or (asks[i][3] == 1 and (d[2] - now) * 2 < d[7]) then
+        renew = true
+      end
+    end
+    if lease == 0 then
+      room = 0
+    end
+    if renew and not locked and not denied then
+      status = 1
+    end
+  else
+    room = 0
+    if denied then
+      status = 3
+    elseif locked then
+      status = 4
+    else
+      status = 2
+    end
+  end
+  if status == 1 or status == 2 then
+    for i = 1, n do
+      ds[i][11] = now + lock_ms
+    end
+  end
+  local reply = { pack('<dddd', allowed, room, now, status) }
+  for i = 1, n do
+    if allowed == 1 or given or status == 1 or status == 2 then
+      save(KEYS[i], ds[i])
+    end
+    reply[#reply + 1] = pack('<d', granted[i] or 0)
+    reply[#reply + 1] = out(ds[i])
+  end
+  return table.concat(reply)
+elseif mode == 'i' or mode == 'x' then
+  local reply = { pack('<d', now) }
+  for i = 1, n do
+    reply[#reply + 1] = out(load(KEYS[i]) or empty())
+    if mode == 'i' then
+      local d = { unpack_struct(DEPOSIT, ARGV[3], (i - 1) * FIELDS * 8 + 1) }
+      d[3], d[9], d[10], d[11], d[12] = now, 0, now, 0, 0
+      save(KEYS[i], d)
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  end
+  return table.concat(reply)
+elseif mode == 'g' then
+  for i = 1, n do
+    local back, back_at = unpack_struct('<dd', ARGV[3], (i - 1) * 16 + 1)
+    local d = load(KEYS[i])
+    if d and back > 0 and d[2] > now and back_at > d[3] then
+      d[1] = min(d[1] + back, d[5])
+      d[9] = max(d[9] - back, 0)
+      save(KEYS[i], d)
+    end
+  end
+  return pack('<d', now)
+elseif mode == 'd' then
+  for i = 1, n do
+    local until_ms = unpack_struct('<d', ARGV[3], (i - 1) * 8 + 1)
+    local d = load(KEYS[i]) or empty()
+    d[12], d[11] = max(d[12], until_ms), 0
+    save(KEYS[i], d)
+  end
+  return pack('<d', now)
+end
+return redis.error_reply('tollgate region script: unknown mode ' .. tostring(mode))

@@ -1,0 +1,646 @@
+//! A region's dealings with the home: taking from deposits, renewing them from the home,
+//! giving replaced ones back, deciding a request at the home when no deposit can, and
+//! tracing where a refunded request's units came from.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::deposit::{self, Ask, Deposit, Next, Took};
+use super::stats::{bump, Counters};
+use crate::error::{Cause, StoreError};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::store::leased::{
+    Answer, Kind, LeaseBackend, LedgerCall, LedgerMode, LedgerReply, Part, Returned,
+};
+use crate::store::{RedisStore, Store};
+
+/// Deposits end this many ms before the home's lease, for the rounding of both clocks to
+/// whole milliseconds (as leased blocks do).
+const CLOCK_SLACK_MS: u64 = 2;
+
+/// How many exact decisions a region remembers the origin of, for their refunds.
+const ORIGINS: usize = 16_384;
+
+/// Where the units of a request decided exactly came from: a refund goes back there.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    Deposit,
+    /// The home decided it, at this time on its clock.
+    Home(u64),
+}
+
+#[derive(Debug, Default)]
+struct Origins {
+    by_id: HashMap<u64, Origin>,
+    order: VecDeque<u64>,
+}
+
+/// One region: its Redis, the home, and what it counts.
+#[derive(Debug)]
+pub(super) struct Region<H> {
+    pub(super) name: Box<str>,
+    pub(super) local: RedisStore,
+    pub(super) home: H,
+    pub(super) home_lease_ms: u64,
+    fraction: f64,
+    origins: parking_lot::Mutex<Origins>,
+    next_block: AtomicU64,
+    pub(super) counters: Counters,
+}
+
+type Policies = SmallVec<[Policy; 2]>;
+
+fn kinds(policies: &[Policy]) -> Result<SmallVec<[Kind; 2]>, StoreError> {
+    policies
+        .iter()
+        .map(|p| {
+            Kind::of(p).ok_or_else(|| {
+                StoreError::Protocol(Cause::from(format!(
+                    "policy {:?} cannot be leased, so it has no deposit",
+                    p.name()
+                )))
+            })
+        })
+        .collect()
+}
+
+/// A reply that decided nothing (a give-back's).
+fn done(now_ms: u64) -> LedgerReply {
+    LedgerReply {
+        granted: true,
+        lease_ms: 0,
+        now_ms,
+        answers: SmallVec::new(),
+    }
+}
+
+fn answer(granted: u64, d: &Deposit, now: u64, retry_after_ms: u64) -> Answer {
+    Answer {
+        granted,
+        remaining: d.left.saturating_add(d.home_remaining),
+        reset_after_ms: d.reset_at.saturating_sub(now),
+        retry_after_ms,
+        limit: d.limit,
+        capacity: d.capacity,
+    }
+}
+
+impl<H: LeaseBackend> Region<H> {
+    pub(super) fn new(
+        name: Box<str>,
+        local: RedisStore,
+        home: H,
+        home_lease_ms: u64,
+        fraction: f64,
+    ) -> Self {
+        // Block ids name log entries in the home ledger: unique across regions and
+        // instances, and exact in a double (below 2^53).
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.write(name.as_bytes());
+            h.finish() >> 12
+        };
+        Self {
+            name,
+            local,
+            home,
+            home_lease_ms,
+            fraction,
+            origins: parking_lot::Mutex::default(),
+            next_block: AtomicU64::new(seed.max(1)),
+            counters: Counters::default(),
+        }
+    }
+
+    fn remember(&self, id: u64, origin: Origin) {
+        let mut o = self.origins.lock();
+        while o.by_id.len() >= ORIGINS || o.order.len() >= 2 * ORIGINS {
+            match o.order.pop_front() {
+                Some(old) => {
+                    o.by_id.remove(&old);
+                }
+                None => break,
+            }
+        }
+        o.by_id.insert(id, origin);
+        o.order.push_back(id);
+    }
+
+    fn forget(&self, id: u64) -> Option<Origin> {
+        self.origins.lock().by_id.remove(&id)
+    }
+
+    fn home_call(&self, call: &'static str) {
+        crate::telemetry::region_home_call(&self.name, call);
+    }
+
+    fn units(&self, flow: &'static str, units: u64) {
+        if units > 0 {
+            crate::telemetry::region_units(&self.name, flow, units);
+        }
+    }
+
+    /// One ledger call of an instance of the region.
+    pub(super) async fn call(
+        self: Arc<Self>,
+        key: Key,
+        policies: Policies,
+        call: LedgerCall,
+    ) -> Result<LedgerReply, StoreError> {
+        match call.mode {
+            LedgerMode::Grant => self.grant(key, policies, call).await,
+            LedgerMode::Return => self.give_back(&key, &policies, call).await,
+            LedgerMode::Force => {
+                let reply = self.forward(&key, &policies, call).await?;
+                if !reply.granted {
+                    // A debt stands: nothing charged before it may be lent after it.
+                    self.empty(&key, &policies, true).await?;
+                }
+                Ok(reply)
+            }
+            LedgerMode::Reset => {
+                self.empty(&key, &policies, false).await?;
+                self.forward(&key, &policies, call).await
+            }
+            LedgerMode::Peek | LedgerMode::Keep => self.forward(&key, &policies, call).await,
+        }
+    }
+
+    async fn forward(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        call: LedgerCall,
+    ) -> Result<LedgerReply, StoreError> {
+        bump(&self.counters.forwarded, 1);
+        self.home_call("forward");
+        self.home
+            .ledger(key, policies, call)
+            .await
+            .inspect_err(|_| {
+                bump(&self.counters.errors, 1);
+                self.home_call("error");
+            })
+    }
+
+    /// Removes the key's deposits; `give_back`: their unused units go home.
+    async fn empty(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Policy],
+        give_back: bool,
+    ) -> Result<(), StoreError> {
+        let kinds = kinds(policies)?;
+        let keys = self.local.deposit_keys(key, policies, &kinds);
+        let (now, old) = deposit::drain(&self.local, &keys).await?;
+        if give_back {
+            self.send_home(
+                key.clone(),
+                policies.iter().cloned().collect(),
+                kinds,
+                old,
+                now,
+            );
+        }
+        Ok(())
+    }
+
+    async fn grant(
+        self: Arc<Self>,
+        key: Key,
+        policies: Policies,
+        call: LedgerCall,
+    ) -> Result<LedgerReply, StoreError> {
+        let kinds = kinds(&policies)?;
+        let keys = self.local.deposit_keys(&key, &policies, &kinds);
+        let asks: SmallVec<[Ask; 2]> = call
+            .parts
+            .iter()
+            .map(|p| Ask {
+                cost: p.cost,
+                wanted: p.wanted.max(p.cost),
+                back: if call.previous_block != 0 {
+                    p.returned.unused
+                } else {
+                    0
+                },
+                back_at: p.returned.granted_at,
+                timed: matches!(p.kind, Kind::Bucket | Kind::Log),
+            })
+            .collect();
+        let took =
+            deposit::take(&self.local, &keys, call.lease_ms, self.home_lease_ms, &asks).await?;
+        if took.allowed {
+            if took.next == Next::RenewLater {
+                let me = Arc::clone(&self);
+                let (key, policies, took) = (key.clone(), policies.clone(), took.clone());
+                tokio::spawn(async move {
+                    let _ = me.renew(key, policies, kinds, keys, took, None).await;
+                });
+            }
+            if call.lease_ms == 0 {
+                self.remember(call.block_id, Origin::Deposit);
+            }
+            let answers = took
+                .parts
+                .iter()
+                .map(|(g, d)| answer(*g, d, took.now, 0))
+                .collect();
+            return Ok(LedgerReply {
+                granted: true,
+                lease_ms: took.lease,
+                now_ms: took.now,
+                answers,
+            });
+        }
+        match took.next {
+            Next::Denied => {
+                let answers = took
+                    .parts
+                    .iter()
+                    .map(|(_, d)| {
+                        answer(
+                            0,
+                            d,
+                            took.now,
+                            d.denied_until.saturating_sub(took.now).max(1),
+                        )
+                    })
+                    .collect();
+                Ok(LedgerReply {
+                    granted: false,
+                    lease_ms: 0,
+                    now_ms: took.now,
+                    answers,
+                })
+            }
+            Next::RenewNow => {
+                // In a task of its own: a caller that gives up does not strand the block the
+                // home granted, nor the renewal it holds.
+                let costs = Some((call.block_id, call.parts.iter().map(|p| p.cost).collect()));
+                let task = tokio::spawn(self.renew(key, policies, kinds, keys, took, costs));
+                match task.await {
+                    Ok(Ok(Some(reply))) => Ok(reply),
+                    Ok(Ok(None)) => Err(StoreError::Protocol(Cause::from(
+                        "a region's renewal answered no decision",
+                    ))),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) => Err(StoreError::Protocol(Cause::from(format!(
+                        "a region's renewal did not finish: {e}"
+                    )))),
+                }
+            }
+            _ => self.exact_at_home(&key, &policies, call, took.now).await,
+        }
+    }
+
+    /// One request decided by the home, exactly (no block).
+    async fn exact_at_home(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        mut call: LedgerCall,
+        region_now: u64,
+    ) -> Result<LedgerReply, StoreError> {
+        call.lease_ms = 0;
+        call.previous_block = 0;
+        for p in &mut call.parts {
+            p.wanted = p.cost;
+            p.returned = Returned::default();
+        }
+        let id = call.block_id;
+        let reply = self
+            .home
+            .ledger(key, policies, call)
+            .await
+            .inspect_err(|_| {
+                bump(&self.counters.errors, 1);
+                self.home_call("error");
+            })?;
+        bump(&self.counters.exact_at_home, 1);
+        self.home_call("exact");
+        if reply.granted {
+            self.remember(id, Origin::Home(reply.now_ms));
+        }
+        Ok(LedgerReply {
+            now_ms: region_now,
+            ..reply
+        })
+    }
+
+    /// The units a deposit of `policy` asks the home for: the region's observed rate over
+    /// two home leases, at least what the instance asked for four times over, at most the
+    /// largest deposit.
+    fn wanted(&self, policy: &Policy, kind: Kind, d: &Deposit, ask: u64, now: u64) -> u64 {
+        let whole = if kind == Kind::Bucket {
+            if d.capacity > 0 {
+                d.capacity
+            } else {
+                policy.capacity()
+            }
+        } else if d.limit > 0 {
+            d.limit
+        } else {
+            policy.limit()
+        };
+        let most = ((whole as f64 * self.fraction) as u64).max(1);
+        let observed = if d.installed > 0 && d.taken > 0 {
+            let span = now.saturating_sub(d.installed).max(10);
+            d.taken.saturating_mul(2 * self.home_lease_ms) / span
+        } else {
+            0
+        };
+        observed.max(ask.saturating_mul(4)).min(most)
+    }
+
+    /// Takes the key's next block from the home and swaps it in as its deposits. `costs`:
+    /// a request waits on it (the block id it asked with, and its costs, taken from the new
+    /// block), and gets its decision; otherwise the renewal runs ahead of need.
+    async fn renew(
+        self: Arc<Self>,
+        key: Key,
+        policies: Policies,
+        kinds: SmallVec<[Kind; 2]>,
+        keys: Vec<String>,
+        took: Took,
+        costs: Option<(u64, SmallVec<[u64; 2]>)>,
+    ) -> Result<Option<LedgerReply>, StoreError> {
+        let cost_of = |i: usize| costs.as_ref().map_or(1, |(_, c)| c[i]);
+        let id = self.next_block.fetch_add(1, Ordering::Relaxed);
+        let call = self.renewal_call(&policies, &kinds, &took, id, &cost_of);
+        let reply = match self.home.ledger(&key, &policies, call).await {
+            Ok(r) => r,
+            Err(e) => {
+                bump(&self.counters.errors, 1);
+                self.home_call("error");
+                // The renewal ends: the next caller tries again.
+                let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
+                return Err(e);
+            }
+        };
+        if !reply.granted {
+            bump(&self.counters.refusals, 1);
+            self.home_call("refused");
+            let wait = reply
+                .answers
+                .iter()
+                .map(|a| a.retry_after_ms)
+                .max()
+                .unwrap_or(0);
+            let until = took.now + wait.clamp(1, self.home_lease_ms);
+            let _ = deposit::deny(&self.local, &keys, &vec![until; keys.len()]).await;
+            return Ok(costs.map(|_| LedgerReply {
+                now_ms: took.now,
+                ..reply
+            }));
+        }
+        if reply.lease_ms == 0 {
+            // The home lends this key no block (its limit too small to share): the request
+            // was decided exactly; a renewal ahead of need charged one unit for nothing.
+            bump(&self.counters.exact_at_home, 1);
+            self.home_call("exact");
+            let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
+            return Ok(match costs {
+                Some((request, _)) => {
+                    self.remember(request, Origin::Home(reply.now_ms));
+                    Some(LedgerReply {
+                        now_ms: took.now,
+                        ..reply
+                    })
+                }
+                None => {
+                    bump(&self.counters.units_dropped, 1);
+                    self.units("dropped", 1);
+                    None
+                }
+            });
+        }
+        let new = deposits(&reply, took.now, id, |i| {
+            costs.as_ref().map_or(0, |_| cost_of(i))
+        });
+        let deposited = new.iter().map(|d| d.granted).max().unwrap_or(0);
+        bump(&self.counters.deposits, 1);
+        bump(&self.counters.units_deposited, deposited);
+        self.home_call("grant");
+        let (now, old) = match deposit::install(&self.local, &keys, &new).await {
+            Ok(x) => x,
+            Err(e) => {
+                // The block may or may not be in place: it is not given back (it could be
+                // lent), so at worst it is unused until its lease ends.
+                bump(&self.counters.units_dropped, deposited);
+                self.units("dropped", deposited);
+                return Err(e);
+            }
+        };
+        self.units("deposited", deposited);
+        self.send_home(key, policies, kinds, old, now);
+        Ok(costs.map(|(_, c)| {
+            let answers = reply
+                .answers
+                .iter()
+                .zip(&new)
+                .zip(c.iter())
+                .map(|((a, d), &cost)| Answer {
+                    granted: cost,
+                    remaining: d.left.saturating_add(a.remaining),
+                    ..*a
+                })
+                .collect();
+            LedgerReply {
+                granted: true,
+                lease_ms: 0,
+                now_ms: took.now,
+                answers,
+            }
+        }))
+    }
+
+    /// The home call that renews a key's deposits: a block of every policy, each sized by
+    /// [`wanted`](Self::wanted), for one home lease.
+    fn renewal_call(
+        &self,
+        policies: &[Policy],
+        kinds: &[Kind],
+        took: &Took,
+        id: u64,
+        cost_of: &dyn Fn(usize) -> u64,
+    ) -> LedgerCall {
+        let parts = policies
+            .iter()
+            .zip(kinds)
+            .zip(&took.parts)
+            .enumerate()
+            .map(|(i, ((p, &kind), (_, d)))| {
+                let mut part = Part::new(kind, p);
+                part.cost = cost_of(i);
+                part.wanted = self.wanted(p, kind, d, cost_of(i), took.now).max(part.cost);
+                part
+            })
+            .collect();
+        LedgerCall {
+            mode: LedgerMode::Grant,
+            lease_ms: self.home_lease_ms,
+            block_id: id,
+            previous_block: 0,
+            parts,
+        }
+    }
+
+    /// Gives replaced or emptied deposits back to the home, once the last block lent from
+    /// them has ended (their units may be spent until then).
+    fn send_home(
+        self: &Arc<Self>,
+        key: Key,
+        policies: Policies,
+        kinds: SmallVec<[Kind; 2]>,
+        old: Vec<Deposit>,
+        now: u64,
+    ) {
+        let Some(block) = old.iter().find(|d| d.holds_block()).map(|d| d.block) else {
+            return;
+        };
+        let worth = old.iter().zip(&kinds).any(|(d, k)| {
+            d.holds_block()
+                && (d.left > 0 || (matches!(k, Kind::Bucket | Kind::Log) && d.ends > now))
+        });
+        if !worth {
+            return;
+        }
+        let wait = old
+            .iter()
+            .map(|d| d.lent_until)
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(now);
+        let unused = old.iter().map(|d| d.left).max().unwrap_or(0);
+        let parts = policies
+            .iter()
+            .zip(&kinds)
+            .zip(&old)
+            .map(|((p, &kind), d)| {
+                let mut part = Part::new(kind, p);
+                if d.holds_block() && d.block == block {
+                    part.returned = Returned {
+                        granted: d.granted,
+                        unused: d.left,
+                        granted_at: d.granted_at,
+                        lease_ms: d.lease,
+                        rate: d.rate,
+                    };
+                }
+                part
+            })
+            .collect();
+        let call = LedgerCall {
+            mode: LedgerMode::Return,
+            lease_ms: 0,
+            block_id: block,
+            previous_block: 0,
+            parts,
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait + CLOCK_SLACK_MS)).await;
+            }
+            match me.home.ledger(&key, &policies, call).await {
+                Ok(_) => {
+                    bump(&me.counters.returns, 1);
+                    bump(&me.counters.units_returned, unused);
+                    me.home_call("return");
+                    me.units("returned", unused);
+                }
+                Err(e) => {
+                    bump(&me.counters.errors, 1);
+                    bump(&me.counters.units_dropped, unused);
+                    me.home_call("error");
+                    me.units("dropped", unused);
+                    tracing::debug!(target: "tollgate::store", error = %e, "a deposit's return failed");
+                }
+            }
+        });
+    }
+
+    /// An instance gives back a block's unused units, or a refunded request's.
+    async fn give_back(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        call: LedgerCall,
+    ) -> Result<LedgerReply, StoreError> {
+        let now = self.local.now_millis();
+        let refund = call.parts.iter().all(|p| p.returned.lease_ms == 0);
+        let origin = if refund {
+            self.forget(call.block_id)
+        } else {
+            Some(Origin::Deposit)
+        };
+        match origin {
+            Some(Origin::Deposit) => {
+                let kinds = kinds(policies)?;
+                let keys = self.local.deposit_keys(key, policies, &kinds);
+                let back: SmallVec<[(u64, u64); 2]> = call
+                    .parts
+                    .iter()
+                    .map(|p| (p.returned.unused, p.returned.granted_at))
+                    .collect();
+                deposit::give_back(&self.local, &keys, &back).await?;
+            }
+            Some(Origin::Home(at)) => {
+                let mut call = call;
+                for p in &mut call.parts {
+                    p.returned.granted_at = at;
+                }
+                self.forward(key, policies, call).await?;
+            }
+            None => {
+                let units = call
+                    .parts
+                    .iter()
+                    .map(|p| p.returned.unused)
+                    .max()
+                    .unwrap_or(0);
+                bump(&self.counters.units_dropped, units);
+                self.units("dropped", units);
+            }
+        }
+        Ok(done(now))
+    }
+}
+
+/// The deposits a home grant makes, one per policy: the block less what the waiting request
+/// takes (`taken(i)`), lent until the home's lease ends as measured from `region_now`, the
+/// region's time before the home was asked.
+fn deposits(
+    reply: &LedgerReply,
+    region_now: u64,
+    id: u64,
+    taken: impl Fn(usize) -> u64,
+) -> Vec<Deposit> {
+    reply
+        .answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Deposit {
+            left: a.granted.saturating_sub(taken(i)),
+            ends: (region_now + reply.lease_ms).saturating_sub(CLOCK_SLACK_MS),
+            block: id,
+            granted: a.granted,
+            granted_at: reply.now_ms,
+            lease: reply.lease_ms,
+            rate: a.limit,
+            limit: a.limit,
+            capacity: a.capacity,
+            home_remaining: a.remaining,
+            reset_at: region_now + a.reset_after_ms,
+            ..Deposit::default()
+        })
+        .collect()
+}

@@ -1,0 +1,414 @@
+//! Limits shared across regions: three regions, each with its own Redis and two instances,
+//! lending one limit kept in a home Redis behind a TCP proxy that adds 80 ms to every round
+//! trip. Checked under 64 clients: the global limit in every window, through a partition of
+//! the home (the proxy cut, then healed); hot keys decided without the home's round trip;
+//! what crosses regions per second.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::proxy::Proxy;
+use support::RedisServer;
+use tollgate::key::Key;
+use tollgate::store::leased::LeasedStore;
+use tollgate::store::regions::{RegionStats, RegionalLedger};
+use tollgate::store::{FailureMode, RedisStore, ResilientStore, Store};
+use tollgate::{Algorithm, Limiter, Policy, Rate};
+
+const HOME_RTT: Duration = Duration::from_millis(80);
+const REGIONS: usize = 3;
+const INSTANCES_PER_REGION: usize = 2;
+const CLIENTS: usize = 64;
+
+type Instance<S> = Limiter<ResilientStore<LeasedStore<S>>>;
+
+struct Fleet {
+    _home: RedisServer,
+    proxy: Proxy,
+    _regions: Vec<RedisServer>,
+    instances: Vec<Arc<Instance<RegionalLedger>>>,
+    ledgers: Vec<RegionalLedger>,
+}
+
+fn home_store(url: &str) -> RedisStore {
+    RedisStore::builder()
+        .timeout(Duration::from_millis(500))
+        .build_with_url(url)
+        .unwrap()
+}
+
+fn local_store(url: &str) -> RedisStore {
+    RedisStore::builder()
+        .timeout(Duration::from_millis(200))
+        .build_with_url(url)
+        .unwrap()
+}
+
+fn instance<S: tollgate::store::leased::LeaseBackend>(
+    backend: S,
+    policy: &Policy,
+) -> Arc<Instance<S>> {
+    let leased = LeasedStore::new(backend);
+    // A call that needs the home takes its 80 ms: the default 50 ms timeout would fail it.
+    let store = ResilientStore::builder(leased, FailureMode::FailClosed)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    Arc::new(
+        Limiter::builder()
+            .store(store)
+            .policy(policy.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+impl Fleet {
+    async fn start(policy: &Policy, fraction: f64) -> Self {
+        let home = RedisServer::start();
+        let proxy = Proxy::start(home.port()).await;
+        proxy.set_delay(HOME_RTT);
+        home_store(&proxy.url()).ping().await.unwrap();
+        let regions: Vec<RedisServer> = (0..REGIONS).map(|_| RedisServer::start()).collect();
+        let mut instances = Vec::new();
+        let mut ledgers = Vec::new();
+        for (r, server) in regions.iter().enumerate() {
+            for _ in 0..INSTANCES_PER_REGION {
+                // Each instance is its own process in production: its own connections.
+                let ledger = RegionalLedger::builder(
+                    format!("r{r}"),
+                    local_store(&server.url()),
+                    home_store(&proxy.url()),
+                )
+                .max_deposit_fraction(fraction)
+                .build()
+                .unwrap();
+                ledgers.push(ledger.clone());
+                instances.push(instance(ledger, policy));
+            }
+        }
+        Fleet {
+            _home: home,
+            proxy,
+            _regions: regions,
+            instances,
+            ledgers,
+        }
+    }
+
+    fn stats(&self) -> RegionStats {
+        let mut sum = RegionStats::default();
+        for s in self.ledgers.iter().map(RegionalLedger::stats) {
+            sum.deposits += s.deposits;
+            sum.units_deposited += s.units_deposited;
+            sum.exact_at_home += s.exact_at_home;
+            sum.refusals += s.refusals;
+            sum.returns += s.returns;
+            sum.units_returned += s.units_returned;
+            sum.units_dropped += s.units_dropped;
+            sum.errors += s.errors;
+            sum.forwarded += s.forwarded;
+        }
+        sum
+    }
+}
+
+/// One request as a client saw it: when it started and ended (µs since the epoch, the
+/// clock Redis's `TIME` reads on this machine), and how it was answered.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    start_us: u64,
+    end_us: u64,
+    allowed: bool,
+    error: bool,
+}
+
+fn epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// `CLIENTS` clients spread over `instances`, each sending one request of `key` every
+/// `pace` for `run`.
+async fn load<S: tollgate::store::leased::LeaseBackend>(
+    instances: &[Arc<Instance<S>>],
+    key: &Key,
+    pace: Duration,
+    run: Duration,
+) -> Vec<Sample> {
+    let deadline = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let limiter = Arc::clone(&instances[c % instances.len()]);
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut tick = tokio::time::interval(pace);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while Instant::now() < deadline {
+                tick.tick().await;
+                let start_us = epoch_us();
+                let d = limiter.check(&key, 1).await;
+                let end_us = epoch_us();
+                out.push(Sample {
+                    start_us,
+                    end_us,
+                    allowed: d.as_ref().is_ok_and(|d| d.is_allowed()),
+                    error: d.is_err(),
+                });
+            }
+            out
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+fn percentile(latencies: &mut [u64], p: f64) -> u64 {
+    latencies.sort_unstable();
+    let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+    latencies.get(i).copied().unwrap_or(0)
+}
+
+/// Admissions that started and ended inside each whole window of `window_us`: every unit
+/// such a request took was charged to that window (a block ends at its window's end).
+fn per_window(samples: &[Sample], window_us: u64) -> Vec<(u64, u64)> {
+    let first = samples.iter().map(|s| s.start_us).min().unwrap_or(0) / window_us + 1;
+    let last = samples.iter().map(|s| s.end_us).max().unwrap_or(0) / window_us;
+    (first..last)
+        .map(|w| {
+            let (lo, hi) = (w * window_us, (w + 1) * window_us);
+            let n = samples
+                .iter()
+                .filter(|s| s.allowed && s.start_us >= lo && s.end_us < hi)
+                .count() as u64;
+            (w, n)
+        })
+        .collect()
+}
+
+/// The fixed window's limit in every window, across three regions and a partition of the
+/// home: 64 clients offer about ten times the limit; the home is cut for 1.5 s and healed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_holds_in_every_window_across_regions_and_a_partition() {
+    const LIMIT: u64 = 600;
+    let policy = Policy::builder("api", Rate::per_second(LIMIT))
+        .algorithm(Algorithm::FixedWindow)
+        .build()
+        .unwrap();
+    let fleet = Fleet::start(&policy, 0.1).await;
+    let key = Key::new("tenant", "global");
+    let started = Instant::now();
+    let partition = {
+        let proxy = &fleet.proxy;
+        async move {
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            proxy.cut();
+            let cut_at = epoch_us();
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            proxy.heal();
+            (cut_at, epoch_us())
+        }
+    };
+    let (samples, (cut_at, healed_at)) = tokio::join!(
+        load(
+            &fleet.instances,
+            &key,
+            Duration::from_millis(10),
+            Duration::from_millis(7_500)
+        ),
+        partition
+    );
+    let elapsed = started.elapsed().as_secs_f64();
+    let windows = per_window(&samples, 1_000_000);
+    let admitted: u64 = samples.iter().filter(|s| s.allowed).count() as u64;
+    let errors = samples.iter().filter(|s| s.error).count();
+    let stats = fleet.stats();
+    let t0 = samples.iter().map(|s| s.start_us).min().unwrap();
+    let mut timeline = vec![0u64; 80];
+    for s in samples.iter().filter(|s| s.allowed) {
+        timeline[(((s.end_us - t0) / 100_000) as usize).min(79)] += 1;
+    }
+    eprintln!(
+        "timeline per 100 ms: {timeline:?}; cut at +{} ms, healed at +{} ms",
+        (cut_at - t0) / 1000,
+        (healed_at - t0) / 1000
+    );
+    eprintln!(
+        "regions: {} requests, {admitted} admitted, {errors} errors; per window {windows:?}; \
+         home calls {} ({:.1}/s): {stats:?}",
+        samples.len(),
+        stats.home_calls(),
+        stats.home_calls() as f64 / elapsed
+    );
+    for &(w, n) in &windows {
+        assert!(n <= LIMIT, "window {w} admitted {n} > {LIMIT}: {windows:?}");
+    }
+    // Over the whole run too (every admission, whole windows or not).
+    let touched = samples.iter().map(|s| s.end_us).max().unwrap() / 1_000_000
+        - samples.iter().map(|s| s.start_us).min().unwrap() / 1_000_000
+        + 1;
+    assert!(
+        admitted <= LIMIT * touched,
+        "{admitted} > {LIMIT} × {touched}"
+    );
+    // During the cut the regions spend only what they hold: deposits end at the window's
+    // end, so a window wholly inside the cut admits nothing.
+    let inside_cut: Vec<_> = windows
+        .iter()
+        .filter(|(w, _)| w * 1_000_000 >= cut_at && (w + 1) * 1_000_000 <= healed_at)
+        .collect();
+    for (w, n) in &inside_cut {
+        assert_eq!(*n, 0, "window {w} inside the partition admitted {n}");
+    }
+    // Windows before the cut and after the heal are used, not starved: at least half the
+    // limit each (the rest is the 80 ms the first request of each window waits for).
+    let busy: Vec<_> = windows
+        .iter()
+        .filter(|(w, _)| {
+            let (lo, hi) = (w * 1_000_000, (w + 1) * 1_000_000);
+            hi <= cut_at || lo >= healed_at + 1_000_000
+        })
+        .collect();
+    assert!(!busy.is_empty(), "{windows:?}");
+    for (w, n) in &busy {
+        assert!(
+            *n >= LIMIT / 2,
+            "window {w} admitted only {n} of {LIMIT}: {windows:?}"
+        );
+    }
+    assert!(stats.errors > 0, "the partition was not felt: {stats:?}");
+}
+
+/// A hot key under its limit: decided at the region's latency (the home's 80 ms off the
+/// request path), nothing refused, compared with one region on its own Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_decided_at_region_latency_and_never_refused_under_its_limit() {
+    let policy = Policy::builder("api", Rate::per_minute(900_000))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    let fleet = Fleet::start(&policy, 0.25).await;
+    let single_redis = RedisServer::start();
+    let single: Vec<_> = (0..REGIONS * INSTANCES_PER_REGION)
+        .map(|_| instance(local_store(&single_redis.url()), &policy))
+        .collect();
+    let key = Key::new("tenant", "hot");
+    let pace = Duration::from_millis(10);
+    let run = Duration::from_secs(3);
+    let mut report = Vec::new();
+    // Interleaved rounds: the regional fleet, then one region, twice.
+    for round in 0..2 {
+        for regional in [true, false] {
+            let (samples, steady) = if regional {
+                // The home calls after the keys' cold start (the first second).
+                let (samples, (at_1s, after)) =
+                    tokio::join!(load(&fleet.instances, &key, pace, run), async {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let at_1s = fleet.stats();
+                        tokio::time::sleep(run - Duration::from_secs(1)).await;
+                        (at_1s, fleet.stats())
+                    });
+                (samples, Some((at_1s, after)))
+            } else {
+                (load(&single, &key, pace, run).await, None)
+            };
+            if let Some((at_1s, after)) = steady {
+                let exact = after.exact_at_home - at_1s.exact_at_home;
+                let calls = after.home_calls() - at_1s.home_calls();
+                report.push(format!(
+                    "round {round}, after the first second: {exact} requests decided at the home, \
+                     {calls} home calls ({:.1}/s)",
+                    calls as f64 / (run.as_secs_f64() - 1.0)
+                ));
+                assert!(exact <= 6, "renewals fell behind: {report:?}");
+            }
+            let refused = samples.iter().filter(|s| !s.allowed).count();
+            // The first 500 ms are the keys' cold start (a first home call per region).
+            let from = samples.iter().map(|s| s.start_us).min().unwrap() + 500_000;
+            let mut lat: Vec<u64> = samples
+                .iter()
+                .filter(|s| s.start_us >= from)
+                .map(|s| s.end_us - s.start_us)
+                .collect();
+            let (p50, p99) = (percentile(&mut lat, 0.5), percentile(&mut lat, 0.99));
+            report.push(format!(
+                "round {round} {}: {} requests, {refused} refused, p50 {p50} µs, p99 {p99} µs",
+                if regional {
+                    "3 regions, home +80 ms"
+                } else {
+                    "1 region"
+                },
+                samples.len()
+            ));
+            assert_eq!(
+                refused,
+                0,
+                "a hot key under its limit was refused: {report:?} {:?}",
+                fleet.stats()
+            );
+        }
+    }
+    let stats = fleet.stats();
+    eprintln!("{report:#?}\nhome: {stats:?}");
+    assert!(stats.deposits >= REGIONS as u64, "{stats:?}");
+}
+
+/// A region of one policy that cannot be leased is decided exactly at the home; a reset
+/// empties the region's deposits; the builder names a bad value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_leased_is_decided_at_home_and_reset_empties_deposits() {
+    let home = RedisServer::start();
+    let local = RedisServer::start();
+    let ledger = RegionalLedger::builder("eu", local_store(&local.url()), home_store(&home.url()))
+        .build()
+        .unwrap();
+    let slots = Policy::in_flight("slots", 2).unwrap();
+    let limiter = Limiter::builder()
+        .store(LeasedStore::new(ledger.clone()))
+        .policy(slots)
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let a = limiter.acquire(&key).await.unwrap();
+    let b = limiter.acquire(&key).await.unwrap();
+    assert!(a.decision().is_allowed() && b.decision().is_allowed());
+    assert!(!limiter.acquire(&key).await.unwrap().decision().is_allowed());
+    // The slots are held at the home, not in the region.
+    assert!(!home.scan("*slots*").is_empty());
+    assert!(local.scan("*slots*").is_empty());
+    drop((a, b));
+
+    let policy = Policy::new("api", Rate::per_minute(100)).unwrap();
+    let limiter = Limiter::builder()
+        .store(LeasedStore::new(ledger.clone()))
+        .policy(policy.clone())
+        .build()
+        .unwrap();
+    for _ in 0..30 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert!(!local.scan("*deposit*").is_empty());
+    limiter.reset(&key).await.unwrap();
+    assert!(local.scan("*deposit*").is_empty(), "{:?}", local.scan("*"));
+    assert!(ledger.stats().deposits >= 1);
+    assert_eq!(ledger.name(), "eu");
+    assert!(ledger.now_millis() > 0);
+
+    let err = RegionalLedger::builder("e u", local_store(&local.url()), home_store(&home.url()))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "name");
+    let err = RegionalLedger::builder("eu", local_store(&local.url()), home_store(&home.url()))
+        .home_lease(Duration::from_millis(10))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "home_lease");
+}
