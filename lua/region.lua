@@ -107,9 +107,11 @@ if mode == 't' then
     local renew = false
     for i = 1, n do
       local d, cost, wanted = ds[i], asks[i][1], asks[i][2]
+      -- A block holds at most half the deposit, so one instance cannot empty it for the
+      -- region's others.
       local g = cost
       if lease > 0 then
-        g = max(min(wanted, d[1]), cost)
+        g = max(min(wanted, d[1], max(floor(d[5] / 2), 1)), cost)
       end
       granted[i] = g
       d[1] = d[1] - g

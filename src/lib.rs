@@ -292,7 +292,8 @@
 //! │   │   ├── policies.rs    policies, routes, tiers, settings nothing reads
 //! │   │   ├── store.rs       [store] and its failure mode
 //! │   │   └── login.rs       [login]
-//! │   ├── audit.rs           the audit: rules TG000 to TG014 over a built plan
+//! │   ├── audit.rs           the audit: rules TG000 to TG016 over a built plan
+//! │   ├── audit/tests.rs     its docs list every rule; which proxy ranges trust everyone
 //! │   ├── reload.rs          reload_plan and PlanWatcher (feature watch)
 //! │   └── edge/              [edge]: coarse limits exported to the edge
 //! │       ├── mod.rs         ExportOptions, export_edge, EdgeExport

@@ -249,6 +249,14 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
                 "kind = \"auth\"\npolicies = [\"login\"]\ncount = \"successes\"",
             )]),
         ),
+        #[cfg(feature = "regions")]
+        (
+            "TG016",
+            with(&[(
+                "prefix = \"tollgate\"",
+                "prefix = \"tollgate\"\nregion = \"eu\"\nhome = \"redis://127.0.0.1:6390\"",
+            )]),
+        ),
     ];
     for (rule, text) in cases {
         assert_eq!(rules(&text), vec![rule], "{rule}:\n{text}");
@@ -265,7 +273,7 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
         listed,
         [
             "TG000", "TG001", "TG002", "TG003", "TG005", "TG006", "TG007", "TG008", "TG009",
-            "TG011", "TG012", "TG013", "TG014", "TG015"
+            "TG011", "TG012", "TG013", "TG014", "TG015", "TG016"
         ]
     );
 }

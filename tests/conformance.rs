@@ -392,6 +392,8 @@ const REDIS_BATCHED: RowSpec = RowSpec {
 const RESILIENT_REDIS: RowSpec = row("resilient(redis)", Mode::Exact, true);
 const LEASED_REDIS: RowSpec = row("leased(redis)", Mode::Leased, true);
 const CLUSTER: RowSpec = row("redis-cluster", Mode::Exact, true);
+#[cfg(feature = "regions")]
+const LEASED_REGION: RowSpec = row("leased(region(redis) ← home(redis))", Mode::Leased, true);
 
 // ---------------------------------------------------------------------------------------
 // Running cases
@@ -822,6 +824,48 @@ fn a_store_leased_from_redis_never_admits_more_than_the_model() {
     });
     timing.report("leased-redis", &tally);
     assert!(grants.get() > 0, "the leased row never leased a block");
+}
+
+/// A `LeasedStore` over a region's `RegionalLedger`, whose deposits come from a home Redis:
+/// zero over-admission on the same traces, every operation (what cannot be leased, debts,
+/// resets and overrides go to the home).
+#[cfg(feature = "regions")]
+#[test]
+fn a_store_leased_from_a_region_never_admits_more_than_the_model() {
+    use tollgate::store::regions::RegionalLedger;
+    let (home, region) = (RedisServer::start(), RedisServer::start());
+    let (home_pool, region_pool) = (home.pool(8), region.pool(8));
+    let rt = support::runtime();
+    let tally = Tally::default();
+    let timing = Timing::default();
+    let deposits = std::cell::Cell::new(0);
+    for_cases("leased-region", |case| {
+        rt.block_on(async {
+            let clock = ManualClock::new(case.start);
+            let prefix = unique("region");
+            let store = |pool: &deadpool_redis::Pool| {
+                RedisStore::builder()
+                    .prefix(prefix.clone())
+                    .clock(clock.clone())
+                    .build_with_pool(pool.clone())
+                    .unwrap()
+            };
+            let ledger = RegionalLedger::builder("r", store(&region_pool), store(&home_pool))
+                .build()
+                .unwrap();
+            let leased = LeasedStore::builder(ledger.clone())
+                .clock(clock.clone())
+                .lease_time(Duration::from_millis(LEASE_MS))
+                .max_block_fraction(0.5)
+                .build()
+                .unwrap();
+            let result = run_row(&LEASED_REGION, &leased, &clock, case, &tally, &timing).await;
+            deposits.set(deposits.get() + ledger.stats().deposits);
+            result
+        })
+    });
+    timing.report("leased-region", &tally);
+    assert!(deposits.get() > 0, "the region never took a deposit");
 }
 
 /// The 3-master cluster.

@@ -412,3 +412,70 @@ async fn what_cannot_be_leased_is_decided_at_home_and_reset_empties_deposits() {
         .unwrap_err();
     assert_eq!(err.field(), "home_lease");
 }
+
+/// A plan names the region and the home: two instances of one region and one of another,
+/// built from plans, share one limit kept at the home; a mistake names its field.
+#[cfg(feature = "config")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_shares_a_limit_across_regions() {
+    use tollgate::config::Plan;
+    let home = RedisServer::start();
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let plan = |region: &str, url: &str, extra: &str| {
+        format!(
+            "failure_mode = \"fail_closed\"\n\
+             [[policies]]\nname = \"api\"\nlimit = 40\nwindow = \"1m\"\n\
+             [default]\npolicies = [\"api\"]\n\
+             [store]\nkind = \"redis\"\nurl = \"{url}\"\nregion = \"{region}\"\n\
+             home = \"{}\"\nhome_lease = \"2s\"\n{extra}",
+            home.url()
+        )
+    };
+    let limiters: Vec<_> = [("eu", eu.url()), ("eu", eu.url()), ("us", us.url())]
+        .iter()
+        .map(|(r, url)| {
+            let text = plan(r, url, "");
+            let p = Plan::from_toml(&text).unwrap();
+            assert!(
+                tollgate::audit::audit(&p).findings.is_empty(),
+                "{:?}",
+                tollgate::audit::audit(&p)
+            );
+            Limiter::from_config(&p).unwrap()
+        })
+        .collect();
+    let key = Key::new("user", "plan");
+    let mut admitted = 0;
+    for i in 0..120 {
+        if limiters[i % 3].check(&key, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= 40, "{admitted} admitted of 40");
+    assert!(admitted >= 20, "{admitted} admitted of 40");
+    assert!(!eu.scan("*deposit*").is_empty());
+    assert!(!us.scan("*deposit*").is_empty());
+    assert!(!home.scan("*lease*").is_empty());
+
+    let fails = |text: String| Limiter::from_config(&Plan::from_toml(&text).unwrap()).unwrap_err();
+    let e = fails(plan("e u", &eu.url(), ""));
+    assert_eq!(e.field(), "store.region", "{e}");
+    let e = fails(plan("eu", &eu.url(), "deposit_max_percent = 0"));
+    assert_eq!(e.field(), "store.deposit_max_percent", "{e}");
+    let e = fails(plan("eu", &eu.url(), "").replace("home_lease = \"2s\"", "home_lease = \"5ms\""));
+    assert_eq!(e.field(), "store.home_lease", "{e}");
+    let e = fails(plan("eu", &eu.url(), "").replace(&format!("home = \"{}\"\n", home.url()), ""));
+    assert_eq!(e.field(), "store.home", "{e}");
+    let e = fails(
+        "failure_mode = \"fail_closed\"\n[[policies]]\nname = \"api\"\nlimit = 4\nwindow = \"1m\"\n\
+         [default]\npolicies = [\"api\"]\n[store]\nkind = \"memory\"\nregion = \"eu\"\n"
+            .to_owned(),
+    );
+    assert_eq!(e.field(), "store.region", "{e}");
+    // Not fail-closed: the audit says what a partition would cost.
+    let open =
+        Plan::from_toml(&plan("eu", &eu.url(), "").replace("fail_closed", "fail_open")).unwrap();
+    let report = tollgate::audit::audit(&open);
+    assert_eq!(report.findings.len(), 1, "{report:?}");
+    assert_eq!(report.findings[0].rule, "TG016");
+}

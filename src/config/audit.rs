@@ -22,6 +22,7 @@
 //! | `TG013` edge-stricter-than-origin | warning | an edge rule at least as strict (rate and burst) as an origin policy on the same route and key: the origin limit is dead |
 //! | `TG014` edge-key-unseen-by-origin | error | an edge rule keyed by client IP while the origin's `[key]` reads the TCP peer, or trusts no proxy: behind the edge every client shares one key |
 //! | `TG015` auth-route-counts-successes | error | an `auth` route whose `count` does not count 401 and 403 responses: failed attempts are free, so guessing is unlimited |
+//! | `TG016` region-not-fail-closed | warning | a regional store (`store.region`) whose `failure_mode` is not `fail_closed`: while the home is unreachable, instances admit by that mode, above the global limit |
 //!
 //! `TG000` also reports an `[edge]` section that does not resolve (see
 //! [`edge`](crate::config::edge)). `TG012` grades the gate "edge-layer rate limiting in place
@@ -94,7 +95,7 @@ use std::net::IpAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
-use crate::config::{KeyConfig, Plan, RouteConfig, RouteKind, StoreKind};
+use crate::config::{FailureModeName, KeyConfig, Plan, RouteConfig, RouteKind, StoreKind};
 use crate::policy::Algorithm;
 use crate::store::{DynStore, MemoryStore};
 
@@ -267,6 +268,9 @@ const RULES: &[Rule] = &[
     rule("TG015", "auth-route-counts-successes", Severity::Error,
         "an `auth` route whose `count` does not count 401 and 403 responses: failed attempts are free, so guessing is unlimited",
         "On an auth route count failures (count = \"failures\", or a list with \"4xx\"), or drop `count`."),
+    rule("TG016", "region-not-fail-closed", Severity::Warning,
+        "a regional store (`store.region`) whose `failure_mode` is not `fail_closed`: while the home is unreachable, instances admit by that mode, above the global limit",
+        "Set failure_mode = \"fail_closed\" to keep the global limit through a partition (regions still spend the blocks they hold), or accept the over-admission knowingly."),
 ];
 
 /// Every rule of the audit, in id order.
@@ -483,6 +487,11 @@ fn store_and_response_settings(plan: &Plan, findings: &mut Findings) {
             Some(("failure_mode".to_owned(), "(missing)".to_owned())),
         );
     }
+    if plan.store.region.is_some() && plan.failure_mode != Some(FailureModeName::FailClosed) {
+        let mode = format!("{:?}", plan.failure_mode);
+        let message = format!("store.region is set and failure_mode is {mode}");
+        findings.push("TG016", message, Some(("failure_mode".to_owned(), mode)));
+    }
     if plan.retry_after == Some(false) {
         findings.push(
             "TG005",
@@ -636,58 +645,4 @@ fn trusted_proxy_ranges(plan: &Plan, findings: &mut Findings) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_module_docs_list_every_rule() {
-        let docs = include_str!("audit.rs");
-        for r in RULES {
-            let row = format!(
-                "//! | `{}` {} | {} | {} |",
-                r.id,
-                r.name,
-                format!("{:?}", r.severity).to_lowercase(),
-                r.trips
-            );
-            assert!(docs.contains(&row), "missing or stale row: {row}");
-        }
-    }
-
-    #[test]
-    fn wide_public_ranges_trust_everyone_and_private_ones_do_not() {
-        let judge = |s: &str| trusts_everyone(s.parse().unwrap());
-        for wide in [
-            "0.0.0.0/0",
-            "::/0",
-            "1.0.0.0/7",
-            "128.0.0.0/1",
-            "2000::/3",
-            "2001::/15",
-            "::ffff:0:0/96",
-            "::ffff:0.0.0.0/100",
-            "fc00::/0",
-        ] {
-            assert!(judge(wide), "{wide}");
-        }
-        for fine in [
-            "10.0.0.0/8",
-            "172.16.0.0/12",
-            "192.168.0.0/16",
-            "127.0.0.0/8",
-            "169.254.0.0/16",
-            "104.16.0.0/13",
-            "198.51.100.8/29",
-            "fc00::/7",
-            "fd00::/8",
-            "fe80::/10",
-            "::1/128",
-            "2400:cb00::/32",
-            "2001:db8::/16",
-            "::ffff:10.0.0.0/104",
-            "203.0.113.7/32",
-        ] {
-            assert!(!judge(fine), "{fine}");
-        }
-    }
-}
+mod tests;

@@ -79,6 +79,7 @@ impl Plan {
                 ));
             }
         }
+        self.region_settings()?;
         match ignored.into_iter().find(|(_, set, _)| *set) {
             Some((field, _, value)) => Err(ConfigError::new(
                 format!("store.{field}"),
@@ -124,6 +125,9 @@ impl Plan {
                     b = b.prefix(p.clone());
                 }
                 let store = b.build_with_url(&url).map_err(|e| e.within("store"))?;
+                if self.store.region.is_some() {
+                    return self.regional(store);
+                }
                 match self.leased(store.clone())? {
                     Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
                     None => Ok(DynStore::new(self.resilient(store)?)),
@@ -180,6 +184,122 @@ impl Plan {
         }
     }
 
+    /// Region settings: only on a redis store, `region` and `home` together, the others
+    /// only with them.
+    fn region_settings(&self) -> Result<(), ConfigError> {
+        let s = &self.store;
+        let shown = |v: &Option<String>| format!("{:?}", v.as_deref().unwrap_or_default());
+        let set = [
+            ("store.region", s.region.is_some(), shown(&s.region)),
+            ("store.home", s.home.is_some(), shown(&s.home)),
+            (
+                "store.home_lease",
+                s.home_lease.is_some(),
+                shown(&s.home_lease),
+            ),
+            (
+                "store.deposit_max_percent",
+                s.deposit_max_percent.is_some(),
+                s.deposit_max_percent.unwrap_or_default().to_string(),
+            ),
+        ];
+        let first_set = |from: usize| set[from..].iter().find(|(_, on, _)| *on);
+        if s.kind != StoreKind::Redis {
+            return match first_set(0) {
+                Some((field, _, value)) => Err(ConfigError::new(
+                    *field,
+                    value,
+                    "only a redis store (the region's Redis in `url`) has regions: delete it or change store.kind",
+                )),
+                None => Ok(()),
+            };
+        }
+        match (&s.region, &s.home) {
+            (Some(_), None) => Err(ConfigError::new(
+                "store.home",
+                "(missing)",
+                "a region needs the home ledger's Redis URL",
+            )),
+            (None, Some(home)) => Err(ConfigError::new(
+                "store.region",
+                "(missing)",
+                format!("home = {home:?} needs this instance's region"),
+            )),
+            (None, None) => match first_set(2) {
+                Some((field, _, value)) => Err(ConfigError::new(
+                    *field,
+                    value,
+                    "is read only with store.region and store.home: set them or delete this line",
+                )),
+                None => Ok(()),
+            },
+            (Some(_), Some(_)) => Ok(()),
+        }
+    }
+
+    /// This region's share of the plan's limits, kept at the home ledger: a
+    /// [`LeasedStore`](crate::store::leased::LeasedStore) over a
+    /// [`RegionalLedger`](crate::store::regions::RegionalLedger), in the failure mode, whose
+    /// timeout is the home lease (a call that needs the home waits for its round trip).
+    #[cfg(feature = "redis")]
+    fn regional(&self, local: crate::store::RedisStore) -> Result<DynStore, ConfigError> {
+        #[cfg(not(feature = "regions"))]
+        {
+            let _ = local;
+            Err(ConfigError::new(
+                "store.region",
+                format_args!("{:?}", self.store.region.as_deref().unwrap_or_default()),
+                "regions need the cargo feature `regions`",
+            ))
+        }
+        #[cfg(feature = "regions")]
+        {
+            use crate::store::regions::{RegionalLedger, DEFAULT_HOME_LEASE};
+            let lease = match &self.store.home_lease {
+                Some(t) => crate::config::schema::parse_duration("store.home_lease", t)?,
+                None => DEFAULT_HOME_LEASE,
+            };
+            let home_url = self.store.home.as_deref().unwrap_or_default();
+            let mut hb = crate::store::RedisStore::builder().timeout(lease);
+            if let Some(p) = &self.store.prefix {
+                hb = hb.prefix(p.clone());
+            }
+            let home = hb.build_with_url(home_url).map_err(|e| {
+                ConfigError::new("store.home", format_args!("{home_url:?}"), e.reason())
+            })?;
+            let region = self.store.region.clone().unwrap_or_default();
+            let mut rb = RegionalLedger::builder(region, local, home).home_lease(lease);
+            if let Some(p) = self.store.deposit_max_percent {
+                if !(1..=100).contains(&p) {
+                    return Err(ConfigError::new(
+                        "store.deposit_max_percent",
+                        p,
+                        "must be 1 to 100",
+                    ));
+                }
+                rb = rb.max_deposit_fraction(f64::from(p) / 100.0);
+            }
+            let ledger = rb.build().map_err(|e| {
+                let field = match e.field() {
+                    "name" => "store.region",
+                    "home_lease" => "store.home_lease",
+                    other => other,
+                };
+                ConfigError::new(field, e.value(), e.reason())
+            })?;
+            let leased = match self.leased(ledger.clone())? {
+                Some(leased) => leased,
+                None => crate::store::leased::LeasedStore::new(ledger),
+            };
+            let store = crate::store::ResilientStore::builder(leased, self.failure_mode()?)
+                .timeout(lease)
+                .deny_cache(10_000)
+                .build()
+                .map_err(|e| e.within("store"))?;
+            Ok(DynStore::new(store))
+        }
+    }
+
     /// Wraps a shared store in a [`LeasedStore`](crate::store::leased::LeasedStore) when
     /// the plan sets `store.lease_time`.
     #[cfg(feature = "redis")]
@@ -221,24 +341,28 @@ impl Plan {
         &self,
         store: S,
     ) -> Result<crate::store::ResilientStore<S>, ConfigError> {
-        use crate::config::schema::FailureModeName;
-        use crate::store::{FailureMode, ResilientStore};
-        let mode =
-            match self.failure_mode {
-                Some(FailureModeName::FailOpen) => FailureMode::FailOpen,
-                Some(FailureModeName::FailClosed) => FailureMode::FailClosed,
-                Some(FailureModeName::LocalFallback) => FailureMode::LocalFallback {
-                    replicas: self.replicas.unwrap_or(1),
-                },
-                None => return Err(ConfigError::new(
-                    "failure_mode",
-                    "(missing)",
-                    "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
-                )),
-            };
-        ResilientStore::builder(store, mode)
+        crate::store::ResilientStore::builder(store, self.failure_mode()?)
             .deny_cache(10_000)
             .build()
             .map_err(|e| e.within("store"))
+    }
+
+    /// The plan's failure mode; a shared store must choose one.
+    #[cfg(feature = "redis")]
+    fn failure_mode(&self) -> Result<crate::store::FailureMode, ConfigError> {
+        use crate::config::schema::FailureModeName;
+        use crate::store::FailureMode;
+        match self.failure_mode {
+            Some(FailureModeName::FailOpen) => Ok(FailureMode::FailOpen),
+            Some(FailureModeName::FailClosed) => Ok(FailureMode::FailClosed),
+            Some(FailureModeName::LocalFallback) => Ok(FailureMode::LocalFallback {
+                replicas: self.replicas.unwrap_or(1),
+            }),
+            None => Err(ConfigError::new(
+                "failure_mode",
+                "(missing)",
+                "a shared store needs a failure mode: fail_open, fail_closed or local_fallback",
+            )),
+        }
     }
 }

@@ -79,6 +79,17 @@ pub struct StoreConfig {
     /// With `lease_time`: the most keys an instance tracks for leasing (at least 1; default
     /// 100 000). Keys past it are decided exactly, one call each.
     pub lease_max_keys: Option<usize>,
+    /// For `redis` (feature `regions`): this instance's region (1 to 64 letters, digits, `-`,
+    /// `_` or `.`). With `home`, `url` is the region's Redis and every limit is shared by all
+    /// regions through the home ledger (see [`crate::store::regions`]); implies leasing.
+    pub region: Option<String>,
+    /// With `region`: the home ledger's Redis URL.
+    pub home: Option<String>,
+    /// With `region`: how long a region may lend a block of the home's (`"1s"`, 50 ms to
+    /// 60 s; default 1 s). Calls that need the home wait up to this long.
+    pub home_lease: Option<String>,
+    /// With `region`: the largest deposit, in percent of each limit (1 to 100; default 25).
+    pub deposit_max_percent: Option<u8>,
 }
 
 /// Which store.
