@@ -20,12 +20,15 @@
 --   'd' deny: one double per policy: until when the home refused (ms): until then a request
 --       that does not fit what is left is refused here, without asking the home.
 --   'x' drain: every deposit is removed (a reset, a debt).
+--   'e' ended: one double per policy, a block id: the deposit is removed if it is that block
+--       and its lease has ended (its unused units then go home).
 -- Reply: binary little-endian doubles.
 --   't': allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
 --       the background, 2 the caller renews it now (nothing fits), 3 the home refused (see
 --       denied_until), 4 nothing fits and another caller renews), then per policy the units
 --       granted and the deposit after the call (DEPOSIT_FIELDS doubles).
---   'i', 'x': now, then per policy the deposit before the call (zeros when there was none).
+--   'i', 'x', 'e': now, then per policy the deposit before the call (zeros when there was
+--       none, or, for 'e', when it was not removed).
 --   'g', 'd': now.
 -- A deposit: left, ends, installed, block, granted, granted_at, lease, rate, taken,
 -- lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at.
@@ -161,6 +164,20 @@ elseif mode == 'i' or mode == 'x' then
       save(KEYS[i], d)
     else
       redis.call('DEL', KEYS[i])
+    end
+  end
+  return table.concat(reply)
+elseif mode == 'e' then
+  -- A deposit whose lease has ended is removed, if it is still the block named.
+  local reply = { pack('<d', now) }
+  for i = 1, n do
+    local block = unpack_struct('<d', ARGV[3], (i - 1) * 8 + 1)
+    local d = load(KEYS[i])
+    if d and d[4] == block and d[2] <= now then
+      redis.call('DEL', KEYS[i])
+      reply[#reply + 1] = out(d)
+    else
+      reply[#reply + 1] = out(empty())
     end
   end
   return table.concat(reply)

@@ -479,3 +479,63 @@ async fn a_plan_shares_a_limit_across_regions() {
     assert_eq!(report.findings.len(), 1, "{report:?}");
     assert_eq!(report.findings[0].rule, "TG016");
 }
+
+/// Requests given up at every moment of a cold key's renewal from an 80 ms home: nothing is
+/// admitted beyond the limit, and what the cancellations cost is at most their own units (the
+/// renewal and the grant run to their end without their caller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_given_up_during_a_renewal_lose_at_most_their_own_units() {
+    const LIMIT: u64 = 60;
+    let home = RedisServer::start();
+    let proxy = Proxy::start(home.port()).await;
+    proxy.set_delay(HOME_RTT);
+    home_store(&proxy.url()).ping().await.unwrap();
+    let local = RedisServer::start();
+    let ledger = RegionalLedger::builder("eu", local_store(&local.url()), home_store(&proxy.url()))
+        .build()
+        .unwrap();
+    let store = LeasedStore::new(ledger.clone());
+    let policy = [Policy::new("api", Rate::per_minute(LIMIT)).unwrap()];
+    let (mut admitted, mut cancelled) = (0u64, 0u64);
+    for k in 0..40u64 {
+        let key = Key::new("user", format!("cancel-{}", k % 4));
+        // Given up after 0 to 195 ms: before, during and after the home's answer.
+        let wait = Duration::from_millis((k * 5) % 200);
+        match tokio::time::timeout(wait, store.check(&key, &policy, &[1])).await {
+            Ok(d) => admitted += u64::from(d.unwrap().is_allowed()),
+            Err(_) => cancelled += 1,
+        }
+    }
+    // Renewals, installs and returns land.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for k in 0..4 {
+        let key = Key::new("user", format!("cancel-{k}"));
+        let mut refused_in_a_row = 0;
+        // Refused for longer than a home lease: no unit is still on its way back.
+        while refused_in_a_row < 4 {
+            if store.check(&key, &policy, &[1]).await.unwrap().is_allowed() {
+                admitted += 1;
+                refused_in_a_row = 0;
+            } else {
+                refused_in_a_row += 1;
+                tokio::time::sleep(Duration::from_millis(350)).await;
+            }
+        }
+    }
+    store.shutdown().await;
+    let lost = 4 * LIMIT - admitted.min(4 * LIMIT);
+    eprintln!(
+        "4 keys × {LIMIT}: {admitted} admitted, {cancelled} requests given up, {lost} units lost; {:?}",
+        ledger.stats()
+    );
+    assert!(
+        admitted <= 4 * LIMIT,
+        "{admitted} admitted of {}",
+        4 * LIMIT
+    );
+    assert!(cancelled > 0);
+    assert!(
+        lost <= cancelled,
+        "{lost} units lost for {cancelled} requests given up"
+    );
+}

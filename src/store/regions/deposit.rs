@@ -1,6 +1,6 @@
 //! A deposit: a block of one policy's units that a region took from the home ledger, kept in
 //! the region's Redis (`lua/region.lua`) for the region's instances to take from; and the
-//! region script's five calls (take, install, give back, deny, drain) with their replies.
+//! region script's calls (take, install, give back, deny, drain, end) with their replies.
 
 use smallvec::SmallVec;
 
@@ -257,6 +257,18 @@ pub(super) async fn drain(
     keys: &[String],
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
     let bytes = region.deposits("x", keys, &[]).await?;
+    replaced(&bytes, keys.len())
+}
+
+/// Removes `keys`' deposits that are still the home block `block` and have ended: the
+/// region's time, and the deposits removed (empty ones where nothing was).
+pub(super) async fn end(
+    region: &RedisStore,
+    keys: &[String],
+    block: u64,
+) -> Result<(u64, Vec<Deposit>), StoreError> {
+    let blob = doubles(keys.iter().map(|_| block));
+    let bytes = region.deposits("e", keys, &[&blob]).await?;
     replaced(&bytes, keys.len())
 }
 

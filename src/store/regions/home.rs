@@ -440,7 +440,15 @@ impl<H: LeaseBackend> Region<H> {
             }
         };
         self.units("deposited", deposited);
-        self.send_home(key, policies, kinds, old, now);
+        self.send_home(key.clone(), policies.clone(), kinds.clone(), old, now);
+        self.when_it_ends(
+            key,
+            policies,
+            kinds,
+            keys,
+            id,
+            new[0].ends.saturating_sub(now),
+        );
         Ok(costs.map(|(_, c)| {
             let answers = reply
                 .answers
@@ -491,6 +499,26 @@ impl<H: LeaseBackend> Region<H> {
             previous_block: 0,
             parts,
         }
+    }
+
+    /// When the deposit `block` ends (in `ms`), gives its unused units home, unless it was
+    /// replaced before (a renewal gives the old one back itself).
+    fn when_it_ends(
+        self: &Arc<Self>,
+        key: Key,
+        policies: Policies,
+        kinds: SmallVec<[Kind; 2]>,
+        keys: Vec<String>,
+        block: u64,
+        ms: u64,
+    ) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms + CLOCK_SLACK_MS)).await;
+            if let Ok((now, old)) = deposit::end(&me.local, &keys, block).await {
+                me.send_home(key, policies, kinds, old, now);
+            }
+        });
     }
 
     /// Gives replaced or emptied deposits back to the home, once the last block lent from

@@ -57,9 +57,10 @@
 //! GCRA, the refill charged ahead (`N·T/W` per deposit, `T` the home lease), plus each
 //! region's instances' own bound (see [leased quotas](crate::store::leased)):
 //! at most `regions × 2 × (fraction × limit + N·T/W) + instances × (largest block + margin)`.
-//! Unused units go back to the home when a deposit is replaced or emptied; a deposit that
-//! simply ends unused (its key went quiet) keeps its units charged until its window rolls
-//! over or its bucket refills.
+//! Unused units go back to the home when a deposit is replaced, emptied or ends (the instance
+//! that took it gives it back; if that instance is gone, its units stay charged until their
+//! window rolls over or their bucket refills). A request given up half way costs at most its
+//! own units: grants and renewals run to their end without their caller.
 //!
 //! # Latency
 //!
