@@ -226,7 +226,9 @@ pub(crate) use ledger::Kind;
 pub(crate) use ledger::LedgerMode;
 #[cfg(feature = "redis")]
 pub(crate) use ledger::PART_BYTES;
-pub(crate) use ledger::{Answer, Part, Returned};
+pub(crate) use ledger::{Part, Returned};
+#[cfg(feature = "regions")]
+pub(crate) use ledger::Answer;
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);

@@ -26,6 +26,7 @@ const OVERRIDE_SUFFIX: &str = ":ovr";
 const LOG_UNITS_SUFFIX: &str = ":u";
 
 /// What a region's deposit key adds to the ledger state's key.
+#[cfg(feature = "regions")]
 const DEPOSIT_SUFFIX: &str = ":deposit";
 
 /// What a key is for, which names its last part.
@@ -41,6 +42,7 @@ pub(crate) enum KeyFor {
     /// The units of each entry of a ledger's sliding window log (a hash by entry id).
     LedgerLogUnits,
     /// A region's deposit of a policy leased as this kind (`lua/region.lua`).
+    #[cfg(feature = "regions")]
     Deposit(Kind),
 }
 
@@ -52,6 +54,7 @@ impl KeyFor {
             KeyFor::Override(a) => (algorithm_part(a), OVERRIDE_SUFFIX),
             KeyFor::Ledger(kind) => (ledger_part(kind), ""),
             KeyFor::LedgerLogUnits => (ledger_part(Kind::Log), LOG_UNITS_SUFFIX),
+            #[cfg(feature = "regions")]
             KeyFor::Deposit(kind) => (ledger_part(kind), DEPOSIT_SUFFIX),
         }
     }
