@@ -222,13 +222,13 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
+#[cfg(feature = "regions")]
+pub(crate) use ledger::Answer;
 pub(crate) use ledger::Kind;
 pub(crate) use ledger::LedgerMode;
 #[cfg(feature = "redis")]
 pub(crate) use ledger::PART_BYTES;
 pub(crate) use ledger::{Part, Returned};
-#[cfg(feature = "regions")]
-pub(crate) use ledger::Answer;
 
 /// The default lease time: how long a block may be spent.
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_millis(250);
