@@ -7,35 +7,37 @@
 -- the home ledger's accounting, which charged the block for its whole lease, covers it.
 --
 -- KEYS: one deposit per policy (<prefix>:{<key>}:<policy>:region-<kind>).
--- ARGV: mode (one letter, below), now ('' reads TIME), then per mode:
---   't' take: the lease asked (ms; 0: the request's cost only, no block), how long a refill
+-- The upper-case names are the constants shared with Rust (lua/constants.lua), written in
+-- when the script is assembled.
+-- ARGV: mode (REGION_TAKE …, below), now ('' reads TIME), then per mode:
+--   take: the lease asked (ms; 0: the request's cost only, no block), how long a refill
 --       is left to the caller that starts it (ms), then a binary string of five doubles per
 --       policy: cost, wanted (the most units the caller's block may hold), the units of the
 --       caller's previous block given back first, when that block was taken (this Redis's
 --       ms), and 1 when the deposit is renewed as its time runs out (token bucket, GCRA, the
 --       log), 0 when only as its units run out (the windows, whose leases end at the window
 --       boundary anyway).
---   'i' install: a binary string of DEPOSIT_FIELDS doubles per policy, the new deposit.
---   'g' give back: two doubles per policy: the unused units of a block, when it was taken.
---   'd' deny: one double per policy: until when the home refused (ms): until then a request
+--   install: a binary string of the deposit's doubles per policy, the new deposit.
+--   give back: two doubles per policy: the unused units of a block, when it was taken.
+--   deny: one double per policy: until when the home refused (ms): until then a request
 --       that does not fit what is left is refused here, without asking the home.
---   'x' drain: every deposit is removed (a reset, a debt).
---   'e' ended: one double per policy, a block id: the deposit is removed if it is that block
+--   drain: every deposit is removed (a reset, a debt).
+--   end: one double per policy, a block id: the deposit is removed if it is that block
 --       and its lease has ended (its unused units then go home).
 -- Reply: binary little-endian doubles.
---   't': allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
+--   take: allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
 --       the background, 2 the caller renews it now (nothing fits), 3 the home refused (see
 --       denied_until), 4 nothing fits and another caller renews), then per policy the units
---       granted and the deposit after the call (DEPOSIT_FIELDS doubles).
---   'i', 'x', 'e': now, then per policy the deposit before the call (zeros when there was
---       none, or, for 'e', when it was not removed).
---   'g', 'd': now.
+--       granted and the deposit after the call (sixteen doubles).
+--   install, drain, end: now, then per policy the deposit before the call (zeros when there was
+--       none, or, for end, when it was not removed).
+--   give back, deny: now.
 -- A deposit: left, ends, installed, block, granted, granted_at, lease, rate, taken,
 -- lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at.
 -- `granted_at` is the home's clock; every other time is this Redis's.
 local floor, max, min, tonumber = math.floor, math.max, math.min, tonumber
 local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
-local FIELDS = 16
+local FIELDS = DEPOSIT_BYTES / 8
 local DEPOSIT = '<' .. string.rep('d', FIELDS)
 local SLACK_MS = 2
 
@@ -50,7 +52,7 @@ end
 
 local function load(key)
   local v = redis.call('GET', key)
-  if v and #v == FIELDS * 8 then
+  if v and #v == DEPOSIT_BYTES then
     return { unpack_struct(DEPOSIT, v) }
   end
   return nil
@@ -75,13 +77,13 @@ end
 
 local n = #KEYS
 
-if mode == 't' then
+if mode == REGION_TAKE then
   local lease, lock_ms, blob = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
   local ds, asks = {}, {}
   local fits, denied, locked, given = true, false, false, false
   local room = lease
   for i = 1, n do
-    local cost, wanted, back, back_at, timed = unpack_struct('<ddddd', blob, (i - 1) * 40 + 1)
+    local cost, wanted, back, back_at, timed = unpack_struct('<ddddd', blob, (i - 1) * REGION_ASK_BYTES + 1)
     local d = load(KEYS[i]) or empty()
     -- A block given back goes into the deposit it came from, while it may still be lent.
     if back > 0 and d[2] > now and back_at > d[3] then
@@ -154,12 +156,12 @@ if mode == 't' then
     reply[#reply + 1] = out(ds[i])
   end
   return table.concat(reply)
-elseif mode == 'i' or mode == 'x' then
+elseif mode == REGION_INSTALL or mode == REGION_DRAIN then
   local reply = { pack('<d', now) }
   for i = 1, n do
     reply[#reply + 1] = out(load(KEYS[i]) or empty())
-    if mode == 'i' then
-      local d = { unpack_struct(DEPOSIT, ARGV[3], (i - 1) * FIELDS * 8 + 1) }
+    if mode == REGION_INSTALL then
+      local d = { unpack_struct(DEPOSIT, ARGV[3], (i - 1) * DEPOSIT_BYTES + 1) }
       d[3], d[9], d[10], d[11], d[12] = now, 0, now, 0, 0
       save(KEYS[i], d)
     else
@@ -167,7 +169,7 @@ elseif mode == 'i' or mode == 'x' then
     end
   end
   return table.concat(reply)
-elseif mode == 'e' then
+elseif mode == REGION_END then
   -- A deposit whose lease has ended is removed, if it is still the block named.
   local reply = { pack('<d', now) }
   for i = 1, n do
@@ -181,9 +183,9 @@ elseif mode == 'e' then
     end
   end
   return table.concat(reply)
-elseif mode == 'g' then
+elseif mode == REGION_GIVE_BACK then
   for i = 1, n do
-    local back, back_at = unpack_struct('<dd', ARGV[3], (i - 1) * 16 + 1)
+    local back, back_at = unpack_struct('<dd', ARGV[3], (i - 1) * 2 * 8 + 1)
     local d = load(KEYS[i])
     if d and back > 0 and d[2] > now and back_at > d[3] then
       d[1] = min(d[1] + back, d[5])
@@ -192,7 +194,7 @@ elseif mode == 'g' then
     end
   end
   return pack('<d', now)
-elseif mode == 'd' then
+elseif mode == REGION_DENY then
   for i = 1, n do
     local until_ms = unpack_struct('<d', ARGV[3], (i - 1) * 8 + 1)
     local d = load(KEYS[i]) or empty()

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::OnceLock;
 
+use super::deposits::{RegionMode, DEPOSIT_BYTES, REGION_ASK_BYTES};
 use super::request::Mode;
 use super::ttl::{TTL_GRID_MS, TTL_MARGIN_MS};
 use super::wire::{LONE_REQUEST_BYTES, PARAMS_BYTES, REQUEST_HEAD_BYTES, STATE_BYTES};
@@ -191,6 +192,25 @@ fn constants() -> Vec<Constant> {
         LEDGER_BATCH,
         "the first argument of a batch of ledger calls (store::redis::lua_constants::LEDGER_BATCH)",
     ));
+    for mode in RegionMode::ALL {
+        all.push(text(
+            mode.lua_name(),
+            mode.code(),
+            "a region script call's mode (store::redis::deposits::RegionMode::code)",
+        ));
+    }
+    all.extend([
+        number(
+            "DEPOSIT_BYTES",
+            DEPOSIT_BYTES as u64,
+            "the bytes of one deposit (store::redis::deposits::DEPOSIT_BYTES)",
+        ),
+        number(
+            "REGION_ASK_BYTES",
+            REGION_ASK_BYTES as u64,
+            "the bytes of one policy's ask in a take (store::redis::deposits::REGION_ASK_BYTES)",
+        ),
+    ]);
     all
 }
 

@@ -95,8 +95,7 @@ mod builder;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 mod connector;
-#[cfg(feature = "regions")]
-mod deposits;
+pub(crate) mod deposits;
 mod engine;
 mod keys;
 mod lease;

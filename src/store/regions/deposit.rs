@@ -5,10 +5,11 @@
 use smallvec::SmallVec;
 
 use crate::error::{Cause, StoreError};
+use crate::store::redis::deposits::{RegionMode, DEPOSIT_BYTES};
 use crate::store::RedisStore;
 
 /// The doubles of one deposit.
-const FIELDS: usize = 16;
+const FIELDS: usize = DEPOSIT_BYTES / 8;
 
 /// One policy's deposit in a region, as `lua/region.lua` keeps it. `granted_at` is on the
 /// home's clock; every other time is the region's Redis's (ms).
@@ -213,7 +214,11 @@ pub(super) async fn take(
     );
     let (lease, renewal) = (lease.to_string(), renewal_ms.to_string());
     let bytes = region
-        .deposits("t", keys, &[lease.as_bytes(), renewal.as_bytes(), &blob])
+        .deposits(
+            RegionMode::Take,
+            keys,
+            &[lease.as_bytes(), renewal.as_bytes(), &blob],
+        )
         .await?;
     let mut r = Reader::new(&bytes);
     let (allowed, lease, now, status) = (r.number()?, r.number()?, r.number()?, r.number()?);
@@ -247,7 +252,7 @@ pub(super) async fn install(
     new: &[Deposit],
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
     let blob = doubles(new.iter().flat_map(Deposit::fields));
-    let bytes = region.deposits("i", keys, &[&blob]).await?;
+    let bytes = region.deposits(RegionMode::Install, keys, &[&blob]).await?;
     replaced(&bytes, keys.len())
 }
 
@@ -256,7 +261,7 @@ pub(super) async fn drain(
     region: &RedisStore,
     keys: &[String],
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
-    let bytes = region.deposits("x", keys, &[]).await?;
+    let bytes = region.deposits(RegionMode::Drain, keys, &[]).await?;
     replaced(&bytes, keys.len())
 }
 
@@ -268,7 +273,7 @@ pub(super) async fn end(
     block: u64,
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
     let blob = doubles(keys.iter().map(|_| block));
-    let bytes = region.deposits("e", keys, &[&blob]).await?;
+    let bytes = region.deposits(RegionMode::End, keys, &[&blob]).await?;
     replaced(&bytes, keys.len())
 }
 
@@ -288,7 +293,10 @@ pub(super) async fn give_back(
     back: &[(u64, u64)],
 ) -> Result<(), StoreError> {
     let blob = doubles(back.iter().flat_map(|&(units, at)| [units, at]));
-    region.deposits("g", keys, &[&blob]).await.map(drop)
+    region
+        .deposits(RegionMode::GiveBack, keys, &[&blob])
+        .await
+        .map(drop)
 }
 
 /// Records that the home refused `keys` until the given times (the region's clock), and
@@ -299,7 +307,10 @@ pub(super) async fn deny(
     until: &[u64],
 ) -> Result<(), StoreError> {
     let blob = doubles(until.iter().copied());
-    region.deposits("d", keys, &[&blob]).await.map(drop)
+    region
+        .deposits(RegionMode::Deny, keys, &[&blob])
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]
