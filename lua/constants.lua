@@ -49,14 +49,14 @@ local LEDGER_RESET = 'x'
 local LEDGER_KEEP = 'k'
 -- the first argument of a batch of ledger calls (store::redis::lua_constants::LEDGER_BATCH)
 local LEDGER_BATCH = 'B'
--- a region script call's mode (store::redis::deposits::RegionMode::code)
+-- a region script call's mode (store::redis::wire::RegionMode::code)
 local REGION_TAKE = 'T'
 local REGION_INSTALL = 'I'
 local REGION_GIVE_BACK = 'G'
 local REGION_DENY = 'D'
 local REGION_DRAIN = 'X'
 local REGION_END = 'E'
--- the bytes of one deposit (store::redis::deposits::DEPOSIT_BYTES)
+-- the bytes of one deposit (store::redis::wire::DEPOSIT_BYTES)
 local DEPOSIT_BYTES = 128
--- the bytes of one policy's ask in a take (store::redis::deposits::REGION_ASK_BYTES)
+-- the bytes of one policy's ask in a take (store::redis::wire::REGION_ASK_BYTES)
 local REGION_ASK_BYTES = 40

@@ -16,10 +16,12 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::OnceLock;
 
-use super::deposits::{RegionMode, DEPOSIT_BYTES, REGION_ASK_BYTES};
 use super::request::Mode;
 use super::ttl::{TTL_GRID_MS, TTL_MARGIN_MS};
-use super::wire::{LONE_REQUEST_BYTES, PARAMS_BYTES, REQUEST_HEAD_BYTES, STATE_BYTES};
+use super::wire::{
+    RegionMode, DEPOSIT_BYTES, LONE_REQUEST_BYTES, PARAMS_BYTES, REGION_ASK_BYTES,
+    REQUEST_HEAD_BYTES, STATE_BYTES,
+};
 use crate::algorithm::registration;
 use crate::policy::Algorithm;
 use crate::store::leased::{Kind, LedgerMode, PART_BYTES};
@@ -196,19 +198,19 @@ fn constants() -> Vec<Constant> {
         all.push(text(
             mode.lua_name(),
             mode.code(),
-            "a region script call's mode (store::redis::deposits::RegionMode::code)",
+            "a region script call's mode (store::redis::wire::RegionMode::code)",
         ));
     }
     all.extend([
         number(
             "DEPOSIT_BYTES",
             DEPOSIT_BYTES as u64,
-            "the bytes of one deposit (store::redis::deposits::DEPOSIT_BYTES)",
+            "the bytes of one deposit (store::redis::wire::DEPOSIT_BYTES)",
         ),
         number(
             "REGION_ASK_BYTES",
             REGION_ASK_BYTES as u64,
-            "the bytes of one policy's ask in a take (store::redis::deposits::REGION_ASK_BYTES)",
+            "the bytes of one policy's ask in a take (store::redis::wire::REGION_ASK_BYTES)",
         ),
     ]);
     all

@@ -95,7 +95,8 @@ mod builder;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 mod connector;
-pub(crate) mod deposits;
+#[cfg(feature = "regions")]
+mod deposits;
 mod engine;
 mod keys;
 mod lease;
@@ -112,6 +113,8 @@ mod single;
 mod store_impl;
 mod ttl;
 mod wire;
+#[cfg(feature = "regions")]
+pub(crate) use wire::{RegionMode, DEPOSIT_BYTES};
 
 pub use builder::RedisStoreBuilder;
 #[cfg(feature = "cluster")]

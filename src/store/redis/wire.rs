@@ -1,6 +1,7 @@
 //! The wire format of one script call, both ways, in one place: what a batch of requests
 //! sends (keys and arguments) and how the packed reply reads back into decisions. The Lua
-//! side of the same layout is the header of `lua/decide.lua`.
+//! side of the same layout is the header of `lua/decide.lua`. At the end of this file: the
+//! modes and sizes of the region script (`lua/region.lua`), which it shares with Rust.
 //!
 //! Sent, per call:
 //!
@@ -503,3 +504,62 @@ mod tests {
         assert_eq!(lengths, [0, 40, 8, 5 + 2 * 12]);
     }
 }
+
+/// A call of the region script: what it does to the deposits it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegionMode {
+    /// Take a block, or a request's cost, from every deposit (all or nothing).
+    Take,
+    /// Put new deposits in place of the old ones, answering the old.
+    Install,
+    /// Give a block's unused units back to the deposit it came from.
+    GiveBack,
+    /// Record that the home refused, until a time.
+    Deny,
+    /// Remove every deposit, answering them.
+    Drain,
+    /// Remove the deposits that are still a given block and have ended, answering them.
+    End,
+}
+
+impl RegionMode {
+    pub(crate) const ALL: [RegionMode; 6] = [
+        RegionMode::Take,
+        RegionMode::Install,
+        RegionMode::GiveBack,
+        RegionMode::Deny,
+        RegionMode::Drain,
+        RegionMode::End,
+    ];
+
+    /// The mode's letter, the script's first argument.
+    pub(crate) fn code(self) -> &'static str {
+        match self {
+            RegionMode::Take => "T",
+            RegionMode::Install => "I",
+            RegionMode::GiveBack => "G",
+            RegionMode::Deny => "D",
+            RegionMode::Drain => "X",
+            RegionMode::End => "E",
+        }
+    }
+
+    /// The mode's name in the script.
+    pub(crate) fn lua_name(self) -> &'static str {
+        match self {
+            RegionMode::Take => "REGION_TAKE",
+            RegionMode::Install => "REGION_INSTALL",
+            RegionMode::GiveBack => "REGION_GIVE_BACK",
+            RegionMode::Deny => "REGION_DENY",
+            RegionMode::Drain => "REGION_DRAIN",
+            RegionMode::End => "REGION_END",
+        }
+    }
+}
+
+/// The bytes of one deposit as the script keeps and answers it: sixteen doubles.
+pub(crate) const DEPOSIT_BYTES: usize = 16 * 8;
+
+/// The bytes of one policy's ask in a take: cost, wanted, units given back, when they were
+/// taken, and whether the deposit is renewed on time.
+pub(crate) const REGION_ASK_BYTES: usize = 5 * 8;

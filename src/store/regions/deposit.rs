@@ -5,7 +5,7 @@
 use smallvec::SmallVec;
 
 use crate::error::{Cause, StoreError};
-use crate::store::redis::deposits::{RegionMode, DEPOSIT_BYTES};
+use crate::store::redis::{RegionMode, DEPOSIT_BYTES};
 use crate::store::RedisStore;
 
 /// The doubles of one deposit.
