@@ -11,7 +11,8 @@
 //! | `leased(redis)` | the same, but while its ledger reads Redis's real clock (NEW-13 in [`KNOWN`]) its admissions of leasable policies are counted, not judged |
 //! | `redis` (lone calls: `single.lua`'s fast path where it applies) | equal |
 //! | `redis-batched` (every call coalesced: `decide.lua` only) | equal |
-//! | `resilient(redis)`, `redis-cluster` | equal |
+//! | `resilient(redis)`, `redis-cluster`, `redis-sentinel` (the master three sentinels name) | equal |
+//! | `leased(region(redis) ← home(redis))` | zero over-admission, as `leased(memory-ledger)` |
 //!
 //! The Redis stores are given the test's clock, so their scripts decide at the time they are
 //! passed instead of reading `TIME`: no tolerance for a real clock is needed in the
@@ -392,6 +393,8 @@ const REDIS_BATCHED: RowSpec = RowSpec {
 const RESILIENT_REDIS: RowSpec = row("resilient(redis)", Mode::Exact, true);
 const LEASED_REDIS: RowSpec = row("leased(redis)", Mode::Leased, true);
 const CLUSTER: RowSpec = row("redis-cluster", Mode::Exact, true);
+#[cfg(feature = "sentinel")]
+const SENTINEL: RowSpec = row("redis-sentinel", Mode::Exact, true);
 #[cfg(feature = "regions")]
 const LEASED_REGION: RowSpec = row("leased(region(redis) ← home(redis))", Mode::Leased, true);
 
@@ -890,4 +893,29 @@ fn the_cluster_store_answers_as_the_model() {
         })
     });
     timing.report("cluster", &tally);
+}
+
+/// The Sentinel store, on the master of a master, a replica and three sentinels: the Redis
+/// store's script and keys reached through the master Sentinel names.
+#[cfg(feature = "sentinel")]
+#[test]
+fn the_sentinel_store_answers_as_the_model() {
+    use support::sentinel::{SentinelSet, MASTER_NAME};
+    use tollgate::store::RedisSentinelStore;
+    let set = SentinelSet::start();
+    let rt = support::runtime();
+    let tally = Tally::default();
+    let timing = Timing::default();
+    for_cases("sentinel", |case| {
+        rt.block_on(async {
+            let clock = ManualClock::new(case.start);
+            let store = RedisSentinelStore::builder()
+                .prefix(unique("sentinel"))
+                .clock(clock.clone())
+                .build_with_sentinel(set.urls(), MASTER_NAME)
+                .unwrap();
+            run_row(&SENTINEL, &store, &clock, case, &tally, &timing).await
+        })
+    });
+    timing.report("sentinel", &tally);
 }
