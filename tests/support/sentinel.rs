@@ -193,10 +193,16 @@ impl SentinelSet {
     /// sentinel knows the other two and that replica: ready for the next failover.
     pub fn wait_settled(&self) {
         wait_until("the set settles", Duration::from_secs(30), || {
-            let (_, other) = self.roles();
+            let (master, other) = self.roles();
+            // Up, and to the master the sentinels name: after a failover the old master
+            // may still be syncing from, or linked to, a server that is no longer master.
             other
                 .query::<String>(&["INFO", "replication"])
-                .is_ok_and(|i| i.contains("master_link_status:up"))
+                .is_ok_and(|i| {
+                    i.contains("master_link_status:up")
+                        && i.contains(&format!("master_port:{}\r\n", master.port()))
+                        && !i.contains("master_sync_in_progress:1")
+                })
                 && self.sentinels.iter().all(|s| s.known() == (2, 1))
         });
     }
