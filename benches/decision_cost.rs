@@ -147,10 +147,10 @@ fn main() {
                 );
             });
         }
-        "check_gcra" | "check_counter" => {
+        "check_gcra" | "check_counter" | "check_now_gcra" | "check_now_counter" => {
             // The public path: `Limiter::check` on a memory store, polled once (a memory
-            // store answers at once).
-            let algorithm = if side == "check_gcra" {
+            // store answers at once), or `Limiter::check_now`, which needs no future.
+            let algorithm = if side.ends_with("gcra") {
                 Algorithm::Gcra
             } else {
                 Algorithm::SlidingWindowCounter
@@ -171,6 +171,13 @@ fn main() {
                 )
                 .build()
                 .unwrap();
+            if side.starts_with("check_now") {
+                measured(checks, |i| {
+                    let decision = limiter.check_now(&keys[i % nkeys], 1);
+                    black_box(decision.is_some_and(|d| d.is_ok_and(|d| d.is_allowed())));
+                });
+                return;
+            }
             let mut cx = Context::from_waker(Waker::noop());
             measured(checks, |i| {
                 let fut = pin!(limiter.check(&keys[i % nkeys], 1));

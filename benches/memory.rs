@@ -3,7 +3,8 @@
 //!
 //! Scenarios: one hot key and 10 000 keys, on 1 and 2 threads; tollgate's public
 //! `Limiter::check` with GCRA and with the default sliding window counter (polled once: a
-//! memory store answers at once), and the store's own decision alone (`store_counter`, what
+//! memory store answers at once), the same through the synchronous `Limiter::check_now`,
+//! and the store's own decision alone (`store_counter`, what
 //! the check adds to it is the difference). Both sides use string keys and a quota so large
 //! that every check is allowed (the common path). The two sides run interleaved (A B A B …,
 //! `ROUNDS` times) so host noise hits both alike; compare medians across rounds.
@@ -87,6 +88,19 @@ fn bench(c: &mut Criterion) {
                                         panic!("a memory check answers at once")
                                     };
                                     black_box(d.is_ok());
+                                }
+                            })
+                        })
+                    });
+                    let name = format!("check_now_{algorithm}/{scenario}/{threads}t/r{round}");
+                    group.bench_function(name, |b| {
+                        b.iter_custom(|iters| {
+                            run_threads(threads, iters, |t, iters| {
+                                let mut i = t * 7919;
+                                for _ in 0..iters {
+                                    i = (i + 1) % nkeys;
+                                    let d = limiter.check_now(&tg_keys[i], 1);
+                                    black_box(d.is_some_and(|d| d.is_ok()));
                                 }
                             })
                         })

@@ -599,3 +599,104 @@ async fn for_route_shares_store_names_and_lists() {
     // An exempt default route lets every key through uncharged on the direct path too.
     assert!(base.check(&key, 1).await.unwrap().is_allowed());
 }
+
+/// `check_now` is `check` without a future: run with no Tokio runtime at all, it gives the
+/// same answers (lists, costs, in-flight slots given back, shadow policies counted once).
+#[test]
+fn check_now_answers_as_check_does_with_no_runtime() {
+    let make = || {
+        Limiter::builder()
+            .policy(Policy::new("api", Rate::per_minute(3)).unwrap())
+            .policy(Policy::in_flight("running", 1).unwrap())
+            .policy(
+                Policy::builder("candidate", Rate::per_minute(2))
+                    .shadow(true)
+                    .build()
+                    .unwrap(),
+            )
+            .deny_key(Key::new("user", "mallory"))
+            .allow_key(Key::new("user", "monitor"))
+            .build()
+            .unwrap()
+    };
+    let asked = [
+        ("u1", 1),
+        ("u1", 1),
+        ("u1", 9),
+        ("u1", 1),
+        ("u1", 1),
+        ("mallory", 1),
+    ];
+    let now = make();
+    let answers: Vec<_> = asked
+        .iter()
+        .map(|&(user, cost)| {
+            now.check_now(&Key::new("user", user), cost)
+                .expect("the memory store answers at once")
+                .map(|d| (d.is_allowed(), d.remaining()))
+        })
+        .collect();
+    let later = make();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let expected: Vec<_> = asked
+        .iter()
+        .map(|&(user, cost)| {
+            rt.block_on(later.check(&Key::new("user", user), cost))
+                .map(|d| (d.is_allowed(), d.remaining()))
+        })
+        .collect();
+    assert_eq!(answers, expected);
+    assert_eq!(
+        answers[0],
+        Ok((true, 0)),
+        "the in-flight slot is the tighter one"
+    );
+    assert!(matches!(
+        answers[2],
+        Err(CheckError::CostExceedsCapacity { cost: 9, .. })
+    ));
+    assert_eq!(answers[4], Ok((false, 0)), "three a minute");
+    assert_eq!(answers[5], Err(CheckError::Forbidden));
+    // The cost-9 check counted on the shadow policy as `check` does: 5 checks of u1.
+    assert_eq!(support::shadow_counts(&now), support::shadow_counts(&later));
+    assert_eq!(support::shadow_counts(&now), (2, 3));
+    let monitor = now
+        .check_now(&Key::new("user", "monitor"), 1)
+        .unwrap()
+        .unwrap();
+    assert!(monitor.is_allowed() && monitor.policies().is_empty());
+}
+
+/// Where the answer needs a wait (a running penalty to look up), `check_now` gives `None`
+/// and charges nothing, so asking again with `check` counts the request once.
+#[tokio::test]
+async fn check_now_defers_to_check_when_it_must_wait_and_charges_nothing() {
+    let clock = ManualClock::new(T0);
+    let policy = Policy::builder("strict", Rate::per_minute(2))
+        .algorithm(Algorithm::FixedWindow)
+        .penalty(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store(&clock))
+        .policy(policy)
+        .policy(
+            Policy::builder("candidate", Rate::per_minute(1))
+                .shadow(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    for _ in 0..10 {
+        assert!(limiter.check_now(&key, 1).is_none());
+    }
+    assert_eq!(support::shadow_counts(&limiter), (0, 0));
+    let first = limiter.check(&key, 1).await.unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.remaining(), 1, "the deferred checks charged nothing");
+    assert_eq!(support::shadow_counts(&limiter), (1, 0));
+}

@@ -1173,3 +1173,26 @@ async fn ping_loads_the_scripts_so_the_first_decision_is_one_call() {
     assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
     assert!(!stats.contains("cmdstat_script"), "{stats}");
 }
+
+/// A Redis store answers over the network: `Limiter::check_now` defers to `check` and charges
+/// nothing, so the key's count is what `check` alone made it.
+#[tokio::test]
+async fn check_now_on_redis_defers_and_charges_nothing() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix(scenarios::unique_prefix("now"))
+        .build_with_url(&server.url())
+        .unwrap();
+    let limiter = tollgate::Limiter::builder()
+        .store(store)
+        .policy(Policy::new("api", Rate::per_minute(3)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    for _ in 0..5 {
+        assert!(limiter.check_now(&key, 1).is_none());
+    }
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 2);
+}

@@ -246,34 +246,15 @@ impl<S: Store> Limiter<S> {
         estimates: Option<&[u64]>,
         given: &'s mut SmallVec<[u64; 2]>,
     ) -> PreparedKey<'s> {
-        if lists.deny.contains(key) {
-            let refusal = Refusal::of_kind(RefusalKind::Forbidden);
-            refusal.log(Some(key));
-            return PreparedKey::Refuse(refusal);
-        }
-        if lists.allow.contains(key) {
-            return PreparedKey::Pass;
+        match screen_lists(lists, key) {
+            Listed::Denied => return PreparedKey::Refuse(forbidden(key)),
+            Listed::Allowed => return PreparedKey::Pass,
+            Listed::No => {}
         }
         if !set.shadow.is_empty() {
             self.spawn_shadow_check(key, set, cost);
         }
-        if set.enforced.is_empty() {
-            return PreparedKey::Pass;
-        }
-        // A cost equal to every policy's own charges the costs validated when the set was
-        // built: borrowed, not copied, and not checked again. The common case, on every
-        // request.
-        if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
-            return PreparedKey::Ask(&set.default_costs);
-        }
-        // Policies' own costs were checked when they were built; a given one is checked here.
-        *given = set.charged_costs(cost, estimates);
-        if let Some((p, &c)) = too_costly(&set.enforced, given) {
-            let refusal = Refusal::cost_exceeds_capacity(p, c);
-            refusal.log(Some(key));
-            return PreparedKey::Refuse(refusal);
-        }
-        PreparedKey::Ask(given)
+        charged(set, key, cost, estimates, given)
     }
 
     /// The store's answer about a prepared key, when it gives one at once: a store that
@@ -314,6 +295,67 @@ impl<S: Store> Limiter<S> {
             )),
         }
     }
+}
+
+/// What the deny and allow lists make of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listed {
+    /// On the deny list: refused (see [`forbidden`]).
+    Denied,
+    /// On the allow list: passes uncharged.
+    Allowed,
+    /// On neither: ask on.
+    No,
+}
+
+/// Where `key` stands on the deny and allow lists.
+#[inline(always)]
+pub(crate) fn screen_lists(lists: &Lists, key: &Key) -> Listed {
+    if lists.deny.contains(key) {
+        Listed::Denied
+    } else if lists.allow.contains(key) {
+        Listed::Allowed
+    } else {
+        Listed::No
+    }
+}
+
+/// The refusal of a deny-listed key, logged.
+#[cold]
+#[inline(never)]
+pub(crate) fn forbidden(key: &Key) -> Refusal {
+    let refusal = Refusal::of_kind(RefusalKind::Forbidden);
+    refusal.log(Some(key));
+    refusal
+}
+
+/// The units a screened key charges each enforced policy (see [`Limiter::prepare_key`]),
+/// or its pass (no enforced policy) or refusal (a cost above a capacity).
+#[inline(always)]
+pub(crate) fn charged<'s>(
+    set: &'s PolicySet,
+    key: &Key,
+    cost: Option<u64>,
+    estimates: Option<&[u64]>,
+    given: &'s mut SmallVec<[u64; 2]>,
+) -> PreparedKey<'s> {
+    if set.enforced.is_empty() {
+        return PreparedKey::Pass;
+    }
+    // A cost equal to every policy's own charges the costs validated when the set was
+    // built: borrowed, not copied, and not checked again. The common case, on every
+    // request.
+    if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
+        return PreparedKey::Ask(&set.default_costs);
+    }
+    // Policies' own costs were checked when they were built; a given one is checked here.
+    *given = set.charged_costs(cost, estimates);
+    if let Some((p, &c)) = too_costly(&set.enforced, given) {
+        let refusal = Refusal::cost_exceeds_capacity(p, c);
+        refusal.log(Some(key));
+        return PreparedKey::Refuse(refusal);
+    }
+    PreparedKey::Ask(given)
 }
 
 /// The first policy whose capacity a cost exceeds.

@@ -25,7 +25,7 @@ mod shadow;
 
 pub use builder::LimiterBuilder;
 pub(crate) use decide::{CheckFuture, Pending, Prepared, Reserved};
-use decide::{OwnCosts, PreparedKey};
+use decide::{Listed, OwnCosts, PreparedKey};
 pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
@@ -441,7 +441,8 @@ impl<S: Store> Limiter<S> {
                 PreparedKey::Ask(costs) => costs,
             };
             // A store that answers at once (the memory store) is decided right here: no
-            // future, no set or key copied.
+            // future, no set or key copied. (Not through `check_now_as`: handing its answer
+            // on would move the decision once more.)
             if let Some(outcome) = self.answer_now(set, key, costs) {
                 return self.finish(asker, set, key, outcome, None);
             }
@@ -449,6 +450,90 @@ impl<S: Store> Limiter<S> {
         };
         let outcome = future.await;
         self.finish(asker, &set, key, outcome, None)
+    }
+
+    /// [`check`](Self::check) without waiting: the decision, or `None` when it needs a wait
+    /// (a store that answers over the network, or a running penalty to look up), in which
+    /// case nothing was charged, recorded or logged and `check` is the way to ask.
+    ///
+    /// The memory store always answers at once, so a limiter on it answers every key here
+    /// unless its plan has [penalties](crate::Penalty); this is the call for code that is
+    /// not async, and the cheapest check there is (no future to build or poll). Everything
+    /// else is `check`'s: lists, shadow policies, costs, in-flight slots given back at once,
+    /// metrics and traces, and the same errors.
+    ///
+    /// ```
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("api", Rate::per_second(2))?)
+    ///     .build()?;
+    /// let key = Key::new("user", "42");
+    /// let first = limiter.check_now(&key, 1).expect("the memory store answers at once")?;
+    /// assert!(first.is_allowed());
+    /// assert_eq!(first.remaining(), 1);
+    /// assert!(limiter.check_now(&key, 1).unwrap()?.is_allowed());
+    /// assert!(!limiter.check_now(&key, 1).unwrap()?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`check`](Self::check).
+    pub fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, CheckError>> {
+        self.check_now_as(Asker::Check, key, cost)
+    }
+
+    /// [`check_now`](Self::check_now) for `asker`. Shadow policies are checked once the
+    /// enforced ones answered at once: a `None` must leave nothing counted, since the caller
+    /// asks again.
+    #[inline(always)]
+    fn check_now_as(
+        &self,
+        asker: Asker,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, CheckError>> {
+        let guard = self.plan();
+        let plan = &*guard;
+        let Some(set) = plan.default_set() else {
+            return Some(Ok(Decision::pass()));
+        };
+        match decide::screen_lists(&plan.lists, key) {
+            Listed::Denied => {
+                return Some(Err(CheckError::from_refusal(&decide::forbidden(key))));
+            }
+            Listed::Allowed => return Some(Ok(Decision::pass())),
+            Listed::No => {}
+        }
+        if !set.penalties.is_empty() {
+            return None;
+        }
+        let mut given = SmallVec::new();
+        let costs = match decide::charged(set, key, Some(cost), None, &mut given) {
+            PreparedKey::Ask(costs) => costs,
+            other => {
+                self.check_shadow(key, set, cost);
+                return Some(match other {
+                    PreparedKey::Refuse(refusal) => Err(CheckError::from_refusal(&refusal)),
+                    _ => Ok(Decision::pass()),
+                });
+            }
+        };
+        match self.inner.common.store.check_now(key, &set.enforced, costs) {
+            Some(outcome) => {
+                self.check_shadow(key, set, cost);
+                Some(self.finish(asker, set, key, outcome, None))
+            }
+            None => None,
+        }
+    }
+
+    #[inline(always)]
+    fn check_shadow(&self, key: &Key, set: &Arc<PolicySet>, cost: u64) {
+        if !set.shadow.is_empty() {
+            self.spawn_shadow_check(key, set, Some(cost));
+        }
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging
