@@ -230,7 +230,8 @@
 //! │       ├── lease.rs       the lease ledger of both stores
 //! │       └── batch.rs       concurrent decisions coalesced into one call
 //! ├── limiter/               Limiter: the one decision path
-//! │   ├── mod.rs             Limiter: check, peek, reset, decide
+//! │   ├── mod.rs             Limiter: peek, reset, decide
+//! │   ├── check.rs           check, and check_now: the same without a future
 //! │   ├── builder.rs         LimiterBuilder: the settings, checked and built
 //! │   ├── compile.rs         routes and policies compiled into the tables decisions read
 //! │   ├── decide.rs          route, key, lists, cost, penalties, shadow, store

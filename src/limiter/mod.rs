@@ -9,6 +9,7 @@
 mod access;
 mod attached;
 mod builder;
+mod check;
 mod compile;
 mod decide;
 mod finish;
@@ -25,7 +26,7 @@ mod shadow;
 
 pub use builder::LimiterBuilder;
 pub(crate) use decide::{CheckFuture, Pending, Prepared, Reserved};
-use decide::{Listed, OwnCosts, PreparedKey};
+use decide::{OwnCosts, PreparedKey};
 pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
@@ -391,149 +392,6 @@ impl<S: Store> Limiter<S> {
         let plan = self.plan();
         let set = plan.resolve(request);
         plan.lists.key_for(set.as_deref().map(|s| &**s), request)
-    }
-
-    /// Checks `key` against the default route's policies, charging `cost` units to each —
-    /// all of them or none — through the same path as the layer: a deny-listed key is
-    /// refused, an allow-listed key passes uncharged (an allowed decision with no policies),
-    /// a running penalty refuses, shadow policies are checked and counted. With an exempt
-    /// default route every key passes uncharged. An [in-flight](crate::Algorithm::InFlight)
-    /// policy admits the request only if a slot is free now, and holds none afterwards (the
-    /// slot is given back at once): [`acquire`](Self::acquire) holds slots until its
-    /// [`Permit`](crate::Permit) is dropped.
-    ///
-    /// A `cost` of 0 is a look that charges nothing: it is allowed while the key is not past
-    /// its limit (a settlement's debt refuses it), so it never serves anything the limit
-    /// counts. A reservation ([`reserve`](Self::reserve)) reserves at least one unit.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckError::CostExceedsCapacity`] when `cost` exceeds a policy's capacity, or a
-    /// per-key override's lower one (such a request could never pass, and charging it must
-    /// not lock the key out),
-    /// [`CheckError::Forbidden`] for a deny-listed key, and [`CheckError::Store`] when the
-    /// store fails.
-    pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, CheckError> {
-        self.check_as(Asker::Check, key, cost).await
-    }
-
-    /// [`check`](Self::check) for `asker`: the login guard checks its three limits with
-    /// [`Asker::Guard`], and records the attempt's one decision itself.
-    #[inline(always)]
-    pub(crate) async fn check_as(
-        &self,
-        asker: Asker,
-        key: &Key,
-        cost: u64,
-    ) -> Result<Decision, CheckError> {
-        // One load of the plan for the set and the lists, released before any await.
-        let (set, future) = {
-            let guard = self.plan();
-            let plan = &*guard;
-            let Some(set) = plan.default_set() else {
-                return Ok(Decision::pass());
-            };
-            let mut given = SmallVec::new();
-            let costs = match self.prepare_key(set, &plan.lists, key, Some(cost), None, &mut given)
-            {
-                PreparedKey::Pass => return Ok(Decision::pass()),
-                PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-                PreparedKey::Ask(costs) => costs,
-            };
-            // A store that answers at once (the memory store) is decided right here: no
-            // future, no set or key copied. (Not through `check_now_as`: handing its answer
-            // on would move the decision once more.)
-            if let Some(outcome) = self.answer_now(set, key, costs) {
-                return self.finish(asker, set, key, outcome, None);
-            }
-            (Arc::clone(set), self.answer_later(set, key, costs))
-        };
-        let outcome = future.await;
-        self.finish(asker, &set, key, outcome, None)
-    }
-
-    /// [`check`](Self::check) without waiting: the decision, or `None` when it needs a wait
-    /// (a store that answers over the network, or a running penalty to look up), in which
-    /// case nothing was charged, recorded or logged and `check` is the way to ask.
-    ///
-    /// The memory store always answers at once, so a limiter on it answers every key here
-    /// unless its plan has [penalties](crate::Penalty); this is the call for code that is
-    /// not async, and the cheapest check there is (no future to build or poll). Everything
-    /// else is `check`'s: lists, shadow policies, costs, in-flight slots given back at once,
-    /// metrics and traces, and the same errors.
-    ///
-    /// ```
-    /// use tollgate::{key::Key, Limiter, Policy, Rate};
-    ///
-    /// let limiter = Limiter::builder()
-    ///     .policy(Policy::new("api", Rate::per_second(2))?)
-    ///     .build()?;
-    /// let key = Key::new("user", "42");
-    /// let first = limiter.check_now(&key, 1).expect("the memory store answers at once")?;
-    /// assert!(first.is_allowed());
-    /// assert_eq!(first.remaining(), 1);
-    /// assert!(limiter.check_now(&key, 1).unwrap()?.is_allowed());
-    /// assert!(!limiter.check_now(&key, 1).unwrap()?.is_allowed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As for [`check`](Self::check).
-    pub fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, CheckError>> {
-        self.check_now_as(Asker::Check, key, cost)
-    }
-
-    /// [`check_now`](Self::check_now) for `asker`. Shadow policies are checked once the
-    /// enforced ones answered at once: a `None` must leave nothing counted, since the caller
-    /// asks again.
-    #[inline(always)]
-    fn check_now_as(
-        &self,
-        asker: Asker,
-        key: &Key,
-        cost: u64,
-    ) -> Option<Result<Decision, CheckError>> {
-        let guard = self.plan();
-        let plan = &*guard;
-        let Some(set) = plan.default_set() else {
-            return Some(Ok(Decision::pass()));
-        };
-        match decide::screen_lists(&plan.lists, key) {
-            Listed::Denied => {
-                return Some(Err(CheckError::from_refusal(&decide::forbidden(key))));
-            }
-            Listed::Allowed => return Some(Ok(Decision::pass())),
-            Listed::No => {}
-        }
-        if !set.penalties.is_empty() {
-            return None;
-        }
-        let mut given = SmallVec::new();
-        let costs = match decide::charged(set, key, Some(cost), None, &mut given) {
-            PreparedKey::Ask(costs) => costs,
-            other => {
-                self.check_shadow(key, set, cost);
-                return Some(match other {
-                    PreparedKey::Refuse(refusal) => Err(CheckError::from_refusal(&refusal)),
-                    _ => Ok(Decision::pass()),
-                });
-            }
-        };
-        match self.inner.common.store.check_now(key, &set.enforced, costs) {
-            Some(outcome) => {
-                self.check_shadow(key, set, cost);
-                Some(self.finish(asker, set, key, outcome, None))
-            }
-            None => None,
-        }
-    }
-
-    #[inline(always)]
-    fn check_shadow(&self, key: &Key, set: &Arc<PolicySet>, cost: u64) {
-        if !set.shadow.is_empty() {
-            self.spawn_shadow_check(key, set, Some(cost));
-        }
     }
 
     /// What [`check`](Self::check) with each policy's own cost would answer now, charging
