@@ -47,7 +47,8 @@ if ARGV[2] ~= '' then
   now = tonumber(ARGV[2])
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  -- Converted by the arithmetic, once each (see single.lua).
+  now = t[1] * 1000 + floor(t[2] / 1000)
 end
 
 local function load(key)

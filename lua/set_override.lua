@@ -16,10 +16,11 @@
 -- rate and the plan's: an override can end (its TTL, or removal) with no write to move the
 -- key's TTL, and no write may come before the old TTL runs out (the bucket would start full,
 -- admitting what the slower refill should hold back).
-local now = tonumber(ARGV[4])
+local now = ARGV[4] ~= '' and tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- Converted by the arithmetic, once each (see single.lua).
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
 end
 local plan = tonumber(ARGV[3])
 local before = plan
