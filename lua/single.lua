@@ -77,15 +77,21 @@ repeat
   if cost > capacity or (size == 24 or id == ALG_FIXED_WINDOW) and s2 > n then
     break
   end
-  -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua).
-  local function idiv(a, b)
-    local q = floor(a / b)
-    if q * b > a then
-      q = q - 1
-    elseif (q + 1) * b <= a then
-      q = q + 1
+  -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua). Creating the closure
+  -- costs Redis about 1 000 instructions a call: the sliding window counter and the fixed
+  -- window write each division out instead (`q = floor(a / b)` and the same two
+  -- corrections) and go without.
+  local idiv
+  if id ~= ALG_SLIDING_WINDOW_COUNTER and id ~= ALG_FIXED_WINDOW then
+    idiv = function(a, b)
+      local q = floor(a / b)
+      if q * b > a then
+        q = q - 1
+      elseif (q + 1) * b <= a then
+        q = q + 1
+      end
+      return q
     end
-    return q
   end
 
   -- allowed, remaining, reset_after, retry_after, delay; with `write`, the new state and
@@ -99,7 +105,8 @@ repeat
     if not fresh then
       was = (s1 + 2) * w
     end
-    local idx = idiv(now, w)
+    local idx = floor(now / w)
+    if idx * w > now then idx = idx - 1 elseif (idx + 1) * w <= now then idx = idx + 1 end
     local e = now - idx * w
     local prev, cur = 0, 0
     if s1 == idx then
@@ -118,11 +125,20 @@ repeat
         if s2 > plan_n then
           -- Past the plan's limit under an override that raised it: kept until the plan's
           -- limit would have paid it off (sliding_window_counter.lua: expires_at).
-          expires_at = (s1 + 1 + idiv(s2 + plan_n - 1, plan_n)) * w
+          local a = s2 + plan_n - 1
+          local q = floor(a / plan_n)
+          if q * plan_n > a then q = q - 1 elseif (q + 1) * plan_n <= a then q = q + 1 end
+          expires_at = (s1 + 1 + q) * w
         end
       end
     end
-    remaining = idiv(max(n * w - weighted_after, 0), w)
+    local room = max(n * w - weighted_after, 0)
+    remaining = floor(room / w)
+    if remaining * w > room then
+      remaining = remaining - 1
+    elseif (remaining + 1) * w <= room then
+      remaining = remaining + 1
+    end
     if cur_after > 0 then
       reset_after = (idx + 2) * w - now
     elseif prev > 0 then
@@ -134,7 +150,13 @@ repeat
         if prev == 0 then
           earliest = now
         else
-          local overlap = idiv((n - cur - cost) * w, prev)
+          local a = (n - cur - cost) * w
+          local overlap = floor(a / prev)
+          if overlap * prev > a then
+            overlap = overlap - 1
+          elseif (overlap + 1) * prev <= a then
+            overlap = overlap + 1
+          end
           if overlap >= 1 then
             earliest = max(start + w - min(overlap, w), now)
           end
@@ -145,7 +167,13 @@ repeat
         if cur == 0 then
           earliest = next_start
         else
-          local overlap = idiv((n - cost) * w, cur)
+          local a = (n - cost) * w
+          local overlap = floor(a / cur)
+          if overlap * cur > a then
+            overlap = overlap - 1
+          elseif (overlap + 1) * cur <= a then
+            overlap = overlap + 1
+          end
           if overlap >= 1 then
             earliest = next_start + w - min(overlap, w)
           else
@@ -160,7 +188,8 @@ repeat
     if not fresh then
       was = (s1 + 1) * w
     end
-    local idx = idiv(now, w)
+    local idx = floor(now / w)
+    if idx * w > now then idx = idx - 1 elseif (idx + 1) * w <= now then idx = idx + 1 end
     local count = 0
     if s1 == idx then
       count = s2
@@ -176,7 +205,10 @@ repeat
         if after > plan_n then
           -- Past the plan's limit under an override that raised it (fixed_window.lua:
           -- expires_at).
-          expires_at = (idx + idiv(after + plan_n - 1, plan_n)) * w
+          local a = after + plan_n - 1
+          local q = floor(a / plan_n)
+          if q * plan_n > a then q = q - 1 elseif (q + 1) * plan_n <= a then q = q + 1 end
+          expires_at = (idx + q) * w
         end
       end
     end
