@@ -77,22 +77,10 @@ repeat
   if cost > capacity or (size == 24 or id == ALG_FIXED_WINDOW) and s2 > n then
     break
   end
-  -- floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua). Creating the closure
-  -- costs Redis about 1 000 instructions a call: the sliding window counter and the fixed
-  -- window write each division out instead (`q = floor(a / b)` and the same two
-  -- corrections) and go without.
-  local idiv
-  if id ~= ALG_SLIDING_WINDOW_COUNTER and id ~= ALG_FIXED_WINDOW then
-    idiv = function(a, b)
-      local q = floor(a / b)
-      if q * b > a then
-        q = q - 1
-      elseif (q + 1) * b <= a then
-        q = q + 1
-      end
-      return q
-    end
-  end
+  -- Every division below is floor(a / b) for integers a >= 0, b >= 1 (idiv in prelude.lua),
+  -- written out: `q = floor(a / b)` and the two corrections that keep it exact past 2^53.
+  -- A local `idiv` function would be a closure created on every call, which costs Redis
+  -- about 1 000 instructions.
 
   -- allowed, remaining, reset_after, retry_after, delay; with `write`, the new state and
   -- when it expires (`expires_at`), and `was`: no later than when the state as read expired
@@ -218,7 +206,9 @@ repeat
     remaining, retry_after = max(n - after, 0), window_end
   else
     -- ceil(a / b) for integers a >= 0, b >= 1 (ceil_div in prelude.lua), inline below.
-    local q
+    -- `top`: the units the key may hold (times the window); `held`: what it holds now, with
+    -- this request when it was allowed, without it when not.
+    local q, top, held
     if id == ALG_GCRA then
       -- GCRA (gcra.lua: evaluate, expires_at).
       if not fresh then
@@ -236,7 +226,12 @@ repeat
       allowed = after <= tolerance + slack
       if allowed then
         if charge then
-          local whole = idiv(after, n)
+          local whole = floor(after / n)
+          if whole * n > after then
+            whole = whole - 1
+          elseif (whole + 1) * n <= after then
+            whole = whole + 1
+          end
           s1, s2 = now + whole, after - whole * n
           write, expires_at = true, s1
           if s2 > 0 then
@@ -244,31 +239,22 @@ repeat
           end
         end
         local late = max(after - tolerance, 0)
-        q = idiv(late, n)
+        q = floor(late / n)
+        if q * n > late then q = q - 1 elseif (q + 1) * n <= late then q = q + 1 end
         if late - q * n > 0 then
           q = q + 1
         end
         delay = q
-        remaining = idiv(max(tolerance - after, 0), w)
-        q = idiv(after, n)
-        if after - q * n > 0 then
-          q = q + 1
-        end
-        reset_after = q
       else
         local over = after - tolerance - slack
-        q = idiv(over, n)
+        q = floor(over / n)
+        if q * n > over then q = q - 1 elseif (q + 1) * n <= over then q = q + 1 end
         if over - q * n > 0 then
           q = q + 1
         end
         retry_after = q
-        remaining = idiv(max(tolerance - backlog, 0), w)
-        q = idiv(backlog, n)
-        if backlog - q * n > 0 then
-          q = q + 1
-        end
-        reset_after = q
       end
+      top, held = tolerance, allowed and after or backlog
     else
       -- Token bucket (token_bucket.lua: evaluate, expires_at, kept_since). The state's
       -- expiry depends on the limit, which an override may have changed since the key's
@@ -291,7 +277,8 @@ repeat
           -- an override's (token_bucket.lua: expires_at): the override can end, by its
           -- TTL or removal, with no write to move the key's.
           local slow = min(n, plan_n)
-          q = idiv(s1, slow)
+          q = floor(s1 / slow)
+          if q * slow > s1 then q = q - 1 elseif (q + 1) * slow <= s1 then q = q + 1 end
           if s1 - q * slow > 0 then
             q = q + 1
           end
@@ -299,19 +286,29 @@ repeat
         end
       else
         local over = deficit + cost * w - full
-        q = idiv(over, n)
+        q = floor(over / n)
+        if q * n > over then q = q - 1 elseif (q + 1) * n <= over then q = q + 1 end
         if over - q * n > 0 then
           q = q + 1
         end
         retry_after = q
       end
-      remaining = idiv(max(full - after, 0), w)
-      q = idiv(after, n)
-      if after - q * n > 0 then
-        q = q + 1
-      end
-      reset_after = q
+      top, held = full, after
     end
+    -- What remains and when it resets, alike for both.
+    local x = max(top - held, 0)
+    remaining = floor(x / w)
+    if remaining * w > x then
+      remaining = remaining - 1
+    elseif (remaining + 1) * w <= x then
+      remaining = remaining + 1
+    end
+    q = floor(held / n)
+    if q * n > held then q = q - 1 elseif (q + 1) * n <= held then q = q + 1 end
+    if held - q * n > 0 then
+      q = q + 1
+    end
+    reset_after = q
   end
 
   if write then
