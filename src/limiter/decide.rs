@@ -14,7 +14,7 @@ use crate::key::{Key, RequestView};
 use crate::policy::Policy;
 use crate::refusal::{Refusal, RefusalKind};
 use crate::route::Cost;
-use crate::store::{BoxFuture, Store};
+use crate::store::{AnswerNow, BoxFuture, Store};
 
 /// A request's decision as far as it goes before the store answers (the layer and
 /// [`Limiter::decide`]).
@@ -261,12 +261,7 @@ impl<S: Store> Limiter<S> {
     /// answers at once (the memory store) and no penalties. Handed back as the store gives
     /// it, so that the decision is moved once, into what the caller makes of it.
     #[inline(always)]
-    pub(crate) fn answer_now(
-        &self,
-        set: &PolicySet,
-        key: &Key,
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    pub(crate) fn answer_now(&self, set: &PolicySet, key: &Key, costs: &[u64]) -> AnswerNow {
         if !set.penalties.is_empty() {
             return None;
         }

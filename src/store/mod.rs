@@ -122,6 +122,11 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// The future of [`Store::apply`].
 pub type ApplyFuture = BoxFuture<Result<Applied, StoreError>>;
 
+/// What [`Store::check_now`] answers: the decision (or the store's error) when the store
+/// gives it without waiting, `None` when it must wait (nothing was charged: ask
+/// [`Store::check`]).
+pub type AnswerNow = Option<Result<Decision, StoreError>>;
+
 /// A backend that keeps limiter state and decides atomically.
 ///
 /// A small core: the hot path's charge ([`check`](Store::check), and
@@ -162,12 +167,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// assert!(first.expect("the memory store never waits").expect("no error").is_allowed());
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         let _ = (key, policies, costs);
         None
     }
@@ -407,12 +407,7 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
         policies: &[Policy],
         costs: &[u64],
     ) -> BoxFuture<Result<Decision, StoreError>>;
-    fn check_now_erased(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>>;
+    fn check_now_erased(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow;
     fn apply_erased(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture;
     fn override_store_erased(&self) -> Option<&dyn OverrideStore>;
     fn now(&self) -> u64;
@@ -429,12 +424,7 @@ impl<S: Store> ErasedStore for S {
     ) -> BoxFuture<Result<Decision, StoreError>> {
         Box::pin(self.check(key, policies, costs))
     }
-    fn check_now_erased(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now_erased(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         self.check_now(key, policies, costs)
     }
     fn apply_erased(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
@@ -470,12 +460,7 @@ impl Store for DynStore {
         self.inner.check_boxed(key, policies, costs)
     }
 
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         self.inner.check_now_erased(key, policies, costs)
     }
 

@@ -81,6 +81,9 @@ impl LedgerMode {
     }
 }
 
+/// The future of [`LeaseBackend::ledger`].
+pub type LedgerFuture = BoxFuture<Result<LedgerReply, StoreError>>;
+
 /// A shared store that keeps a lease ledger: what [`LeasedStore`](super::LeasedStore)
 /// needs from the store it wraps, besides the ordinary [`Store`] it uses for the policies
 /// that cannot be leased.
@@ -98,10 +101,5 @@ impl LedgerMode {
 pub trait LeaseBackend: Store {
     /// Runs one ledger call for `key`'s `policies` (in the order of the call's parts),
     /// atomically.
-    fn ledger(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        call: LedgerCall,
-    ) -> BoxFuture<Result<LedgerReply, StoreError>>;
+    fn ledger(&self, key: &Key, policies: &[Policy], call: LedgerCall) -> LedgerFuture;
 }

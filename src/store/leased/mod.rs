@@ -207,7 +207,7 @@ use stats::{bump, Counters};
 pub use store::LeasedStore;
 use store::Shared;
 
-pub use ledger::{LeaseBackend, LedgerCall, LedgerReply, MemoryLedger};
+pub use ledger::{LeaseBackend, LedgerCall, LedgerFuture, LedgerReply, MemoryLedger};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

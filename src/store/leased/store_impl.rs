@@ -16,7 +16,7 @@ use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
 use crate::store::{
-    check_applied, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
+    check_applied, AnswerNow, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
 };
 
 /// Splits a request's policies into leasable and exact ones.
@@ -100,12 +100,7 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         ))
     }
 
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         if policies.is_empty() || policies.iter().any(|p| Kind::of(p).is_none()) {
             return None;
         }

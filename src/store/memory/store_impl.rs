@@ -13,7 +13,7 @@ use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
-use crate::store::{Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store};
+use crate::store::{AnswerNow, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store};
 
 /// The future of [`MemoryStore`]'s [`check`](Store::check): the store decides when it is
 /// called, so this is ready at once. An in-flight slot the decision took is given back if
@@ -100,12 +100,7 @@ impl Store for MemoryStore {
     }
 
     #[inline]
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         Some(self.inner.decide(key, policies, costs, true))
     }
 

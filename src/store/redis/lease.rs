@@ -17,7 +17,7 @@ use super::single::RedisStore;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::leased::{Kind, LeaseBackend, LedgerCall, LedgerReply};
+use crate::store::leased::{Kind, LeaseBackend, LedgerCall, LedgerFuture, LedgerReply};
 use crate::store::BoxFuture;
 
 /// Runs `batch` in one script call: each call's reply, in order (the call's error for all
@@ -55,7 +55,7 @@ pub(crate) fn ledger<C: Connector>(
     key: &Key,
     policies: &[Policy],
     call: LedgerCall,
-) -> BoxFuture<Result<LedgerReply, StoreError>> {
+) -> LedgerFuture {
     let mut keys: SmallVec<[String; 6]> = SmallVec::new();
     let prefix = core.prefix();
     for (policy, part) in policies.iter().zip(&call.parts) {
@@ -124,12 +124,7 @@ impl<C: Connector> Runner<C::Lane, LedgerRequest> for Core<C> {
 macro_rules! lease_backend {
     ($store:ty) => {
         impl LeaseBackend for $store {
-            fn ledger(
-                &self,
-                key: &Key,
-                policies: &[Policy],
-                call: LedgerCall,
-            ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+            fn ledger(&self, key: &Key, policies: &[Policy], call: LedgerCall) -> LedgerFuture {
                 ledger(&self.core, key, policies, call)
             }
         }

@@ -4,22 +4,15 @@
 use smallvec::SmallVec;
 
 use super::RegionalLedger;
-use crate::decision::Decision;
-use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::store::leased::{LeaseBackend, LedgerCall, LedgerReply};
-use crate::store::{ApplyFuture, BoxFuture, Op, OverrideStore, Store};
+use crate::store::leased::{LeaseBackend, LedgerCall, LedgerFuture};
+use crate::store::{AnswerNow, ApplyFuture, Op, OverrideStore, Store};
 
 impl<H: LeaseBackend> LeaseBackend for RegionalLedger<H> {
     /// Grants and give-backs go to the region's deposits (and, when they run out, to the
     /// home); peeks, debts, resets and override upkeep go to the home.
-    fn ledger(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        call: LedgerCall,
-    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+    fn ledger(&self, key: &Key, policies: &[Policy], call: LedgerCall) -> LedgerFuture {
         let region = std::sync::Arc::clone(&self.inner);
         let policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
         Box::pin(region.call(key.clone(), policies, call))
@@ -35,12 +28,7 @@ impl<H: LeaseBackend> Store for RegionalLedger<H> {
         self.inner.home.check(key, policies, costs)
     }
 
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         self.inner.home.check_now(key, policies, costs)
     }
 

@@ -10,12 +10,12 @@ use super::run::run;
 use super::state::LState;
 use super::{Kind, LeaseBackend, LedgerCall, LedgerReply, Override};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
 use crate::policy::{Algorithm, Policy};
-use crate::store::{ApplyFuture, Op, OverrideStore, StoreExt};
+use crate::store::leased::LedgerFuture;
+use crate::store::{AnswerNow, ApplyFuture, Op, OverrideStore, StoreExt};
 use crate::store::{BoxFuture, MemoryStore, Store};
 
 /// A lease ledger in process memory, with a [`MemoryStore`] for the policies that are not
@@ -153,12 +153,7 @@ impl MemoryLedger {
 }
 
 impl LeaseBackend for MemoryLedger {
-    fn ledger(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        call: LedgerCall,
-    ) -> BoxFuture<Result<LedgerReply, StoreError>> {
+    fn ledger(&self, key: &Key, policies: &[Policy], call: LedgerCall) -> LedgerFuture {
         let reply = self.call(key, policies, &call);
         Box::pin(std::future::ready(Ok(reply)))
     }
@@ -171,12 +166,7 @@ impl Store for MemoryLedger {
         self.exact.check(key, policies, costs)
     }
 
-    fn check_now(
-        &self,
-        key: &Key,
-        policies: &[Policy],
-        costs: &[u64],
-    ) -> Option<Result<Decision, StoreError>> {
+    fn check_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> AnswerNow {
         self.exact.check_now(key, policies, costs)
     }
 
