@@ -62,7 +62,7 @@ impl<S: Store> Limiter<S> {
                 PreparedKey::Ask(costs) => costs,
             };
             // A store that answers at once (the memory store) is decided right here: no
-            // future, no set or key copied. (Not through `check_now_as`: handing its answer
+            // future, no set or key copied. (Not through `check_now`: handing its answer
             // on would move the decision once more.)
             if let Some(outcome) = self.answer_now(set, key, costs) {
                 return self.finish(asker, set, key, outcome, None);
@@ -80,8 +80,8 @@ impl<S: Store> Limiter<S> {
     /// The memory store always answers at once, so a limiter on it answers every key here
     /// unless its plan has [penalties](crate::policy::PolicyBuilder::penalty); this is the
     /// call for code that is not async, and the cheapest check there is (no future to build
-    /// or poll). Everything else is `check`'s: lists, shadow policies, costs, in-flight slots given back at once,
-    /// metrics and traces, and the same errors.
+    /// or poll). Everything else is `check`'s: lists, shadow policies, costs, in-flight slots
+    /// given back at once, metrics and traces, and the same errors.
     ///
     /// ```
     /// use tollgate::{key::Key, Limiter, Policy, Rate};
@@ -102,19 +102,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// As for [`check`](Self::check).
     pub fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, CheckError>> {
-        self.check_now_as(Asker::Check, key, cost)
-    }
-
-    /// [`check_now`](Self::check_now) for `asker`. Shadow policies are checked once the
-    /// enforced ones answered at once: a `None` must leave nothing counted, since the caller
-    /// asks again.
-    #[inline(always)]
-    fn check_now_as(
-        &self,
-        asker: Asker,
-        key: &Key,
-        cost: u64,
-    ) -> Option<Result<Decision, CheckError>> {
+        // Shadow policies are checked once the enforced ones answered at once: a `None` must
+        // leave nothing counted, since the caller asks again.
         let guard = self.plan();
         let plan = &*guard;
         let Some(set) = plan.default_set() else {
@@ -144,7 +133,7 @@ impl<S: Store> Limiter<S> {
         match self.inner.common.store.check_now(key, &set.enforced, costs) {
             Some(outcome) => {
                 self.check_shadow(key, set, cost);
-                Some(self.finish(asker, set, key, outcome, None))
+                Some(self.finish(Asker::Check, set, key, outcome, None))
             }
             None => None,
         }
