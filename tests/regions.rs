@@ -125,16 +125,6 @@ struct Sample {
     error: bool,
 }
 
-/// Waits, when the hour (windows are aligned to the epoch) ends within a minute, until the
-/// next one has begun: a test that counts what one window admits must not straddle two.
-async fn clear_of_an_hour_end() {
-    let into_hour = epoch_us() % 3_600_000_000;
-    let left = 3_600_000_000 - into_hour;
-    if left < 60_000_000 {
-        tokio::time::sleep(Duration::from_micros(left + 100_000)).await;
-    }
-}
-
 fn epoch_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -455,7 +445,7 @@ async fn a_plan_shares_a_limit_across_regions() {
         })
         .collect();
     let key = Key::new("user", "plan");
-    clear_of_an_hour_end().await;
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
     let mut admitted = 0;
     for i in 0..120 {
         if limiters[i % 3].check(&key, 1).await.unwrap().is_allowed() {
@@ -509,7 +499,7 @@ async fn requests_given_up_during_a_renewal_lose_at_most_their_own_units() {
     // One window for the whole test: units a deposit held for a window that ended are
     // neither admitted nor lost to a cancellation, and would be counted as lost.
     let policy = [Policy::new("api", Rate::per_hour(LIMIT)).unwrap()];
-    clear_of_an_hour_end().await;
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
     let (mut admitted, mut cancelled) = (0u64, 0u64);
     for k in 0..40u64 {
         let key = Key::new("user", format!("cancel-{}", k % 4));

@@ -70,3 +70,19 @@ pub fn peek_now<S: tollgate::store::Store>(
         Poll::Pending => panic!("peek_now needs a store that answers at once"),
     }
 }
+
+/// Waits, when less than `margin` is left of the current window of length `window` (windows
+/// start at multiples of it since the Unix epoch, as the algorithms' do), until the next one
+/// has begun: a test that counts admissions against one window's limit must not straddle
+/// two windows, where a sliding or fixed window rightly admits more.
+pub async fn clear_of_a_window_end(window: std::time::Duration, margin: std::time::Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let left = window.as_micros() - now % window.as_micros();
+    if left < margin.as_micros() {
+        let left = u64::try_from(left).unwrap_or(u64::MAX);
+        tokio::time::sleep(std::time::Duration::from_micros(left + 100_000)).await;
+    }
+}
