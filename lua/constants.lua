@@ -33,6 +33,8 @@ local STATE_BYTES = 4
 local REQUEST_HEAD_BYTES = 5
 -- the bytes of a call of one request of one policy (store::redis::wire)
 local LONE_REQUEST_BYTES = 61
+-- the last byte of a string state written with no override in force (store::redis::wire)
+local NO_OVERRIDE_MARK = 78
 -- how a leased policy is kept in the ledger (store::leased::Kind)
 local KIND_COUNTER = 1
 local KIND_LOG = 2

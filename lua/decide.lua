@@ -137,7 +137,7 @@ if ns > 0 then
     local a = p.a
     if v then
       -- `decode` of `packed` in prelude.lua, inline.
-      if #v == a.size then
+      if #v == a.size or #v == a.size + 1 then
         local s = { unpack_struct(a.layout, v) }
         S[i] = s
         local x = a.expires_at(s, p)
@@ -301,10 +301,19 @@ for i = 1, nk do
       local target = t + (-t) % TTL_GRID_MS
       local k, x = K[i], X[i]
       local low = target - TTL_GRID_MS
-      if k and k + TTL_MARGIN_MS <= target and k + TTL_MARGIN_MS > low and x + TTL_MARGIN_MS <= target and x + TTL_MARGIN_MS > low then
-        redis.call('SET', KEYS[i], pack(a.layout, unpack(s)), 'KEEPTTL')
+      -- Marked when no override is in force (the override mark in prelude.lua): the MGET
+      -- above read every state's override.
+      local value
+      if p.overridden then
+        value = pack(a.layout, unpack(s, 1, a.fields))
       else
-        redis.call('SET', KEYS[i], pack(a.layout, unpack(s)), 'PX', target - now)
+        s[a.fields + 1] = NO_OVERRIDE_MARK
+        value = pack(a.marked, unpack(s, 1, a.fields + 1))
+      end
+      if k and k + TTL_MARGIN_MS <= target and k + TTL_MARGIN_MS > low and x + TTL_MARGIN_MS <= target and x + TTL_MARGIN_MS > low then
+        redis.call('SET', KEYS[i], value, 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[i], value, 'PX', target - now)
       end
     end
   end

@@ -2,7 +2,7 @@
 -- The arithmetic is src/algorithm/fixed_window.rs: a count past the limit (a settlement's
 -- debt) is carried into the next windows, N paid per window.
 ALG[ALG_FIXED_WINDOW] = function()
-  local fixed = packed('<dd', 16)
+  local fixed = packed('<dd', '<ddB', 16)
 
   function fixed.fresh()
     return { 0, 0 }

@@ -2,7 +2,7 @@
 -- whole ms plus a remainder in 1/N ms). The arithmetic is src/algorithm/gcra.rs, shaping
 -- included.
 ALG[ALG_GCRA] = function()
-  local gcra = packed('<dd', 16)
+  local gcra = packed('<dd', '<ddB', 16)
 
   function gcra.fresh()
     return { 0, 0 }

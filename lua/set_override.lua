@@ -1,13 +1,16 @@
--- tollgate: sets or removes a per-key override of a token bucket policy, bringing the
--- bucket up to date under the rate in force until now, and keeps its state key as long as
--- the new rate needs it.
+-- tollgate: sets or removes a per-key override, taking the override mark off the key's state
+-- (prelude.lua) when one is set; for a token bucket, also brings the bucket up to date under
+-- the rate in force until now, and keeps its state key as long as the new rate needs it.
 --
--- KEYS[1]: the bucket's state ({deficit in tokens x W, updated_at}, little-endian doubles),
--- KEYS[2]: its override key.
+-- KEYS[1]: the key's state (for a bucket, {deficit in tokens x W, updated_at}, little-endian
+-- doubles), KEYS[2]: its override key.
 -- ARGV[1]: the override's value (limit and capacity, little-endian doubles), or "" to remove
--- the override; ARGV[2]: its TTL in ms, or "" for none; ARGV[3]: the plan's limit (tokens
--- refilled per window, N, the deficit shrinking by N per ms); ARGV[4]: now in ms, or "" to
--- read the server clock.
+-- the override; ARGV[2]: its TTL in ms, or "" for none; ARGV[3]: for a token bucket the
+-- plan's limit (tokens refilled per window, N, the deficit shrinking by N per ms), "" for
+-- the other algorithms; ARGV[4]: now in ms, or "" to read the server clock.
+--
+-- The override mark comes off in the same call that sets the override: the common call in
+-- single.lua reads no override for a marked state.
 --
 -- The refill since the bucket's last charge is put in at the rate in force until now (the
 -- override being replaced, or the plan's), as the memory store does (TokenBucket::catch_up):
@@ -40,7 +43,15 @@ else
   end
 end
 local v = redis.pcall('GET', KEYS[1])
-if type(v) ~= 'string' or #v ~= 16 or not plan or plan <= 0 or not before or before <= 0 then
+if type(v) ~= 'string' then
+  return 0
+end
+-- A string state of whole doubles and one byte more ends with the mark.
+local marked = #v % 8 == 1
+if not plan or plan <= 0 or not before or before <= 0 or #v ~= 16 and #v ~= 17 then
+  if marked and ARGV[1] ~= '' then
+    redis.call('SET', KEYS[1], v:sub(1, #v - 1), 'KEEPTTL')
+  end
   return 0
 end
 local deficit, updated = struct.unpack('<dd', v)

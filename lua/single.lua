@@ -48,28 +48,38 @@ repeat
   end
   local charge = mode == MODE_CHARGE
   local key = KEYS[1]
-  local values = redis.call('MGET', key, KEYS[2])
-  local v = values[1]
+  local v = redis.call('GET', key)
   local s1, s2, s3 = 0, 0, 0
   local fresh = not v
+  -- The override is read only when the state does not end with NO_OVERRIDE_MARK (the
+  -- override mark in prelude.lua): a state written with the mark had no override then, and
+  -- setting one takes the mark off (set_override.lua).
+  local unmarked = true
   if fresh then
-    -- MGET answers nil for a key of another type too: the general path reports it.
+    -- GET answers nil for a key of another type too: the general path reports it.
     if redis.call('EXISTS', key) == 1 then
       break
     end
+  elseif #v == size + 1 then
+    unmarked = false
   elseif #v ~= size then
     break
-  elseif size == 24 then
-    s1, s2, s3 = unpack_struct('<ddd', v)
-  else
-    s1, s2 = unpack_struct('<dd', v)
+  end
+  if not fresh then
+    if size == 24 then
+      s1, s2, s3 = unpack_struct('<ddd', v)
+    else
+      s1, s2 = unpack_struct('<dd', v)
+    end
   end
   local overridden = false
   local plan_n = n
-  local o = values[2]
-  if o and #o == 16 then
-    n, capacity = unpack_struct('<dd', o)
-    overridden = true
+  if unmarked then
+    local o = redis.call('GET', KEYS[2])
+    if o and #o == 16 then
+      n, capacity = unpack_struct('<dd', o)
+      overridden = true
+    end
   end
   -- A cost above the capacity (which never fits, or fits only by shaping's delay), and a
   -- window's count past the limit (a settlement's debt, carried into the next windows), are
@@ -312,11 +322,18 @@ repeat
   end
 
   if write then
+    -- Marked when no override is in force (the override mark in prelude.lua).
     local state
-    if size == 24 then
-      state = pack('<ddd', s1, s2, s3)
+    if overridden then
+      if size == 24 then
+        state = pack('<ddd', s1, s2, s3)
+      else
+        state = pack('<dd', s1, s2)
+      end
+    elseif size == 24 then
+      state = pack('<dddB', s1, s2, s3, NO_OVERRIDE_MARK)
     else
-      state = pack('<dd', s1, s2)
+      state = pack('<ddB', s1, s2, NO_OVERRIDE_MARK)
     end
     -- The key expires on a grid (the expiry and keep rules in prelude.lua): at the first
     -- multiple of TTL_GRID_MS at or after expires_at + TTL_MARGIN_MS, so between

@@ -3,7 +3,7 @@
 -- in sliding_window_counter_math.lua): a count past the limit (a settlement's debt) is
 -- carried into the next windows, N paid per window.
 ALG[ALG_SLIDING_WINDOW_COUNTER] = function()
-  local counter = packed('<ddd', 24)
+  local counter = packed('<ddd', '<dddB', 24)
 
   function counter.fresh()
     return { 0, 0, 0 }

@@ -1,7 +1,7 @@
 -- Token bucket: one string per (key, policy) holding {deficit, updated_at}; the deficit is
 -- missing tokens x W, refilled by N per ms. The arithmetic is src/algorithm/token_bucket.rs.
 ALG[ALG_TOKEN_BUCKET] = function()
-  local bucket = packed('<dd', 16)
+  local bucket = packed('<dd', '<ddB', 16)
 
   function bucket.fresh()
     return { 0, 0 }

@@ -1,6 +1,6 @@
 //! Per-key overrides: set, applied, expired and removed, on the memory store and on two
 //! instances sharing a real Redis, through the direct API and a real axum server; still one
-//! script call per decision.
+//! script call per decision, which reads a key's override only when one may be in force.
 
 mod support;
 
@@ -177,6 +177,59 @@ async fn an_override_set_on_one_instance_applies_on_the_other_through_redis() {
     }
     a.set_override(&low, Override::new("api", 3)).await.unwrap();
     assert!(!a.check(&low, 1).await.unwrap().is_allowed());
+}
+
+/// The common call reads a key's override only when its state is not marked as written with
+/// none in force, and setting an override takes the mark off at once: the next decision, on
+/// any instance, reads and applies it (a lower limit refuses there and then).
+#[tokio::test]
+async fn a_state_written_with_no_override_is_decided_without_reading_one() {
+    let server = RedisServer::start();
+    let store = || {
+        RedisStore::builder()
+            .prefix("mark")
+            .build_with_url(&server.url())
+            .unwrap()
+    };
+    let reads = || (server.command_calls("get"), server.command_calls("mget"));
+    for algorithm in [
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ] {
+        let (a, b) = (limiter(store(), algorithm), limiter(store(), algorithm));
+        let key = Key::new("tenant", format!("marked-{algorithm}"));
+        // A new key: its state and then its override are read.
+        let (get, mget) = reads();
+        assert!(b.check(&key, 1).await.unwrap().is_allowed());
+        assert_eq!(reads(), (get + 2, mget), "{algorithm}: a new key");
+        // Marked now: the state alone.
+        for _ in 0..3 {
+            let (get, mget) = reads();
+            assert!(b.check(&key, 1).await.unwrap().is_allowed());
+            assert_eq!(reads(), (get + 1, mget), "{algorithm}: a marked state");
+        }
+        // Four used; an override of 4 set on the other instance applies to the fifth.
+        a.set_override(&key, Override::new("api", 4)).await.unwrap();
+        let (get, _) = reads();
+        let d = b.check(&key, 1).await.unwrap();
+        assert_eq!(d.limit(), 4, "{algorithm}: the override was not read");
+        // GCRA keeps its usage as time (four requests at 10 a minute are 24 s, under 2 at
+        // 4 a minute); the others count requests.
+        assert_eq!(d.is_allowed(), algorithm == Algorithm::Gcra, "{algorithm}");
+        assert_eq!(
+            reads().0,
+            get + 2,
+            "{algorithm}: the state, then its override"
+        );
+        // Removed: the next write reads that none is left and marks the state again.
+        a.remove_override(&key, "api").await.unwrap();
+        assert_eq!(b.check(&key, 1).await.unwrap().limit(), 10, "{algorithm}");
+        let (get, mget) = reads();
+        assert_eq!(b.check(&key, 1).await.unwrap().limit(), 10, "{algorithm}");
+        assert_eq!(reads(), (get + 1, mget), "{algorithm}: marked again");
+    }
 }
 
 #[tokio::test]

@@ -19,8 +19,8 @@ use std::sync::OnceLock;
 use super::request::Mode;
 use super::ttl::{TTL_GRID_MS, TTL_MARGIN_MS};
 use super::wire::{
-    RegionMode, DEPOSIT_BYTES, LONE_REQUEST_BYTES, PARAMS_BYTES, REGION_ASK_BYTES,
-    REQUEST_HEAD_BYTES, STATE_BYTES,
+    RegionMode, DEPOSIT_BYTES, LONE_REQUEST_BYTES, NO_OVERRIDE_MARK, PARAMS_BYTES,
+    REGION_ASK_BYTES, REQUEST_HEAD_BYTES, STATE_BYTES,
 };
 use crate::algorithm::registration;
 use crate::policy::Algorithm;
@@ -161,6 +161,11 @@ fn constants() -> Vec<Constant> {
             "LONE_REQUEST_BYTES",
             LONE_REQUEST_BYTES as u64,
             "the bytes of a call of one request of one policy (store::redis::wire)",
+        ),
+        number(
+            "NO_OVERRIDE_MARK",
+            u64::from(NO_OVERRIDE_MARK),
+            "the last byte of a string state written with no override in force (store::redis::wire)",
         ),
     ]);
     for kind in [Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed] {

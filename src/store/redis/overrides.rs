@@ -16,10 +16,12 @@ use crate::policy::Policy;
 use crate::store::BoxFuture;
 
 impl<C: Connector> Core<C> {
-    /// See [`OverrideStore::set`](crate::store::OverrideStore::set): one `SET` of the
-    /// state's override key, with `PX` when it expires; for a token bucket, one script that
-    /// also brings the bucket up to date under the rate in force until now and keeps its
-    /// state key as long as the override's refill rate needs (`lua/set_override.lua`).
+    /// See [`OverrideStore::set`](crate::store::OverrideStore::set): one script
+    /// (`lua/set_override.lua`) that sets the state's override key, with `PX` when it
+    /// expires, and takes the override mark off the key's state (the common call reads no
+    /// override for a marked state; see `lua/prelude.lua`); for a token bucket it also brings
+    /// the bucket up to date under the rate in force until now and keeps its state key as long
+    /// as the override's refill rate needs.
     pub(crate) fn set_override(
         self: &Arc<Self>,
         key: &Key,
@@ -27,21 +29,7 @@ impl<C: Connector> Core<C> {
         ttl: Option<Duration>,
     ) -> BoxFuture<Result<(), StoreError>> {
         let ttl = ttl.map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
-        if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
-            return self.bucket_override(key, policy, Some(ttl));
-        }
-        let core = Arc::clone(self);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.override_key(key, policy))
-            .arg(wire::override_value(policy));
-        if let Some(ttl) = ttl {
-            cmd.arg("PX").arg(ttl);
-        }
-        Box::pin(async move {
-            let mut conn = core.connector.connection().await?;
-            let _: () = cmd.query_async(&mut conn).await.map_err(store_error)?;
-            Ok(())
-        })
+        self.override_script(key, policy, Some(ttl))
     }
 
     /// The key of `key`'s override of `policy`.
@@ -54,10 +42,10 @@ impl<C: Connector> Core<C> {
         )
     }
 
-    /// Sets (`Some` TTL or none) or removes (`None`) a token bucket's override in one
-    /// script (`lua/set_override.lua`): the time before the change refills at the rate in
-    /// force then, as the memory store does.
-    fn bucket_override(
+    /// Sets (`Some` TTL or none) or removes (`None`) an override in one script
+    /// (`lua/set_override.lua`); for a token bucket, the time before the change refills at
+    /// the rate in force then, as the memory store does.
+    fn override_script(
         self: &Arc<Self>,
         key: &Key,
         policy: &Policy,
@@ -78,12 +66,16 @@ impl<C: Connector> Core<C> {
                 .arg(ttl.map_or_else(String::new, |t| t.to_string())),
             None => call.arg("").arg(""),
         };
-        call.arg(policy.plan_limits().limit())
-            .arg(if self.clock.is_injected() {
-                self.clock.now_millis().to_string()
-            } else {
-                String::new() // the script reads TIME
-            });
+        if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
+            call.arg(policy.plan_limits().limit());
+        } else {
+            call.arg(""); // not a bucket: only the override and the mark
+        }
+        call.arg(if self.clock.is_injected() {
+            self.clock.now_millis().to_string()
+        } else {
+            String::new() // the script reads TIME
+        });
         Box::pin(async move {
             let mut conn = core.connector.connection().await?;
             let _: i64 = call.invoke_async(&mut conn).await.map_err(store_error)?;
@@ -91,15 +83,16 @@ impl<C: Connector> Core<C> {
         })
     }
 
-    /// See [`OverrideStore::remove`](crate::store::OverrideStore::remove): one `UNLINK`;
-    /// for a token bucket, the script of [`set_override`](Self::set_override).
+    /// See [`OverrideStore::remove`](crate::store::OverrideStore::remove): one `UNLINK` (the
+    /// state stays unmarked until its next write reads that no override is left); for a
+    /// token bucket, the script of [`set_override`](Self::set_override).
     pub(crate) fn remove_override(
         self: &Arc<Self>,
         key: &Key,
         policy: &Policy,
     ) -> BoxFuture<Result<(), StoreError>> {
         if policy.algorithm() == crate::policy::Algorithm::TokenBucket {
-            return self.bucket_override(key, policy, None);
+            return self.override_script(key, policy, None);
         }
         let mut cmd = redis::cmd("UNLINK");
         cmd.arg(self.override_key(key, policy));

@@ -43,6 +43,12 @@ pub(crate) fn override_value(policy: &Policy) -> Vec<u8> {
     v
 }
 
+/// The byte a counter, token bucket, fixed window or GCRA state ends with when it was
+/// written while its key had no override in force: the common call of `lua/single.lua` reads
+/// no override key for such a state, and setting an override takes the byte off
+/// (`lua/set_override.lua`; the override mark in `lua/prelude.lua`). `N`, for "no override".
+pub(crate) const NO_OVERRIDE_MARK: u8 = b'N';
+
 /// The limit and capacity an override key holds, if it reads as one.
 pub(crate) fn read_override(value: &[u8]) -> Option<(u64, u64)> {
     let limit = f64::from_le_bytes(value.get(..8)?.try_into().ok()?);
