@@ -41,7 +41,9 @@
 //!   after it, as the state was last written (see [`TTL_MARGIN_MS`] for a token bucket
 //!   whose limit an override or a reload changes).
 //! * **Compact state**: a counter, bucket, fixed window or GCRA state is one string of
-//!   little-endian doubles (16 or 24 bytes), read for a whole batch with one `MGET` and written
+//!   little-endian doubles (16 or 24 bytes, and one byte more, `N`, when it was written with no
+//!   per-key override in force: a lone decision then reads the state alone, not its override
+//!   key), read for a whole batch with one `MGET` and written
 //!   with one `SET … PX`, or `SET … KEEPTTL` (Redis 6.0 or later) when its expiry stays in the
 //!   same cell of the grid (for GCRA while a request's emission interval is under half a
 //!   second, for the token bucket while its deficit refills in about that); the sliding
