@@ -94,6 +94,37 @@ fn ledger_mode_name(mode: LedgerMode) -> &'static str {
     }
 }
 
+/// The sizes and marks of what a decision call sends and a state holds.
+fn request_layout() -> [Constant; 5] {
+    [
+        number(
+            "PARAMS_BYTES",
+            PARAMS_BYTES as u64,
+            "the bytes of one policy's parameters (store::redis::wire)",
+        ),
+        number(
+            "STATE_BYTES",
+            STATE_BYTES as u64,
+            "the bytes of one state's policy index (store::redis::wire)",
+        ),
+        number(
+            "REQUEST_HEAD_BYTES",
+            REQUEST_HEAD_BYTES as u64,
+            "the bytes of a request's mode and policy count (store::redis::wire)",
+        ),
+        number(
+            "LONE_REQUEST_BYTES",
+            LONE_REQUEST_BYTES as u64,
+            "the bytes of a call of one request of one policy (store::redis::wire)",
+        ),
+        number(
+            "NO_OVERRIDE_MARK",
+            u64::from(NO_OVERRIDE_MARK),
+            "the last byte of a string state written with no override in force (store::redis::wire)",
+        ),
+]
+}
+
 /// Every constant the scripts share with Rust, in the order the prelude defines them.
 fn constants() -> Vec<Constant> {
     let mut all = vec![
@@ -141,33 +172,7 @@ fn constants() -> Vec<Constant> {
             "a request's mode byte (store::redis::request::Mode)",
         ));
     }
-    all.extend([
-        number(
-            "PARAMS_BYTES",
-            PARAMS_BYTES as u64,
-            "the bytes of one policy's parameters (store::redis::wire)",
-        ),
-        number(
-            "STATE_BYTES",
-            STATE_BYTES as u64,
-            "the bytes of one state's policy index (store::redis::wire)",
-        ),
-        number(
-            "REQUEST_HEAD_BYTES",
-            REQUEST_HEAD_BYTES as u64,
-            "the bytes of a request's mode and policy count (store::redis::wire)",
-        ),
-        number(
-            "LONE_REQUEST_BYTES",
-            LONE_REQUEST_BYTES as u64,
-            "the bytes of a call of one request of one policy (store::redis::wire)",
-        ),
-        number(
-            "NO_OVERRIDE_MARK",
-            u64::from(NO_OVERRIDE_MARK),
-            "the last byte of a string state written with no override in force (store::redis::wire)",
-        ),
-    ]);
+    all.extend(request_layout());
     for kind in [Kind::Counter, Kind::Log, Kind::Bucket, Kind::Fixed] {
         all.push(number(
             kind_name(kind),
