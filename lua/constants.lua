@@ -58,7 +58,8 @@ local REGION_GIVE_BACK = 'G'
 local REGION_DENY = 'D'
 local REGION_DRAIN = 'X'
 local REGION_END = 'E'
+local REGION_RETIRE = 'R'
 -- the bytes of one deposit (store::redis::wire::DEPOSIT_BYTES)
-local DEPOSIT_BYTES = 128
+local DEPOSIT_BYTES = 136
 -- the bytes of one policy's ask in a take (store::redis::wire::REGION_ASK_BYTES)
 local REGION_ASK_BYTES = 40

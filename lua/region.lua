@@ -17,23 +17,30 @@
 --       ms), and 1 when the deposit is renewed as its time runs out (token bucket, GCRA, the
 --       log), 0 when only as its units run out (the windows, whose leases end at the window
 --       boundary anyway).
---   install: a binary string of the deposit's doubles per policy, the new deposit.
+--   install: a binary string of the deposit's doubles per policy, the new deposit; when
+--       the renewal that brings it began (this Redis's ms).
 --   give back: two doubles per policy: the unused units of a block, when it was taken.
 --   deny: one double per policy: until when the home refused (ms): until then a request
 --       that does not fit what is left is refused here, without asking the home.
---   drain: every deposit is removed (a reset, a debt).
+--   drain: every deposit is emptied (a reset, a debt), keeping the drain's time.
 --   end: one double per policy, a block id: the deposit is removed if it is that block
 --       and its lease has ended (its unused units then go home).
+--   retire: two doubles per policy, a block id and when it was installed: that deposit,
+--       replaced by a renewal, leaves the key to go home (its last block has ended).
 -- Reply: binary little-endian doubles.
 --   take: allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
 --       the background, 2 the caller renews it now (nothing fits), 3 the home refused (see
 --       denied_until), 4 nothing fits and another caller renews), then per policy the units
 --       granted and the deposit after the call (sixteen doubles).
---   install, drain, end: now, then per policy the deposit before the call (zeros when there was
---       none, or, for end, when it was not removed).
---   give back, deny: now.
+--   install: now, 1 when installed (0: drained since the renewal began), then per policy
+--       the deposit before the call (zeros when there was none).
+--   drain, end, retire: now, then per policy the deposit before the call (zeros when there
+--       was none, or, for end and retire, when it was not removed).
+--   give back: now, then per policy the units taken back.
+--   deny: now.
 -- A deposit: left, ends, installed, block, granted, granted_at, lease, rate, taken,
--- lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at.
+-- lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at,
+-- drained_at.
 -- `granted_at` is the home's clock; every other time is this Redis's.
 local floor, max, min, tonumber = math.floor, math.max, math.min, tonumber
 local pack, unpack_struct, unpack = struct.pack, struct.unpack, unpack
@@ -51,9 +58,22 @@ else
   now = t[1] * 1000 + floor(t[2] / 1000)
 end
 
+-- Per key, the deposits a renewal replaced that have yet to go home (see retire): kept in
+-- the key's value after its deposit, so that a block lent from one and given back after the
+-- renewal still reaches the home through it.
+local retired = {}
+-- At most this many, and none longer than this after its last block ended: the home call
+-- that retires one comes within milliseconds, unless its process is gone.
+local MAX_RETIRED, RETIRED_MS = 8, 10000
+
 local function load(key)
   local v = redis.call('GET', key)
-  if v and #v == DEPOSIT_BYTES then
+  retired[key] = {}
+  if v and #v >= DEPOSIT_BYTES and #v % DEPOSIT_BYTES == 0 then
+    for at = DEPOSIT_BYTES + 1, #v, DEPOSIT_BYTES do
+      local r = retired[key]
+      r[#r + 1] = { unpack_struct(DEPOSIT, v, at) }
+    end
     return { unpack_struct(DEPOSIT, v) }
   end
   return nil
@@ -67,13 +87,58 @@ local function empty()
   return d
 end
 
-local function save(key, d)
-  local last = max(d[2], d[10], d[11], d[12])
-  redis.call('SET', key, pack(DEPOSIT, unpack(d, 1, FIELDS)), 'PX', max(last - now, 0) + 5000)
-end
-
 local function out(d)
   return pack(DEPOSIT, unpack(d, 1, FIELDS))
+end
+
+local function save(key, d)
+  local last = max(d[2], d[10], d[11], d[12])
+  local parts, kept = { out(d) }, {}
+  for _, r in ipairs(retired[key] or {}) do
+    if max(r[2], r[10]) + RETIRED_MS > now then
+      kept[#kept + 1] = r
+    end
+  end
+  for j = max(#kept - MAX_RETIRED + 1, 1), #kept do
+    last = max(last, kept[j][2], kept[j][10] + RETIRED_MS)
+    parts[#parts + 1] = out(kept[j])
+  end
+  redis.call('SET', key, table.concat(parts), 'PX', max(last - now, 0) + 5000)
+end
+
+-- An empty deposit that keeps when the key's deposits were last drained (for the renewals
+-- under way then, see install) and the deposits still to go home.
+local function leave_empty(key, drained_at)
+  local mark = empty()
+  mark[17] = drained_at
+  save(key, mark)
+end
+
+-- Gives `back` unused units of a block taken at `back_at` to the deposit it came from: the
+-- key's deposit `d` if it was installed before (even if it has ended: its units go home at
+-- its end, and a take lends nothing from an ended deposit), otherwise the latest one it
+-- replaced before then that has yet to go home. Returns the units taken back.
+local function take_back(key, d, back, back_at)
+  if back <= 0 then
+    return 0
+  end
+  local from = nil
+  if back_at > d[3] then
+    from = d
+  else
+    for _, r in ipairs(retired[key]) do
+      if r[3] < back_at and (from == nil or r[3] > from[3]) then
+        from = r
+      end
+    end
+  end
+  if from == nil then
+    return 0
+  end
+  local was = from[1]
+  from[1] = min(from[1] + back, from[5])
+  from[9] = max(from[9] - back, 0)
+  return from[1] - was
 end
 
 local n = #KEYS
@@ -86,10 +151,7 @@ if mode == REGION_TAKE then
   for i = 1, n do
     local cost, wanted, back, back_at, timed = unpack_struct('<ddddd', blob, (i - 1) * REGION_ASK_BYTES + 1)
     local d = load(KEYS[i]) or empty()
-    -- A block given back goes into the deposit it came from, while it may still be lent.
-    if back > 0 and d[2] > now and back_at > d[3] then
-      d[1] = min(d[1] + back, d[5])
-      d[9] = max(d[9] - back, 0)
+    if take_back(KEYS[i], d, back, back_at) > 0 then
       given = true
     end
     ds[i] = d
@@ -157,17 +219,43 @@ if mode == REGION_TAKE then
     reply[#reply + 1] = out(ds[i])
   end
   return table.concat(reply)
-elseif mode == REGION_INSTALL or mode == REGION_DRAIN then
+elseif mode == REGION_INSTALL then
+  -- A renewal that began (ARGV[4]) no later than the key's last drain (a reset, a debt) is
+  -- not installed: its block was granted against a count the reset erased, or before the
+  -- debt. Otherwise the drain's time is carried into the new deposit.
+  local started = tonumber(ARGV[4])
+  local olds, stale = {}, false
+  for i = 1, n do
+    olds[i] = load(KEYS[i]) or empty()
+    if olds[i][17] >= started then
+      stale = true
+    end
+  end
+  local reply = { pack('<dd', now, stale and 0 or 1) }
+  for i = 1, n do
+    reply[#reply + 1] = out(olds[i])
+    if not stale then
+      local d = { unpack_struct(DEPOSIT, ARGV[3], (i - 1) * DEPOSIT_BYTES + 1) }
+      d[3], d[9], d[10], d[11], d[12], d[17] = now, 0, now, 0, 0, olds[i][17]
+      -- The deposit replaced goes home once its last block ends (retire).
+      if olds[i][4] ~= 0 and olds[i][5] > 0 then
+        local r = retired[KEYS[i]]
+        r[#r + 1] = olds[i]
+      end
+      save(KEYS[i], d)
+    end
+  end
+  return table.concat(reply)
+elseif mode == REGION_DRAIN then
+  -- What is left is an empty deposit that keeps the drain's time, for the renewals under
+  -- way (see install).
   local reply = { pack('<d', now) }
   for i = 1, n do
     reply[#reply + 1] = out(load(KEYS[i]) or empty())
-    if mode == REGION_INSTALL then
-      local d = { unpack_struct(DEPOSIT, ARGV[3], (i - 1) * DEPOSIT_BYTES + 1) }
-      d[3], d[9], d[10], d[11], d[12] = now, 0, now, 0, 0
-      save(KEYS[i], d)
-    else
-      redis.call('DEL', KEYS[i])
-    end
+    -- Nothing charged before a reset goes home after it (it would come off the count that
+    -- started afresh), so the deposits replaced are dropped too.
+    retired[KEYS[i]] = {}
+    leave_empty(KEYS[i], now)
   end
   return table.concat(reply)
 elseif mode == REGION_END then
@@ -177,7 +265,11 @@ elseif mode == REGION_END then
     local block = unpack_struct('<d', ARGV[3], (i - 1) * 8 + 1)
     local d = load(KEYS[i])
     if d and d[4] == block and d[2] <= now then
-      redis.call('DEL', KEYS[i])
+      if d[17] > 0 or #retired[KEYS[i]] > 0 then
+        leave_empty(KEYS[i], d[17])
+      else
+        redis.call('DEL', KEYS[i])
+      end
       reply[#reply + 1] = out(d)
     else
       reply[#reply + 1] = out(empty())
@@ -185,16 +277,43 @@ elseif mode == REGION_END then
   end
   return table.concat(reply)
 elseif mode == REGION_GIVE_BACK then
+  local reply = { pack('<d', now) }
   for i = 1, n do
     local back, back_at = unpack_struct('<dd', ARGV[3], (i - 1) * 2 * 8 + 1)
     local d = load(KEYS[i])
-    if d and back > 0 and d[2] > now and back_at > d[3] then
-      d[1] = min(d[1] + back, d[5])
-      d[9] = max(d[9] - back, 0)
-      save(KEYS[i], d)
+    local kept = 0
+    if d then
+      kept = take_back(KEYS[i], d, back, back_at)
+      if kept > 0 then
+        save(KEYS[i], d)
+      end
     end
+    reply[#reply + 1] = pack('<d', kept)
   end
-  return pack('<d', now)
+  return table.concat(reply)
+elseif mode == REGION_RETIRE then
+  -- A replaced deposit whose last block has ended leaves, to go home: the one of each
+  -- policy named by its block and when it was installed (two doubles per policy).
+  local reply = { pack('<d', now) }
+  for i = 1, n do
+    local block, installed = unpack_struct('<dd', ARGV[3], (i - 1) * 2 * 8 + 1)
+    local d = load(KEYS[i])
+    local found = nil
+    if d then
+      local rs = retired[KEYS[i]]
+      for j = #rs, 1, -1 do
+        if rs[j][4] == block and rs[j][3] == installed then
+          found = table.remove(rs, j)
+          break
+        end
+      end
+      if found then
+        save(KEYS[i], d)
+      end
+    end
+    reply[#reply + 1] = out(found or empty())
+  end
+  return table.concat(reply)
 elseif mode == REGION_DENY then
   for i = 1, n do
     local until_ms = unpack_struct('<d', ARGV[3], (i - 1) * 8 + 1)

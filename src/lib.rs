@@ -201,7 +201,8 @@
 //! │   ├── regions/           RegionalLedger: one limit across regions, lent home → region → instance
 //! │   │   ├── mod.rs         docs: the three levels, the invariant, its price, latency, failures
 //! │   │   ├── deposit.rs     a deposit, and the region script's calls and replies
-//! │   │   ├── home.rs        takes, renewals from the home, returns, exact decisions at home
+//! │   │   ├── home.rs        takes, renewals from the home, give-backs, exact decisions at home
+//! │   │   ├── returns.rs     deposits that ended, were emptied or replaced, given back home
 //! │   │   ├── stats.rs       RegionStats: the flows between a region and the home
 //! │   │   └── store_impl.rs  the LeaseBackend and Store implementations
 //! │   └── redis/             RedisStore, RedisClusterStore and RedisSentinelStore

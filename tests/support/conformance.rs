@@ -506,10 +506,6 @@ pub struct Model {
     states: BTreeMap<StateKey, AnyState>,
     /// The limits each state was last changed under (for the known-discrepancy list).
     written: BTreeMap<StateKey, Limits>,
-    /// When the memory store would forget each state: a charge keeps it at least until its
-    /// expiry under the limits charged (and the plan's), a refund or settlement sets it to
-    /// the expiry under the limits of that call.
-    store_expiry: BTreeMap<StateKey, u64>,
     /// Per sliding window log: entries logged at or before this time may have been dropped
     /// by a store, as out of the window in force when it last read the log.
     log_horizon: BTreeMap<StateKey, u64>,
@@ -572,33 +568,6 @@ impl Model {
         self.overrides
             .get(&state_key(key, p))
             .is_some_and(|o| o.expires.is_some_and(|e| e <= now))
-    }
-
-    /// Whether `key`'s state of `p` still matters at `now` under the limits in force, but
-    /// the memory store, which forgets a state by the expiry it computed under the limits
-    /// of the call that last changed it, may have forgotten it.
-    pub fn outlived_its_expiry(&self, key: u8, p: &Policy, now: u64) -> bool {
-        let k = state_key(key, p);
-        let (Some(state), Some(&expiry)) = (self.states.get(&k), self.store_expiry.get(&k)) else {
-            return false;
-        };
-        let eff = self.effective(key, p, now);
-        expiry <= now && state.expires_at(eff.limits()) > now
-    }
-
-    /// Notes the expiry the memory store gives `key`'s state of `p` after a call under
-    /// `eff` (and the plan's `p`): the later of the two, kept at least as late as before
-    /// for a charge, set for a refund or settlement.
-    fn note_expiry(&mut self, key: u8, p: &Policy, eff: &Policy, charge: bool) {
-        let k = state_key(key, p);
-        let Some(state) = self.states.get(&k) else {
-            return;
-        };
-        let e = state
-            .expires_at(eff.limits())
-            .max(state.expires_at(p.limits()));
-        let slot = self.store_expiry.entry(k).or_insert(0);
-        *slot = if charge { (*slot).max(e) } else { e };
     }
 
     /// Whether `key`'s GCRA state of `p`, read at `now` under the limits in force, holds a
@@ -786,7 +755,6 @@ impl Model {
                         .or_insert_with(|| AnyState::fresh(p.algorithm()))
                         .commit(now, e.limits(), c);
                     self.written.insert(state_key(key, p), *e.limits());
-                    self.note_expiry(key, p, e, true);
                 }
             }
         }
@@ -806,7 +774,6 @@ impl Model {
                 .or_insert_with(|| AnyState::fresh(p.algorithm()))
                 .commit(now, eff.limits(), c);
             self.written.insert(state_key(key, p), *eff.limits());
-            self.note_expiry(key, p, &eff, true);
         }
     }
 
@@ -825,8 +792,6 @@ impl Model {
                     self.written.insert(state_key(key, p), *eff.limits());
                 }
             }
-            // The memory store recomputes the expiry of every state a refund names.
-            self.note_expiry(key, p, &eff, false);
         }
     }
 
@@ -859,14 +824,6 @@ impl Model {
                     .or_insert_with(|| AnyState::fresh(p.algorithm()))
                     .overcharge(now, eff.limits(), extra);
                 self.written.insert(state_key(key, p), *eff.limits());
-            }
-        }
-        // The memory store recomputes the expiry of every state the call names, once it
-        // changes any.
-        if reserved.iter().zip(actual).any(|(r, a)| r != a) {
-            for p in policies {
-                let eff = self.effective(key, p, now);
-                self.note_expiry(key, p, &eff, false);
             }
         }
     }
@@ -904,8 +861,6 @@ impl Model {
             self.written
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.log_horizon
-                .retain(|k, _| !(k.key == key && k.name == p.name()));
-            self.store_expiry
                 .retain(|k, _| !(k.key == key && k.name == p.name()));
             self.slots.remove(&(key, p.name().to_owned()));
         }

@@ -39,7 +39,8 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// How often expired entries are reclaimed (default 1 s), at least 1 ms.
+    /// How often expired entries are reclaimed (default 1 s, the first time one interval
+    /// after the store is built), at least 1 ms.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
         self
@@ -92,7 +93,9 @@ impl MemoryStoreBuilder {
                 (cores * 4).max(16)
             })
             .next_power_of_two();
-        let sweep_interval_ms = self.sweep_interval.as_millis() as u64;
+        let sweep_interval_ms = u64::try_from(self.sweep_interval.as_millis()).unwrap_or(u64::MAX);
+        // Nothing can have expired before one interval has passed.
+        let first_sweep = self.clock.now_millis().saturating_add(sweep_interval_ms);
         let hasher = foldhash::fast::RandomState::default();
         let inner = Arc::new(Inner {
             shards: (0..shards)
@@ -100,7 +103,7 @@ impl MemoryStoreBuilder {
                     CachePadded(Mutex::new(Shard {
                         index: HashTable::new(),
                         entries: Vec::new(),
-                        next_sweep: 0,
+                        next_sweep: first_sweep,
                         known: Vec::new(),
                         rng: hasher.hash_one(i) | 1,
                     }))

@@ -526,16 +526,19 @@ pub(crate) enum RegionMode {
     Drain,
     /// Remove the deposits that are still a given block and have ended, answering them.
     End,
+    /// Remove a deposit a renewal replaced, once its last block has ended, answering it.
+    Retire,
 }
 
 impl RegionMode {
-    pub(crate) const ALL: [RegionMode; 6] = [
+    pub(crate) const ALL: [RegionMode; 7] = [
         RegionMode::Take,
         RegionMode::Install,
         RegionMode::GiveBack,
         RegionMode::Deny,
         RegionMode::Drain,
         RegionMode::End,
+        RegionMode::Retire,
     ];
 
     /// The mode's letter, the script's first argument.
@@ -547,6 +550,7 @@ impl RegionMode {
             RegionMode::Deny => "D",
             RegionMode::Drain => "X",
             RegionMode::End => "E",
+            RegionMode::Retire => "R",
         }
     }
 
@@ -559,12 +563,13 @@ impl RegionMode {
             RegionMode::Deny => "REGION_DENY",
             RegionMode::Drain => "REGION_DRAIN",
             RegionMode::End => "REGION_END",
+            RegionMode::Retire => "REGION_RETIRE",
         }
     }
 }
 
-/// The bytes of one deposit as the script keeps and answers it: sixteen doubles.
-pub(crate) const DEPOSIT_BYTES: usize = 16 * 8;
+/// The bytes of one deposit as the script keeps and answers it: seventeen doubles.
+pub(crate) const DEPOSIT_BYTES: usize = 17 * 8;
 
 /// The bytes of one policy's ask in a take: cost, wanted, units given back, when they were
 /// taken, and whether the deposit is renewed on time.

@@ -47,6 +47,10 @@ pub(super) struct Deposit {
     pub(super) home_remaining: u64,
     /// When the home's view of the window or bucket resets.
     pub(super) reset_at: u64,
+    /// When the key's deposits were last drained (a reset, a debt): a renewal that began
+    /// before then is not installed, since its block was granted against a count the reset
+    /// erased, or before the debt. Carried from one deposit to the next.
+    pub(super) drained_at: u64,
 }
 
 impl Deposit {
@@ -68,11 +72,12 @@ impl Deposit {
             self.capacity,
             self.home_remaining,
             self.reset_at,
+            self.drained_at,
         ]
     }
 
     fn from_fields(f: [u64; FIELDS]) -> Self {
-        let [left, ends, installed, block, granted, granted_at, lease, rate, taken, lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at] =
+        let [left, ends, installed, block, granted, granted_at, lease, rate, taken, lent_until, refill_until, denied_until, limit, capacity, home_remaining, reset_at, drained_at] =
             f;
         Self {
             left,
@@ -91,6 +96,7 @@ impl Deposit {
             capacity,
             home_remaining,
             reset_at,
+            drained_at,
         }
     }
 
@@ -244,25 +250,52 @@ pub(super) async fn take(
     })
 }
 
-/// Installs `new` in place of `keys`' deposits: the region's time, and the deposits
-/// replaced.
+/// What an install did.
+#[derive(Debug)]
+pub(super) struct Installed {
+    /// The region's time.
+    pub(super) now: u64,
+    /// False when the key's deposits were drained (a reset, a debt) after the renewal began
+    /// (`started`): nothing was installed, and the new deposits' units are not to be lent.
+    pub(super) installed: bool,
+    /// The deposits replaced (zeros where there were none).
+    pub(super) old: Vec<Deposit>,
+}
+
+/// Installs `new` in place of `keys`' deposits, unless they were drained at or after
+/// `started`, the region's time when the renewal that brings `new` began.
 pub(super) async fn install(
     region: &RedisStore,
     keys: &[String],
     new: &[Deposit],
-) -> Result<(u64, Vec<Deposit>), StoreError> {
+    started: u64,
+) -> Result<Installed, StoreError> {
     let blob = doubles(new.iter().flat_map(Deposit::fields));
-    let bytes = region.deposits(RegionMode::Install, keys, &[&blob]).await?;
-    replaced(&bytes, keys.len())
+    let started = started.to_string();
+    let bytes = region
+        .deposits(RegionMode::Install, keys, &[&blob, started.as_bytes()])
+        .await?;
+    let mut r = Reader::new(&bytes);
+    let (now, installed) = (r.number()?, r.number()?);
+    let old = (0..keys.len())
+        .map(|_| r.deposit())
+        .collect::<Result<Vec<_>, _>>()?;
+    r.end()?;
+    Ok(Installed {
+        now,
+        installed: installed == 1,
+        old,
+    })
 }
 
-/// Removes `keys`' deposits: the region's time, and the deposits removed.
+/// Removes `keys`' deposits, leaving the time of the drain (see [`Deposit::drained_at`]):
+/// the region's time, and the deposits removed.
 pub(super) async fn drain(
     region: &RedisStore,
     keys: &[String],
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
     let bytes = region.deposits(RegionMode::Drain, keys, &[]).await?;
-    replaced(&bytes, keys.len())
+    replaced_deposits(&bytes, keys.len())
 }
 
 /// Removes `keys`' deposits that are still the home block `block` and have ended: the
@@ -274,10 +307,10 @@ pub(super) async fn end(
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
     let blob = doubles(keys.iter().map(|_| block));
     let bytes = region.deposits(RegionMode::End, keys, &[&blob]).await?;
-    replaced(&bytes, keys.len())
+    replaced_deposits(&bytes, keys.len())
 }
 
-fn replaced(bytes: &[u8], n: usize) -> Result<(u64, Vec<Deposit>), StoreError> {
+fn replaced_deposits(bytes: &[u8], n: usize) -> Result<(u64, Vec<Deposit>), StoreError> {
     let mut r = Reader::new(bytes);
     let now = r.number()?;
     let old = (0..n).map(|_| r.deposit()).collect::<Result<Vec<_>, _>>()?;
@@ -286,17 +319,38 @@ fn replaced(bytes: &[u8], n: usize) -> Result<(u64, Vec<Deposit>), StoreError> {
 }
 
 /// Gives unused units of blocks taken at the given times back to `keys`' deposits (each
-/// only to the deposit it came from, while it may still be lent).
+/// only to the deposit it came from: the current one while it may still be lent, or one a
+/// renewal replaced that has yet to go home). The units taken back, per policy.
 pub(super) async fn give_back(
     region: &RedisStore,
     keys: &[String],
     back: &[(u64, u64)],
-) -> Result<(), StoreError> {
+) -> Result<SmallVec<[u64; 2]>, StoreError> {
     let blob = doubles(back.iter().flat_map(|&(units, at)| [units, at]));
-    region
+    let bytes = region
         .deposits(RegionMode::GiveBack, keys, &[&blob])
-        .await
-        .map(drop)
+        .await?;
+    let mut r = Reader::new(&bytes);
+    r.number()?;
+    let kept = keys
+        .iter()
+        .map(|_| r.number())
+        .collect::<Result<SmallVec<_>, _>>()?;
+    r.end()?;
+    Ok(kept)
+}
+
+/// Takes the deposits `replaced` (as an install answered them) out of `keys`, once their
+/// last block has ended: the region's time, and what each holds now (blocks given back
+/// since), zeros where it is gone (a reset dropped it).
+pub(super) async fn retire(
+    region: &RedisStore,
+    keys: &[String],
+    replaced: &[Deposit],
+) -> Result<(u64, Vec<Deposit>), StoreError> {
+    let blob = doubles(replaced.iter().flat_map(|d| [d.block, d.installed]));
+    let bytes = region.deposits(RegionMode::Retire, keys, &[&blob]).await?;
+    replaced_deposits(&bytes, keys.len())
 }
 
 /// Records that the home refused `keys` until the given times (the region's clock), and
@@ -336,6 +390,7 @@ mod tests {
             capacity: 14,
             home_remaining: 15,
             reset_at: 16,
+            drained_at: 17,
         };
         let bytes = doubles(d.fields());
         let mut r = Reader::new(&bytes);
@@ -348,6 +403,6 @@ mod tests {
         assert!(Reader::new(&[0u8; 7]).number().is_err());
         assert!(Reader::new(&0.5f64.to_le_bytes()).number().is_err());
         assert!(Reader::new(&(-1.0f64).to_le_bytes()).number().is_err());
-        assert!(replaced(&doubles([1, 2]), 1).is_err());
+        assert!(replaced_deposits(&doubles([1, 2]), 1).is_err());
     }
 }

@@ -5,11 +5,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::deposit::{self, Ask, Deposit, Next, Took};
+use super::returns::Gone;
 use super::stats::{bump, Counters};
 use crate::error::{Cause, StoreError};
 use crate::key::Key;
@@ -21,7 +21,7 @@ use crate::store::{RedisStore, Store};
 
 /// Deposits end this many ms before the home's lease, for the rounding of both clocks to
 /// whole milliseconds (as leased blocks do).
-const CLOCK_SLACK_MS: u64 = 2;
+pub(super) const CLOCK_SLACK_MS: u64 = 2;
 
 /// How many exact decisions a region remembers the origin of, for their refunds.
 const ORIGINS: usize = 16_384;
@@ -53,7 +53,7 @@ pub(super) struct Region<H> {
     pub(super) counters: Counters,
 }
 
-type Policies = SmallVec<[Policy; 2]>;
+pub(super) type Policies = SmallVec<[Policy; 2]>;
 
 fn kinds(policies: &[Policy]) -> Result<SmallVec<[Kind; 2]>, StoreError> {
     policies
@@ -137,11 +137,11 @@ impl<H: LeaseBackend> Region<H> {
         self.origins.lock().by_id.remove(&id)
     }
 
-    fn home_call(&self, call: &'static str) {
+    pub(super) fn home_call(&self, call: &'static str) {
         crate::telemetry::region_home_call(&self.name, call);
     }
 
-    fn units(&self, flow: &'static str, units: u64) {
+    pub(super) fn units(&self, flow: &'static str, units: u64) {
         if units > 0 {
             crate::telemetry::region_units(&self.name, flow, units);
         }
@@ -207,6 +207,7 @@ impl<H: LeaseBackend> Region<H> {
                 kinds,
                 old,
                 now,
+                Gone::Ended,
             );
         }
         Ok(())
@@ -429,7 +430,7 @@ impl<H: LeaseBackend> Region<H> {
         bump(&self.counters.deposits, 1);
         bump(&self.counters.units_deposited, deposited);
         self.home_call("grant");
-        let (now, old) = match deposit::install(&self.local, &keys, &new).await {
+        let done = match deposit::install(&self.local, &keys, &new, took.now).await {
             Ok(x) => x,
             Err(e) => {
                 // The block may or may not be in place: it is not given back (it could be
@@ -439,35 +440,34 @@ impl<H: LeaseBackend> Region<H> {
                 return Err(e);
             }
         };
-        self.units("deposited", deposited);
-        self.send_home(key.clone(), policies.clone(), kinds.clone(), old, now);
-        self.when_it_ends(
-            key,
-            policies,
-            kinds,
-            keys,
-            id,
-            new[0].ends.saturating_sub(now),
-        );
-        Ok(costs.map(|(_, c)| {
-            let answers = reply
-                .answers
-                .iter()
-                .zip(&new)
-                .zip(c.iter())
-                .map(|((a, d), &cost)| Answer {
-                    granted: cost,
-                    remaining: d.left.saturating_add(a.remaining),
-                    ..*a
-                })
-                .collect();
-            LedgerReply {
-                granted: true,
-                lease_ms: 0,
-                now_ms: took.now,
-                answers,
-            }
-        }))
+        if done.installed {
+            self.units("deposited", deposited);
+            self.send_home(
+                key.clone(),
+                policies.clone(),
+                kinds.clone(),
+                done.old,
+                done.now,
+                Gone::Replaced,
+            );
+            self.when_it_ends(
+                key,
+                policies,
+                kinds,
+                keys,
+                id,
+                new[0].ends.saturating_sub(done.now),
+            );
+        } else {
+            // A reset or a debt came after this renewal began: the block was granted against
+            // a count the reset erased (or before the debt), so none of it is lent, nor given
+            // back (a return would take units off the count that started afresh). The
+            // waiting request keeps what it took: it was decided before the reset.
+            let unlent = new.iter().map(|d| d.left).max().unwrap_or(0);
+            bump(&self.counters.units_dropped, unlent);
+            self.units("dropped", unlent);
+        }
+        Ok(costs.map(|(_, c)| waiting_request(&reply, &new, &c, done.installed, took.now)))
     }
 
     /// The home call that renews a key's deposits: a block of every policy, each sized by
@@ -501,101 +501,6 @@ impl<H: LeaseBackend> Region<H> {
         }
     }
 
-    /// When the deposit `block` ends (in `ms`), gives its unused units home, unless it was
-    /// replaced before (a renewal gives the old one back itself).
-    fn when_it_ends(
-        self: &Arc<Self>,
-        key: Key,
-        policies: Policies,
-        kinds: SmallVec<[Kind; 2]>,
-        keys: Vec<String>,
-        block: u64,
-        ms: u64,
-    ) {
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(ms + CLOCK_SLACK_MS)).await;
-            if let Ok((now, old)) = deposit::end(&me.local, &keys, block).await {
-                me.send_home(key, policies, kinds, old, now);
-            }
-        });
-    }
-
-    /// Gives replaced or emptied deposits back to the home, once the last block lent from
-    /// them has ended (their units may be spent until then).
-    fn send_home(
-        self: &Arc<Self>,
-        key: Key,
-        policies: Policies,
-        kinds: SmallVec<[Kind; 2]>,
-        old: Vec<Deposit>,
-        now: u64,
-    ) {
-        let Some(block) = old.iter().find(|d| d.holds_block()).map(|d| d.block) else {
-            return;
-        };
-        let worth = old.iter().zip(&kinds).any(|(d, k)| {
-            d.holds_block()
-                && (d.left > 0 || (matches!(k, Kind::Bucket | Kind::Log) && d.ends > now))
-        });
-        if !worth {
-            return;
-        }
-        let wait = old
-            .iter()
-            .map(|d| d.lent_until)
-            .max()
-            .unwrap_or(0)
-            .saturating_sub(now);
-        let unused = old.iter().map(|d| d.left).max().unwrap_or(0);
-        let parts = policies
-            .iter()
-            .zip(&kinds)
-            .zip(&old)
-            .map(|((p, &kind), d)| {
-                let mut part = Part::new(kind, p);
-                if d.holds_block() && d.block == block {
-                    part.returned = Returned {
-                        granted: d.granted,
-                        unused: d.left,
-                        granted_at: d.granted_at,
-                        lease_ms: d.lease,
-                        rate: d.rate,
-                    };
-                }
-                part
-            })
-            .collect();
-        let call = LedgerCall {
-            mode: LedgerMode::Return,
-            lease_ms: 0,
-            block_id: block,
-            previous_block: 0,
-            parts,
-        };
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_millis(wait + CLOCK_SLACK_MS)).await;
-            }
-            match me.home.ledger(&key, &policies, call).await {
-                Ok(_) => {
-                    bump(&me.counters.returns, 1);
-                    bump(&me.counters.units_returned, unused);
-                    me.home_call("return");
-                    me.units("returned", unused);
-                }
-                Err(e) => {
-                    bump(&me.counters.errors, 1);
-                    bump(&me.counters.units_dropped, unused);
-                    me.home_call("error");
-                    me.units("dropped", unused);
-                    tracing::debug!(target: "tollgate::store", error = %e, "a deposit's return failed");
-                }
-            }
-        });
-    }
-
     /// An instance gives back a block's unused units, or a refunded request's.
     async fn give_back(
         &self,
@@ -619,7 +524,19 @@ impl<H: LeaseBackend> Region<H> {
                     .iter()
                     .map(|p| (p.returned.unused, p.returned.granted_at))
                     .collect();
-                deposit::give_back(&self.local, &keys, &back).await?;
+                let kept = deposit::give_back(&self.local, &keys, &back).await?;
+                // Units no deposit takes back (it ended, or a reset dropped it) are lost
+                // until their window or refill frees them.
+                let dropped = back
+                    .iter()
+                    .zip(&kept)
+                    .map(|(&(units, _), &k)| units.saturating_sub(k))
+                    .max()
+                    .unwrap_or(0);
+                if dropped > 0 {
+                    bump(&self.counters.units_dropped, dropped);
+                    self.units("dropped", dropped);
+                }
             }
             Some(Origin::Home(at)) => {
                 let mut call = call;
@@ -671,4 +588,36 @@ fn deposits(
             ..Deposit::default()
         })
         .collect()
+}
+
+/// The answer to the request that waited for a renewal: its costs granted, and what is left
+/// for it (the home's, plus the new deposit's when it was installed).
+fn waiting_request(
+    reply: &LedgerReply,
+    new: &[Deposit],
+    costs: &[u64],
+    installed: bool,
+    region_now: u64,
+) -> LedgerReply {
+    let answers = reply
+        .answers
+        .iter()
+        .zip(new)
+        .zip(costs)
+        .map(|((a, d), &cost)| Answer {
+            granted: cost,
+            remaining: if installed {
+                d.left.saturating_add(a.remaining)
+            } else {
+                a.remaining
+            },
+            ..*a
+        })
+        .collect();
+    LedgerReply {
+        granted: true,
+        lease_ms: 0,
+        now_ms: region_now,
+        answers,
+    }
 }

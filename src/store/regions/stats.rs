@@ -27,8 +27,9 @@ pub struct RegionStats {
     pub returns: u64,
     /// Unused units given back to the home.
     pub units_returned: u64,
-    /// Unused units given up (a failed return or install, a refund the region no longer
-    /// traces): under-admission until their window or refill frees them.
+    /// Unused units given up (a failed return or install, a renewal a reset overtook, a
+    /// block given back to a deposit that has ended or been reset, a refund the region no
+    /// longer traces): under-admission until their window or refill frees them.
     pub units_dropped: u64,
     /// Home calls that failed.
     pub errors: u64,
