@@ -283,6 +283,8 @@ impl<S: LeaseBackend> LeasedStore<S> {
             if !lp.is_empty() {
                 let call = shared.call(LedgerMode::Reset, 0, 0, &lp);
                 shared.inner.ledger(&key, &lp, call).await?;
+                // A block granted while the reset was under way was charged before it.
+                shared.entries.retain(|e| e.key != key);
             }
             shared.inner.apply(&key, &all, Op::Reset).await
         })

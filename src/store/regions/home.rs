@@ -166,8 +166,13 @@ impl<H: LeaseBackend> Region<H> {
                 Ok(reply)
             }
             LedgerMode::Reset => {
+                // Emptied before the home's reset, so that nothing is lent while it is under
+                // way, and after it: a renewal the home granted before its reset began
+                // before this second drain, so it is not installed (`deposit::install`).
                 self.empty(&key, &policies, false).await?;
-                self.forward(&key, &policies, call).await
+                let reply = self.forward(&key, &policies, call).await?;
+                self.empty(&key, &policies, false).await?;
+                Ok(reply)
             }
             LedgerMode::Peek | LedgerMode::Keep => self.forward(&key, &policies, call).await,
         }
