@@ -7,6 +7,8 @@
 #   bash benches/scripts/callgrind.sh                                  # memory store vs governor
 #   SIDES="layer_bare layer_tollgate layer_tower_governor" N=20000 bash benches/scripts/callgrind.sh
 #   BIN=path/to/a/saved/decision_cost bash benches/scripts/callgrind.sh  # count a saved build (before/after)
+#   OUT=benches/results/check_instructions.txt bash benches/scripts/callgrind.sh
+#       # also appends `check_instructions_<keys> <side> <round> <instr>` lines for charts.py
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIDES=${SIDES:-"governor tollgate_gcra tollgate_counter"}
@@ -27,6 +29,9 @@ for keys in $KEYS; do
     for _ in $(seq 1 "$REPEAT"); do
       a=$(refs "$side" "$keys" "$N"); b=$(refs "$side" "$keys" $((2 * N)))
       vals+=($(( (b - a) / N )))
+      if [ -n "${OUT:-}" ]; then
+        echo "check_instructions_$keys $side ${#vals[@]} ${vals[-1]}" >> "$OUT"
+      fi
     done
     sorted=$(printf '%s\n' "${vals[@]}" | sort -n)
     med=$(echo "$sorted" | sed -n "$(( (REPEAT + 1) / 2 ))p")

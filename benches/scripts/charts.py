@@ -5,11 +5,11 @@
 
 Reads every `*.txt` under RESULTS_DIR (default benches/results): lines of
 `<group> <side> <round> <value>` as the scripts write them with OUT=file (e2e.sh: group
-`http`, requests per second, and `http_cpu`, server µs per request; e2e_instructions.sh:
+`http`, requests per second, and `http_cpu`, server µs per request; callgrind.sh: `check_instructions_<keys>`; e2e_instructions.sh:
 `http_instructions`; redis_cpu.sh: `redis_cpu`, Redis µs per decision;
 redis_instructions.sh: `redis_instructions`), other lines ignored. Per group, one horizontal bar chart: each side's median
 across rounds, a whisker from min to max, and the median's ratio to the group's reference
-side (`bare` for the HTTP groups, `rlf_fixed` for the Redis ones). Writes CHARTS_DIR/<file stem>.svg (default
+side (`bare` for the HTTP groups, `rlf_fixed` for the Redis ones, `governor` for the direct check). Writes CHARTS_DIR/<file stem>.svg (default
 benches/charts). No dependencies beyond the standard library.
 """
 
@@ -20,6 +20,10 @@ from collections import OrderedDict
 from xml.sax.saxutils import escape
 
 GROUPS = {
+    "check_instructions_1": {"title": "Limiter::check on the memory store, 1 key: instructions per check (callgrind)",
+                             "unit": "instr", "reference": "governor", "higher_is_better": False},
+    "check_instructions_10000": {"title": "Limiter::check on the memory store, 10 000 keys: instructions per check (callgrind)",
+                                 "unit": "instr", "reference": "governor", "higher_is_better": False},
     "http": {"title": "axum hello-world, requests/s (server on core 0, wrk on core 1)",
              "unit": "req/s", "reference": "bare", "higher_is_better": True},
     "http_instructions": {"title": "axum hello-world, instructions per request (connection task, callgrind)",
