@@ -22,20 +22,24 @@
 --   give back: two doubles per policy: the unused units of a block, when it was taken.
 --   deny: one double per policy: until when the home refused (ms): until then a request
 --       that does not fit what is left is refused here, without asking the home.
---   drain: every deposit is emptied (a reset, a debt), keeping the drain's time.
+--   drain: every deposit is emptied, keeping the drain's time; '1' (a debt) sets it aside
+--       to go home (see retire), '' (a reset) drops it and those set aside before.
 --   end: one double per policy, a block id: the deposit is removed if it is that block
 --       and its lease has ended (its unused units then go home).
 --   retire: two doubles per policy, a block id and when it was installed: that deposit,
---       replaced by a renewal, leaves the key to go home (its last block has ended).
+--       set aside (replaced by a renewal, or drained for a debt), leaves the key to go home
+--       (its last block has ended).
 -- Reply: binary little-endian doubles.
 --   take: allowed, lease, now, status (0 nothing to do, 1 the caller renews the deposit in
 --       the background, 2 the caller renews it now (nothing fits), 3 the home refused (see
 --       denied_until), 4 nothing fits and another caller renews), then per policy the units
---       granted and the deposit after the call (sixteen doubles).
---   install: now, 1 when installed (0: drained since the renewal began), then per policy
---       the deposit before the call (zeros when there was none).
---   drain, end, retire: now, then per policy the deposit before the call (zeros when there
---       was none, or, for end and retire, when it was not removed).
+--       granted, the units of the previous block taken back, and the deposit after the call.
+--   install: now, 1 when installed (0: drained since the renewal began, or it took
+--       DRAIN_MARK_MS), then per policy the deposit before the call (zeros when none).
+--   drain, end: now, then per policy the deposit before the call (zeros when there was
+--       none, or, for end, when it was not removed).
+--   retire: now, then per policy 1 (found), 0 (dropped by a reset since) or 2 (gone
+--       otherwise: trimmed or expired), and the deposit (zeros when not found).
 --   give back: now, then per policy the units taken back.
 --   deny: now.
 -- A deposit: left, ends, installed, block, granted, granted_at, lease, rate, taken,
@@ -58,13 +62,16 @@ else
   now = t[1] * 1000 + floor(t[2] / 1000)
 end
 
--- Per key, the deposits a renewal replaced that have yet to go home (see retire): kept in
--- the key's value after its deposit, so that a block lent from one and given back after the
--- renewal still reaches the home through it.
+-- Per key, the deposits set aside (replaced by a renewal, drained for a debt) that have yet
+-- to go home (see retire): kept in the key's value after its deposit, so that a block lent
+-- from one and given back after it was set aside still reaches the home through it.
 local retired = {}
 -- At most this many, and none longer than this after its last block ended: the home call
 -- that retires one comes within milliseconds, unless its process is gone.
 local MAX_RETIRED, RETIRED_MS = 8, 10000
+-- How long the time of a drain is kept (ms): a renewal that began before a drain is refused
+-- at its install, and so is one that took this long (no drain before it can be ruled out).
+local DRAIN_MARK_MS = 60000
 
 local function load(key)
   local v = redis.call('GET', key)
@@ -93,6 +100,9 @@ end
 
 local function save(key, d)
   local last = max(d[2], d[10], d[11], d[12])
+  if d[17] > 0 then
+    last = max(last, d[17] + DRAIN_MARK_MS)
+  end
   local parts, kept = { out(d) }, {}
   for _, r in ipairs(retired[key] or {}) do
     if max(r[2], r[10]) + RETIRED_MS > now then
@@ -115,15 +125,15 @@ local function leave_empty(key, drained_at)
 end
 
 -- Gives `back` unused units of a block taken at `back_at` to the deposit it came from: the
--- key's deposit `d` if it was installed before (even if it has ended: its units go home at
--- its end, and a take lends nothing from an ended deposit), otherwise the latest one it
--- replaced before then that has yet to go home. Returns the units taken back.
+-- key's deposit `d` if it holds a block installed before then (even if it has ended: its
+-- units go home at its end, and a take lends nothing from an ended deposit), otherwise the
+-- latest one set aside before then that has yet to go home. Returns the units taken back.
 local function take_back(key, d, back, back_at)
   if back <= 0 then
     return 0
   end
   local from = nil
-  if back_at > d[3] then
+  if d[4] ~= 0 and back_at > d[3] then
     from = d
   else
     for _, r in ipairs(retired[key]) do
@@ -145,13 +155,14 @@ local n = #KEYS
 
 if mode == REGION_TAKE then
   local lease, lock_ms, blob = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-  local ds, asks = {}, {}
+  local ds, asks, kept = {}, {}, {}
   local fits, denied, locked, given = true, false, false, false
   local room = lease
   for i = 1, n do
     local cost, wanted, back, back_at, timed = unpack_struct('<ddddd', blob, (i - 1) * REGION_ASK_BYTES + 1)
     local d = load(KEYS[i]) or empty()
-    if take_back(KEYS[i], d, back, back_at) > 0 then
+    kept[i] = take_back(KEYS[i], d, back, back_at)
+    if kept[i] > 0 then
       given = true
     end
     ds[i] = d
@@ -215,7 +226,7 @@ if mode == REGION_TAKE then
     if allowed == 1 or given or status == 1 or status == 2 then
       save(KEYS[i], ds[i])
     end
-    reply[#reply + 1] = pack('<d', granted[i] or 0)
+    reply[#reply + 1] = pack('<dd', granted[i] or 0, kept[i])
     reply[#reply + 1] = out(ds[i])
   end
   return table.concat(reply)
@@ -227,7 +238,7 @@ elseif mode == REGION_INSTALL then
   local olds, stale = {}, false
   for i = 1, n do
     olds[i] = load(KEYS[i]) or empty()
-    if olds[i][17] >= started then
+    if olds[i][17] >= started or now - started >= DRAIN_MARK_MS then
       stale = true
     end
   end
@@ -249,12 +260,22 @@ elseif mode == REGION_INSTALL then
 elseif mode == REGION_DRAIN then
   -- What is left is an empty deposit that keeps the drain's time, for the renewals under
   -- way (see install).
+  local keep = ARGV[3] == '1'
   local reply = { pack('<d', now) }
   for i = 1, n do
-    reply[#reply + 1] = out(load(KEYS[i]) or empty())
-    -- Nothing charged before a reset goes home after it (it would come off the count that
-    -- started afresh), so the deposits replaced are dropped too.
-    retired[KEYS[i]] = {}
+    local d = load(KEYS[i]) or empty()
+    reply[#reply + 1] = out(d)
+    if keep then
+      -- A debt: the deposit is set aside, to go home with what its blocks give back.
+      if d[4] ~= 0 and d[5] > 0 then
+        local r = retired[KEYS[i]]
+        r[#r + 1] = d
+      end
+    else
+      -- A reset: nothing charged before it goes home after it (it would come off the count
+      -- that started afresh), so the deposits set aside are dropped too.
+      retired[KEYS[i]] = {}
+    end
     leave_empty(KEYS[i], now)
   end
   return table.concat(reply)
@@ -298,7 +319,10 @@ elseif mode == REGION_RETIRE then
   for i = 1, n do
     local block, installed = unpack_struct('<dd', ARGV[3], (i - 1) * 2 * 8 + 1)
     local d = load(KEYS[i])
-    local found = nil
+    local found, status = nil, 2
+    if d and d[17] >= installed then
+      status = 0
+    end
     if d then
       local rs = retired[KEYS[i]]
       for j = #rs, 1, -1 do
@@ -308,9 +332,11 @@ elseif mode == REGION_RETIRE then
         end
       end
       if found then
+        status = 1
         save(KEYS[i], d)
       end
     end
+    reply[#reply + 1] = pack('<d', status)
     reply[#reply + 1] = out(found or empty())
   end
   return table.concat(reply)

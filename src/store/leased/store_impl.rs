@@ -282,9 +282,11 @@ impl<S: LeaseBackend> LeasedStore<S> {
         Box::pin(async move {
             if !lp.is_empty() {
                 let call = shared.call(LedgerMode::Reset, 0, 0, &lp);
-                shared.inner.ledger(&key, &lp, call).await?;
-                // A block granted while the reset was under way was charged before it.
+                let reset = shared.inner.ledger(&key, &lp, call).await;
+                // A block granted while the reset was under way was charged before it (the
+                // ledger may have reset even if its answer is an error).
                 shared.entries.retain(|e| e.key != key);
+                reset?;
             }
             shared.inner.apply(&key, &all, Op::Reset).await
         })

@@ -204,6 +204,8 @@ pub(super) struct Took {
     pub(super) next: Next,
     /// Per policy: the units granted and its deposit after the call.
     pub(super) parts: SmallVec<[(u64, Deposit); 2]>,
+    /// Per policy: the units of the caller's previous block taken back.
+    pub(super) kept: SmallVec<[u64; 2]>,
 }
 
 /// Takes a block (or a request's cost, `lease` 0) from `keys`' deposits, all or nothing.
@@ -236,9 +238,11 @@ pub(super) async fn take(
         4 => Next::AskHome,
         _ => return Err(r.malformed()),
     };
-    let mut parts = SmallVec::new();
+    let (mut parts, mut kept) = (SmallVec::new(), SmallVec::new());
     for _ in keys {
-        parts.push((r.number()?, r.deposit()?));
+        let granted = r.number()?;
+        kept.push(r.number()?);
+        parts.push((granted, r.deposit()?));
     }
     r.end()?;
     Ok(Took {
@@ -247,6 +251,7 @@ pub(super) async fn take(
         now,
         next,
         parts,
+        kept,
     })
 }
 
@@ -288,13 +293,16 @@ pub(super) async fn install(
     })
 }
 
-/// Removes `keys`' deposits, leaving the time of the drain (see [`Deposit::drained_at`]):
-/// the region's time, and the deposits removed.
+/// Removes `keys`' deposits, leaving the time of the drain (see [`Deposit::drained_at`]);
+/// `set_aside` (a debt) keeps them to go home (see [`retire`]), otherwise (a reset) they and
+/// those set aside before are dropped. The region's time, and the deposits removed.
 pub(super) async fn drain(
     region: &RedisStore,
     keys: &[String],
+    set_aside: bool,
 ) -> Result<(u64, Vec<Deposit>), StoreError> {
-    let bytes = region.deposits(RegionMode::Drain, keys, &[]).await?;
+    let keep: &[u8] = if set_aside { b"1" } else { b"" };
+    let bytes = region.deposits(RegionMode::Drain, keys, &[keep]).await?;
     replaced_deposits(&bytes, keys.len())
 }
 
@@ -340,17 +348,41 @@ pub(super) async fn give_back(
     Ok(kept)
 }
 
-/// Takes the deposits `replaced` (as an install answered them) out of `keys`, once their
-/// last block has ended: the region's time, and what each holds now (blocks given back
-/// since), zeros where it is gone (a reset dropped it).
+/// What a retire found.
+#[derive(Debug)]
+pub(super) struct Retired {
+    /// The region's time.
+    pub(super) now: u64,
+    /// Per policy, what the deposit holds now (blocks given back since it was set aside),
+    /// zeros where it is gone.
+    pub(super) deposits: Vec<Deposit>,
+    /// Per policy, whether it was gone for another reason than a reset (its units lost).
+    pub(super) lost: Vec<bool>,
+}
+
+/// Takes the deposits `set_aside` (as an install or a drain answered them) out of `keys`,
+/// once their last block has ended.
 pub(super) async fn retire(
     region: &RedisStore,
     keys: &[String],
-    replaced: &[Deposit],
-) -> Result<(u64, Vec<Deposit>), StoreError> {
-    let blob = doubles(replaced.iter().flat_map(|d| [d.block, d.installed]));
+    set_aside: &[Deposit],
+) -> Result<Retired, StoreError> {
+    let blob = doubles(set_aside.iter().flat_map(|d| [d.block, d.installed]));
     let bytes = region.deposits(RegionMode::Retire, keys, &[&blob]).await?;
-    replaced_deposits(&bytes, keys.len())
+    let mut r = Reader::new(&bytes);
+    let now = r.number()?;
+    let (mut deposits, mut lost) = (Vec::new(), Vec::new());
+    for d in set_aside {
+        let status = r.number()?;
+        lost.push(status == 2 && d.holds_block());
+        deposits.push(r.deposit()?);
+    }
+    r.end()?;
+    Ok(Retired {
+        now,
+        deposits,
+        lost,
+    })
 }
 
 /// Records that the home refused `keys` until the given times (the region's clock), and

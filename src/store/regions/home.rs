@@ -204,7 +204,7 @@ impl<H: LeaseBackend> Region<H> {
     ) -> Result<(), StoreError> {
         let kinds = kinds(policies)?;
         let keys = self.local.deposit_keys(key, policies, &kinds);
-        let (now, old) = deposit::drain(&self.local, &keys).await?;
+        let (now, old) = deposit::drain(&self.local, &keys, give_back).await?;
         if give_back {
             self.send_home(
                 key.clone(),
@@ -212,7 +212,7 @@ impl<H: LeaseBackend> Region<H> {
                 kinds,
                 old,
                 now,
-                Gone::Ended,
+                Gone::SetAside,
             );
         }
         Ok(())
@@ -243,6 +243,16 @@ impl<H: LeaseBackend> Region<H> {
             .collect();
         let took =
             deposit::take(&self.local, &keys, call.lease_ms, self.home_lease_ms, &asks).await?;
+        let dropped = asks
+            .iter()
+            .zip(&took.kept)
+            .map(|(a, &k)| a.back.saturating_sub(k))
+            .max()
+            .unwrap_or(0);
+        if dropped > 0 {
+            bump(&self.counters.units_dropped, dropped);
+            self.units("dropped", dropped);
+        }
         if took.allowed {
             if took.next == Next::RenewLater {
                 let me = Arc::clone(&self);
@@ -432,8 +442,6 @@ impl<H: LeaseBackend> Region<H> {
             costs.as_ref().map_or(0, |_| cost_of(i))
         });
         let deposited = new.iter().map(|d| d.granted).max().unwrap_or(0);
-        bump(&self.counters.deposits, 1);
-        bump(&self.counters.units_deposited, deposited);
         self.home_call("grant");
         let done = match deposit::install(&self.local, &keys, &new, took.now).await {
             Ok(x) => x,
@@ -446,6 +454,8 @@ impl<H: LeaseBackend> Region<H> {
             }
         };
         if done.installed {
+            bump(&self.counters.deposits, 1);
+            bump(&self.counters.units_deposited, deposited);
             self.units("deposited", deposited);
             self.send_home(
                 key.clone(),
@@ -453,7 +463,7 @@ impl<H: LeaseBackend> Region<H> {
                 kinds.clone(),
                 done.old,
                 done.now,
-                Gone::Replaced,
+                Gone::SetAside,
             );
             self.when_it_ends(
                 key,
@@ -471,6 +481,8 @@ impl<H: LeaseBackend> Region<H> {
             let unlent = new.iter().map(|d| d.left).max().unwrap_or(0);
             bump(&self.counters.units_dropped, unlent);
             self.units("dropped", unlent);
+            // The renewal ends: the next caller may start another.
+            let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
         }
         Ok(costs.map(|(_, c)| waiting_request(&reply, &new, &c, done.installed, took.now)))
     }

@@ -42,11 +42,14 @@
 //! the home: one home round trip per request. A cost settled above its reservation is
 //! charged at the home, as a debt; when a debt stands, the region empties its deposits of
 //! the key, so no unit charged before the debt is lent after it. A [`reset`](crate::store::Op::Reset)
-//! empties them too, and drops the deposits a renewal replaced that have yet to go home (a
-//! return after the reset would take their units off the count that started afresh). Both
-//! leave the time of the drain with the key: a renewal under way then (its block granted
-//! before the reset, or before the debt) is not installed when it lands, its units counted
-//! as dropped. Per-key [overrides](crate::overrides) live at the home (the home
+//! empties them too, before and after the home's reset, and drops the deposits set aside
+//! that have yet to go home (a return after the reset would take their units off the count
+//! that started afresh). Both leave the time of the drain with the key, for 60 s: a renewal
+//! under way then (its block granted before the reset, or before the debt), or one that took
+//! longer than that, is not installed when it lands, its units counted as dropped. One
+//! window is left: a return already on its way to the home when a reset reaches it comes
+//! off the new count — at most one deposit's unused units per region and reset, within one
+//! home round trip. Per-key [overrides](crate::overrides) live at the home (the home
 //! store's override keys, which every home call reads): an override takes effect in every
 //! region within one home lease plus one instance lease.
 //!
@@ -63,9 +66,9 @@
 //! at most `regions × 2 × (fraction × limit + N·T/W) + instances × (largest block + margin)`.
 //! Unused units go back to the home when a deposit is replaced, emptied or ends (the instance
 //! that took it gives it back; if that instance is gone, its units stay charged until their
-//! window rolls over or their bucket refills). A deposit a renewal replaced stays in the
-//! region's Redis until the last block lent from it ends, so the units its blocks give back
-//! meanwhile go home with it. A request given up half way costs at most its own units:
+//! window rolls over or their bucket refills). A deposit a renewal replaced, or a debt
+//! emptied, stays in the region's Redis until the last block lent from it ends, so the units
+//! its blocks give back meanwhile go home with it. A request given up half way costs at most its own units:
 //! grants and renewals run to their end without their caller. Units that could not go home
 //! (a failed return, a block given back after its deposit went home, a renewal a reset
 //! overtook) are counted in [`RegionStats::units_dropped`] and

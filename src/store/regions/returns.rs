@@ -19,9 +19,10 @@ use crate::store::leased::{Kind, LeaseBackend, LedgerCall, LedgerMode, Part, Ret
 pub(super) enum Gone {
     /// Removed (ended or drained): what it held is what goes home.
     Ended,
-    /// Replaced by a renewal: kept aside until its last block ends, taking back the units
-    /// its blocks return meanwhile (a reset drops it).
-    Replaced,
+    /// Set aside (replaced by a renewal, or drained for a debt): kept in the region's Redis
+    /// until its last block ends, taking back the units its blocks return meanwhile (a
+    /// reset drops it).
+    SetAside,
 }
 
 impl<H: LeaseBackend> Region<H> {
@@ -47,7 +48,7 @@ impl<H: LeaseBackend> Region<H> {
 
     /// Gives replaced, emptied or ended deposits back to the home, once the last block lent
     /// from them has ended (their units may be spent until then). A deposit a renewal
-    /// replaced (`Gone::Replaced`) is taken out of the region's Redis only then, with the
+    /// replaced (`Gone::SetAside`) is taken out of the region's Redis only then, with the
     /// units its blocks gave back meanwhile; if a reset dropped it, nothing goes home.
     pub(super) fn send_home(
         self: &Arc<Self>,
@@ -74,10 +75,23 @@ impl<H: LeaseBackend> Region<H> {
             }
             let (old, now) = match gone {
                 Gone::Ended => (old, now),
-                Gone::Replaced => {
+                Gone::SetAside => {
                     let keys = me.local.deposit_keys(&key, &policies, &kinds);
                     match deposit::retire(&me.local, &keys, &old).await {
-                        Ok((now, retired)) => (retired, now),
+                        Ok(found) => {
+                            let lost = old
+                                .iter()
+                                .zip(&found.lost)
+                                .filter(|(_, &lost)| lost)
+                                .map(|(d, _)| d.left)
+                                .max()
+                                .unwrap_or(0);
+                            if lost > 0 {
+                                bump(&me.counters.units_dropped, lost);
+                                me.units("dropped", lost);
+                            }
+                            (found.deposits, found.now)
+                        }
                         Err(e) => {
                             let unused = old.iter().map(|d| d.left).max().unwrap_or(0);
                             me.lost(unused, &e);
