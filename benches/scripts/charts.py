@@ -21,9 +21,11 @@ from xml.sax.saxutils import escape
 
 GROUPS = {
     "check_instructions_1": {"title": "Limiter::check on the memory store, 1 key: instructions per check (callgrind)",
-                             "unit": "instr", "reference": "governor", "higher_is_better": False},
+                             "unit": "instr", "reference": "governor", "higher_is_better": False,
+                             "rounds": "runs (counts do not depend on load)"},
     "check_instructions_10000": {"title": "Limiter::check on the memory store, 10 000 keys: instructions per check (callgrind)",
-                                 "unit": "instr", "reference": "governor", "higher_is_better": False},
+                                 "unit": "instr", "reference": "governor", "higher_is_better": False,
+                                 "rounds": "runs (counts do not depend on load)"},
     "http": {"title": "axum hello-world, requests/s (server on core 0, wrk on core 1)",
              "unit": "req/s", "reference": "bare", "higher_is_better": True},
     "http_instructions": {"title": "axum hello-world, instructions per request (connection task, callgrind)",
@@ -95,7 +97,8 @@ def chart(group, sides, note):
         out.append(f'<text x="{x0 + bar_w + 8}" y="{y + 16}">{value} {spec["unit"]}{ratio}</text>')
     y = 56 + len(rows) * row_h + 22
     better = "higher is better" if spec["higher_is_better"] else "lower is better"
-    out.append(f'<text x="{pad}" y="{y}" fill="#555">median of {rows[0][4]} interleaved rounds, '
+    rounds = spec.get("rounds", "interleaved rounds")
+    out.append(f'<text x="{pad}" y="{y}" fill="#555">median of {rows[0][4]} {rounds}, '
                f'whiskers min–max, ratio to {escape(spec["reference"])}; {better}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
