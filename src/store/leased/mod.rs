@@ -100,6 +100,16 @@
 //! and within half a lease time of a block expiring unused (a background task); after a
 //! crash, they return when the window rolls over (the bucket: when it refills).
 //!
+//! **Bound: a reset holds on the instance that makes it; another instance spends at most the
+//! block it holds.** [`Op::Reset`](crate::store::Op::Reset) (and
+//! [`Limiter::reset`](crate::Limiter::reset)) drops the resetting instance's blocks of the
+//! key, resets the ledger, and drops any block granted while that ran. Another instance
+//! keeps the block it already holds and admits from it until it ends (at most one lease
+//! time); what it gives back unused comes off the new count. So after a reset the key is
+//! admitted at most its limit plus the units other instances held
+//! ([`LeaseStats::units_held`]) — measured in `tests/leased_reset.rs` (1 000 + 54 of a
+//! block, exactly).
+//!
 //! # Per-key overrides
 //!
 //! [`set_override`](crate::Limiter::set_override) works on leased policies as on the exact

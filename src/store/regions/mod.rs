@@ -49,7 +49,9 @@
 //! longer than that, is not installed when it lands, its units counted as dropped. One
 //! window is left: a return already on its way to the home when a reset reaches it comes
 //! off the new count — at most one deposit's unused units per region and reset, within one
-//! home round trip. Per-key [overrides](crate::overrides) live at the home (the home
+//! home round trip. Other regions keep their deposits of the key until they end (at most two
+//! each, within one home lease), as other instances keep their blocks (see
+//! [leased quotas](crate::store::leased)): a reset holds at once where it is made. Per-key [overrides](crate::overrides) live at the home (the home
 //! store's override keys, which every home call reads): an override takes effect in every
 //! region within one home lease plus one instance lease.
 //!

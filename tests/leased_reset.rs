@@ -1,0 +1,66 @@
+//! A reset across the instances of a leased store: the instance that resets drops its
+//! blocks of the key and resets the ledger; another instance spends the block it already
+//! holds (the stated bound: at most that block, `LeaseStats::units_held` when the reset
+//! came). Measured on a memory ledger and on a Redis one.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tollgate::key::Key;
+use tollgate::store::leased::{LeaseBackend, LeasedStore, MemoryLedger};
+use tollgate::store::{Op, RedisStore, Store};
+use tollgate::{Policy, Rate};
+
+const LIMIT: u64 = 1_000;
+
+/// Admits requests of one unit on `store` until it refuses one; the number admitted.
+async fn admit_until_refused<S: Store>(store: &S, key: &Key, policy: &[Policy]) -> u64 {
+    let mut admitted = 0;
+    while store.check(key, policy, &[1]).await.unwrap().is_allowed() {
+        admitted += 1;
+        assert!(admitted <= 2 * LIMIT, "no refusal after {admitted}");
+    }
+    admitted
+}
+
+/// Two instances over one ledger: `b` holds a block of the key when `a` resets it. After
+/// the reset, the two admit at most the limit plus what `b` held.
+async fn reset_across_instances<L: LeaseBackend + Clone>(ledger: L, label: &str) {
+    let a = LeasedStore::new(ledger.clone());
+    let b = LeasedStore::new(ledger);
+    let policy = [Policy::new("api", Rate::per_hour(LIMIT)).unwrap()];
+    let key = Key::new("user", format!("reset-{label}"));
+    // Enough requests that `b` tracks the key and leases it a block.
+    for _ in 0..200 {
+        assert!(b.check(&key, &policy, &[1]).await.unwrap().is_allowed());
+    }
+    let held = b.stats().units_held;
+    assert!(held > 0, "{label}: b holds no block: {:?}", b.stats());
+    a.apply(&key, &policy, Op::Reset).await.unwrap();
+    let after =
+        admit_until_refused(&b, &key, &policy).await + admit_until_refused(&a, &key, &policy).await;
+    eprintln!(
+        "{label}: after the reset, {after} admitted of {LIMIT}, b held {held}; {:?}",
+        b.stats()
+    );
+    assert!(
+        after <= LIMIT + held,
+        "{label}: {after} admitted after a reset, more than {LIMIT} + the {held} units b held"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_leaves_other_instances_at_most_their_blocks() {
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
+    reset_across_instances(MemoryLedger::new(), "memory").await;
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_millis(500))
+        .build_with_url(&server.url())
+        .unwrap();
+    reset_across_instances(redis, "redis").await;
+}
