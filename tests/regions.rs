@@ -14,7 +14,7 @@ use support::RedisServer;
 use tollgate::key::Key;
 use tollgate::store::leased::LeasedStore;
 use tollgate::store::regions::{RegionStats, RegionalLedger};
-use tollgate::store::{FailureMode, RedisStore, ResilientStore, Store};
+use tollgate::store::{FailureMode, Op, RedisStore, ResilientStore, Store};
 use tollgate::{Algorithm, Limiter, Policy, Rate};
 
 const HOME_RTT: Duration = Duration::from_millis(80);
@@ -611,4 +611,59 @@ async fn a_reset_during_a_renewal_lends_nothing_charged_before_it() {
         "the whole limit admitted after a reset and one request: {over:?}; {:?}",
         ledger.stats()
     );
+}
+
+/// Units of the deposits (current and set aside) in `region`'s Redis.
+fn deposited_units(region: &RedisServer) -> u64 {
+    let mut units = 0.0;
+    for key in region.scan("*deposit*") {
+        let bytes: Vec<u8> = region.query(&["GET", &key]).unwrap();
+        for deposit in bytes.chunks_exact(17 * 8) {
+            units += f64::from_le_bytes(deposit[..8].try_into().unwrap());
+        }
+    }
+    units as u64
+}
+
+/// A reset made in one region holds there at once; another region spends what it holds of
+/// the key — its deposits and its instance's block — and no more: after the reset the two
+/// admit at most the limit plus that (the bound `store::regions` states).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_in_one_region_leaves_another_at_most_what_it_holds() {
+    const LIMIT: u64 = 1_000;
+    let home = RedisServer::start();
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let region = |name: &str, server: &RedisServer| {
+        LeasedStore::new(
+            RegionalLedger::builder(name, local_store(&server.url()), home_store(&home.url()))
+                .build()
+                .unwrap(),
+        )
+    };
+    let (a, b) = (region("eu", &eu), region("us", &us));
+    let policy = [Policy::new("api", Rate::per_hour(LIMIT)).unwrap()];
+    let key = Key::new("user", "reset-across-regions");
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
+    for _ in 0..200 {
+        assert!(b.check(&key, &policy, &[1]).await.unwrap().is_allowed());
+    }
+    // Renewals under way land before what "us" holds is counted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = b.stats().units_held + deposited_units(&us);
+    assert!(held > 0, "{:?}", b.stats());
+    a.apply(&key, &policy, Op::Reset).await.unwrap();
+    let mut after = 0;
+    for store in [&b, &a] {
+        while store.check(&key, &policy, &[1]).await.unwrap().is_allowed() {
+            after += 1;
+            assert!(after <= 2 * LIMIT, "no refusal after {after}");
+        }
+    }
+    eprintln!("after a reset in eu: {after} admitted of {LIMIT}; us held {held}");
+    assert!(
+        after <= LIMIT + held,
+        "{after} admitted after the reset, more than {LIMIT} + the {held} units us held"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
 }
