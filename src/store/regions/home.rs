@@ -168,11 +168,20 @@ impl<H: LeaseBackend> Region<H> {
             LedgerMode::Reset => {
                 // Emptied before the home's reset, so that nothing is lent while it is under
                 // way, and after it: a renewal the home granted before its reset began
-                // before this second drain, so it is not installed (`deposit::install`).
-                self.empty(&key, &policies, false).await?;
-                let reply = self.forward(&key, &policies, call).await?;
-                self.empty(&key, &policies, false).await?;
-                Ok(reply)
+                // before this second drain, so it is not installed (`deposit::install`). In
+                // a task of its own: a caller that gives up after the home's reset does not
+                // skip the second drain.
+                let task = tokio::spawn(async move {
+                    self.empty(&key, &policies, false).await?;
+                    let reply = self.forward(&key, &policies, call).await?;
+                    self.empty(&key, &policies, false).await?;
+                    Ok(reply)
+                });
+                task.await.unwrap_or_else(|e| {
+                    Err(StoreError::Protocol(Cause::from(format!(
+                        "a region's reset did not finish: {e}"
+                    ))))
+                })
             }
             LedgerMode::Peek | LedgerMode::Keep => self.forward(&key, &policies, call).await,
         }

@@ -47,9 +47,10 @@ impl<H: LeaseBackend> Region<H> {
     }
 
     /// Gives replaced, emptied or ended deposits back to the home, once the last block lent
-    /// from them has ended (their units may be spent until then). A deposit a renewal
-    /// replaced (`Gone::SetAside`) is taken out of the region's Redis only then, with the
-    /// units its blocks gave back meanwhile; if a reset dropped it, nothing goes home.
+    /// from them has ended (their units may be spent until then). A deposit set aside
+    /// (`Gone::SetAside`: replaced by a renewal, or emptied for a debt) is taken out of the
+    /// region's Redis only then, with the units its blocks gave back meanwhile; if a reset
+    /// dropped it, nothing goes home.
     pub(super) fn send_home(
         self: &Arc<Self>,
         key: Key,
