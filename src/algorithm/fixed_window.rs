@@ -192,15 +192,11 @@ impl LimitAlgorithm for FixedWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::test_support::assert_retry_exact;
-    use crate::Policy;
-    use crate::{Algorithm, Rate};
+    use crate::algorithm::test_support::{assert_retry, policy_for};
+    use crate::{Policy, Rate};
 
     fn policy(n: u64, w_ms: u64) -> Policy {
-        Policy::builder("fw", Rate::new(n, std::time::Duration::from_millis(w_ms)))
-            .algorithm(Algorithm::FixedWindow)
-            .build()
-            .unwrap()
+        policy_for::<FixedWindow>(Rate::new(n, std::time::Duration::from_millis(w_ms)))
     }
 
     #[test]
@@ -218,9 +214,7 @@ mod tests {
         assert!(!d.is_allowed());
         assert_eq!(s2, s, "a denied request consumes nothing");
         assert_eq!(d.retry_after_millis(), 500);
-        assert_retry_exact(&s, 5_500, 1, &d, |s, t, c| {
-            FixedWindow::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<FixedWindow>(&s, 5_500, p.limits(), 1, &d);
         assert!(FixedWindow::evaluate(&s, 6_000, p.limits(), 1).is_allowed());
     }
 

@@ -240,17 +240,13 @@ impl LimitAlgorithm for Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::test_support::assert_retry_exact;
+    use crate::algorithm::test_support::{assert_retry, policy_for};
     use crate::algorithm::{TokenBucket, TokenBucketState};
-    use crate::Policy;
-    use crate::{Algorithm, Rate};
+    use crate::{Algorithm, Policy, Rate};
     use std::time::Duration;
 
     fn policy(n: u64, burst: u64) -> Policy {
-        Policy::builder("gcra", Rate::per_second(n).with_burst(burst))
-            .algorithm(Algorithm::Gcra)
-            .build()
-            .unwrap()
+        policy_for::<Gcra>(Rate::per_second(n).with_burst(burst))
     }
 
     #[test]
@@ -266,14 +262,10 @@ mod tests {
         assert!(!d.is_allowed());
         assert_eq!(s, s2);
         assert_eq!(d.retry_after_millis(), 334);
-        assert_retry_exact(&s, 10_000, 1, &d, |s, t, c| {
-            Gcra::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<Gcra>(&s, 10_000, p.limits(), 1, &d);
         assert_eq!(d.reset_after_millis(), 667);
         let d = Gcra::evaluate(&s, 10_000, p.limits(), 2);
-        assert_retry_exact(&s, 10_000, 2, &d, |s, t, c| {
-            Gcra::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<Gcra>(&s, 10_000, p.limits(), 2, &d);
     }
 
     #[test]
@@ -291,7 +283,7 @@ mod tests {
                 assert_eq!(s, ns);
                 // At 50 ms the backlog has drained to where a 250 ms wait fits.
                 assert_eq!(d.retry_after_millis(), 50);
-                assert_retry_exact(&s, 0, 1, &d, |s, t, c| Gcra::evaluate(s, t, p.limits(), c));
+                assert_retry::<Gcra>(&s, 0, p.limits(), 1, &d);
                 break;
             }
             delays.push(d.delay_millis());

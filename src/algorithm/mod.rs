@@ -251,7 +251,30 @@ pub(crate) fn never_fits(look: PolicyDecision) -> PolicyDecision {
 
 #[cfg(test)]
 pub(crate) mod test_support {
-    use super::PolicyDecision;
+    use super::{LimitAlgorithm, PolicyDecision};
+    use crate::policy::Limits;
+    use crate::{Policy, Rate};
+
+    /// A policy of algorithm `A` at `rate`, named after the algorithm.
+    pub(crate) fn policy_for<A: LimitAlgorithm>(rate: Rate) -> Policy {
+        Policy::builder(A::ALGORITHM.as_str(), rate)
+            .algorithm(A::ALGORITHM)
+            .build()
+            .expect("a valid test policy")
+    }
+
+    /// [`assert_retry_exact`] for algorithm `A`'s own evaluation under `limits`.
+    pub(crate) fn assert_retry<A: LimitAlgorithm>(
+        state: &A::State,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+        denied: &PolicyDecision,
+    ) {
+        assert_retry_exact(state, now, cost, denied, |s, t, c| {
+            A::evaluate(s, t, limits, c)
+        });
+    }
 
     /// Asserts the retry contract: the same request at `now + retry_after` passes and one
     /// millisecond earlier it does not.

@@ -367,7 +367,7 @@ impl LimitAlgorithm for SlidingWindowCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::test_support::assert_retry_exact;
+    use crate::algorithm::test_support::assert_retry;
     use crate::Policy;
     use crate::Rate;
     use std::time::Duration;
@@ -397,9 +397,7 @@ mod tests {
         assert_eq!(ns, ns2);
         // 7.5 + 2 + 1 > 10 until the weight drops to 7: at 11_300.
         assert_eq!(d.retry_after_millis(), 50);
-        assert_retry_exact(&ns, 11_250, 1, &d, |s, t, c| {
-            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowCounter>(&ns, 11_250, p.limits(), 1, &d);
     }
 
     #[test]
@@ -413,15 +411,11 @@ mod tests {
         };
         let d = SlidingWindowCounter::evaluate(&s, 5_100, p.limits(), 1);
         assert_eq!(d.retry_after_millis(), 1_000);
-        assert_retry_exact(&s, 5_100, 1, &d, |s, t, c| {
-            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowCounter>(&s, 5_100, p.limits(), 1, &d);
         // A cost equal to the limit needs the previous window gone entirely.
         let d = SlidingWindowCounter::evaluate(&s, 5_100, p.limits(), 10);
         assert_eq!(d.retry_after_millis(), 1_900);
-        assert_retry_exact(&s, 5_100, 10, &d, |s, t, c| {
-            SlidingWindowCounter::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowCounter>(&s, 5_100, p.limits(), 10, &d);
         // Both windows partly full.
         let s = SlidingWindowCounterState {
             window: 5,
@@ -432,9 +426,7 @@ mod tests {
             for cost in 1..=10 {
                 let d = SlidingWindowCounter::evaluate(&s, now, p.limits(), cost);
                 if !d.is_allowed() {
-                    assert_retry_exact(&s, now, cost, &d, |s, t, c| {
-                        SlidingWindowCounter::evaluate(s, t, p.limits(), c)
-                    });
+                    assert_retry::<SlidingWindowCounter>(&s, now, p.limits(), cost, &d);
                 }
             }
         }

@@ -244,16 +244,12 @@ fn log_at(state: &mut SlidingWindowLogState, at: u64, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::test_support::assert_retry_exact;
-    use crate::Policy;
-    use crate::{Algorithm, Rate};
+    use crate::algorithm::test_support::{assert_retry, policy_for};
+    use crate::{Policy, Rate};
     use std::time::Duration;
 
     fn policy(n: u64, w_ms: u64) -> Policy {
-        Policy::builder("swl", Rate::new(n, Duration::from_millis(w_ms)))
-            .algorithm(Algorithm::SlidingWindowLog)
-            .build()
-            .unwrap()
+        policy_for::<SlidingWindowLog>(Rate::new(n, Duration::from_millis(w_ms)))
     }
 
     #[test]
@@ -270,19 +266,13 @@ mod tests {
         assert_eq!(s, s2);
         assert_eq!(d.retry_after_millis(), 200); // the entry at 100 leaves at 1100
         assert_eq!(d.reset_after_millis(), 800); // the entry at 700 leaves at 1700
-        assert_retry_exact(&s, 900, 1, &d, |s, t, c| {
-            SlidingWindowLog::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowLog>(&s, 900, p.limits(), 1, &d);
         let d = SlidingWindowLog::evaluate(&s, 900, p.limits(), 2);
         assert_eq!(d.retry_after_millis(), 500);
-        assert_retry_exact(&s, 900, 2, &d, |s, t, c| {
-            SlidingWindowLog::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowLog>(&s, 900, p.limits(), 2, &d);
         let d = SlidingWindowLog::evaluate(&s, 900, p.limits(), 3);
         assert_eq!(d.retry_after_millis(), 800);
-        assert_retry_exact(&s, 900, 3, &d, |s, t, c| {
-            SlidingWindowLog::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<SlidingWindowLog>(&s, 900, p.limits(), 3, &d);
     }
 
     #[test]

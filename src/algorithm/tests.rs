@@ -312,9 +312,7 @@ fn gcra_retry_is_exact_after_an_override_lowers_the_rate() {
             let d = Gcra::evaluate(&s, now, lower.limits(), cost);
             if !d.is_allowed() {
                 denied += 1;
-                test_support::assert_retry_exact(&s, now, cost, &d, |s, t, c| {
-                    Gcra::evaluate(s, t, lower.limits(), c)
-                });
+                test_support::assert_retry::<Gcra>(&s, now, lower.limits(), cost, &d);
             }
         }
     }

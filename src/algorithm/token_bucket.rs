@@ -183,15 +183,11 @@ impl LimitAlgorithm for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::test_support::assert_retry_exact;
-    use crate::Policy;
-    use crate::{Algorithm, Rate};
+    use crate::algorithm::test_support::{assert_retry, policy_for};
+    use crate::{Policy, Rate};
 
     fn policy(n: u64, burst: u64) -> Policy {
-        Policy::builder("tb", Rate::per_second(n).with_burst(burst))
-            .algorithm(Algorithm::TokenBucket)
-            .build()
-            .unwrap()
+        policy_for::<TokenBucket>(Rate::per_second(n).with_burst(burst))
     }
 
     #[test]
@@ -208,14 +204,10 @@ mod tests {
         assert!(!d.is_allowed());
         assert_eq!(s, s2, "a denied request takes no tokens");
         assert_eq!(d.retry_after_millis(), 334);
-        assert_retry_exact(&s, 1_000, 1, &d, |s, t, c| {
-            TokenBucket::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<TokenBucket>(&s, 1_000, p.limits(), 1, &d);
         let d = TokenBucket::evaluate(&s, 1_000, p.limits(), 2);
         assert_eq!(d.retry_after_millis(), 667);
-        assert_retry_exact(&s, 1_000, 2, &d, |s, t, c| {
-            TokenBucket::evaluate(s, t, p.limits(), c)
-        });
+        assert_retry::<TokenBucket>(&s, 1_000, p.limits(), 2, &d);
         assert_eq!(d.reset_after_millis(), 1_667);
     }
 
