@@ -93,8 +93,14 @@ ALG[ALG_IN_FLIGHT] = function()
     for i = 1, #s.add do
       redis.call('ZADD', key, expiry, int(s.add[i]))
     end
+    -- The set lives as long as its longest slot: a slot taken or refreshed under a shorter
+    -- lease (a reload, another instance's plan) must not cut the others' time short.
     if #s.add > 0 or #s.keep > 0 then
-      redis.call('PEXPIRE', key, ttl(expiry, now))
+      local want = ttl(expiry, now)
+      local left = redis.call('PTTL', key)
+      if left < 0 or left < want then
+        redis.call('PEXPIRE', key, want)
+      end
     end
   end
 

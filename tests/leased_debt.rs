@@ -1,5 +1,6 @@
-//! Settlements above their reservation on leased policies: the extra charge is a debt, never
-//! forgiven, as on the exact stores. Two `LeasedStore` instances share one ledger (the
+//! Settlements on leased policies. Below the reservation, the difference comes back as on
+//! the exact stores, whether or not the instance holds a block. Above it, the extra charge is
+//! a debt, never forgiven, as on the exact stores. Two `LeasedStore` instances share one ledger (the
 //! in-process `MemoryLedger`, and a real `redis-server`); a key whose requests are settled far
 //! above their estimate, every one of them or now and then, is served over every span no more
 //! than the exact bound table of `Store::settle` allows. Manual clocks throughout (the Redis
@@ -13,7 +14,7 @@ use std::time::Duration;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::Key;
 use tollgate::store::leased::{LeaseBackend, LeasedStore, MemoryLedger};
-use tollgate::store::{RedisStore, Store};
+use tollgate::store::{RedisStore, Store, StoreExt};
 use tollgate::{Algorithm, Limiter, Policy, Rate};
 
 use support::RedisServer;
@@ -234,4 +235,91 @@ async fn a_redis_ledger_never_forgives_a_settlements_debt() {
         "redis",
     )
     .await;
+}
+
+/// Units a store admits `key` under `p` from now until it refuses (the clock stands still):
+/// as many requests of 100 as fit, then of 1.
+async fn units_left<S: Store>(store: &S, key: &Key, p: &[Policy]) -> u64 {
+    let mut units = 0;
+    for cost in [100, 1] {
+        while store.check(key, p, &[cost]).await.unwrap().is_allowed() {
+            units += cost;
+        }
+    }
+    units
+}
+
+/// A settlement below its reservation gives the difference back, as the exact store does:
+/// for an estimate too large for a block (charged at the ledger) and one taken from a block,
+/// on a cold key and on one already tracked, and for a refund — the units admitted after
+/// them are the exact store's to the unit.
+async fn settlements_below_their_reservation_give_back<S: Store>(
+    exact: impl Store,
+    store: S,
+    label: &str,
+) {
+    for a in LEASED {
+        let p = [Policy::builder("tokens", Rate::per_minute(10_000))
+            .algorithm(a)
+            .build()
+            .unwrap()];
+        let key = Key::new("u", format!("below-{label}-{a}"));
+        for (reserved, actual) in [(4_000, 1_500), (4_000, 0), (10, 3), (500, 499)] {
+            assert!(exact
+                .check(&key, &p, &[reserved])
+                .await
+                .unwrap()
+                .is_allowed());
+            exact
+                .settle(&key, &p, &[reserved], &[actual])
+                .await
+                .unwrap();
+            assert!(store
+                .check(&key, &p, &[reserved])
+                .await
+                .unwrap()
+                .is_allowed());
+            store
+                .settle(&key, &p, &[reserved], &[actual])
+                .await
+                .unwrap();
+        }
+        exact.check(&key, &p, &[700]).await.unwrap();
+        exact.refund(&key, &p, &[700]).await.unwrap();
+        store.check(&key, &p, &[700]).await.unwrap();
+        store.refund(&key, &p, &[700]).await.unwrap();
+        let want = units_left(&exact, &key, &p).await;
+        let got = units_left(&store, &key, &p).await;
+        assert_eq!(want, 10_000 - 1_500 - 3 - 499, "{label} {a}");
+        if a == Algorithm::SlidingWindowLog {
+            // The ledger's log names each charge by its call: a give-back of units charged at
+            // the ledger cannot name it, and is lost (see `LeasedStore`'s "Settlements").
+            assert!(got <= want, "{label} {a}: {got} admitted, {want} exact");
+        } else {
+            assert_eq!(
+                got, want,
+                "{label} {a}: units admitted after the settlements"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn settlements_below_their_reservation_give_back_on_a_memory_ledger() {
+    let clock = ManualClock::new(1_000_000);
+    let exact = tollgate::store::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let store = leased(MemoryLedger::with_clock(clock.clone()), &clock);
+    settlements_below_their_reservation_give_back(exact, store, "memory").await;
+}
+
+#[tokio::test]
+async fn settlements_below_their_reservation_give_back_on_a_redis_ledger() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_000_000);
+    let exact = redis_store(&server, "exact", &clock);
+    let store = leased(redis_store(&server, "leased", &clock), &clock);
+    settlements_below_their_reservation_give_back(exact, store, "redis").await;
 }

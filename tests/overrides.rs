@@ -382,3 +382,104 @@ async fn the_cli_manages_overrides_in_redis() {
     assert_eq!(app.check(&key, 1).await.unwrap().limit(), 10);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A raised override raises the largest cost a key can be charged with it: a cost above the
+/// plan's capacity but within the override's is decided (and charged) as any other, one
+/// above the override's is refused naming the override's capacity — every algorithm, on the
+/// memory store and on Redis.
+async fn a_raised_override_admits_costs_up_to_its_capacity<S: Store + Clone>(
+    store: S,
+    label: &str,
+) {
+    for algorithm in [
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ] {
+        let limiter = limiter(store.clone(), algorithm);
+        let key = Key::new("tenant", format!("big-{label}-{algorithm}"));
+        limiter
+            .set_override(&key, Override::new("api", 1_000))
+            .await
+            .unwrap();
+        let d = limiter.check(&key, 900).await.unwrap();
+        assert!(d.is_allowed(), "{label} {algorithm}: 900 of 1 000");
+        assert_eq!(d.limit(), 1_000, "{label} {algorithm}");
+        let reservation = limiter.reserve(&key, 50).await.unwrap();
+        assert!(reservation.decision().is_allowed(), "{label} {algorithm}");
+        reservation.settle(50).await.unwrap();
+        match limiter.check(&key, 1_001).await {
+            Err(CheckError::CostExceedsCapacity { cost, capacity, .. }) => {
+                assert_eq!((cost, capacity), (1_001, 1_000), "{label} {algorithm}");
+            }
+            other => panic!("{label} {algorithm}: {other:?}"),
+        }
+        // Without the override the plan's capacity holds again.
+        limiter.remove_override(&key, "api").await.unwrap();
+        match limiter.check(&key, 11).await {
+            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
+                assert_eq!(capacity, 10, "{label} {algorithm}");
+            }
+            other => panic!("{label} {algorithm}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_raised_override_admits_costs_up_to_its_capacity_memory() {
+    a_raised_override_admits_costs_up_to_its_capacity(MemoryStore::new(), "memory").await;
+}
+
+#[tokio::test]
+async fn a_raised_override_admits_costs_up_to_its_capacity_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("big")
+        .build_with_url(&server.url())
+        .unwrap();
+    a_raised_override_admits_costs_up_to_its_capacity(store, "redis").await;
+}
+
+/// Through HTTP, a metered route: a tenant whose token quota is raised may send a request
+/// whose estimate is above the plan's capacity; another tenant may not.
+#[tokio::test]
+async fn a_raised_override_admits_a_larger_estimate_through_http() {
+    use tollgate::route::{Meter, Route};
+    let tokens = Policy::new("tokens", Rate::per_minute(1_000)).unwrap();
+    let limiter = Limiter::builder()
+        .route(
+            "POST /chat",
+            Route::new().metered(tokens, Meter::from_body(100)),
+        )
+        .default_route(Route::exempt())
+        .extractor(support::by_tenant())
+        .build()
+        .unwrap();
+    limiter
+        .set_override(&Key::new("tenant", "big"), Override::new("tokens", 100_000))
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/chat", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter))
+        .layer(tollgate::EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let post = |tenant: &'static str| {
+        client
+            .post(format!("http://{addr}/chat"))
+            .header("x-tenant", tenant)
+            .header("content-type", "application/json")
+            .body(r#"{"max_tokens":5000}"#)
+            .send()
+    };
+    let res = post("big").await.unwrap();
+    assert_eq!(res.status(), 200, "{:?}", res.text().await);
+    let res = post("small").await.unwrap();
+    assert_eq!(res.status(), 429);
+    let body = res.text().await.unwrap();
+    assert!(body.contains("cost_exceeds_capacity"), "{body}");
+    assert!(body.contains("1000"), "{body}");
+}

@@ -356,3 +356,137 @@ async fn settles_through_http_redis() {
     let server = RedisServer::start();
     settles_through_http(RedisStore::builder().build_with_url(&server.url()).unwrap()).await;
 }
+
+/// A reservation made before a reset and settled (or refunded) after it gives nothing back:
+/// the reset erased its estimate, and a refund would come off what was charged since. Every
+/// algorithm, the memory store and Redis.
+async fn a_reset_voids_the_give_back_of_earlier_reservations<S: Store + Clone>(store: S) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, 10, Duration::from_secs(60));
+        let key = Key::new("user", format!("reset-{algorithm}"));
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .policy(p.clone())
+            .build()
+            .unwrap();
+        let settled = limiter.reserve(&key, 10).await.unwrap();
+        assert!(settled.decision().is_allowed(), "{algorithm}");
+        limiter.reset(&key).await.unwrap();
+        let refunded = limiter.reserve(&key, 4).await.unwrap();
+        assert!(refunded.decision().is_allowed(), "{algorithm}");
+        limiter.reset(&key).await.unwrap();
+        let fresh = limiter.reserve(&key, 10).await.unwrap();
+        assert!(fresh.decision().is_allowed(), "{algorithm}: a fresh window");
+        settled.settle(0).await.unwrap();
+        refunded.refund().await.unwrap();
+        assert_eq!(
+            used(&store, &key, &p).await,
+            10,
+            "{algorithm}: the give-backs of reservations a reset overtook changed nothing"
+        );
+        fresh.keep();
+        // A reservation made after the last reset still settles.
+        limiter.reset(&key).await.unwrap();
+        let r = limiter.reserve(&key, 8).await.unwrap();
+        r.settle(3).await.unwrap();
+        assert_eq!(used(&store, &key, &p).await, 3, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn a_reset_voids_the_give_back_of_earlier_reservations_memory() {
+    a_reset_voids_the_give_back_of_earlier_reservations(memory(&ManualClock::new(1_000_000))).await;
+}
+
+#[tokio::test]
+async fn a_reset_voids_the_give_back_of_earlier_reservations_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_000_000);
+    a_reset_voids_the_give_back_of_earlier_reservations(redis(&server, "void", &clock)).await;
+}
+
+/// A body that sends one SSE event once `wait` is done.
+struct OneEventAfter {
+    wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl http_body::Body for OneEventAfter {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let Some(wait) = self.wait.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        std::task::ready!(wait.as_mut().poll(cx));
+        self.wait = None;
+        let frame = http_body::Frame::data(Bytes::from_static(b"data: one\n\n"));
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+}
+
+/// Through HTTP: a metered request admitted before a reset and settled after it (its stream
+/// ends after the reset) gives nothing back out of the fresh window.
+#[tokio::test]
+async fn a_request_settled_after_a_reset_gives_nothing_back_through_http() {
+    let tokens = Policy::new("tokens", Rate::per_minute(1_000)).unwrap();
+    let limiter = Limiter::builder()
+        .route(
+            "POST /chat",
+            Route::new().metered(
+                tokens.clone(),
+                Meter::from_body(1_000).settle_from_stream(count_events),
+            ),
+        )
+        .route(
+            "POST /fill",
+            Route::new().metered(tokens.clone(), Meter::from_body(1_000)),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let app = Router::new()
+        .route(
+            "/chat",
+            post(move || {
+                let mut released = released.clone();
+                let wait = Box::pin(async move {
+                    let _ = released.wait_for(|&r| r).await;
+                });
+                async move {
+                    let body = Body::new(OneEventAfter { wait: Some(wait) });
+                    ([("content-type", "text/event-stream")], body)
+                }
+            }),
+        )
+        .route("/fill", post(|| async { "filled" }))
+        .layer(RateLimitLayer::new(limiter.clone()))
+        .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, max: u64| {
+        client
+            .post(format!("http://{addr}{path}"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"max_tokens":{max}}}"#))
+            .send()
+    };
+    let key = Key::global("all");
+    // Admitted with the whole quota reserved; its stream waits.
+    let streaming = post("/chat", 1_000).await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    limiter.reset(&key).await.unwrap();
+    // The fresh window, filled.
+    assert_eq!(post("/fill", 1_000).await.unwrap().status(), 200);
+    // The first request ends having used one token: settling it at 1 would give back 999
+    // of the window filled since the reset.
+    release.send(true).unwrap();
+    assert_eq!(streaming.bytes().await.unwrap(), "data: one\n\n");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 0);
+    assert_eq!(post("/fill", 500).await.unwrap().status(), 429);
+}

@@ -18,12 +18,17 @@
 //! of the lease while the request runs. In memory a slot is held until it is given back;
 //! the lease plays no part.
 //!
-//! A release of a slot never held, or held by a state that has since been forgotten (a
-//! [`reset`](crate::store::Op::Reset)), changes nothing: the count never goes below zero,
-//! and a slot is named by the request that took it, so a store gives it back only to the
-//! state it was taken from. The Redis stores keep the names themselves (a sorted set); the
+//! A request holds one slot whatever its cost: a store charges one slot for any cost (a
+//! look, [`Op::Peek`](crate::store::Op::Peek), asks for none with cost 0).
+//!
+//! A release of a slot held by a state that has since been forgotten (a
+//! [`reset`](crate::store::Op::Reset)) changes nothing, and the count never goes below
+//! zero: a slot is named by the request that took it. The Redis stores keep the names
+//! themselves (a sorted set), so a release of a name they do not hold changes nothing; the
 //! memory store keeps the count and the name of the request that started the state
-//! ([`InFlightState::since`]): a slot named before that belongs to a forgotten state.
+//! ([`InFlightState::since`]): a slot named before that belongs to a forgotten state, and
+//! any later name frees one slot (see [`Op::Release`](crate::store::Op::Release) for what
+//! that means for a slot released twice).
 //!
 //! A [refund](crate::store::Op::Refund) is about rate units and never touches slots; only
 //! [`Op::Release`](crate::store::Op::Release) gives a slot back.

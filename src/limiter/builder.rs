@@ -2,6 +2,7 @@
 //! reads, refusing anything that would not be enforced as written.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -370,6 +371,7 @@ impl<S: Store> LimiterBuilder<S> {
             shadow: ShadowCounters::default(),
             names: Mutex::new(names),
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
+            resets: AtomicU64::new(0),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),

@@ -120,7 +120,7 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         let mut given = SmallVec::new();
-        let costs = match decide::charged(set, key, Some(cost), None, &mut given) {
+        let costs = match decide::charged(set, Some(cost), None, &mut given) {
             PreparedKey::Ask(costs) => costs,
             other => {
                 self.check_shadow(key, set, cost);

@@ -37,7 +37,16 @@ pub(crate) enum Prepared<F> {
 
 /// The units a request of a set with metered policies or a counting rule charged each
 /// enforced policy, for its settlement or refund; `None` for a set without either.
-pub(crate) type Reserved = Option<Box<SmallVec<[u64; 2]>>>;
+pub(crate) type Reserved = Option<Box<ReservedUnits>>;
+
+/// The units a request charged each enforced policy, and the limiter's count of resets
+/// ([`Limiter::resets_seen`]) read before it was charged: a give-back after a reset of this
+/// limiter would come off units charged since the reset, so there is none.
+#[derive(Debug, Clone)]
+pub(crate) struct ReservedUnits {
+    pub(crate) units: SmallVec<[u64; 2]>,
+    pub(crate) resets: u64,
+}
 
 /// What [`Limiter::finish`] needs of a request besides the store's answer: the policy set and
 /// key it is decided by, and the units it reserved.
@@ -52,12 +61,16 @@ impl Pending {
     /// goes along (moved, not copied) for the decision event, the span, the top refused keys
     /// and what the request holds; each reads it only when it is wanted.
     #[inline(always)]
-    fn new(set: &Arc<PolicySet>, key: Key, costs: &[u64]) -> Self {
+    fn new(set: &Arc<PolicySet>, key: Key, costs: &[u64], resets: u64) -> Self {
         Self {
             set: Arc::clone(set),
             key,
-            reserved: (!set.meters.is_empty() || set.count.is_some())
-                .then(|| Box::new(SmallVec::from_slice(costs))),
+            reserved: (!set.meters.is_empty() || set.count.is_some()).then(|| {
+                Box::new(ReservedUnits {
+                    units: SmallVec::from_slice(costs),
+                    resets,
+                })
+            }),
         }
     }
 }
@@ -129,12 +142,18 @@ impl<S: Store> Limiter<S> {
             PreparedKey::Refuse(refusal) => return Prepared::Refuse(refusal),
             PreparedKey::Ask(costs) => costs,
         };
+        // Read before the charge: a reset after this read makes the charge's give-back void.
+        let resets = if set.meters.is_empty() && set.count.is_none() {
+            0
+        } else {
+            self.resets_seen()
+        };
         if let Some(outcome) = self.answer_now(set, &key, costs) {
-            let pending = Pending::new(set, key, costs);
+            let pending = Pending::new(set, key, costs, resets);
             return Prepared::Decided { outcome, pending };
         }
         let future = self.answer_later(set, &key, costs);
-        let pending = Pending::new(set, key, costs);
+        let pending = Pending::new(set, key, costs, resets);
         Prepared::Check { future, pending }
     }
 }
@@ -254,7 +273,7 @@ impl<S: Store> Limiter<S> {
         if !set.shadow.is_empty() {
             self.spawn_shadow_check(key, set, cost);
         }
-        charged(set, key, cost, estimates, given)
+        charged(set, cost, estimates, given)
     }
 
     /// The store's answer about a prepared key, when it gives one at once: a store that
@@ -325,11 +344,10 @@ pub(crate) fn forbidden(key: &Key) -> Refusal {
 }
 
 /// The units a screened key charges each enforced policy (see [`Limiter::prepare_key`]),
-/// or its pass (no enforced policy) or refusal (a cost above a capacity).
+/// or its pass (no enforced policy).
 #[inline(always)]
 pub(crate) fn charged<'s>(
     set: &'s PolicySet,
-    key: &Key,
     cost: Option<u64>,
     estimates: Option<&[u64]>,
     given: &'s mut SmallVec<[u64; 2]>,
@@ -343,19 +361,11 @@ pub(crate) fn charged<'s>(
     if estimates.is_none() && cost.is_none_or(|c| set.own_costs.fits(c)) {
         return PreparedKey::Ask(&set.default_costs);
     }
-    // Policies' own costs were checked when they were built; a given one is checked here.
+    // A given cost above a policy's capacity is not refused here: a per-key override in the
+    // store may raise the capacity in force for this key. The store refuses a cost above the
+    // capacity in force, charging nothing, and `finish` turns that into the same refusal.
     *given = set.charged_costs(cost, estimates);
-    if let Some((p, &c)) = too_costly(&set.enforced, given) {
-        let refusal = Refusal::cost_exceeds_capacity(p, c);
-        refusal.log(Some(key));
-        return PreparedKey::Refuse(refusal);
-    }
     PreparedKey::Ask(given)
-}
-
-/// The first policy whose capacity a cost exceeds.
-fn too_costly<'a>(policies: &'a [Policy], costs: &'a [u64]) -> Option<(&'a Policy, &'a u64)> {
-    policies.iter().zip(costs).find(|(p, &c)| c > p.capacity())
 }
 
 #[cfg(test)]

@@ -244,10 +244,10 @@ fn direct(refusal: &Refusal) -> Result<Decision, CheckError> {
 
 /// The refusal of a decision the store denied for a cost above a policy's capacity in force
 /// ([`PolicyDecision::exceeds_capacity`](crate::algorithm::PolicyDecision::exceeds_capacity)):
-/// a per-key override with a lower capacity than the plan's, which the screen before the
-/// store checks against. Refused as the screen refuses a cost above the plan's capacity
-/// (`CostExceedsCapacity`, no `Retry-After`: no wait makes it fit), and never counted as a
-/// rate-limit refusal.
+/// the plan's, or a per-key override's, higher or lower (which is why the limiter does not
+/// screen costs against the plan before asking the store). Refused with
+/// `CostExceedsCapacity`, no `Retry-After` (no wait makes it fit), naming the capacity in
+/// force, and never counted as a rate-limit refusal.
 fn over_capacity(set: &PolicySet, decision: &Decision) -> Option<Refusal> {
     if decision.is_allowed() {
         return None;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Limiter, PolicySet, Reserved};
+use super::{Limiter, PolicySet, Reserved, ReservedUnits};
 use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -221,6 +221,10 @@ impl<S: Store> Limiter<S> {
         let counting = self.counting(set, key, decision, reserved.as_deref());
         let slots = self.hold_slots(set, key, decision);
         let settlement = reserved.filter(|_| !set.meters.is_empty()).map(|reserved| {
+            let ReservedUnits {
+                units: reserved,
+                resets,
+            } = *reserved;
             let policies = &set.enforced;
             let meters = set
                 .meters
@@ -241,7 +245,7 @@ impl<S: Store> Limiter<S> {
                     let i = policies.iter().position(|q| q.name() == p.name())?;
                     actual.iter().find(|(j, _)| *j == i).map(|(_, a)| *a)
                 };
-                if let Some(call) = limiter.settle_call(&set, &key, &reserved, lookup) {
+                if let Some(call) = limiter.settle_call(&set, &key, &reserved, resets, lookup) {
                     drive("settle", call);
                 }
             });
@@ -264,13 +268,16 @@ impl<S: Store> Limiter<S> {
         set: &Arc<PolicySet>,
         key: &Key,
         decision: &Decision,
-        reserved: Option<&SmallVec<[u64; 2]>>,
+        reserved: Option<&ReservedUnits>,
     ) -> Option<Counting> {
         let when = set.count.clone()?;
         if decision.decided_by() == DecidedBy::FailOpen {
             return None;
         }
-        let reserved = reserved?.clone();
+        let ReservedUnits {
+            units: reserved,
+            resets,
+        } = reserved?.clone();
         let charged = charged_units(set, &reserved);
         if charged.is_empty() {
             return None;
@@ -282,7 +289,7 @@ impl<S: Store> Limiter<S> {
             when,
             charged,
             refund: Box::new(move || {
-                if let Some(call) = limiter.refund_call(&set, &key, &reserved) {
+                if let Some(call) = limiter.refund_call(&set, &key, &reserved, resets) {
                     drive("refund", call);
                 }
             }),
@@ -290,15 +297,17 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The call that refunds what an admitted request of `set` charged its rate policies,
-    /// `reserved` (per enforced policy), if it charged any.
+    /// `reserved` (per enforced policy), if it charged any and no reset of this limiter has
+    /// begun or ended since `resets` ([`Limiter::resets_seen`]) was read before the charge.
     pub(crate) fn refund_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
+        resets: u64,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         let charged = charged_units(set, reserved);
-        if charged.is_empty() {
+        if charged.is_empty() || self.resets_seen() != resets {
             return None;
         }
         let policies: SmallVec<[Policy; 2]> = charged
@@ -357,20 +366,26 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Settles a reservation made under `set`: `actual(policy)` is each settled policy's
-    /// actual cost, `None` to leave its reservation standing.
+    /// actual cost, `None` to leave its reservation standing. When a reset of this limiter
+    /// has begun or ended since `resets` ([`Limiter::resets_seen`]) was read before the
+    /// charge, nothing is given back (the reset may have erased the charge, and a give-back
+    /// would come off units charged since); a cost above the reservation is still charged.
     pub(crate) fn settle_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
+        resets: u64,
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
+        let reset_since = self.resets_seen() != resets;
         let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();
         let mut acts: SmallVec<[u64; 2]> = SmallVec::new();
         for (p, r) in policies.into_iter().zip(charged) {
             if let Some(a) = actual(&p) {
+                let a = if reset_since { a.max(r) } else { a };
                 if a != r {
                     ps.push(p);
                     rs.push(r);

@@ -25,7 +25,7 @@ mod route_table;
 mod shadow;
 
 pub use builder::LimiterBuilder;
-pub(crate) use decide::{CheckFuture, Pending, Prepared, Reserved};
+pub(crate) use decide::{CheckFuture, Pending, Prepared, Reserved, ReservedUnits};
 use decide::{OwnCosts, PreparedKey};
 pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
@@ -37,7 +37,7 @@ pub use permit::{Permit, Reservation};
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -124,6 +124,9 @@ pub(crate) struct Common<S> {
     names: Mutex<PolicyNames>,
     /// The keys refused most often, when kept ([`Limiter::top_refused`]).
     top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
+    /// Moved twice by every [`Limiter::reset`], before and after the store's reset: see
+    /// [`Limiter::resets_seen`].
+    resets: AtomicU64,
 }
 
 /// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
@@ -540,6 +543,25 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
+        // Moved before the store's reset (a give-back made while it runs would come off the
+        // fresh count) and after it (a charge made while it runs may have been erased).
+        let resets = &self.inner.common.resets;
+        resets.fetch_add(1, Ordering::AcqRel);
+        let done = self.reset_in_store(key).await;
+        resets.fetch_add(1, Ordering::AcqRel);
+        done
+    }
+
+    /// How many times resets through this limiter (or one sharing its store, by
+    /// [`for_route`](Self::for_route)) have begun or ended. A reservation or a layer request
+    /// reads it before its charge and gives nothing back if it has moved by the time it
+    /// would: a reset erased that charge, or may have, and a give-back would come off what
+    /// was charged since.
+    pub(crate) fn resets_seen(&self) -> u64 {
+        self.inner.common.resets.load(Ordering::Acquire)
+    }
+
+    async fn reset_in_store(&self, key: &Key) -> Result<(), CheckError> {
         let mut all: Vec<Policy> = vec![];
         let plan = self.plan();
         for set in &plan.sets {

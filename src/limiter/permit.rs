@@ -127,12 +127,15 @@ impl<S: Store> Limiter<S> {
             (None, set.meters.iter().map(|_| estimate).collect())
         };
         let reserved = set.charged_costs(cost, Some(&estimates));
+        // Read before the charge: see `Reservation::settle`.
+        let resets = self.resets_seen();
         let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
         Ok(Reservation {
             limiter: self.clone(),
             key: key.clone(),
             set: Some(set),
             reserved,
+            resets,
             decision,
             slots,
         })
@@ -172,6 +175,8 @@ pub struct Reservation<S = MemoryStore> {
     set: Option<Arc<PolicySet>>,
     /// The units charged to each enforced policy of the set.
     reserved: SmallVec<[u64; 2]>,
+    /// [`Limiter::resets_seen`] before the charge.
+    resets: u64,
     decision: Decision,
     slots: Option<Slots>,
 }
@@ -193,6 +198,7 @@ impl<S: Store> Reservation<S> {
             key,
             set: None,
             reserved: SmallVec::new(),
+            resets: 0,
             decision: Decision::pass(),
             slots: None,
         }
@@ -208,6 +214,13 @@ impl<S: Store> Reservation<S> {
     /// reservation charged nothing, so settling it does nothing. In-flight slots are given
     /// back afterwards.
     ///
+    /// After a [`reset`](Limiter::reset) of this limiter (of any key) that began after the
+    /// reservation was made, nothing is refunded: the reset erased the estimate, or may
+    /// have, and a refund would come off units charged since; an actual cost above the
+    /// estimate still charges the difference. A reset made through another instance is not
+    /// seen: there a settlement below its estimate can give back up to the estimate out of
+    /// the fresh count.
+    ///
     /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
     /// once (its store call is finished on the current Tokio runtime), and the slots are
     /// given back either way.
@@ -221,7 +234,9 @@ impl<S: Store> Reservation<S> {
             if !self.decision.policies().is_empty() {
                 if let Some(call) =
                     self.limiter
-                        .settle_call(&set, &self.key, &self.reserved, |_| Some(actual))
+                        .settle_call(&set, &self.key, &self.reserved, self.resets, |_| {
+                            Some(actual)
+                        })
                 {
                     Completing::new("settle", call).await?;
                 }
@@ -236,8 +251,9 @@ impl<S: Store> Reservation<S> {
     pub fn keep(self) {}
 
     /// Refunds the whole charge ([`Op::Refund`](crate::store::Op::Refund)): the request does
-    /// not count. A refused reservation charged nothing, so refunding it does nothing.
-    /// In-flight slots are given back afterwards.
+    /// not count. A refused reservation charged nothing, so refunding it does nothing; nor
+    /// does a refund after a reset, as for [`settle`](Self::settle). In-flight slots are
+    /// given back afterwards.
     ///
     /// This is how the direct API counts only failures (or successes) without a race:
     /// reserve before the work, so that concurrent work never exceeds the limit, then keep
@@ -270,7 +286,10 @@ impl<S: Store> Reservation<S> {
         let slots = self.slots.take();
         if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
             if !self.decision.policies().is_empty() {
-                if let Some(call) = self.limiter.refund_call(&set, &self.key, &self.reserved) {
+                if let Some(call) =
+                    self.limiter
+                        .refund_call(&set, &self.key, &self.reserved, self.resets)
+                {
                     Completing::new("refund", call).await?;
                 }
             }

@@ -313,15 +313,6 @@ impl Refusal {
         })
     }
 
-    /// A cost above `policy`'s capacity.
-    pub(crate) fn cost_exceeds_capacity(policy: &Policy, cost: u64) -> Self {
-        Self::from_details(Details {
-            policies: Arc::from([policy.clone()]),
-            cost: Some(cost),
-            ..Self::details(RefusalKind::CostExceedsCapacity)
-        })
-    }
-
     /// A cost above `capacity`, the capacity of `policy` in force for the key (a per-key
     /// override's), which the store found.
     pub(crate) fn cost_exceeds_capacity_in_force(

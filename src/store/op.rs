@@ -134,7 +134,11 @@ pub enum Op {
     /// refund for a key with no state changes nothing; a refund never gives back an
     /// in-flight slot (that is [`Op::Release`]). A refund made long after its charge (past a
     /// window boundary, or after the state refilled) may give back less, or units of other
-    /// requests; each algorithm states its bound. Apply it at most once per charge.
+    /// requests; each algorithm states its bound. Apply it at most once per charge, and not
+    /// for a charge made before a [reset](Op::Reset) of the key: a store cannot tell that
+    /// charge from the ones made since, and the refund would come off those (a
+    /// [`Limiter`](crate::Limiter)'s reservations and layer skip the refunds a reset through
+    /// that limiter overtook). The same holds for the refund part of [`Op::Settle`].
     Refund {
         /// Units per policy.
         costs: Costs,
@@ -177,7 +181,12 @@ pub enum Op {
     },
     /// Gives back the slot `slot` ([`Decision::slot`]) a request held under each of the
     /// policies named (all [in-flight](crate::Algorithm::InFlight)). A slot the store does
-    /// not hold (already released, or taken before a [reset](Op::Reset)) gives back nothing.
+    /// not hold (already released, or taken before a [reset](Op::Reset)) gives back nothing
+    /// on the Redis stores, which keep each slot's name. The memory store keeps a count and
+    /// the name of the slot that started it: there a slot taken before a reset gives back
+    /// nothing, but a second release of one slot, or the release of another key's slot
+    /// taken since this key's count started, frees one of this key's slots. Release each
+    /// slot once, under the key that took it, as a [`Permit`](crate::Permit) does.
     Release {
         /// The slot's name, [`Decision::slot`] of the request that took it.
         slot: u64,

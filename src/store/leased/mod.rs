@@ -77,6 +77,14 @@
 //! applies to a count past a lower override's limit (units charged under the plan's limit are
 //! paid back at the override's rate, as the exact stores do).
 //!
+//! **Costs settled below their reservation, and refunds, come back.** The units go into the
+//! block this instance holds for the key, as far as it has room (a block never holds more
+//! than it was granted), and the rest to the ledger — whether the request was served from a
+//! block or, too large for one, at the ledger, and whether or not a block is held now. One
+//! exception, the safe way: the ledger's sliding window log names each charge by the call
+//! that made it, and a refund cannot name a charge made at the ledger, so what does not fit
+//! in a block is lost there (the key is charged its reservation, as if it had used it).
+//!
 //! A policy that cannot be leased is decided exactly by the wrapped store ([`leasable`]
 //! says which); a request with both kinds is decided by the ledger first and then by the
 //! store, and the ledger's units are given back if the store refuses: all or nothing, and

@@ -188,18 +188,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
         let (ep, ec) = (pick(policies, &ei), pick(costs, &ei));
         Box::pin(async move {
             if !lp.is_empty() {
-                let held = shared
-                    .existing(&key, &lp)
-                    .is_some_and(|e| e.st.lock().block.is_some());
-                if held {
-                    shared.untake(&key, &lp, &lc, Taken::Nothing).await;
-                } else {
-                    let at = shared.inner.now_millis();
-                    let id = shared.next_id();
-                    shared
-                        .untake(&key, &lp, &lc, Taken::Ledger { id, at })
-                        .await;
-                }
+                shared.give_back_units(&key, &lp, &lc).await;
             }
             if !ep.is_empty() {
                 shared.inner.refund(&key, &ep, &ec).await?;
@@ -234,7 +223,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                     .map(|(r, a)| a.saturating_sub(*r))
                     .collect();
                 if back.iter().any(|&b| b > 0) {
-                    shared.untake(&key, &lp, &back, Taken::Nothing).await;
+                    shared.give_back_units(&key, &lp, &back).await;
                 }
                 if extra.iter().any(|&x| x > 0) {
                     let mut call = shared.call(LedgerMode::Force, 0, shared.next_id(), &lp);

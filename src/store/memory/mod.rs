@@ -280,7 +280,12 @@ impl MemoryStore {
             extra.push(a.saturating_sub(r));
         }
         if back.iter().any(|&b| b > 0) {
-            self.adjust_now(key, policies, &back, false, AnyState::refund);
+            self.adjust_now(key, policies, &back, false, |state, now, limits, cost| {
+                // As for a refund: a slot comes back only by its release.
+                if !matches!(state, AnyState::InFlight(_)) {
+                    state.refund(now, limits, cost);
+                }
+            });
         }
         if extra.iter().any(|&e| e > 0) {
             self.charge_now(key, policies, &extra);
@@ -477,6 +482,14 @@ impl Inner {
         charge: bool,
     ) -> Result<Decision, StoreError> {
         debug_assert_eq!(policies.len(), costs.len());
+        let asked;
+        let costs = match slots_asked(policies, costs, charge) {
+            Some(slots) => {
+                asked = slots;
+                &asked[..]
+            }
+            None => costs,
+        };
         let now = self.clock.now_millis();
         let hash = hash_key(&self.hasher, key);
         let mut guard = self.shard(hash).lock();
@@ -573,6 +586,29 @@ impl Inner {
 }
 
 /// A name for a slot the memory store hands out: unique in the process, increasing, never 0.
+/// The costs of a decision with each in-flight policy's cost replaced by the slots it asks
+/// for, when that changes any (`None`, the common case, when it does not): a charged request
+/// holds exactly one slot whatever its cost, and one only looked at asks for one slot, or
+/// none with cost 0 — as the Redis stores count them, which send a slot's name, not a cost.
+#[inline]
+fn slots_asked(policies: &[Policy], costs: &[u64], charge: bool) -> Option<SmallVec<[u64; 2]>> {
+    let asked = |p: &Policy, c: u64| match (charge, c) {
+        (true, 1) | (false, 0 | 1) => c,
+        _ if p.is_in_flight() => u64::from(charge || c > 0),
+        _ => c,
+    };
+    if policies.iter().zip(costs).all(|(p, &c)| asked(p, c) == c) {
+        return None;
+    }
+    Some(
+        policies
+            .iter()
+            .zip(costs)
+            .map(|(p, &c)| asked(p, c))
+            .collect(),
+    )
+}
+
 fn next_local_slot() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

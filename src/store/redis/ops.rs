@@ -227,30 +227,31 @@ impl<C: Connector> Drop for SlotCharge<C> {
     }
 }
 
-/// A name for an in-flight slot, unique among the slots held at once: 32 random bits per
-/// process, then a 21-bit counter, so below 2^53 (exact as a Lua number) and never 0. Two
-/// processes collide only if they drew the same 32 bits; a counter wraps after two million
-/// slots, long after any slot of its first round has been given back or has expired.
+/// A name for an in-flight slot, unique among the slots held at once, below 2^53 (exact as a
+/// Lua number) and never 0: each process counts up from a random point of the 2^53 − 1
+/// names, so it repeats a name only after 2^53 − 1 slots (never, in practice, however long
+/// a refreshed slot is held), and two processes repeat each other's names only where their
+/// runs of names meet — for processes that took `a` and `b` slots, with probability about
+/// `2 (a + b) / 2^53` (below one in a million for a billion slots each), and even then a
+/// name repeats only if a slot of that name is still held.
 pub(crate) fn next_slot() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    static BASE: OnceLock<u64> = OnceLock::new();
+    /// 2^53 − 1: the names, 1 through this.
+    const NAMES: u64 = (1 << 53) - 1;
+    static START: OnceLock<u64> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let base = *BASE.get_or_init(|| {
+    let start = *START.get_or_init(|| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         h.write_u64(nanos);
-        (h.finish() & 0xFFFF_FFFF) << 21
+        h.finish() % NAMES
     });
-    loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0x1F_FFFF;
-        if n != 0 {
-            return base | n;
-        }
-    }
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) % NAMES;
+    (start + n) % NAMES + 1
 }

@@ -180,6 +180,15 @@ impl DenyCache {
         if self.generation.load(Ordering::Acquire) != generation {
             return;
         }
+        // A slot given back on any instance frees it at once: an in-flight refusal has no
+        // moment it lasts until, only a hint when to try again.
+        if policies
+            .iter()
+            .zip(decision.policies())
+            .any(|(p, d)| p.is_in_flight() && !d.is_allowed())
+        {
+            return;
+        }
         let store_until = now.saturating_add(decision.retry_after_millis());
         let until = store_until.min(now.saturating_add(self.max_age_ms));
         let mut entries = self.entries.lock();

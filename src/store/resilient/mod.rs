@@ -43,8 +43,14 @@
 //!      per cached denial, one at a time; the denial goes when the store would allow the
 //!      request or its generation moved.
 //!
-//!   **Bound**: while the store keeps its state, the cache never refuses a request the store
-//!   would allow. After the store loses a key's state by any means, the cache refuses that
+//!   A refusal by an [in-flight](crate::algorithm::in_flight) policy is never cached: a slot
+//!   another instance gives back frees it at once, so it has no such `T`. Units another
+//!   instance gives back (a refund, a settlement below its reservation) can make the store
+//!   allow sooner too; the cache learns that at the next recheck.
+//!
+//!   **Bound**: while the store keeps its state and no other instance gives units back, the
+//!   cache never refuses a request the store would allow; a give-back by another instance is
+//!   seen within `deny_cache_recheck` plus one store call. After the store loses a key's state by any means, the cache refuses that
 //!   key for at most `deny_cache_recheck` plus one store call (at most the
 //!   [`timeout`](ResilientStoreBuilder::timeout); a call that fails is asked again at the
 //!   next request), and never longer than `deny_cache_max_age`; a restart this instance has
@@ -84,6 +90,14 @@
 //! keeps its units. A refund that fails or times out may or may not have reached the store;
 //! either way nothing is retried, so the charge may stand: the refunded request then counts,
 //! which is the safe direction.
+//!
+//! A [settlement](crate::store::Op::Settle) goes the same way, and its part above the
+//! reservation (a debt) is the one exception to "never forgiven": while the circuit is open,
+//! or when the call fails or times out, the extra units are charged to the local fallback
+//! only (each instance's share), not to the store, whose count then lacks them once it is
+//! back. Bound: the units settled above their reservations during the outage, which every
+//! such call counts as a store error (`tollgate_store_errors_total`, `kind="circuit_open"` while the
+//! circuit is open).
 //!
 //! # Examples
 //!
