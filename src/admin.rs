@@ -18,7 +18,10 @@
 //!
 //! A key is its source and raw material, as [`Key::new`] builds it: `/keys/ip/203.0.113.5`,
 //! `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key that [`ApiKey`](crate::key::ApiKey)
-//! makes. The material may contain `/`. Keys are shown back only as a short prefix and a
+//! makes. The material may contain `/`; each byte of it that is not a letter, a digit or one
+//! of `- . _ ~ : / @ + = ,` is written `%XX`, as a key shows it (`GET /top` lists
+//! `header:acme%FF` for material that is not UTF-8, reached at `/keys/header/acme%FF`).
+//! A query parameter given twice is a 400. Keys are shown back only as a short prefix and a
 //! digest, as in logs and spans. Errors are JSON `{"error": code, "message": text}`: 400 for
 //! a bad parameter (naming it and its value), 503 when the store fails. A reset is logged at
 //! `INFO` on target `tollgate::admin` with the key's digest.
@@ -89,11 +92,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Query, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use percent_encoding::percent_decode_str;
 use serde::Serialize;
 
 use crate::key::{Key, RequestView};
@@ -211,14 +216,58 @@ impl IntoResponse for Failure {
 }
 
 type Shared<S> = State<Arc<Admin<S>>>;
-type Params = Query<HashMap<String, String>>;
+
+/// The key a request's path names, `/{route}/{source}/{material}` (the material may hold
+/// `/`), each part percent-decoded to bytes, as [`Key::new`] takes them: a key whose material
+/// is not UTF-8 (shown as `header:acme%FF`) is reached at `/keys/header/acme%FF`.
+struct KeyInPath(Key);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyInPath {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Failure> {
+        // Nested, this router sees its own path: `/keys/…` or `/overrides/…`.
+        let path = parts.uri.path();
+        let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
+        let (Some(source), Some(material)) = (segments.next(), segments.next()) else {
+            return Err(Failure::bad("key", path, "a key is /{source}/{material}"));
+        };
+        let source_bytes: Vec<u8> = percent_decode_str(source).collect();
+        let Ok(source) = std::str::from_utf8(&source_bytes) else {
+            return Err(Failure::bad("source", source, "a key's source is UTF-8"));
+        };
+        let material: Vec<u8> = percent_decode_str(material).collect();
+        Ok(Self(Key::new(source, material)))
+    }
+}
+
+/// A request's query parameters; a parameter given twice is a 400 naming it, not a silent
+/// choice of one of its values.
+struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+        let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Failure::bad("query", parts.uri.query().unwrap_or(""), &e.body_text()))?;
+        let mut params = HashMap::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            if params.contains_key(&name) {
+                return Err(Failure::bad(&name, &value, "given more than once"));
+            }
+            params.insert(name, value);
+        }
+        Ok(Self(params))
+    }
+}
 
 async fn key_state<S: Store>(
     State(admin): Shared<S>,
-    Path((source, material)): Path<(String, String)>,
-    Query(params): Params,
+    KeyInPath(key): KeyInPath,
+    Params(params): Params,
 ) -> Result<Json<KeyState>, Failure> {
-    let key = Key::new(&source, &material);
     let method = params.get("method").map_or("GET", String::as_str);
     let path = params.get("route").map_or("/", String::as_str);
     let method: axum::http::Method = method
@@ -248,9 +297,8 @@ struct Reset {
 
 async fn reset<S: Store>(
     State(admin): Shared<S>,
-    Path((source, material)): Path<(String, String)>,
+    KeyInPath(key): KeyInPath,
 ) -> Result<Json<Reset>, Failure> {
-    let key = Key::new(&source, &material);
     admin.limiter.reset(&key).await?;
     let state = Reset {
         reset: true,
@@ -283,9 +331,8 @@ struct Overrides {
 
 async fn list_overrides<S: Store>(
     State(admin): Shared<S>,
-    Path((source, material)): Path<(String, String)>,
+    KeyInPath(key): KeyInPath,
 ) -> Result<Json<Overrides>, Failure> {
-    let key = Key::new(&source, &material);
     let overrides = admin.limiter.overrides(&key).await?;
     Ok(Json(Overrides {
         key: crate::limiter::shown_key(&key),
@@ -314,10 +361,9 @@ fn number(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, F
 
 async fn set_override<S: Store>(
     State(admin): Shared<S>,
-    Path((source, material)): Path<(String, String)>,
-    Query(params): Params,
+    KeyInPath(key): KeyInPath,
+    Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
-    let key = Key::new(&source, &material);
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy to override is missing"))?;
@@ -331,20 +377,19 @@ async fn set_override<S: Store>(
         over = over.expires_in(std::time::Duration::from_millis(ms));
     }
     admin.limiter.set_override(&key, over).await?;
-    list_overrides(State(admin), Path((source, material))).await
+    list_overrides(State(admin), KeyInPath(key)).await
 }
 
 async fn remove_override<S: Store>(
     State(admin): Shared<S>,
-    Path((source, material)): Path<(String, String)>,
-    Query(params): Params,
+    KeyInPath(key): KeyInPath,
+    Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
-    let key = Key::new(&source, &material);
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy whose override goes is missing"))?;
     admin.limiter.remove_override(&key, policy).await?;
-    list_overrides(State(admin), Path((source, material))).await
+    list_overrides(State(admin), KeyInPath(key)).await
 }
 
 #[derive(Serialize)]
@@ -354,7 +399,7 @@ struct Top {
 
 async fn top<S: Store>(
     State(admin): Shared<S>,
-    Query(params): Params,
+    Params(params): Params,
 ) -> Result<Json<Top>, Failure> {
     let n = match params.get("n") {
         None => DEFAULT_TOP,

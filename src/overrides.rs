@@ -18,9 +18,13 @@
 //! * a token bucket refills at the new rate from the moment the override is set or removed,
 //!   the time before refilled at the rate in force then (see
 //!   [`token_bucket`](crate::algorithm::token_bucket)); GCRA keeps its debt as time;
-//! * a cost above the override's capacity can never pass: it is refused as
+//! * a cost is measured against the override's capacity, not the plan's: one that raises
+//!   the capacity lets larger costs through (a tenant raised to 100 000 tokens may reserve
+//!   more than the plan's 1 000 at once), and a cost above the override's capacity can
+//!   never pass: it is refused as
 //!   [`CostExceedsCapacity`](crate::CheckError::CostExceedsCapacity) (naming the override's
-//!   capacity), charging nothing, as a cost above the plan's capacity is.
+//!   capacity), charging nothing, as a cost above the plan's capacity is for a key without
+//!   an override.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

@@ -309,6 +309,88 @@ async fn the_admin_api_names_bad_parameters() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// A key whose material is not UTF-8 (a header value with a byte above 0x7F) is reached at
+/// the path its shown form gives: `top` lists it, a reset through that path frees it, an
+/// override set through it applies to it. A query parameter given twice is refused.
+#[tokio::test]
+async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
+    // As a plan's `key = "header"` builds it: the header value's raw bytes.
+    let tenant = |req: &tollgate::key::RequestView<'_>| {
+        let value = req.headers().get("x-tenant")?;
+        Some(Key::new("header", value.as_bytes()))
+    };
+    let limiter = tollgate::Limiter::builder()
+        .policy(tollgate::Policy::new("api", tollgate::Rate::per_minute(1)).unwrap())
+        .extractor(tollgate::key::from_fn(tenant))
+        .top_refused(100)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(tollgate::RateLimitLayer::new(limiter.clone()))
+        .nest("/admin", Admin::new(limiter.clone()).router());
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let value = reqwest::header::HeaderValue::from_bytes(b"acme\xff").unwrap();
+    let call = || {
+        client
+            .get(format!("http://{addr}/"))
+            .header("x-tenant", value.clone())
+            .send()
+    };
+    assert_eq!(call().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        call().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let top = get_json(&client, format!("http://{addr}/admin/top")).await;
+    let shown = top["keys"][0]["key"].as_str().unwrap().to_owned();
+    let key = Key::new("header", b"acme\xff");
+    assert_eq!(shown, key.as_str(), "top shows the whole key");
+    assert_eq!(shown, "header:acme%FF");
+    let (source, material) = shown.split_once(':').unwrap();
+    let res = client
+        .delete(format!("http://{addr}/admin/keys/{source}/{material}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{:?}", res.text().await);
+    assert_eq!(
+        call().await.unwrap().status(),
+        StatusCode::OK,
+        "the reset freed it"
+    );
+    let res = client
+        .put(format!(
+            "http://{addr}/admin/overrides/{source}/{material}?policy=api&limit=5"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{:?}", res.text().await);
+    assert_eq!(limiter.overrides(&key).await.unwrap().len(), 1);
+    for _ in 0..4 {
+        assert_eq!(
+            call().await.unwrap().status(),
+            StatusCode::OK,
+            "the override applies"
+        );
+    }
+    let res = client
+        .put(format!(
+            "http://{addr}/admin/overrides/{source}/{material}?policy=api&limit=5&policy=other"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("more than once"),
+        "{body}"
+    );
+}
+
 #[test]
 fn the_cli_refuses_what_it_cannot_act_on() {
     let dir = std::env::temp_dir().join(unique_prefix());

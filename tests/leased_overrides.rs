@@ -552,3 +552,59 @@ async fn the_cli_resets_and_overrides_a_leased_plan() {
     assert_eq!(d.limit(), 20, "the override's capacity (its burst)");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cost is measured against the capacity in force on a leased policy too: above the plan's
+/// it is refused as `CostExceedsCapacity` naming the plan's capacity, charging nothing; with
+/// an override raising the capacity it is decided (and charged) like any other; above the
+/// override's it is refused naming that. The ledger in process and in Redis.
+async fn costs_meet_the_capacity_in_force<S: LeaseBackend + Clone>(
+    inner: S,
+    clock: &ManualClock,
+    label: &str,
+) {
+    for a in LEASED {
+        let p = policy(a, "units");
+        let limiter = limiter(leased(inner.clone(), clock), &p);
+        let key = Key::new("k", format!("cost-{label}-{a}"));
+        let refused = |r: Result<tollgate::Decision, tollgate::CheckError>| match r {
+            Err(tollgate::CheckError::CostExceedsCapacity { capacity, .. }) => capacity,
+            other => panic!("{label} {a}: {other:?}"),
+        };
+        assert_eq!(refused(limiter.check(&key, N + 1).await), N, "{label} {a}");
+        assert_eq!(
+            limiter.peek(&key).await.unwrap().remaining(),
+            N - 1,
+            "{label} {a}: the refused cost charged nothing"
+        );
+        limiter
+            .set_override(&key, Override::new("units", 5 * N))
+            .await
+            .unwrap();
+        let d = limiter.check(&key, 3 * N).await.unwrap();
+        assert!(d.is_allowed(), "{label} {a}: {d:?}");
+        assert_eq!(
+            refused(limiter.check(&key, 5 * N + 1).await),
+            5 * N,
+            "{label} {a}"
+        );
+        assert!(
+            !limiter.check(&key, 2 * N + 1).await.unwrap().is_allowed(),
+            "{label} {a}: 3 000 of 5 000 charged, 2 001 more do not fit"
+        );
+    }
+}
+
+#[tokio::test]
+async fn costs_meet_the_capacity_in_force_on_a_memory_ledger() {
+    let clock = ManualClock::new(1_000_000);
+    let ledger = MemoryLedger::with_clock(clock.clone());
+    costs_meet_the_capacity_in_force(ledger, &clock, "memory").await;
+}
+
+#[tokio::test]
+async fn costs_meet_the_capacity_in_force_on_a_redis_ledger() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_000_000);
+    let store = redis_store(&server, "cost", &clock);
+    costs_meet_the_capacity_in_force(store, &clock, "redis").await;
+}

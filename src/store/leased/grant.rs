@@ -260,10 +260,13 @@ impl<S: LeaseBackend> Shared<S> {
         generation: u64,
     ) -> (Decision, Taken) {
         bump(&self.counters.refusals, 1);
+        // Marked, as every store marks them, where the cost is above the capacity in force
+        // (the ledger's, an override's when one is set): no wait makes it fit.
         let decisions: SmallVec<[PolicyDecision; 2]> = policies
             .iter()
             .zip(answers)
-            .map(|(p, a)| {
+            .zip(costs)
+            .map(|((p, a), &cost)| {
                 PolicyDecision::from_parts(
                     a.retry_after_ms == 0,
                     a.reported_limit(Kind::of(p)),
@@ -272,6 +275,7 @@ impl<S: LeaseBackend> Shared<S> {
                     a.retry_after_ms,
                     0,
                 )
+                .for_cost(cost)
             })
             .collect();
         let wait = answers.iter().map(|a| a.retry_after_ms).max().unwrap_or(0);

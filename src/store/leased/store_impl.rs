@@ -160,16 +160,19 @@ impl<S: LeaseBackend> LeasedStore<S> {
                     part.cost = c;
                 }
                 let reply = shared.inner.ledger(&key, &lp, call).await?;
-                Decision::from_policies(lp.iter().zip(&reply.answers).map(|(p, a)| {
-                    PolicyDecision::from_parts(
-                        reply.granted || a.retry_after_ms == 0,
-                        a.reported_limit(Kind::of(p)),
-                        a.remaining,
-                        a.reset_after_ms,
-                        a.retry_after_ms,
-                        0,
-                    )
-                }))
+                Decision::from_policies(lp.iter().zip(&reply.answers).zip(&lc).map(
+                    |((p, a), &cost)| {
+                        PolicyDecision::from_parts(
+                            reply.granted || a.retry_after_ms == 0,
+                            a.reported_limit(Kind::of(p)),
+                            a.remaining,
+                            a.reset_after_ms,
+                            a.retry_after_ms,
+                            0,
+                        )
+                        .for_cost(cost)
+                    },
+                ))
             };
             let de = if ep.is_empty() {
                 Decision::from_policies([])
