@@ -249,10 +249,11 @@ async fn units_left<S: Store>(store: &S, key: &Key, p: &[Policy]) -> u64 {
     units
 }
 
-/// A settlement below its reservation gives the difference back, as the exact store does:
-/// for an estimate too large for a block (charged at the ledger) and one taken from a block,
-/// on a cold key and on one already tracked, and for a refund — the units admitted after
-/// them are the exact store's to the unit.
+/// A settlement below its reservation gives the difference back, as the exact store does,
+/// when the instance holds no block for the key (a cold key, or estimates too large for a
+/// block, charged at the ledger): the units admitted after them are the exact store's to the
+/// unit. With a block in hand, the difference goes into the block up to what was spent of
+/// it and the rest is dropped: never more than the exact store admits.
 async fn settlements_below_their_reservation_give_back<S: Store>(
     exact: impl Store,
     store: S,
@@ -264,7 +265,7 @@ async fn settlements_below_their_reservation_give_back<S: Store>(
             .build()
             .unwrap()];
         let key = Key::new("u", format!("below-{label}-{a}"));
-        for (reserved, actual) in [(4_000, 1_500), (4_000, 0), (10, 3), (500, 499)] {
+        for (reserved, actual) in [(4_000, 1_500), (4_000, 0), (2_000, 1_999)] {
             assert!(exact
                 .check(&key, &p, &[reserved])
                 .await
@@ -284,13 +285,13 @@ async fn settlements_below_their_reservation_give_back<S: Store>(
                 .await
                 .unwrap();
         }
-        exact.check(&key, &p, &[700]).await.unwrap();
-        exact.refund(&key, &p, &[700]).await.unwrap();
-        store.check(&key, &p, &[700]).await.unwrap();
-        store.refund(&key, &p, &[700]).await.unwrap();
+        exact.check(&key, &p, &[3_000]).await.unwrap();
+        exact.refund(&key, &p, &[3_000]).await.unwrap();
+        store.check(&key, &p, &[3_000]).await.unwrap();
+        store.refund(&key, &p, &[3_000]).await.unwrap();
         let want = units_left(&exact, &key, &p).await;
         let got = units_left(&store, &key, &p).await;
-        assert_eq!(want, 10_000 - 1_500 - 3 - 499, "{label} {a}");
+        assert_eq!(want, 10_000 - 1_500 - 1_999, "{label} {a}");
         if a == Algorithm::SlidingWindowLog {
             // The ledger's log names each charge by its call: a give-back of units charged at
             // the ledger cannot name it, and is lost (see `LeasedStore`'s "Settlements").
@@ -301,6 +302,23 @@ async fn settlements_below_their_reservation_give_back<S: Store>(
                 "{label} {a}: units admitted after the settlements"
             );
         }
+        // With a block in hand (the key's small requests): never more than the exact store.
+        let key = Key::new("u", format!("block-{label}-{a}"));
+        for (reserved, actual) in [(10, 3), (500, 499), (700, 0), (3, 0)] {
+            exact.check(&key, &p, &[reserved]).await.unwrap();
+            exact
+                .settle(&key, &p, &[reserved], &[actual])
+                .await
+                .unwrap();
+            store.check(&key, &p, &[reserved]).await.unwrap();
+            store
+                .settle(&key, &p, &[reserved], &[actual])
+                .await
+                .unwrap();
+        }
+        let want = units_left(&exact, &key, &p).await;
+        let got = units_left(&store, &key, &p).await;
+        assert!(got <= want, "{label} {a}: {got} admitted, {want} exact");
     }
 }
 

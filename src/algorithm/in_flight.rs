@@ -116,6 +116,12 @@ impl LimitAlgorithm for InFlight {
     /// Nothing to settle: a request holds one slot whatever it costs.
     fn overcharge(_state: &mut InFlightState, _now: u64, _limits: &Limits, _extra: u64) {}
 
+    /// One slot whatever the cost; a look of cost 0 asks for none.
+    #[inline(always)]
+    fn asked(cost: u64, charge: bool) -> u64 {
+        u64::from(charge || cost > 0)
+    }
+
     /// [`evaluate`](LimitAlgorithm::evaluate) and, when allowed, [`commit`](LimitAlgorithm::commit).
     fn decide(
         mut state: InFlightState,

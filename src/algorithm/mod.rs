@@ -353,6 +353,24 @@ pub trait LimitAlgorithm: sealed::Sealed {
     /// When the state stops mattering (ms since the epoch): a store may forget it then.
     fn expires_at(state: &Self::State, limits: &Limits) -> u64;
 
+    /// What a request of `cost` asks of a state, charged or only looked at (`charge`
+    /// false): its cost, for every algorithm but [`InFlight`], where a request holds one
+    /// slot whatever its cost (a look of cost 0 asks for none).
+    ///
+    /// ```
+    /// use tollgate::algorithm::{InFlight, LimitAlgorithm, TokenBucket};
+    ///
+    /// assert_eq!(TokenBucket::asked(5, true), 5);
+    /// assert_eq!(InFlight::asked(5, true), 1);
+    /// assert_eq!(InFlight::asked(0, true), 1);
+    /// assert_eq!(InFlight::asked(0, false), 0);
+    /// ```
+    #[inline(always)]
+    fn asked(cost: u64, charge: bool) -> u64 {
+        let _ = charge;
+        cost
+    }
+
     /// [`evaluate`](Self::evaluate) then, if allowed, [`commit`](Self::commit): the new
     /// state is the old one when the request is denied.
     #[inline]
@@ -532,10 +550,14 @@ macro_rules! algorithms {
                 cost: u64,
                 charge: bool,
             ) -> InPlace {
-                let (d, expires) = match self {
-                    $(AnyState::$variant(s) => <$alg>::decide_in_place(s, now, limits, cost, charge),)*
+                let (d, expires, asked) = match self {
+                    $(AnyState::$variant(s) => {
+                        let asked = <$alg>::asked(cost, charge);
+                        let (d, expires) = <$alg>::decide_in_place(s, now, limits, asked, charge);
+                        (d, expires, asked)
+                    })*
                 };
-                (d.for_cost(cost), expires)
+                (d.for_cost(asked), expires)
             }
 
             /// See [`LimitAlgorithm::expires_at`].

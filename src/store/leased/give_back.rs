@@ -62,32 +62,29 @@ impl<S: LeaseBackend> Shared<S> {
     }
 
     /// Gives back `units` that no longer count (a refund, the part of a settlement below its
-    /// reservation): into the block this instance holds for the key as far as it has room
-    /// (a block never holds more than it was granted), and the rest to the ledger, so that
-    /// none is lost whether the units were charged from a block or at the ledger, and
-    /// whether or not a block is held now.
+    /// reservation). With a block in hand for the key's policies, into it, up to what has
+    /// been spent of it (a block never holds more than it was granted; the rest is dropped,
+    /// the safe way: a give-back to the ledger could take its count below the units this
+    /// block still holds, were it of more than the key was charged). With none (a cold key,
+    /// or a request too large for a block, charged at the ledger), to the ledger.
     pub(super) async fn give_back_units(
         self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         units: &[u64],
     ) {
-        let mut rest: SmallVec<[u64; 2]> = units.iter().copied().collect();
         if let Some(e) = self.existing(key, policies) {
             if let Some(b) = &mut e.st.lock().block {
-                for (p, r) in b.parts.iter_mut().zip(rest.iter_mut()) {
-                    let fits = (*r).min(p.granted.saturating_sub(p.left));
-                    p.left += fits;
-                    *r -= fits;
+                for (p, &u) in b.parts.iter_mut().zip(units) {
+                    p.left = p.left.saturating_add(u).min(p.granted);
                 }
+                return;
             }
         }
-        if rest.iter().any(|&r| r > 0) {
-            let at = self.inner.now_millis();
-            let id = self.next_id();
-            self.untake(key, policies, &rest, Taken::Ledger { id, at })
-                .await;
-        }
+        let at = self.inner.now_millis();
+        let id = self.next_id();
+        self.untake(key, policies, units, Taken::Ledger { id, at })
+            .await;
     }
 
     /// Gives back units a request took (a mixed request refused by the exact store).

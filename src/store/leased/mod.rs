@@ -77,13 +77,20 @@
 //! applies to a count past a lower override's limit (units charged under the plan's limit are
 //! paid back at the override's rate, as the exact stores do).
 //!
-//! **Costs settled below their reservation, and refunds, come back.** The units go into the
-//! block this instance holds for the key, as far as it has room (a block never holds more
-//! than it was granted), and the rest to the ledger — whether the request was served from a
-//! block or, too large for one, at the ledger, and whether or not a block is held now. One
-//! exception, the safe way: the ledger's sliding window log names each charge by the call
-//! that made it, and a refund cannot name a charge made at the ledger, so what does not fit
-//! in a block is lost there (the key is charged its reservation, as if it had used it).
+//! **Costs settled below their reservation, and refunds, come back**, as far as that is
+//! safe. With no block in hand for the key's policies (a cold key, or a request too large
+//! for a block, charged at the ledger), they go to the ledger: a metered request with a
+//! large estimate is charged what it used, as on the exact stores. With a block in hand,
+//! they go into it, up to what has been spent of it (a block never holds more than it was
+//! granted), and what does not fit is dropped: the key is charged it, as if it had been
+//! used. Giving it to the ledger instead could free units the block still holds, were the
+//! give-back of more than the key was charged (the ledger cannot tell). The ledger's sliding
+//! window log names each charge by the call that made it, so there a give-back of units
+//! charged at the ledger is dropped too. Bound, for a give-back to the ledger of more than
+//! the key was charged (a refund applied twice, or of a request never charged): the ledger's
+//! count goes down to a fresh state, as on the exact stores, and so may free units of blocks
+//! other instances (or this one, for another set of policies on the key) hold: at most one
+//! block each, as after a reset.
 //!
 //! A policy that cannot be leased is decided exactly by the wrapped store ([`leasable`]
 //! says which); a request with both kinds is decided by the ledger first and then by the

@@ -87,7 +87,7 @@ mod store_impl;
 pub use builder::MemoryStoreBuilder;
 pub use store_impl::MemoryCheck;
 
-use crate::algorithm::AnyState;
+use crate::algorithm::{AnyState, InFlight, LimitAlgorithm};
 use crate::clock::{Clock, SystemClock};
 use overrides::Overrides;
 use shard::{hash_key, Entry, Shard};
@@ -482,14 +482,6 @@ impl Inner {
         charge: bool,
     ) -> Result<Decision, StoreError> {
         debug_assert_eq!(policies.len(), costs.len());
-        let asked;
-        let costs = match slots_asked(policies, costs, charge) {
-            Some(slots) => {
-                asked = slots;
-                &asked[..]
-            }
-            None => costs,
-        };
         let now = self.clock.now_millis();
         let hash = hash_key(&self.hasher, key);
         let mut guard = self.shard(hash).lock();
@@ -518,7 +510,8 @@ impl Inner {
                 if let Some(expires) = expires {
                     let named = if let AnyState::InFlight(held) = &mut slot.state {
                         let named = next_local_slot();
-                        held.name_after(named, *cost);
+                        // A charged request holds one slot (`InFlight::asked`).
+                        held.name_after(named, 1);
                         named
                     } else {
                         0
@@ -534,6 +527,14 @@ impl Inner {
                 return Ok(Decision::single(d));
             }
         }
+        let asked;
+        let costs = match slots_asked(policies, costs, charge) {
+            Some(slots) => {
+                asked = slots;
+                &asked[..]
+            }
+            None => costs,
+        };
         match found {
             Some(i) => {
                 let entry = &mut shard.entries[i];
@@ -594,7 +595,7 @@ impl Inner {
 fn slots_asked(policies: &[Policy], costs: &[u64], charge: bool) -> Option<SmallVec<[u64; 2]>> {
     let asked = |p: &Policy, c: u64| match (charge, c) {
         (true, 1) | (false, 0 | 1) => c,
-        _ if p.is_in_flight() => u64::from(charge || c > 0),
+        _ if p.is_in_flight() => InFlight::asked(c, charge),
         _ => c,
     };
     if policies.iter().zip(costs).all(|(p, &c)| asked(p, c) == c) {
