@@ -490,3 +490,33 @@ async fn a_request_settled_after_a_reset_gives_nothing_back_through_http() {
     assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 0);
     assert_eq!(post("/fill", 500).await.unwrap().status(), 429);
 }
+
+/// A reset voids the give-backs of its own key's reservations, not every key's: keys share
+/// 64 reset counters, so a reset of another key leaves a reservation refundable unless the
+/// two share one (one key in 64; eight other keys all sharing it would be one in 2^48).
+#[tokio::test]
+async fn a_reset_of_another_key_leaves_a_reservation_refundable() {
+    let p = policy(Algorithm::SlidingWindowCounter, 10, Duration::from_secs(60));
+    let store = memory(&ManualClock::new(1_000_000));
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .policy(p.clone())
+        .build()
+        .unwrap();
+    let mut refunded = 0;
+    for other in 0..8 {
+        let key = Key::new("user", format!("kept-{other}"));
+        let reservation = limiter.reserve(&key, 6).await.unwrap();
+        limiter
+            .reset(&Key::new("user", format!("other-{other}")))
+            .await
+            .unwrap();
+        reservation.settle(1).await.unwrap();
+        if used(&store, &key, &p).await == 1 {
+            refunded += 1;
+        } else {
+            assert_eq!(used(&store, &key, &p).await, 6, "all or nothing");
+        }
+    }
+    assert!(refunded >= 1, "no reservation of eight was refunded");
+}

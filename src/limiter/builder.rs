@@ -2,15 +2,14 @@
 //! reads, refusing anything that would not be enforced as written.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::compile::compile_route;
 use super::heavy_hitters::{HeavyHitters, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 use super::{
-    AccessList, Common, CompiledPlan, Limiter, Lists, MissingKey, PolicyNames, RouteTable,
-    ShadowCounters, ATTACHED_ROUTE, DEFAULT_ROUTE,
+    AccessList, Common, CompiledPlan, Limiter, Lists, MissingKey, PolicyNames, ResetCounts,
+    RouteTable, ShadowCounters, ATTACHED_ROUTE, DEFAULT_ROUTE,
 };
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, PeerIp, RequestView};
@@ -371,7 +370,7 @@ impl<S: Store> LimiterBuilder<S> {
             shadow: ShadowCounters::default(),
             names: Mutex::new(names),
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
-            resets: AtomicU64::new(0),
+            resets: ResetCounts::new(),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),

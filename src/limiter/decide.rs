@@ -146,7 +146,7 @@ impl<S: Store> Limiter<S> {
         let resets = if set.meters.is_empty() && set.count.is_none() {
             0
         } else {
-            self.resets_seen()
+            self.resets_seen(&key)
         };
         if let Some(outcome) = self.answer_now(set, &key, costs) {
             let pending = Pending::new(set, key, costs, resets);

@@ -307,7 +307,7 @@ impl<S: Store> Limiter<S> {
         resets: u64,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         let charged = charged_units(set, reserved);
-        if charged.is_empty() || self.resets_seen() != resets {
+        if charged.is_empty() || self.resets_seen(key) != resets {
             return None;
         }
         let policies: SmallVec<[Policy; 2]> = charged
@@ -378,7 +378,7 @@ impl<S: Store> Limiter<S> {
         resets: u64,
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let reset_since = self.resets_seen() != resets;
+        let reset_since = self.resets_seen(key) != resets;
         let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();

@@ -124,9 +124,45 @@ pub(crate) struct Common<S> {
     names: Mutex<PolicyNames>,
     /// The keys refused most often, when kept ([`Limiter::top_refused`]).
     top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
-    /// Moved twice by every [`Limiter::reset`], before and after the store's reset: see
-    /// [`Limiter::resets_seen`].
-    resets: AtomicU64,
+    /// Resets by key: see [`Limiter::resets_seen`].
+    resets: ResetCounts,
+}
+
+/// How many resets have begun or ended, per bucket of keys: one counter for each of
+/// `RESET_BUCKETS` buckets a key hashes to, moved twice by every [`Limiter::reset`] of a key
+/// in it (before and after the store's reset). Keys share a bucket only in this count: a
+/// reset of one voids the give-backs of the others' reservations made before it (the safe
+/// way), one key in `RESET_BUCKETS` on average.
+pub(crate) struct ResetCounts {
+    buckets: [AtomicU64; RESET_BUCKETS],
+    hasher: foldhash::fast::RandomState,
+}
+
+const RESET_BUCKETS: usize = 64;
+
+impl ResetCounts {
+    pub(crate) fn new() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn of(&self, key: &Key) -> &AtomicU64 {
+        use std::hash::BuildHasher;
+        let bucket = self.hasher.hash_one(key) as usize % RESET_BUCKETS;
+        &self.buckets[bucket]
+    }
+}
+
+/// Moves a reset count when dropped: after the store's reset, or when the reset is given up
+/// half way (its store call may have reached the store).
+struct ResetEnds<'a>(&'a AtomicU64);
+
+impl Drop for ResetEnds<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// The policies of a limiter by name (see "A policy name is one policy" on [`Limiter`]).
@@ -544,21 +580,22 @@ impl<S: Store> Limiter<S> {
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
         // Moved before the store's reset (a give-back made while it runs would come off the
-        // fresh count) and after it (a charge made while it runs may have been erased).
-        let resets = &self.inner.common.resets;
+        // fresh count) and after it, or when it is given up (a charge made while it runs may
+        // have been erased).
+        let resets = self.inner.common.resets.of(key);
         resets.fetch_add(1, Ordering::AcqRel);
-        let done = self.reset_in_store(key).await;
-        resets.fetch_add(1, Ordering::AcqRel);
-        done
+        let _ends = ResetEnds(resets);
+        self.reset_in_store(key).await
     }
 
-    /// How many times resets through this limiter (or one sharing its store, by
-    /// [`for_route`](Self::for_route)) have begun or ended. A reservation or a layer request
+    /// How many times resets of `key` (or of a key sharing its bucket: see
+    /// [`ResetCounts`]) through this limiter, or one sharing its store by
+    /// [`for_route`](Self::for_route), have begun or ended. A reservation or a layer request
     /// reads it before its charge and gives nothing back if it has moved by the time it
     /// would: a reset erased that charge, or may have, and a give-back would come off what
     /// was charged since.
-    pub(crate) fn resets_seen(&self) -> u64 {
-        self.inner.common.resets.load(Ordering::Acquire)
+    pub(crate) fn resets_seen(&self, key: &Key) -> u64 {
+        self.inner.common.resets.of(key).load(Ordering::Acquire)
     }
 
     async fn reset_in_store(&self, key: &Key) -> Result<(), CheckError> {

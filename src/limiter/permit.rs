@@ -128,7 +128,7 @@ impl<S: Store> Limiter<S> {
         };
         let reserved = set.charged_costs(cost, Some(&estimates));
         // Read before the charge: see `Reservation::settle`.
-        let resets = self.resets_seen();
+        let resets = self.resets_seen(key);
         let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
         Ok(Reservation {
             limiter: self.clone(),
@@ -214,12 +214,13 @@ impl<S: Store> Reservation<S> {
     /// reservation charged nothing, so settling it does nothing. In-flight slots are given
     /// back afterwards.
     ///
-    /// After a [`reset`](Limiter::reset) of this limiter (of any key) that began after the
-    /// reservation was made, nothing is refunded: the reset erased the estimate, or may
+    /// After a [`reset`](Limiter::reset) of the key through this limiter that began after
+    /// the reservation was made, nothing is refunded: the reset erased the estimate, or may
     /// have, and a refund would come off units charged since; an actual cost above the
-    /// estimate still charges the difference. A reset made through another instance is not
-    /// seen: there a settlement below its estimate can give back up to the estimate out of
-    /// the fresh count.
+    /// estimate still charges the difference. (Keys share 64 reset counters: a reset of
+    /// another key sharing this one's voids the refund too, the safe way.) A reset made
+    /// through another instance is not seen: there a settlement below its estimate can give
+    /// back up to the estimate out of the fresh count.
     ///
     /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
     /// once (its store call is finished on the current Tokio runtime), and the slots are
