@@ -92,7 +92,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -225,8 +225,15 @@ struct KeyInPath(Key);
 impl<S: Send + Sync> FromRequestParts<S> for KeyInPath {
     type Rejection = Failure;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Failure> {
-        // Nested, this router sees its own path: `/keys/…` or `/overrides/…`.
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+        if let Ok(Path((source, material))) =
+            Path::<(String, String)>::from_request_parts(parts, state).await
+        {
+            return Ok(Self(Key::new(&source, &material)));
+        }
+        // Material that is not UTF-8, which axum's `Path` refuses: from the path itself.
+        // Nested (as `Admin::router` says to mount it), this router sees its own path:
+        // `/keys/…` or `/overrides/…`.
         let path = parts.uri.path();
         let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
         let (Some(source), Some(material)) = (segments.next(), segments.next()) else {
