@@ -1,7 +1,9 @@
 //! A reset across the instances of a leased store: the instance that resets drops its
 //! blocks of the key and resets the ledger; another instance spends the block it already
 //! holds (the stated bound: at most that block, `LeaseStats::units_held` when the reset
-//! came). Measured on a memory ledger and on a Redis one.
+//! came). The same bound for a give-back of more than the key was charged (a refund
+//! applied twice), which takes the ledger's count down to a fresh state as a reset does.
+//! Measured on a memory ledger and on a Redis one.
 
 mod support;
 
@@ -63,4 +65,46 @@ async fn a_reset_leaves_other_instances_at_most_their_blocks() {
         .build_with_url(&server.url())
         .unwrap();
     reset_across_instances(redis, "redis").await;
+}
+
+/// Two instances over one ledger: `b` holds a block of the key when `a`, which holds none,
+/// refunds far more than the key was charged. Afterwards the two admit at most the limit
+/// plus what `b` held (the bound stated in `store::leased`, "Costs settled below their
+/// reservation").
+async fn over_refund_across_instances<L: LeaseBackend + Clone>(ledger: L, label: &str) {
+    let a = LeasedStore::new(ledger.clone());
+    let b = LeasedStore::new(ledger);
+    let policy = [Policy::new("api", Rate::per_hour(LIMIT)).unwrap()];
+    let key = Key::new("user", format!("over-refund-{label}"));
+    for _ in 0..200 {
+        assert!(b.check(&key, &policy, &[1]).await.unwrap().is_allowed());
+    }
+    let held = b.stats().units_held;
+    assert!(held > 0, "{label}: b holds no block: {:?}", b.stats());
+    assert!(a.check(&key, &policy, &[5]).await.unwrap().is_allowed());
+    assert_eq!(a.stats().units_held, 0, "{label}: a holds no block");
+    a.apply(&key, &policy, Op::refund([10 * LIMIT]))
+        .await
+        .unwrap();
+    let after =
+        admit_until_refused(&b, &key, &policy).await + admit_until_refused(&a, &key, &policy).await;
+    eprintln!("{label}: after an over-refund, {after} admitted of {LIMIT}, b held {held}");
+    assert!(
+        after <= LIMIT + held,
+        "{label}: {after} admitted after an over-refund, more than {LIMIT} + the {held} units b held"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_refund_leaves_other_instances_at_most_their_blocks() {
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
+    over_refund_across_instances(MemoryLedger::new(), "memory").await;
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_millis(500))
+        .build_with_url(&server.url())
+        .unwrap();
+    over_refund_across_instances(redis, "redis").await;
 }

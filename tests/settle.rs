@@ -520,3 +520,46 @@ async fn a_reset_of_another_key_leaves_a_reservation_refundable() {
     }
     assert!(refunded >= 1, "no reservation of eight was refunded");
 }
+
+/// Through HTTP on a leased store: a metered request whose estimate is too large for a block
+/// (charged at the ledger) is settled at its actual cost, so the next one may reserve what
+/// the first gave back.
+#[tokio::test]
+async fn a_leased_store_settles_an_estimate_too_large_for_a_block_through_http() {
+    use tollgate::store::leased::{LeasedStore, MemoryLedger};
+    let tokens = Policy::new("tokens", Rate::per_minute(10_000)).unwrap();
+    let limiter = Limiter::builder()
+        .store(LeasedStore::new(MemoryLedger::new()))
+        .route(
+            "POST /chat",
+            Route::new().metered(tokens, Meter::from_body(1_000)),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/chat",
+            post(|| async {
+                let mut res = "120 tokens".into_response();
+                res.extensions_mut().insert(ActualCost::new(120));
+                res
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter))
+        .layer(EstimateFromJsonLayer::new("max_tokens").max_body_bytes(1024));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let post = |max: u64| {
+        client
+            .post(format!("http://{addr}/chat"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"max_tokens":{max}}}"#))
+            .send()
+    };
+    assert_eq!(post(4_000).await.unwrap().status(), 200);
+    // 120 used: 9 880 may be reserved (it would not fit had the 4 000 stayed charged).
+    assert_eq!(post(9_880).await.unwrap().status(), 200);
+    assert_eq!(post(9_880).await.unwrap().status(), 429);
+}
