@@ -391,13 +391,7 @@ async fn a_raised_override_admits_costs_up_to_its_capacity<S: Store + Clone>(
     store: S,
     label: &str,
 ) {
-    for algorithm in [
-        Algorithm::SlidingWindowCounter,
-        Algorithm::SlidingWindowLog,
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::Gcra,
-    ] {
+    for algorithm in support::scenarios::ALGORITHMS {
         let limiter = limiter(store.clone(), algorithm);
         let key = Key::new("tenant", format!("big-{label}-{algorithm}"));
         limiter

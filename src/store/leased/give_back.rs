@@ -73,21 +73,22 @@ impl<S: LeaseBackend> Shared<S> {
         policies: &[Policy],
         units: &[u64],
     ) {
-        if let Some(e) = self.existing(key, policies) {
-            if let Some(b) = &mut e.st.lock().block {
-                for (p, &u) in b.parts.iter_mut().zip(units) {
-                    p.left = p.left.saturating_add(u).min(p.granted);
-                }
-                return;
+        let held = self
+            .existing(key, policies)
+            .is_some_and(|e| e.st.lock().block.is_some());
+        let taken = if held {
+            Taken::Nothing
+        } else {
+            Taken::Ledger {
+                id: self.next_id(),
+                at: self.inner.now_millis(),
             }
-        }
-        let at = self.inner.now_millis();
-        let id = self.next_id();
-        self.untake(key, policies, units, Taken::Ledger { id, at })
-            .await;
+        };
+        self.untake(key, policies, units, taken).await;
     }
 
-    /// Gives back units a request took (a mixed request refused by the exact store).
+    /// Gives back units a request took, where `taken` says they came from (a mixed request
+    /// refused by the exact store; see also [`give_back_units`](Self::give_back_units)).
     pub(super) async fn untake(
         self: &Arc<Self>,
         key: &Key,

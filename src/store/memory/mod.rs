@@ -593,10 +593,12 @@ impl Inner {
 /// none with cost 0 — as the Redis stores count them, which send a slot's name, not a cost.
 #[inline]
 fn slots_asked(policies: &[Policy], costs: &[u64], charge: bool) -> Option<SmallVec<[u64; 2]>> {
-    let asked = |p: &Policy, c: u64| match (charge, c) {
-        (true, 1) | (false, 0 | 1) => c,
-        _ if p.is_in_flight() => InFlight::asked(c, charge),
-        _ => c,
+    let asked = |p: &Policy, c: u64| {
+        if p.is_in_flight() {
+            InFlight::asked(c, charge)
+        } else {
+            c
+        }
     };
     if policies.iter().zip(costs).all(|(p, &c)| asked(p, c) == c) {
         return None;
