@@ -1343,7 +1343,7 @@ async fn three_hundred_given_up_requests<S: Store + Clone>(
         .route(
             "/hold",
             get(|| async {
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
                 "held"
             }),
         )
@@ -1381,7 +1381,18 @@ async fn three_hundred_given_up_requests<S: Store + Clone>(
     let held: Vec<_> = (0..SLOTS)
         .map(|_| tokio::spawn(client.get(format!("http://{addr}/hold")).send()))
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Once all of them are in (a loaded machine may take a while to open the connections).
+    let started = std::time::Instant::now();
+    while used(store, &global, &running()).await < SLOTS
+        && started.elapsed() < Duration::from_millis(1_500)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        used(store, &global, &running()).await,
+        SLOTS,
+        "all {SLOTS} in"
+    );
     let over = client.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(
         over.status(),
