@@ -123,8 +123,11 @@ local function quick(mode, lease, previous_block, blob, key, okey)
     end
     deficit = deficit + cost * w
     if mode == LEDGER_GRANT then
-      redis.call('SET', key, pack('<ddd', deficit, max(now, y), 0),
-        'PX', ceil_div(deficit, slowest) + TTL_MARGIN_MS)
+      -- The deficit drains from max(now, y): a server clock stepped back keeps the key
+      -- that much longer, as the general path does.
+      local from = max(now, y)
+      redis.call('SET', key, pack('<ddd', deficit, from, 0),
+        'PX', from - now + ceil_div(deficit, slowest) + TTL_MARGIN_MS)
     end
     remaining, reset = idiv(max(cap * w - deficit, 0), w), ceil_div(deficit, n)
   else
@@ -369,8 +372,9 @@ local function store(p)
       'PX', (p.idx + windows) * p.window - now + TTL_MARGIN_MS)
   elseif p.kind == KIND_BUCKET then
     -- Kept for the slower of the plan's rate and an override's (which can end unwritten).
-    redis.call('SET', p.key, pack('<ddd', p.deficit, max(now, p.updated), 0),
-      'PX', ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS)
+    local from = max(now, p.updated)
+    redis.call('SET', p.key, pack('<ddd', p.deficit, from, 0),
+      'PX', from - now + ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS)
   end
 end
 

@@ -279,6 +279,64 @@ fn a_slower_override_keeps_the_bucket_state_long_enough() {
     assert!(pttl(&mut conn) >= 50_000, "{}", pttl(&mut conn));
 }
 
+/// A bucket's deficit drains from the later of the call's clock and the last refill: when
+/// the server's clock steps back, the key lives until that deficit is refilled from the
+/// later moment, not from the earlier clock (the key would expire early, the bucket full).
+/// Both ways of charging a bucket at the ledger: a grant with no lease (the quick path) and
+/// a lease's block (the general one).
+#[test]
+fn a_clock_stepped_back_keeps_the_bucket_state_until_its_deficit_refills() {
+    let server = Server::start();
+    let mut conn = server
+        .connection()
+        .expect("a connection to the test's redis-server");
+    let policy = Policy::builder(
+        "b",
+        crate::Rate::new(1_000, std::time::Duration::from_secs(1)),
+    )
+    .algorithm(Algorithm::TokenBucket)
+    .build()
+    .unwrap();
+    let now = 1_700_000_000_000u64;
+    let back = 20_000;
+    for (case, lease) in [("quick", 0), ("block", 1_000)] {
+        let state = format!("tg-ledger-step-{case}:{{k}}");
+        let over = format!("tg-ledger-step-{case}:{{k}}:ovr");
+        let keys = Keys {
+            state: &state,
+            units: "unused",
+            over: &over,
+        };
+        let mut part = Part::new(Kind::Bucket, &policy);
+        part.cost = 100;
+        part.wanted = 100;
+        let first = lua(
+            &mut conn,
+            &keys,
+            &call(LedgerMode::Grant, lease, 1, 0, part),
+            now,
+        );
+        assert!(first.granted, "{case}");
+        let mut part = Part::new(Kind::Bucket, &policy);
+        part.cost = 100;
+        part.wanted = 100;
+        let stepped = lua(
+            &mut conn,
+            &keys,
+            &call(LedgerMode::Grant, lease, 2, 0, part),
+            now - back,
+        );
+        assert!(stepped.granted, "{case}");
+        let pttl: i64 = redis::cmd("PTTL").arg(&state).query(&mut conn).unwrap();
+        // 200 tokens at 1 000 a second refill 200 ms after `now`, which is 20 s after the
+        // stepped-back clock.
+        assert!(
+            pttl >= (back + 200) as i64,
+            "{case}: the key lives {pttl} ms after a clock {back} ms behind its last refill"
+        );
+    }
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
