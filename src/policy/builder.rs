@@ -295,9 +295,17 @@ impl PolicyBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the first invalid field: `name`, `limit`, `window`, `burst`,
-    /// `cost`, `max_delay`, `penalty` or `shadow`.
+    /// `cost`, `max_delay`, `penalty`, `shadow` or `failure_mode` (a local fallback of 0
+    /// replicas).
     pub fn build(self) -> Result<Policy, ConfigError> {
         validate_name(&self.name)?;
+        self.build_derived()
+    }
+
+    /// [`build`](Self::build) for a policy the crate derives from one already built (a local
+    /// fallback's share, named after its policy with a suffix): every value is checked but
+    /// the name, which may exceed the length a user's name is held to.
+    pub(crate) fn build_derived(self) -> Result<Policy, ConfigError> {
         let (window_ms, capacity) = self.check_rate()?;
         self.check_cost(capacity)?;
         self.check_shaping()?;
@@ -305,6 +313,13 @@ impl PolicyBuilder {
             self.check_in_flight()?;
         }
         self.check_penalty()?;
+        if self.failure_mode == Some(FailureMode::LocalFallback { replicas: 0 }) {
+            return Err(ConfigError::new(
+                "failure_mode",
+                "LocalFallback { replicas: 0 }",
+                "replicas is how many instances share the limit: at least 1",
+            ));
+        }
         let rate = self.rate;
         let id = intern(&self.name);
         Ok(Policy {

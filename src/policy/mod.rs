@@ -163,9 +163,12 @@ pub enum FailureMode {
     /// Refuse it; the layer answers `503 Service Unavailable` with `Retry-After`.
     FailClosed,
     /// Decide with an in-memory limiter on this instance, each policy's limit (and burst)
-    /// divided by `replicas` (rounded up, at least 1).
+    /// divided by `replicas` (rounded up, at least 1). A request costing more than that
+    /// share is admitted only while the instance's share is untouched, and the rest of its
+    /// cost is a debt the instance pays back at its share's rate before it admits again.
     LocalFallback {
-        /// How many instances share the limit normally.
+        /// How many instances share the limit normally (at least 1: 0 is refused when the
+        /// store or policy is built).
         replicas: u32,
     },
 }

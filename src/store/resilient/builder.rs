@@ -115,8 +115,8 @@ impl<S: Store> ResilientStoreBuilder<S> {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown`,
-    /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms, or the breaker's
-    /// `failures` is 0.
+    /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms, the breaker's
+    /// `failures` is 0, or the failure mode is a local fallback of 0 replicas.
     pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
         for (field, value) in [
             ("timeout", self.timeout),
@@ -137,6 +137,13 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 "circuit_breaker.failures",
                 0,
                 "at least 1 failure",
+            ));
+        }
+        if self.mode == (FailureMode::LocalFallback { replicas: 0 }) {
+            return Err(ConfigError::new(
+                "failure_mode",
+                "LocalFallback { replicas: 0 }",
+                "replicas is how many instances share each limit: at least 1",
             ));
         }
         let clock = self.clock;

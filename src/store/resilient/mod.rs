@@ -19,6 +19,10 @@
 //! | [`FailClosed`](FailureMode::FailClosed) | `503` with `Retry-After` | the same, `fail_closed` | the limit protects something that must not be overrun (costly or abusable endpoints) |
 //! | [`LocalFallback`](FailureMode::LocalFallback) | limiting continues per instance at `limit / replicas` | the same, `fallback` | you want both: degraded but real protection |
 //!
+//!   A look ([`Op::Peek`](crate::store::Op::Peek): a penalty's running block, the login
+//!   guard's limits after a refusal) is answered the same way, charging nothing, so a plan
+//!   with penalties or a login guard keeps its failure mode too.
+//!
 //! * **Deny cache**: when the store denies a key until `T`, the denial is remembered locally
 //!   (bounded, [`deny_cache`](ResilientStoreBuilder::deny_cache)) for exactly that key, policy
 //!   set and cost, until `T` or for at most
@@ -267,7 +271,12 @@ impl<S: Store> Inner<S> {
                 if let Some(d) = policy.max_delay() {
                     b = b.shape(d);
                 }
-                b.build().unwrap_or_else(|_| policy.clone())
+                // The share is checked as the policy was (a smaller limit and capacity can
+                // only pass those checks); the name may be longer than a user's may be.
+                b.build_derived().unwrap_or_else(|error| {
+                    tracing::error!(target: "tollgate::store", %error, policy = policy.name(), "the local fallback could not divide this policy; it falls back to the whole limit");
+                    policy.clone()
+                })
             })
             .clone()
     }
@@ -333,6 +342,35 @@ impl<S: Store> Inner<S> {
         }
     }
 
+    /// A request that costs more than an instance's share of a policy is admitted by the
+    /// fallback only while that share is untouched (its cost is clamped to the share to be
+    /// decided at all); the rest of its cost is charged as a debt, as a settlement above its
+    /// reservation is ([`Op::Settle`](crate::store::Op::Settle)), so the instance then refuses
+    /// until it has paid it back at its share's rate and serves no more than its share over
+    /// time (one request's overshoot at most).
+    fn charge_above_shares(&self, key: &Key, idx: &[usize], fps: &[Policy], costs: &[u64]) {
+        let (mut over, mut reserved, mut actual) = (
+            SmallVec::<[Policy; 2]>::new(),
+            SmallVec::<[u64; 2]>::new(),
+            SmallVec::<[u64; 2]>::new(),
+        );
+        for (&i, fp) in idx.iter().zip(fps) {
+            if costs[i] > fp.capacity() {
+                over.push(fp.clone());
+                reserved.push(fp.capacity());
+                actual.push(costs[i]);
+            }
+        }
+        if !over.is_empty() {
+            // The memory store settles when called; its future only reports success.
+            drop(self.fallback.apply(
+                key,
+                &over,
+                crate::store::Op::settle(&reserved[..], &actual[..]),
+            ));
+        }
+    }
+
     /// Decides without the store, by each policy's failure mode.
     fn degraded(
         &self,
@@ -340,6 +378,7 @@ impl<S: Store> Inner<S> {
         policies: &[Policy],
         costs: &[u64],
         error: &StoreError,
+        charge: bool,
     ) -> Decision {
         let modes: SmallVec<[FailureMode; 2]> = policies
             .iter()
@@ -354,9 +393,12 @@ impl<S: Store> Inner<S> {
             None
         } else {
             self.fallback
-                .decide(key, &fallback_policies, &fallback_costs, !closed)
+                .decide(key, &fallback_policies, &fallback_costs, charge && !closed)
                 .ok()
         };
+        if charge && !closed && local.as_ref().is_some_and(Decision::is_allowed) {
+            self.charge_above_shares(key, &fallback_idx, &fallback_policies, costs);
+        }
         let mut out: SmallVec<[PolicyDecision; 2]> = SmallVec::new();
         for (i, (p, m)) in policies.iter().zip(&modes).enumerate() {
             let d = match m {
@@ -393,7 +435,10 @@ impl<S: Store> Inner<S> {
             DecidedBy::FailOpen
         };
         self.warn_degraded(outcome, error);
-        telemetry::outcome(outcome);
+        // A look is not a decision: only checks count in `tollgate_decisions_total`'s outcomes.
+        if charge {
+            telemetry::outcome(outcome);
+        }
         Decision::from_policies(out).with_decided_by(outcome)
     }
 }

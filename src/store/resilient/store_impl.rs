@@ -15,7 +15,7 @@ use crate::key::Key;
 use crate::policy::Policy;
 use crate::store::op::refused_misfit;
 use crate::store::{
-    check_applied, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
+    check_applied, Applied, ApplyFuture, BoxFuture, Costs, Op, OverrideStore, Store, StoreExt,
 };
 use crate::telemetry;
 
@@ -43,7 +43,7 @@ impl<S: Store> Store for ResilientStore<S> {
         let probe = match inner.breaker.gate(now) {
             Gate::Skip => {
                 telemetry::store_error(&StoreError::CircuitOpen);
-                let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen);
+                let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen, true);
                 return Box::pin(std::future::ready(Ok(d)));
             }
             Gate::Probe => true,
@@ -85,7 +85,7 @@ impl<S: Store> Store for ResilientStore<S> {
                 Err(error) => {
                     telemetry::store_error(&error);
                     this.breaker.failure(this.clock.now_millis(), probe);
-                    let degraded = this.degraded(&key, &policies, &costs, &error);
+                    let degraded = this.degraded(&key, &policies, &costs, &error, true);
                     if timed_out {
                         this.finish_late(call, key, policies, costs, degraded.is_allowed());
                     }
@@ -95,9 +95,10 @@ impl<S: Store> Store for ResilientStore<S> {
         })
     }
 
-    /// Peeks and resets go to the store within its timeout; refunds, settlements and slot
-    /// operations go through the breaker too, and to the local fallback (see
-    /// [Refunds](crate::store::resilient#refunds)).
+    /// Peeks go through the breaker and within the store's timeout, and are answered by the
+    /// failure modes (charging nothing) when the store cannot answer; resets go to the store
+    /// within its timeout; refunds, settlements and slot operations go through the breaker
+    /// too, and to the local fallback (see [Refunds](crate::store::resilient#refunds)).
     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
@@ -115,9 +116,8 @@ impl<S: Store> Store for ResilientStore<S> {
             self.mirror_in_fallback(key, policies, &op);
         }
         match op {
-            Op::Peek { .. } | Op::Reset => {
-                self.within_timeout(inner.primary.apply(key, policies, op))
-            }
+            Op::Peek { costs } => self.peek(key, policies, costs),
+            Op::Reset => self.within_timeout(inner.primary.apply(key, policies, op)),
             // Slot 0 names no slot of the store's (the failure mode decided the request).
             Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
                 Box::pin(std::future::ready(Ok(Applied::Done)))
@@ -197,6 +197,52 @@ impl<S: Store> ResilientStore<S> {
         if !fallback_policies.is_empty() {
             drop(inner.fallback.apply(key, &fallback_policies, op));
         }
+    }
+
+    /// A look at the store's answer, through the breaker and within its timeout; when the
+    /// store cannot answer, the failure modes answer as they would a check, charging
+    /// nothing: a look (a penalty's running block, the login guard's other limits) must not
+    /// turn an outage the failure modes cover into an error.
+    fn peek(&self, key: &Key, policies: &[Policy], costs: Costs) -> ApplyFuture {
+        let inner = &self.inner;
+        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
+            Gate::Skip => {
+                telemetry::store_error(&StoreError::CircuitOpen);
+                let d = inner.degraded(key, policies, &costs, &StoreError::CircuitOpen, false);
+                return Box::pin(std::future::ready(Ok(Applied::Decision(d))));
+            }
+            Gate::Probe => true,
+            Gate::Call => false,
+        };
+        let call = inner.primary.apply(
+            key,
+            policies,
+            Op::Peek {
+                costs: costs.clone(),
+            },
+        );
+        let this = Arc::clone(inner);
+        let key = key.clone();
+        let policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = tokio::time::timeout(this.timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            telemetry::store_latency(this.primary.name(), started.elapsed());
+            match result {
+                Ok(applied) => {
+                    this.breaker.success();
+                    Ok(applied)
+                }
+                Err(error) => {
+                    telemetry::store_error(&error);
+                    this.breaker.failure(this.clock.now_millis(), probe);
+                    let d = this.degraded(&key, &policies, &costs, &error, false);
+                    Ok(Applied::Decision(d))
+                }
+            }
+        })
     }
 
     /// An operator's call of the store (an override), under the store's timeout.

@@ -1,0 +1,266 @@
+//! Each failure mode holds on every path while the store is down: a plan with penalties,
+//! the login guard, a policy with a long name, a request costing more than an instance's
+//! share, through the direct API and through HTTP. The store is a Redis store pointed at a
+//! loopback port where nothing listens, so every call fails at once.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use tollgate::clock::ManualClock;
+use tollgate::config::Plan;
+use tollgate::key::{Global, Key};
+use tollgate::login::LoginGuard;
+use tollgate::store::{FailureMode, MemoryStore, RedisStore, ResilientStore};
+use tollgate::{DecidedBy, Limiter, Policy, Rate};
+
+use support::{free_port, serve};
+
+/// A Redis store whose every call is refused.
+fn dead_redis() -> RedisStore {
+    RedisStore::builder()
+        .timeout(Duration::from_millis(100))
+        .build_with_url(&format!("redis://127.0.0.1:{}", free_port()))
+        .unwrap()
+}
+
+fn resilient(mode: FailureMode) -> ResilientStore<RedisStore> {
+    ResilientStore::builder(dead_redis(), mode).build().unwrap()
+}
+
+fn plan_with_penalty(mode: &str, penalty: bool) -> String {
+    format!(
+        r#"
+failure_mode = "{mode}"
+replicas = 1
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:{port}"
+[key]
+kind = "global"
+[[policies]]
+name = "api"
+limit = 3
+window = "1m"
+{penalty}
+[default]
+policies = ["api"]
+"#,
+        port = free_port(),
+        penalty = if penalty { "penalty = \"10m\"" } else { "" },
+    )
+}
+
+/// A policy with a penalty looks for a running block before each check; that look went to
+/// the dead store and its error became every request's answer (503), whatever the mode.
+#[tokio::test]
+async fn a_penalty_keeps_the_failure_mode_through_http_and_the_direct_api() {
+    for penalty in [false, true] {
+        let built = Plan::from_toml(&plan_with_penalty("fail_open", penalty))
+            .unwrap()
+            .build()
+            .unwrap();
+        let d = built.limiter().check(&Key::new("user", "1"), 1).await;
+        assert!(
+            d.as_ref()
+                .is_ok_and(|d| d.is_allowed() && d.decided_by() == DecidedBy::FailOpen),
+            "penalty {penalty}: fail open, direct API: {d:?}"
+        );
+        let addr = serve(
+            Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(built.layer()),
+        )
+        .await;
+        let client = reqwest::Client::new();
+        for _ in 0..5 {
+            let status = client
+                .get(format!("http://{addr}/"))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status, 200, "penalty {penalty}: fail open, HTTP");
+        }
+    }
+    // The local fallback limits, and its refusal starts the penalty locally.
+    let built = Plan::from_toml(&plan_with_penalty("local_fallback", true))
+        .unwrap()
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(built.layer()),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let mut statuses = vec![];
+    for _ in 0..5 {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "local fallback with a penalty, limit 3"
+    );
+    // Fail closed still refuses (a refusal, not an error).
+    let built = Plan::from_toml(&plan_with_penalty("fail_closed", true))
+        .unwrap()
+        .build()
+        .unwrap();
+    let d = built.limiter().check(&Key::new("user", "1"), 1).await;
+    assert!(
+        d.as_ref().is_ok_and(|d| !d.is_allowed()),
+        "fail closed with a penalty: {d:?}"
+    );
+}
+
+/// The same through the direct API on a store built in code.
+#[tokio::test]
+async fn a_penalised_policy_is_limited_by_the_local_fallback() {
+    let limiter = Limiter::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .policy(
+            Policy::builder("api", Rate::per_minute(3))
+                .penalty(Duration::from_secs(600))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let mut allowed = vec![];
+    for _ in 0..5 {
+        allowed.push(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(allowed, [true, true, true, false, false]);
+}
+
+/// The login guard looks at its other limits after a refusal; that look reached the dead
+/// store and the refusal came back as a store error.
+#[tokio::test]
+async fn the_login_guard_refuses_in_local_fallback_rather_than_failing() {
+    let guard = LoginGuard::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .ip_user_rate(Rate::per_minute(2))
+        .build()
+        .unwrap();
+    let mut results = vec![];
+    for _ in 0..3 {
+        let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "alice");
+        results.push(guard.check(&attempt).await.map(|d| d.is_allowed()));
+    }
+    assert!(
+        matches!(results[..], [Ok(true), Ok(true), Ok(false)]),
+        "three attempts over a limit of 2 in local fallback: {results:?}"
+    );
+}
+
+/// A fallback policy is named after its policy with a suffix; for a name near the 64
+/// characters a user's may have, building it failed and the fallback silently used the
+/// whole limit instead of each instance's share.
+#[tokio::test]
+async fn the_local_fallback_divides_the_limit_whatever_the_policy_name() {
+    for name in ["api".to_owned(), "a".repeat(64)] {
+        let limiter = Limiter::builder()
+            .store(resilient(FailureMode::LocalFallback { replicas: 4 }))
+            .policy(Policy::new(name.clone(), Rate::per_minute(8)).unwrap())
+            .extractor(Global::new())
+            .build()
+            .unwrap();
+        let key = Key::new("user", "1");
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if limiter.check(&key, 1).await.unwrap().is_allowed() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(
+            admitted,
+            2,
+            "a name of {} characters: 8 / 4 replicas",
+            name.len()
+        );
+    }
+    // And the login guard's (its names carry a suffix too).
+    for name in ["login".to_owned(), "g".repeat(48)] {
+        let guard = LoginGuard::builder()
+            .store(resilient(FailureMode::LocalFallback { replicas: 4 }))
+            .name(name.clone())
+            .ip_user_rate(Rate::per_minute(8))
+            .ip_rate(Rate::per_minute(100))
+            .user_rate(Rate::per_minute(100))
+            .build()
+            .unwrap();
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "alice");
+            if guard.check(&attempt).await.unwrap().is_allowed() {
+                admitted += 1;
+                guard.record_failure(&attempt).await.unwrap();
+            }
+        }
+        assert_eq!(admitted, 2, "a guard named with {} characters", name.len());
+    }
+}
+
+/// A request costing more than an instance's share was clamped to the share and charged
+/// that much: with a limit of 8 over 4 replicas (a share of 2), every window admitted a
+/// request of 5. It is now admitted only while the share is untouched and the rest is a
+/// debt paid back at the share's rate: over any span an instance serves at most its share
+/// per window plus one window's (the sliding window counter's bound) and one overshoot.
+#[tokio::test]
+async fn a_request_costing_more_than_the_share_is_paid_back_at_the_share_rate() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = ResilientStore::builder(dead_redis(), FailureMode::LocalFallback { replicas: 4 })
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(Policy::new("api", Rate::per_minute(8)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let minutes = 10;
+    let mut served = 0;
+    let mut admissions = 0;
+    for _ in 0..minutes * 6 {
+        if limiter.check(&key, 5).await.unwrap().is_allowed() {
+            served += 5;
+            admissions += 1;
+        }
+        clock.advance(Duration::from_secs(10));
+    }
+    // Share 2 a minute: (10 + 1) * 2 + 3 = 25 at most; the debt of 3 takes 1.5 minutes to
+    // pay, so a request of 5 passes about every 2.5 minutes.
+    assert!(
+        served <= (minutes + 1) * 2 + 3,
+        "{served} units served in {minutes} minutes at a share of 2 a minute"
+    );
+    assert!(
+        admissions >= 3,
+        "a costly request still passes once its debt is paid: {admissions} admissions"
+    );
+}
+
+/// A local fallback of 0 replicas is refused when built, in code as in a plan.
+#[test]
+fn a_local_fallback_of_no_replicas_is_refused_when_built() {
+    let store = ResilientStore::builder(
+        MemoryStore::new(),
+        FailureMode::LocalFallback { replicas: 0 },
+    )
+    .build();
+    let error = store.err().expect("replicas 0 is refused").to_string();
+    assert!(error.contains("failure_mode"), "{error}");
+    let policy = Policy::builder("api", Rate::per_minute(10))
+        .failure_mode(FailureMode::LocalFallback { replicas: 0 })
+        .build();
+    let error = policy.err().expect("replicas 0 is refused").to_string();
+    assert!(error.contains("failure_mode"), "{error}");
+}
