@@ -162,3 +162,51 @@ async fn a_deny_cache_keeps_no_in_flight_refusal() {
         "the slot given back on the other instance is free here at once"
     );
 }
+
+/// A look at an in-flight policy whose limit an override lowered, with a slot held and a
+/// cost above the overridden limit: the memory store and Redis answer alike, to the field.
+async fn a_look_under_a_lowered_limit<S: Store>(
+    store: S,
+) -> Vec<tollgate::algorithm::PolicyDecision> {
+    let plan = [slots(2, Duration::from_secs(30))];
+    let key = Key::new("t", "look");
+    let lowered = slots(1, Duration::from_secs(30));
+    store
+        .override_store()
+        .expect("the store keeps overrides")
+        .set(&key, &lowered, None)
+        .await
+        .unwrap();
+    let mut seen = vec![];
+    for cost in [0, 1, 2, 5] {
+        seen.extend(
+            store
+                .peek(&key, &plan, &[cost])
+                .await
+                .unwrap()
+                .policies()
+                .to_vec(),
+        );
+    }
+    let (taken, _) = admitted(&store, &key, &plan).await;
+    assert!(taken);
+    for cost in [0, 1, 2, 5] {
+        seen.extend(
+            store
+                .peek(&key, &plan, &[cost])
+                .await
+                .unwrap()
+                .policies()
+                .to_vec(),
+        );
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_look_under_a_lowered_limit_answers_alike() {
+    let server = RedisServer::start();
+    let memory = a_look_under_a_lowered_limit(MemoryStore::new()).await;
+    let redis = a_look_under_a_lowered_limit(redis_store(&server, "look")).await;
+    assert_eq!(memory, redis);
+}

@@ -571,7 +571,7 @@ macro_rules! algorithms {
 
         /// The store-side facts of `algorithm`.
         #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-        pub(crate) fn registration(algorithm: Algorithm) -> &'static Registration {
+        pub(crate) const fn registration(algorithm: Algorithm) -> &'static Registration {
             match algorithm {
                 $(Algorithm::$variant => {
                     const R: Registration = Registration {

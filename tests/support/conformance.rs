@@ -330,14 +330,15 @@ fn scale() -> impl Strategy<Value = Scale> {
 /// `policy` one of them, `pick` one of the permits not yet released (modulo their number).
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// `Store::check`; an in-flight policy always asks one slot, and an admitted request
-    /// holding slots becomes a permit.
+    /// `Store::check` of the drawn costs, which an in-flight policy gets too (it takes one
+    /// slot whatever the cost); an admitted request holding slots becomes a permit.
     Check {
         key: u8,
         sel: u8,
         costs: [Units; MAX_POLICIES],
     },
-    /// `Store::peek`; an in-flight policy asks one slot, or none for `Units::Zero`.
+    /// `Store::peek` of the drawn costs: an in-flight policy asks one slot, or none for a
+    /// cost of 0.
     Peek {
         key: u8,
         sel: u8,
@@ -1063,6 +1064,22 @@ impl Call {
     }
 }
 
+/// The costs the model decides for a store's: an in-flight policy asks one slot of a check
+/// whatever its cost, and of a look one slot if it costs anything (none at cost 0).
+fn slots_asked(policies: &[Policy], costs: &[u64], check: bool) -> Vec<u64> {
+    policies
+        .iter()
+        .zip(costs)
+        .map(|(p, &c)| {
+            if p.is_in_flight() {
+                u64::from(check || c > 0)
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// A request admitted while holding in-flight slots, until released.
 #[derive(Debug, Clone)]
 pub struct Permit {
@@ -1314,16 +1331,11 @@ impl<S: Store> Harness<'_, S> {
         let call = match *op {
             Op::Check { key, sel, costs } => {
                 let policies = pick_policies(sel);
+                // Any cost: an in-flight policy takes one slot whatever a request costs.
                 let costs = policies
                     .iter()
                     .zip(costs)
-                    .map(|(p, u)| {
-                        if p.is_in_flight() {
-                            1
-                        } else {
-                            u.of(p.capacity())
-                        }
-                    })
+                    .map(|(p, u)| u.of(p.capacity()))
                     .collect();
                 Call::Check {
                     key,
@@ -1336,13 +1348,7 @@ impl<S: Store> Harness<'_, S> {
                 let costs = policies
                     .iter()
                     .zip(costs)
-                    .map(|(p, u)| {
-                        if p.is_in_flight() {
-                            u64::from(!matches!(u, Units::Zero))
-                        } else {
-                            u.of(p.capacity())
-                        }
-                    })
+                    .map(|(p, u)| u.of(p.capacity()))
                     .collect();
                 Call::Peek {
                     key,
@@ -1603,7 +1609,7 @@ impl<S: Store> Harness<'_, S> {
                 .decide(
                     *key,
                     policies,
-                    costs,
+                    &slots_asked(policies, costs, true),
                     now,
                     admitted.unwrap_or(true),
                     permit,
@@ -1621,7 +1627,15 @@ impl<S: Store> Harness<'_, S> {
                 costs,
             } => self
                 .model
-                .decide(*key, policies, costs, now, false, permit, contract)
+                .decide(
+                    *key,
+                    policies,
+                    &slots_asked(policies, costs, false),
+                    now,
+                    false,
+                    permit,
+                    contract,
+                )
                 .map(Some),
             Call::Refund {
                 key,

@@ -56,6 +56,11 @@ pub(crate) fn read_override(value: &[u8]) -> Option<(u64, u64)> {
     (value.len() == 16).then_some((limit as u64, capacity as u64))
 }
 
+/// The script's id of the in-flight algorithm, whose request asks one slot whatever it
+/// costs: its decisions are never marked for a cost above the capacity.
+const IN_FLIGHT_SCRIPT_ID: u64 =
+    crate::algorithm::registration(crate::Algorithm::InFlight).script_id as u64;
+
 /// The parameters of `policy` as the script takes them.
 pub(crate) fn params(policy: &Policy) -> Params {
     [
@@ -402,8 +407,8 @@ impl<'a> Reader<'a> {
     ///
     /// A charge or a look whose cost the script denied for being above the capacity in
     /// force is marked as the memory store marks it ([`PolicyDecision::exceeds_capacity`]),
-    /// from the cost sent: the script need not say so. Not an in-flight policy's, whose cost
-    /// is its slot id.
+    /// from the cost sent: the script need not say so. Not an in-flight policy's, whose
+    /// request asks one slot whatever it costs (a charge sends its slot id, a look its cost).
     fn decision(
         &mut self,
         status: i8,
@@ -442,7 +447,7 @@ impl<'a> Reader<'a> {
                 delay,
             );
             decisions.push(match amount.units() {
-                Some(cost) if asked => d.for_cost(cost),
+                Some(cost) if asked && p[0] != IN_FLIGHT_SCRIPT_ID => d.for_cost(cost),
                 _ => d,
             });
         }
