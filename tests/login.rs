@@ -365,3 +365,66 @@ async fn the_ip_source_can_read_the_client_behind_a_trusted_proxy() {
         .unwrap();
     assert_generic_429(res).await;
 }
+
+/// A plan's `retry_after` and `header_style` hold on the login layer's refusals as on the
+/// limiter's layer (the login layer rendered every refusal with the defaults).
+#[tokio::test]
+async fn a_plans_response_settings_hold_on_the_login_layer() {
+    let plan = tollgate::config::Plan::from_toml(
+        r#"
+retry_after = false
+header_style = "structured"
+[[policies]]
+name = "login-ip-user"
+limit = 1
+window = "15m"
+[[policies]]
+name = "login-ip"
+limit = 50
+window = "15m"
+[[policies]]
+name = "login-user"
+limit = 20
+window = "1h"
+[[policies]]
+name = "api"
+limit = 100
+window = "1m"
+[default]
+policies = ["api"]
+[login]
+routes = ["POST /login"]
+username_header = "x-user"
+ip_username = "login-ip-user"
+ip = "login-ip"
+username = "login-user"
+"#,
+    )
+    .unwrap();
+    let built = plan.build().unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/login",
+            axum::routing::post(|| async { http::StatusCode::UNAUTHORIZED }),
+        )
+        .layer(built.login_layer().unwrap())
+        .layer(built.layer());
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("http://{addr}/login"))
+            .header("x-user", "alice")
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        refused.headers().get("retry-after").is_none(),
+        "{:?}",
+        refused.headers()
+    );
+    assert!(refused.headers().get("ratelimit-policy").is_some());
+    assert!(refused.headers().get("x-ratelimit-limit").is_none());
+}

@@ -172,3 +172,98 @@ async fn a_watched_plan_file_reloads_and_a_broken_one_is_refused() {
     drop(watcher);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const RESPONSES_PLAN: &str = r#"
+retry_after = false
+[key]
+kind = "global"
+[[policies]]
+name = "api"
+limit = 5
+window = "1m"
+[default]
+policies = ["api"]
+"#;
+
+/// A reload puts limits in force; a setting read once, at start (what the layer's responses
+/// carry, the store, the failure mode, the login guard), is refused naming the field rather
+/// than accepted and left unread. The plan in force stays.
+#[tokio::test]
+async fn a_reload_refuses_what_is_read_at_start_and_keeps_the_plan_in_force() {
+    let v1 = Plan::from_toml(RESPONSES_PLAN).unwrap();
+    let built = v1.build().unwrap();
+    let limiter = built.limiter().clone();
+    for (field, edit) in [
+        ("header_style", "header_style = \"structured\"\n"),
+        ("quota_headers", "quota_headers = false\n"),
+        ("retry_after", "retry_after = true\n"),
+        ("failure_mode", "failure_mode = \"fail_open\"\n"),
+        ("replicas", "replicas = 2\n"),
+        ("store", "[store]\nkind = \"memory\"\nmax_keys = 10\n"),
+    ] {
+        let base = RESPONSES_PLAN.replace("limit = 5", "limit = 50");
+        let base = if field == "retry_after" {
+            base.replace("retry_after = false\n", "")
+        } else {
+            base
+        };
+        // Top-level settings go first, a table last.
+        let text = if edit.starts_with('[') {
+            format!("{base}{edit}")
+        } else {
+            format!("{edit}{base}")
+        };
+        let next = Plan::from_toml(&text).unwrap();
+        let error = limiter.reload_plan(&next).expect_err(field);
+        assert_eq!(error.field(), field, "{error}");
+        assert!(error.to_string().contains("restart"), "{error}");
+        assert_eq!(limiter.policies()[0].limit(), 5, "the plan in force stays");
+    }
+    // The same plan with only its limits changed goes in force, and the layer built at start
+    // keeps answering as the plan says (no Retry-After).
+    let next = Plan::from_toml(&RESPONSES_PLAN.replace("limit = 5", "limit = 1")).unwrap();
+    limiter.reload_plan(&next).unwrap();
+    assert_eq!(limiter.policies()[0].limit(), 1);
+    let addr = support::serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(built.layer()),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let refused = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().get("retry-after").is_none());
+}
+
+/// A plan that starts with an audit error (here `retry_after = false`, TG005) can be reloaded
+/// — unchanged, or to change its limits — but a reload that brings a new audit error (a
+/// fixed window on a customer-facing route, TG001) is refused.
+#[tokio::test]
+async fn a_reload_refuses_only_audit_errors_the_plan_in_force_did_not_have() {
+    let v1 = Plan::from_toml(RESPONSES_PLAN).unwrap();
+    let limiter = Limiter::from_config(&v1).unwrap();
+    limiter
+        .reload_plan(&v1)
+        .expect("the plan in force reloads unchanged");
+    let fixed = Plan::from_toml(&RESPONSES_PLAN.replace(
+        "window = \"1m\"",
+        "window = \"1m\"\nalgorithm = \"fixed_window\"",
+    ))
+    .unwrap();
+    assert!(tollgate::audit(&fixed)
+        .findings
+        .iter()
+        .any(|f| f.rule == "TG001"));
+    let error = limiter.reload_plan(&fixed).expect_err("a new audit error");
+    assert!(error.to_string().contains("TG001"), "{error}");
+}

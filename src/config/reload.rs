@@ -9,11 +9,22 @@ use crate::store::Store;
 
 impl<S: Store + Clone> Limiter<S> {
     /// Builds `plan` on this limiter's store and puts it in force with
-    /// [`reload`](Self::reload), after the same checks as at start: a plan that fails to
-    /// build, or that the [audit](crate::audit()) finds an error in, is refused — the plan in
-    /// force stays, the error is logged (target `tollgate::reload`) and counted
-    /// (`tollgate_plan_reloads_total{result="refused"}`). The plan's `[store]` and `[login]`
-    /// sections are read at start only: a reload changes the limits, not where they are kept.
+    /// [`reload`](Self::reload). It is refused — the plan in force stays, the error is
+    /// logged (target `tollgate::reload`) and counted
+    /// (`tollgate_plan_reloads_total{result="refused"}`) — when it does not build, when the
+    /// [audit](crate::audit()) finds an error in it that the plan in force did not have,
+    /// or when it changes a setting that is read once, at start:
+    ///
+    /// * `[store]`, `replicas` and `failure_mode`: where and how the limits are kept;
+    /// * `[login]`: the login guard;
+    /// * `header_style`, `quota_headers` and `retry_after`: what the layer's responses carry
+    ///   (the layer was built with them).
+    ///
+    /// A reload changes the limits — policies, routes, the default, tiers, keys, the access
+    /// lists — and refuses, naming the field, rather than leave a declared setting unread.
+    /// (The plan in force is the one the limiter was built from with
+    /// [`Limiter::from_config`] or [`Plan::build`], or the last one reloaded; a limiter built
+    /// in code has none to compare with, and only the build and the audit check.)
     ///
     /// ```
     /// use tollgate::config::Plan;
@@ -33,34 +44,92 @@ impl<S: Store + Clone> Limiter<S> {
     /// let broken = Plan::from_toml("[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n[default]\npolicies = [\"nope\"]")?;
     /// assert!(limiter.reload_plan(&broken).is_err());
     /// assert_eq!(limiter.policies()[0].limit(), 500);
+    ///
+    /// // So is one that changes what the responses carry: the layer read that at start.
+    /// let mut quiet = v2.clone();
+    /// quiet.quota_headers = Some(tollgate::QuotaHeaders::Never);
+    /// assert_eq!(limiter.reload_plan(&quiet).unwrap_err().field(), "quota_headers");
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// The [`ConfigError`] that refused the plan: a build error, or the audit's first error
-    /// finding.
+    /// The [`ConfigError`] that refused the plan: a setting read at start that the plan
+    /// changes, a build error, or the audit's first error finding the plan in force did not
+    /// have.
     pub fn reload_plan(&self, plan: &Plan) -> Result<(), ConfigError> {
-        let next = plan
-            .builder_with_store(self.store().clone())
-            .and_then(|b| b.build())
-            .and_then(|next| {
-                let report = audit(plan);
-                match report
-                    .findings
-                    .iter()
-                    .find(|f| f.severity == Severity::Error)
-                {
-                    Some(f) => Err(ConfigError::new(
-                        f.field.clone().unwrap_or_else(|| "plan".to_owned()),
-                        f.value.clone().unwrap_or_default(),
-                        format!("the audit refused the plan ({}): {}", f.rule, f.message),
-                    )),
-                    None => Ok(next),
-                }
-            });
+        let in_force = self.source().and_then(|s| s.downcast::<Plan>().ok());
+        let next = match in_force.as_deref().and_then(|old| read_at_start(old, plan)) {
+            Some(refused) => Err(refused),
+            None => plan
+                .builder_with_store(self.store().clone())
+                .and_then(|b| b.build())
+                .and_then(|next| new_audit_error(in_force.as_deref(), plan).map_or(Ok(next), Err)),
+        };
+        if let Ok(next) = &next {
+            next.set_source(Some(std::sync::Arc::new(plan.clone())));
+        }
         self.reload_or_keep(next)
     }
+}
+
+/// The first setting read only at start that `next` changes from `in_force`, as the error
+/// that refuses the reload.
+fn read_at_start(in_force: &Plan, next: &Plan) -> Option<ConfigError> {
+    fn changed<T: PartialEq + std::fmt::Debug>(
+        field: &str,
+        old: &T,
+        new: &T,
+    ) -> Option<ConfigError> {
+        (old != new).then(|| {
+            ConfigError::new(
+                field,
+                format_args!("{new:?}"),
+                format!(
+                    "is read once, at start (the plan in force has {old:?}); a reload changes the limits only: restart to change it"
+                ),
+            )
+        })
+    }
+    changed("store", &in_force.store, &next.store)
+        .or_else(|| changed("replicas", &in_force.replicas, &next.replicas))
+        .or_else(|| changed("failure_mode", &in_force.failure_mode, &next.failure_mode))
+        .or_else(|| changed("login", &in_force.login, &next.login))
+        .or_else(|| changed("header_style", &in_force.header_style, &next.header_style))
+        .or_else(|| {
+            changed(
+                "quota_headers",
+                &in_force.quota_headers,
+                &next.quota_headers,
+            )
+        })
+        .or_else(|| changed("retry_after", &in_force.retry_after, &next.retry_after))
+}
+
+/// The audit's first error finding in `plan` whose rule did not fire on the plan in force:
+/// a reload must not make the plan worse, and a plan that started with a finding can still
+/// be reloaded (to fix something else).
+fn new_audit_error(in_force: Option<&Plan>, plan: &Plan) -> Option<ConfigError> {
+    let errors = |p: &Plan| {
+        audit(p)
+            .findings
+            .into_iter()
+            .filter(|f| f.severity == Severity::Error)
+            .collect::<Vec<_>>()
+    };
+    let before: Vec<String> = in_force
+        .map(|p| errors(p).into_iter().map(|f| f.rule.to_string()).collect())
+        .unwrap_or_default();
+    errors(plan)
+        .into_iter()
+        .find(|f| !before.contains(&f.rule.to_string()))
+        .map(|f| {
+            ConfigError::new(
+                f.field.clone().unwrap_or_else(|| "plan".to_owned()),
+                f.value.clone().unwrap_or_default(),
+                format!("the audit refused the plan ({}): {}", f.rule, f.message),
+            )
+        })
 }
 
 #[cfg(feature = "watch")]

@@ -371,6 +371,7 @@ impl<S: Store> LimiterBuilder<S> {
             names: Mutex::new(names),
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
             resets: ResetCounts::new(),
+            source: Mutex::new(None),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),

@@ -126,7 +126,13 @@ pub(crate) struct Common<S> {
     top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
     /// Resets by key: see [`Limiter::resets_seen`].
     resets: ResetCounts,
+    /// What the plan in force was described by, kept by whoever built it from a description
+    /// (a config plan) for the next reload to compare with; `None` for a plan built in code.
+    pub(crate) source: Mutex<Option<PlanSource>>,
 }
+
+/// The description a plan was built from (a config plan), opaque to the limiter.
+pub(crate) type PlanSource = Arc<dyn std::any::Any + Send + Sync>;
 
 /// How many resets have begun or ended, per bucket of keys: one counter for each of
 /// `RESET_BUCKETS` buckets a key hashes to, moved twice by every [`Limiter::reset`] of a key

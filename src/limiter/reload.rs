@@ -69,6 +69,7 @@ impl<S: Store> Limiter<S> {
             .names
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = names;
+        self.set_source(next.source());
         self.inner.plan.store(plan);
         // After the store, so that the swap holds the new plan by the time the flag sends
         // readers to it.
@@ -77,6 +78,26 @@ impl<S: Store> Limiter<S> {
             .store(true, std::sync::atomic::Ordering::Release);
         telemetry::plan_reload(true);
         tracing::info!(target: "tollgate::reload", "a new rate-limit plan is in force");
+    }
+
+    /// What the plan in force was described by (see `Common::source`).
+    pub(crate) fn source(&self) -> Option<super::PlanSource> {
+        self.inner
+            .common
+            .source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records what the plan in force was described by.
+    pub(crate) fn set_source(&self, source: Option<super::PlanSource>) {
+        *self
+            .inner
+            .common
+            .source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = source;
     }
 
     /// Puts `next` in force with [`reload`](Self::reload), or, when the plan that would have

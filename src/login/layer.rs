@@ -18,6 +18,7 @@ use crate::key::RequestView;
 use crate::limiter::RouteTable;
 use crate::middleware::{read_capped, RateLimitBody};
 use crate::refusal::{Refusal, RefusalKind, Rendering};
+use crate::response::HeaderStyle;
 use crate::store::{MemoryStore, Store};
 
 /// What a login route's response says about the attempt; see [`LoginLayer::classify`].
@@ -137,6 +138,8 @@ struct Shared<St> {
     classify: Arc<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
     /// Only these routes are guarded; `None`: every request.
     routes: Option<Arc<RouteTable>>,
+    /// How refusals look: the header style and whether 429s carry `Retry-After`.
+    rendering: Rendering,
 }
 
 impl<St> Clone for Shared<St> {
@@ -147,6 +150,7 @@ impl<St> Clone for Shared<St> {
             max_body: self.max_body,
             classify: Arc::clone(&self.classify),
             routes: self.routes.clone(),
+            rendering: self.rendering.clone(),
         }
     }
 }
@@ -185,6 +189,7 @@ impl<St> LoginLayer<St> {
                 max_body: DEFAULT_MAX_BODY,
                 classify: Arc::new(LoginOutcome::from_status),
                 routes: None,
+                rendering: Rendering::default(),
             }),
         }
     }
@@ -272,6 +277,34 @@ impl<St> LoginLayer<St> {
                 Ok(f(req, body))
             })),
         )
+    }
+
+    /// Which quota headers a refusal carries (default [`HeaderStyle::Classic`]), as
+    /// [`RateLimitLayer::header_style`](crate::RateLimitLayer::header_style). A plan's
+    /// `header_style` sets both layers'.
+    ///
+    /// ```
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    /// use tollgate::HeaderStyle;
+    ///
+    /// let guard = LoginGuard::builder().build()?;
+    /// let layer = LoginLayer::header(guard, http::HeaderName::from_static("x-user"))
+    ///     .header_style(HeaderStyle::Structured)
+    ///     .retry_after_header(true);
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn header_style(self, style: HeaderStyle) -> Self {
+        self.edit(|s| s.rendering.style = style)
+    }
+
+    /// Whether a 429 carries `Retry-After` (default `true`), as
+    /// [`RateLimitLayer::retry_after_header`](crate::RateLimitLayer::retry_after_header). A
+    /// plan's `retry_after` sets both layers'.
+    ///
+    /// See [`header_style`](Self::header_style) for an example.
+    pub fn retry_after_header(self, enabled: bool) -> Self {
+        self.edit(|s| s.rendering.retry_after = enabled)
     }
 
     /// The largest body buffered to read the username (default 16 KiB).
@@ -459,7 +492,7 @@ where
                 refusal.log(key);
                 let rendering = Rendering {
                     grpc: grpc.clone(),
-                    ..Rendering::default()
+                    ..shared.rendering.clone()
                 };
                 let res = refusal.with_rendering(rendering).default_response();
                 Ok(res.map(RateLimitBody::full))

@@ -49,7 +49,10 @@ impl Plan {
         let (ip_key, path) = self.login_ip_key(l)?;
         b = b.ip_source(ip_key.build(path)?);
         let guard = b.build().map_err(|e| guard_error(e, &limits))?;
+        // The plan's response settings hold on the login layer's refusals too.
         let layer = login_layer(l, guard.clone())?
+            .header_style(self.header_style)
+            .retry_after_header(self.retry_after.unwrap_or(true))
             .routes(l.routes.iter().cloned())
             .map_err(|e| e.within("login"))?;
         Ok(Some((guard, layer)))

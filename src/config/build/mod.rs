@@ -121,6 +121,8 @@ impl Plan {
             return Err(e);
         }
         let limiter = builder.build().map_err(plan_field)?;
+        // Kept for `reload_plan`, which compares what a reload cannot change with it.
+        limiter.set_source(Some(std::sync::Arc::new(self.clone())));
         Ok(BuiltPlan {
             store,
             limiter,

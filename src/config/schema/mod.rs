@@ -515,10 +515,11 @@ pub struct Plan {
     pub replicas: Option<u32>,
     /// What to do when the shared store fails.
     pub failure_mode: Option<FailureModeName>,
-    /// Quota header style.
+    /// Quota header style, of the limiter's layer and the login layer alike.
     #[serde(default)]
     pub header_style: HeaderStyle,
-    /// Whether 429s carry `Retry-After` (default true).
+    /// Whether 429s carry `Retry-After` (default true), the limiter's layer's and the login
+    /// layer's alike.
     pub retry_after: Option<bool>,
     /// Which allowed responses carry quota headers: `true` or `"always"` (the default),
     /// `"near_limit"`, `false` or `"never"` (see [`QuotaHeaders`](crate::QuotaHeaders)).
@@ -546,7 +547,10 @@ pub struct Plan {
     pub tier: TierConfig,
     /// The login guard.
     pub login: Option<LoginConfig>,
-    /// Client networks that skip limiting (IP keys), e.g. `["10.0.0.0/8"]`.
+    /// Client networks that skip the limiter's policies (IP keys), e.g. `["10.0.0.0/8"]`.
+    /// Not the login guard's: an allow-listed network's login attempts are still limited
+    /// (guessing passwords from a trusted network is still guessing), and a denied network
+    /// is refused by the limiter's layer before the login layer inside it sees the request.
     #[serde(default)]
     pub allow_cidrs: Vec<String>,
     /// Client networks refused with 403 (IP keys).
