@@ -256,11 +256,11 @@ fn a_local_fallback_of_no_replicas_is_refused_when_built() {
         FailureMode::LocalFallback { replicas: 0 },
     )
     .build();
-    let error = store.err().expect("replicas 0 is refused").to_string();
+    let error = store.expect_err("replicas 0 is refused").to_string();
     assert!(error.contains("failure_mode"), "{error}");
     let policy = Policy::builder("api", Rate::per_minute(10))
         .failure_mode(FailureMode::LocalFallback { replicas: 0 })
         .build();
-    let error = policy.err().expect("replicas 0 is refused").to_string();
+    let error = policy.expect_err("replicas 0 is refused").to_string();
     assert!(error.contains("failure_mode"), "{error}");
 }

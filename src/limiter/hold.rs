@@ -225,6 +225,7 @@ impl<S: Store> Limiter<S> {
                 units: reserved,
                 resets,
             } = *reserved;
+            let resets = self.charged_by_store(decision, resets);
             let policies = &set.enforced;
             let meters = set
                 .meters
@@ -278,6 +279,7 @@ impl<S: Store> Limiter<S> {
             units: reserved,
             resets,
         } = reserved?.clone();
+        let resets = self.charged_by_store(decision, resets);
         let charged = charged_units(set, &reserved);
         if charged.is_empty() {
             return None;
@@ -296,18 +298,29 @@ impl<S: Store> Limiter<S> {
         })
     }
 
+    /// What a give-back of the charge behind `decision` may return: `Some(resets)` (the
+    /// reset count read before the charge, [`Limiter::resets_seen`]) when the store took the
+    /// charge, `None` when a failure mode admitted the request — the store never charged it,
+    /// and a give-back, applied once the store is back, would come off other requests'
+    /// units (the local fallback keeps what it charged: the safe way).
+    pub(crate) fn charged_by_store(&self, decision: &Decision, resets: u64) -> Option<u64> {
+        (decision.decided_by() == DecidedBy::Decided).then_some(resets)
+    }
+
     /// The call that refunds what an admitted request of `set` charged its rate policies,
-    /// `reserved` (per enforced policy), if it charged any and no reset of this limiter has
-    /// begun or ended since `resets` ([`Limiter::resets_seen`]) was read before the charge.
+    /// `reserved` (per enforced policy), if it charged any, the store took the charge, and
+    /// no reset of this limiter has begun or ended since `resets` ([`Limiter::resets_seen`],
+    /// `None` when the store did not take it: see [`charged_by_store`](Self::charged_by_store))
+    /// was read before the charge.
     pub(crate) fn refund_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
-        resets: u64,
+        resets: Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         let charged = charged_units(set, reserved);
-        if charged.is_empty() || self.resets_seen(key) != resets {
+        if charged.is_empty() || resets != Some(self.resets_seen(key)) {
             return None;
         }
         let policies: SmallVec<[Policy; 2]> = charged
@@ -368,17 +381,19 @@ impl<S: Store> Limiter<S> {
     /// Settles a reservation made under `set`: `actual(policy)` is each settled policy's
     /// actual cost, `None` to leave its reservation standing. When a reset of this limiter
     /// has begun or ended since `resets` ([`Limiter::resets_seen`]) was read before the
-    /// charge, nothing is given back (the reset may have erased the charge, and a give-back
-    /// would come off units charged since); a cost above the reservation is still charged.
+    /// charge, or the store did not take the charge (`resets` is `None`: a failure mode
+    /// admitted the request), nothing is given back (the store never held the charge, or
+    /// may have lost it, and a give-back would come off units charged since); a cost above
+    /// the reservation is still charged.
     pub(crate) fn settle_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
-        resets: u64,
+        resets: Option<u64>,
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let reset_since = self.resets_seen(key) != resets;
+        let reset_since = resets != Some(self.resets_seen(key));
         let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();

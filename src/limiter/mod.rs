@@ -537,17 +537,39 @@ impl<S: Store> Limiter<S> {
     /// [`Permit`](crate::Permit) or response body is dropped, never by a refund.
     /// Cancel-safe: a refund whose future is dropped before it answers still applies, once.
     ///
+    /// Refund only a charge the store took: not one whose decision a failure mode made
+    /// ([`Decision::decided_by`] other than [`DecidedBy::Decided`](crate::DecidedBy)) — the
+    /// store never charged it, and the refund, applied once the store is back, comes off
+    /// other requests' units — nor one made before a [`reset`](Self::reset) of the key.
+    /// [`Reservation`](crate::Reservation)s, the layer and the login guard keep to this by
+    /// themselves.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the charge may then stand).
-    pub async fn refund(&self, key: &Key, cost: u64) -> Result<(), CheckError> {
-        let Some(set) = self.default_set() else {
-            return Ok(());
-        };
+    pub fn refund(
+        &self,
+        key: &Key,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
+        // The store call starts here, not at the first poll: a future dropped unpolled
+        // still refunds.
+        let call = self.refund_call_now(key, cost);
+        async move {
+            if let Some(call) = call {
+                call.await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// [`refund`](Self::refund)'s store call, started.
+    fn refund_call_now(&self, key: &Key, cost: u64) -> Option<hold::Completing> {
+        let set = self.default_set()?;
         let common = &self.inner.common;
         let lists = self.lists();
         if lists.deny.contains(key) || lists.allow.contains(key) {
-            return Ok(());
+            return None;
         }
         let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
@@ -572,10 +594,10 @@ impl<S: Store> Limiter<S> {
                 .map(|p| cost.min(p.capacity())),
         );
         if policies.is_empty() {
-            return Ok(());
+            return None;
         }
         let call = common.store.refund(key, &policies, &costs);
-        Ok(hold::Completing::new("refund", call).await?)
+        Some(hold::Completing::new("refund", call))
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,

@@ -130,6 +130,7 @@ impl<S: Store> Limiter<S> {
         // Read before the charge: see `Reservation::settle`.
         let resets = self.resets_seen(key);
         let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
+        let resets = self.charged_by_store(&decision, resets);
         Ok(Reservation {
             limiter: self.clone(),
             key: key.clone(),
@@ -175,8 +176,9 @@ pub struct Reservation<S = MemoryStore> {
     set: Option<Arc<PolicySet>>,
     /// The units charged to each enforced policy of the set.
     reserved: SmallVec<[u64; 2]>,
-    /// [`Limiter::resets_seen`] before the charge.
-    resets: u64,
+    /// [`Limiter::resets_seen`] before the charge; `None` when the store did not take it
+    /// (a failure mode admitted the request): nothing to give back.
+    resets: Option<u64>,
     decision: Decision,
     slots: Option<Slots>,
 }
@@ -198,7 +200,7 @@ impl<S: Store> Reservation<S> {
             key,
             set: None,
             reserved: SmallVec::new(),
-            resets: 0,
+            resets: None,
             decision: Decision::pass(),
             slots: None,
         }
@@ -222,6 +224,12 @@ impl<S: Store> Reservation<S> {
     /// through another instance is not seen: there a settlement below its estimate can give
     /// back up to the estimate out of the fresh count.
     ///
+    /// Nor is anything refunded for a reservation a failure mode admitted while the store
+    /// was down ([`Decision::decided_by`] other than `Decided`): the store never charged
+    /// it, and the refund would come off other requests' units once it is back (a local
+    /// fallback keeps the estimate it charged, the safe way); an actual cost above the
+    /// estimate is charged.
+    ///
     /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
     /// once (its store call is finished on the current Tokio runtime), and the slots are
     /// given back either way.
@@ -229,22 +237,25 @@ impl<S: Store> Reservation<S> {
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the reservation then stands).
-    pub async fn settle(mut self, actual: u64) -> Result<(), CheckError> {
+    pub fn settle(
+        mut self,
+        actual: u64,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
+        // The store call starts here, not at the first poll: a future dropped unpolled
+        // still settles.
         let slots = self.slots.take();
+        let mut call = None;
         if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
             if !self.decision.policies().is_empty() {
-                if let Some(call) =
-                    self.limiter
-                        .settle_call(&set, &self.key, &self.reserved, self.resets, |_| {
-                            Some(actual)
-                        })
-                {
-                    Completing::new("settle", call).await?;
-                }
+                call = self
+                    .limiter
+                    .settle_call(&set, &self.key, &self.reserved, self.resets, |_| {
+                        Some(actual)
+                    })
+                    .map(|call| Completing::new("settle", call));
             }
         }
-        drop(slots);
-        Ok(())
+        finished(call, slots)
     }
 
     /// Keeps the charge: the request counts. The same as dropping the reservation; it says
@@ -283,20 +294,20 @@ impl<S: Store> Reservation<S> {
     /// # Errors
     ///
     /// [`CheckError::Store`] when the store fails (the charge then stands).
-    pub async fn refund(mut self) -> Result<(), CheckError> {
+    pub fn refund(
+        mut self,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
         let slots = self.slots.take();
+        let mut call = None;
         if let (Some(set), true) = (self.set.take(), self.decision.is_allowed()) {
             if !self.decision.policies().is_empty() {
-                if let Some(call) =
-                    self.limiter
-                        .refund_call(&set, &self.key, &self.reserved, self.resets)
-                {
-                    Completing::new("refund", call).await?;
-                }
+                call = self
+                    .limiter
+                    .refund_call(&set, &self.key, &self.reserved, self.resets)
+                    .map(|call| Completing::new("refund", call));
             }
         }
-        drop(slots);
-        Ok(())
+        finished(call, slots)
     }
 
     /// Keeps or refunds the charge as the default route's counting rule
@@ -324,7 +335,10 @@ impl<S: Store> Reservation<S> {
     /// # Errors
     ///
     /// As for [`refund`](Self::refund).
-    pub async fn count(self, head: &http::response::Parts) -> Result<(), CheckError> {
+    pub fn count(
+        self,
+        head: &http::response::Parts,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
         let counts = self
             .set
             .as_ref()
@@ -332,8 +346,31 @@ impl<S: Store> Reservation<S> {
             .is_none_or(|when| when.counts(head));
         if counts {
             self.keep();
-            return Ok(());
+            return finished(None, None);
         }
-        self.refund().await
+        finished_by(self.refund())
     }
+}
+
+/// The future of a settlement or refund whose store call (if any) has started: it answers
+/// the call's outcome, then gives the slots back. Dropped first, the call still finishes
+/// ([`Completing`]) and the slots come back at once.
+fn finished(
+    call: Option<Completing>,
+    slots: Option<Slots>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CheckError>> + Send>> {
+    Box::pin(async move {
+        if let Some(call) = call {
+            call.await?;
+        }
+        drop(slots);
+        Ok(())
+    })
+}
+
+/// `future`, boxed as [`finished`]'s are, so that both ways of `count` have one type.
+fn finished_by(
+    future: impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CheckError>> + Send>> {
+    Box::pin(future)
 }

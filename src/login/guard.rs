@@ -1,6 +1,7 @@
 //! The guard: one attempt's three keys, checked and recorded on three limiters.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,9 +109,30 @@ impl LoginGuard<MemoryStore> {
 /// assert!(!a.user_key().as_str().contains("alice")); // hashed
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct LoginAttempt {
     keys: [Key; 3],
+    /// Per limit, what its charge by [`LoginGuard::check`] may give back: 0 when the store
+    /// did not take it (not checked, refused, or admitted by a failure mode), else 1 + the
+    /// limiter's reset count read before the charge. A refund of a charge the store never
+    /// took, or that a reset (an unlock) may have erased, would come off other attempts'
+    /// counts. Shared by clones.
+    charges: Arc<[AtomicU64; 3]>,
+}
+
+/// Two attempts are the same attempt when they name the same keys.
+impl PartialEq for LoginAttempt {
+    fn eq(&self, other: &Self) -> bool {
+        self.keys == other.keys
+    }
+}
+
+impl Eq for LoginAttempt {}
+
+impl std::hash::Hash for LoginAttempt {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.keys.hash(state);
+    }
 }
 
 impl LoginAttempt {
@@ -197,6 +219,7 @@ impl<S: Store> LoginGuard<S> {
                 Key::new("login-ip", ip.as_str()),
                 Key::new("login-user", user),
             ],
+            charges: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 
@@ -237,6 +260,7 @@ impl<S: Store> LoginGuard<S> {
         let mut decisions = Vec::with_capacity(3);
         for (i, (key, limiter)) in attempt.keys.iter().zip(limiters).enumerate() {
             let cost = self.inner.policies[i].cost();
+            let resets = limiter.resets_seen(key);
             let d = match limiter.check_as(Asker::Guard, key, cost).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -245,6 +269,11 @@ impl<S: Store> LoginGuard<S> {
                 }
             };
             let refused = !d.is_allowed();
+            let mark = match limiter.charged_by_store(&d, resets) {
+                Some(resets) if !refused => resets.saturating_add(1),
+                _ => 0,
+            };
+            attempt.charges[i].store(mark, Ordering::Release);
             decisions.extend(d.policies().first().cloned());
             if refused {
                 self.refund(attempt, 0..i).await;
@@ -309,7 +338,11 @@ impl<S: Store> LoginGuard<S> {
     /// let an attacker who owns one account reset their spraying budget). In
     /// [`LoginMode::EveryAttempt`] the IP and username limits keep the charge.
     ///
-    /// Call it once per checked attempt: each call refunds one attempt's units.
+    /// Call it once per checked attempt: each call refunds one attempt's units, once (a
+    /// second call refunds nothing). Nothing is refunded for a limit whose charge the store
+    /// did not take (a failure mode admitted the attempt while the store was down), nor
+    /// after an [`unlock_user`](Self::unlock_user) or other reset of its key since the
+    /// check: the refund would come off the failures counted since.
     ///
     /// See the [module docs](crate::login) for an example.
     ///
@@ -320,9 +353,7 @@ impl<S: Store> LoginGuard<S> {
         let mut refunded = Ok(());
         if self.inner.mode == LoginMode::FailuresOnly {
             for i in [IP, USER] {
-                let cost = self.inner.policies[i].cost();
-                let r = self.inner.limiters[i].refund(&attempt.keys[i], cost).await;
-                refunded = refunded.and(r);
+                refunded = refunded.and(self.refund_one(attempt, i).await);
             }
         }
         let reset = self.inner.limiters[IP_USER]
@@ -336,12 +367,23 @@ impl<S: Store> LoginGuard<S> {
     /// counting; it is logged.
     async fn refund(&self, attempt: &LoginAttempt, which: std::ops::Range<usize>) {
         for i in which {
-            let cost = self.inner.policies[i].cost();
-            let refunded = self.inner.limiters[i].refund(&attempt.keys[i], cost).await;
-            if let Err(error) = refunded {
+            if let Err(error) = self.refund_one(attempt, i).await {
                 tracing::warn!(%error, "tollgate: could not refund a refused login attempt's charge");
             }
         }
+    }
+
+    /// Refunds limit `i`'s charge of `attempt`, once, if the store took it and no reset
+    /// of its key (an unlock) has begun or ended since: otherwise the refund would come off
+    /// the counts of other attempts (an attacker's failures since the unlock).
+    async fn refund_one(&self, attempt: &LoginAttempt, i: usize) -> Result<(), CheckError> {
+        let limiter = &self.inner.limiters[i];
+        let key = &attempt.keys[i];
+        let mark = attempt.charges[i].swap(0, Ordering::AcqRel);
+        if mark == 0 || mark - 1 != limiter.resets_seen(key) {
+            return Ok(());
+        }
+        limiter.refund(key, self.inner.policies[i].cost()).await
     }
 
     /// Clears the username limit of `username` (an administrator unlocking an account).

@@ -40,7 +40,16 @@ impl<B> RateLimitBody<B> {
         }
     }
 
-    pub(crate) fn held(body: B, hold: BodyHold) -> Self {
+    /// `body` with what its request holds. A body that is at its end before its first
+    /// frame (empty, or a status without a body) settles its count at once: an HTTP server
+    /// writes it without polling it.
+    pub(crate) fn held(body: B, mut hold: BodyHold) -> Self
+    where
+        B: Body,
+    {
+        if body.is_end_stream() || hold.ends_at_once(&body.size_hint()) {
+            hold.end();
+        }
         Self {
             kind: Kind::Held {
                 body,

@@ -232,6 +232,7 @@ fn into_body<B>(res: Response<Bytes>) -> Response<RateLimitBody<B>> {
 impl<Inner, ReqBody, ResBody, St> Future for ResponseFuture<Inner, ReqBody, St>
 where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
     St: Store,
 {
     type Output = Result<Response<RateLimitBody<ResBody>>, Inner::Error>;

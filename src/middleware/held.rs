@@ -41,6 +41,11 @@ struct StreamCount {
     counters: SmallVec<[Counter; 1]>,
     settle: Arc<SettleFn>,
     done: bool,
+    /// The bytes the body will send, when its head says (`Content-Length`; 0 for a status
+    /// that has no body): an HTTP server stops polling a body once that many are written,
+    /// so reaching them is its end.
+    length: Option<u64>,
+    sent: u64,
 }
 
 /// Applies the route's counting rule to the response head: a response that does not count
@@ -118,10 +123,24 @@ pub(crate) fn on_response<B>(
             }
         }
         if !counters.is_empty() {
+            let no_body = matches!(
+                res.status(),
+                http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+            ) || res.status().is_informational();
+            let length = if no_body {
+                Some(0)
+            } else {
+                res.headers()
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
             stream = Some(StreamCount {
                 counters,
                 settle: settlement.settle,
                 done: false,
+                length,
+                sent: 0,
             });
         }
     }
@@ -146,13 +165,27 @@ impl BodyHold {
         self._slots.is_none() && self.stream.is_none()
     }
 
-    /// Counts a data frame.
+    /// Counts a data frame; the body has ended when it reached the length its head gave.
     pub(crate) fn frame(&mut self, data: &Bytes) {
+        let mut ended = false;
         if let Some(stream) = &mut self.stream {
             for (_, count, _, total) in &mut stream.counters {
                 *total = total.saturating_add(count(data));
             }
+            stream.sent = stream.sent.saturating_add(data.len() as u64);
+            ended = stream.length.is_some_and(|length| stream.sent >= length);
         }
+        if ended {
+            self.end();
+        }
+    }
+
+    /// Whether the body is already at its end before any frame: its head says it has none,
+    /// or `hint` (the body's size hint) is exactly 0. A server does not poll such a body.
+    pub(crate) fn ends_at_once(&self, hint: &http_body::SizeHint) -> bool {
+        self.stream
+            .as_ref()
+            .is_some_and(|s| s.length.or(hint.exact()) == Some(0))
     }
 
     /// The body ended: settles what was counted (once).

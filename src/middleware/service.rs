@@ -82,6 +82,7 @@ impl<Inner: fmt::Debug, St: fmt::Debug> fmt::Debug for RateLimitService<Inner, S
 impl<Inner, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<Inner, St>
 where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: http_body::Body,
     St: Store,
 {
     type Response = Response<RateLimitBody<ResBody>>;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     intern, Algorithm, FailureMode, Limits, Policy, PolicyInner, Rate, MAX_CAPACITY_WINDOW_PRODUCT,
-    MAX_LOG_LIMIT,
+    MAX_LOG_LIMIT, MIN_SLOT_LEASE,
 };
 use crate::error::ConfigError;
 
@@ -266,6 +266,16 @@ impl PolicyBuilder {
     /// What an in-flight policy cannot have: each of these would be a setting nothing reads,
     /// or a slot that is never given back.
     fn check_in_flight(&self) -> Result<(), ConfigError> {
+        if self.rate.window < MIN_SLOT_LEASE {
+            return Err(ConfigError::new(
+                "window",
+                format_args!("{:?}", self.rate.window),
+                format!(
+                    "an in_flight policy's window is its slots' lease in a shared store, renewed every third of it while the request runs: at least {} ms, or a renewal can arrive after the slot expired and the limit stops holding",
+                    MIN_SLOT_LEASE.as_millis()
+                ),
+            ));
+        }
         if self.cost != 1 {
             return Err(ConfigError::new(
                 "cost",

@@ -58,6 +58,13 @@ pub const MAX_CAPACITY_WINDOW_PRODUCT: u64 = 1 << 50;
 /// last refresh. A holder refreshes every third of it.
 pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
 
+/// The shortest lease of an [in-flight](Algorithm::InFlight) policy's slots (its window): a
+/// held slot is renewed every third of its lease, and a renewal (a timer tick and a round
+/// trip to the store) must arrive before the slot expires; on loopback, leases under about
+/// 8 ms let slots expire while held and the limit stopped holding. A shorter window is
+/// refused when the policy is built.
+pub const MIN_SLOT_LEASE: Duration = Duration::from_millis(100);
+
 /// The largest limit the sliding window log accepts: it keeps one entry per admitted request.
 pub const MAX_LOG_LIMIT: u64 = 100_000;
 

@@ -288,13 +288,41 @@ impl MemoryStore {
             });
         }
         if extra.iter().any(|&e| e > 0) {
-            self.charge_now(key, policies, &extra);
+            self.overcharge_now(key, policies, &extra);
         }
+    }
+
+    /// Takes one slot of each in-flight policy among `policies` whether or not it fits:
+    /// for a local fallback that learns of a request running that its store admitted (the
+    /// count must follow what runs, or the releases that follow take it below that).
+    pub(crate) fn take_slots(&self, key: &Key, policies: &[Policy]) {
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        self.charge_now(key, policies, &ones, |state, now, limits, c| {
+            if let AnyState::InFlight(_) = state {
+                state.commit(now, limits, c);
+            }
+        });
     }
 
     /// Charges `costs` whether or not they fit (within each algorithm's overcharge bound),
     /// creating the key's state when it has none.
-    fn charge_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+    fn overcharge_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        self.charge_now(key, policies, costs, |state, now, p, c| {
+            if c > 0 {
+                state.overcharge(now, p, c);
+            }
+        });
+    }
+
+    /// Applies `charge` to the key's state for each policy, creating the key's entry and
+    /// states when it has none.
+    fn charge_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: impl Fn(&mut AnyState, u64, &Limits, u64),
+    ) {
         let inner = &self.inner;
         let hash = hash_key(&inner.hasher, key);
         let mut shard = inner.shard(hash).lock();
@@ -320,11 +348,7 @@ impl MemoryStore {
             shard.remember(policies);
         }
         drop(shard);
-        self.adjust_now(key, policies, costs, true, |state, now, p, c| {
-            if c > 0 {
-                state.overcharge(now, p, c);
-            }
-        });
+        self.adjust_now(key, policies, costs, true, charge);
     }
 
     /// Applies `change` to the key's state for each policy (with `create`, to a fresh state

@@ -571,15 +571,13 @@ impl<H: LeaseBackend> Region<H> {
                 }
                 self.forward(key, policies, call).await?;
             }
+            // A give-back this region did not decide (a settlement or refund of a charge
+            // whose block the instance no longer holds: it names the give-back afresh):
+            // the home takes it. Its units come off the key's count there once, whether
+            // they were lent from a deposit (which then keeps the block's other units) or
+            // decided at home, so no more is lent than the limit.
             None => {
-                let units = call
-                    .parts
-                    .iter()
-                    .map(|p| p.returned.unused)
-                    .max()
-                    .unwrap_or(0);
-                bump(&self.counters.units_dropped, units);
-                self.units("dropped", units);
+                self.forward(key, policies, call).await?;
             }
         }
         Ok(done(now))

@@ -77,7 +77,10 @@
 //! grants and renewals run to their end without their caller. Units that could not go home
 //! (a failed return, a block given back after its deposit went home, a renewal a reset
 //! overtook) are counted in [`RegionStats::units_dropped`] and
-//! `tollgate_region_units_total{flow="dropped"}`.
+//! `tollgate_region_units_total{flow="dropped"}`. A settlement or refund of a request whose
+//! block its instance no longer holds (a large estimate, a cold key) goes to the home, which
+//! takes the units off the key's count there: a request is charged what it used, as on the
+//! other stores.
 //!
 //! # Latency
 //!

@@ -70,6 +70,15 @@
 //! store fills it for that policy, so during an outage an instance admits only what is left
 //! of its share of the window, given what it admitted before.
 //!
+//! In-flight slots are followed exactly: a request the store admits takes a slot of the
+//! fallback's whether or not its share has room (the request runs), and its release gives it
+//! back, so an outage starts from the requests running. Rate units are followed as far as
+//! the share goes: a charge the store admitted is recorded only while the share has room,
+//! but every refund and settlement below its reservation is given back, so after this
+//! instance admitted more than its share in a window, its fallback can count less than what
+//! still stands there (never below nothing): during an outage it may then admit up to one
+//! more share in that window, the bound of a fresh failover.
+//!
 //! A call that times out may still be executed by the store. It is not abandoned: it runs to
 //! its end in the background (for at most ten times the timeout, at least 1 s) and its answer
 //! is reconciled with the fallback's: if the store charged a request the fallback admitted,
@@ -91,7 +100,10 @@
 //! for every admitted request. It drops the key's cached denials, which the refund may have
 //! made wrong. While the circuit is open the store is not called: a request admitted then was
 //! charged to the fallback only, which is refunded; a charge the store took before the outage
-//! keeps its units. A refund that fails or times out may or may not have reached the store;
+//! keeps its units. A [`Limiter`](crate::Limiter) sends no give-back at all for a request a
+//! failure mode admitted (its reservations, the layer's settlements and counting rules, the
+//! login guard): the store never charged it, and a give-back applied once the store is back
+//! would come off other requests' units; the fallback then keeps what it charged. A refund that fails or times out may or may not have reached the store;
 //! either way nothing is retried, so the charge may stand: the refunded request then counts,
 //! which is the safe direction.
 //!
@@ -316,7 +328,20 @@ impl<S: Store> Inner<S> {
             // Admitted by the store and not yet charged here (a late answer for a request the
             // fallback decided was charged here already, or refused).
             if fallback_admitted.is_none() {
-                let _ = self.fallback.decide(key, &fps, &fcosts, true);
+                // A slot is taken whether or not the share has room: the request runs, and
+                // its release (mirrored here) must not take the count below what runs.
+                let (slots, rates): (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) =
+                    (0..fps.len()).partition(|&j| fps[j].is_in_flight());
+                if !slots.is_empty() {
+                    let held: SmallVec<[Policy; 2]> =
+                        slots.iter().map(|&j| fps[j].clone()).collect();
+                    self.fallback.take_slots(key, &held);
+                }
+                if !rates.is_empty() {
+                    let ps: SmallVec<[Policy; 2]> = rates.iter().map(|&j| fps[j].clone()).collect();
+                    let cs: SmallVec<[u64; 2]> = rates.iter().map(|&j| fcosts[j]).collect();
+                    let _ = self.fallback.decide(key, &ps, &cs, true);
+                }
             }
             return;
         }
