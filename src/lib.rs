@@ -246,6 +246,7 @@
 //! │   ├── hold.rs            what an admitted request holds: slots, settlements
 //! │   ├── permit.rs          Permit and Reservation: acquire and reserve
 //! │   ├── reload.rs          a new plan in force without losing counters
+//! │   ├── resets.rs          which keys were reset when: give-backs a reset overtook
 //! │   ├── overrides.rs       set_override, overrides, remove_override
 //! │   ├── inspect.rs         a key's state, for operators
 //! │   └── heavy_hitters.rs   the keys refused most often (Space-Saving)

@@ -872,3 +872,67 @@ policies = ["api"]
     let plan = Plan::from_toml(&route_without_policies).unwrap();
     assert_eq!(plan.build().unwrap_err().field(), "routes[0].policies");
 }
+
+/// A setting nothing would read is refused when built, naming the field, instead of being
+/// accepted and ignored: in a plan and in code.
+#[tokio::test]
+async fn settings_nothing_would_read_are_refused_naming_the_field() {
+    let api = "[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n";
+    let refused = |text: String| {
+        let plan = Plan::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        Limiter::from_config(&plan).expect_err(&text)
+    };
+    // A failure mode on the memory store, which cannot fail.
+    let e = refused(format!(
+        "failure_mode = \"fail_open\"\n{api}[default]\npolicies = [\"api\"]\n"
+    ));
+    assert_eq!(e.field(), "failure_mode", "{e}");
+    // A tier header where nothing has tiers to pick.
+    let e = refused(format!(
+        "{api}[tier]\nheader = \"x-plan\"\n[default]\npolicies = [\"api\"]\n"
+    ));
+    assert_eq!(e.field(), "tier.header", "{e}");
+    // A lease with a part finer than a millisecond, which the ledger would drop.
+    let e = refused(format!(
+        "failure_mode = \"fail_open\"\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
+         lease_time = \"250ms 500us\"\n{api}[default]\npolicies = [\"api\"]\n"
+    ));
+    assert!(e.field().ends_with("lease_time"), "{e}");
+
+    use std::time::Duration;
+    use tollgate::store::{FailureMode, MemoryStore, RedisStore, ResilientStore};
+    // A Redis timeout of zero, under which every call would time out.
+    let e = RedisStore::builder()
+        .timeout(Duration::ZERO)
+        .build_with_url("redis://127.0.0.1:1")
+        .unwrap_err();
+    assert_eq!(e.field(), "timeout", "{e}");
+    // A timeout for a pool passed in, which keeps its own.
+    let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let e = RedisStore::builder()
+        .timeout(Duration::from_millis(200))
+        .build_with_pool(pool)
+        .unwrap_err();
+    assert_eq!(e.field(), "timeout", "{e}");
+    // A Sentinel resolve interval on a store that is not built through Sentinel.
+    let e = RedisStore::builder()
+        .resolve_interval(Duration::from_millis(500))
+        .build_with_url("redis://127.0.0.1:1")
+        .unwrap_err();
+    assert_eq!(e.field(), "resolve_interval", "{e}");
+    // Deny-cache settings without a deny cache.
+    let e = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen)
+        .deny_cache_max_age(Duration::from_secs(5))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.field(), "deny_cache_max_age", "{e}");
+    assert!(
+        ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen)
+            .deny_cache(100)
+            .deny_cache_max_age(Duration::from_secs(5))
+            .build()
+            .is_ok()
+    );
+}

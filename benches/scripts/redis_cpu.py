@@ -9,7 +9,8 @@ TIME, ARGV[2] the policy, the state's policy index and the request as one binary
 every key; then prints one line of JSON with Redis's own usec_per_call for EVALSHA (after
 CONFIG RESETSTAT, so only the measured calls count). SIDE: tollgate_fixed,
 tollgate_swc, tollgate_gcra, tollgate_bucket, or trivial (`return 1` with the same keys and
-arguments: the cost of a script call itself). The script is the concatenation
+arguments: the cost of a script call itself); each of them prefixed with fcall_ runs the same
+text as a Redis Functions library called with FCALL (Redis 7+). The script is the concatenation
 src/store/redis/script.rs builds (TOLLGATE_SCRIPT: a file holding it). before_fixed,
 before_swc, before_gcra, before_bucket send BEFORE_SCRIPT (the script of an earlier commit)
 the earlier argument layout (each policy parameter a decimal argument).
@@ -63,6 +64,18 @@ def main():
     before = side.startswith("before_")
     script = os.environ["BEFORE_SCRIPT" if before else "TOLLGATE_SCRIPT"] if side != "trivial" else None
     source = open(script).read() if script else "return 1"
+    # fcall_<side>: the same script as a Redis Functions library (Redis 7+), called with FCALL:
+    # the whole text is the body of one registered function.
+    fcall = side.startswith("fcall_")
+    if fcall:
+        side = side[len("fcall_"):]
+        if side == "trivial":
+            source = "return 1"
+        else:
+            source = open(os.environ["TOLLGATE_SCRIPT"]).read()
+        library = ("#!lua name=tollgate_bench\nlocal function decide(KEYS, ARGV)\n" + source +
+                   "\nend\nredis.register_function{function_name='tollgate_bench_decide', callback=decide}\n")
+        call("FUNCTION", "LOAD", "REPLACE", library)
     sha = call("SCRIPT", "LOAD", source).decode()
     alg = ALGORITHMS.get(side.split("_", 1)[-1], 1)
     limit, window = 10**12, 3_600_000
@@ -88,7 +101,10 @@ def main():
                 assert isinstance(reply, bytes) and len(reply) == 34 * batch, reply
                 assert all(reply[34 * j:34 * j + 2] == b"\x01\x01" for j in range(batch)), reply
             return
-        reply = call("EVALSHA", sha, 2, keys[k], keys[k] + ":ovr", *args)
+        if fcall:
+            reply = call("FCALL", "tollgate_bench_decide", 2, keys[k], keys[k] + ":ovr", *args)
+        else:
+            reply = call("EVALSHA", sha, 2, keys[k], keys[k] + ":ovr", *args)
         if side != "trivial" and not os.environ.get("NOCHECK"):
             assert isinstance(reply, bytes) and reply[:2] == b"\x01\x01", reply
 
@@ -109,8 +125,9 @@ def main():
             name, rest = line[len("cmdstat_"):].split(":", 1)
             fields = dict(f.split("=") for f in rest.split(","))
             commands[name] = {"calls": int(fields["calls"]), "usec_per_call": float(fields["usec_per_call"])}
-    print(json.dumps({"side": side, "usec_per_call": commands["evalsha"]["usec_per_call"],
-                      "calls": commands["evalsha"]["calls"], "commands": commands}))
+    command = "fcall" if fcall else "evalsha"
+    print(json.dumps({"side": side, "usec_per_call": commands[command]["usec_per_call"],
+                      "calls": commands[command]["calls"], "commands": commands}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::compile::compile_route;
 use super::heavy_hitters::{HeavyHitters, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
 use super::{
-    AccessList, Common, CompiledPlan, Limiter, Lists, MissingKey, PolicyNames, ResetCounts,
+    AccessList, Common, CompiledPlan, Limiter, Lists, MissingKey, PolicyNames, ResetLog,
     RouteTable, ShadowCounters, ATTACHED_ROUTE, DEFAULT_ROUTE,
 };
 use crate::error::ConfigError;
@@ -370,7 +370,7 @@ impl<S: Store> LimiterBuilder<S> {
             shadow: ShadowCounters::default(),
             names: Mutex::new(names),
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
-            resets: ResetCounts::new(),
+            resets: ResetLog::new(),
             source: Mutex::new(None),
         });
         let lists = Arc::new(Lists {

@@ -39,9 +39,9 @@ pub(crate) enum Prepared<F> {
 /// enforced policy, for its settlement or refund; `None` for a set without either.
 pub(crate) type Reserved = Option<Box<ReservedUnits>>;
 
-/// The units a request charged each enforced policy, and the limiter's count of resets
-/// ([`Limiter::resets_seen`]) read before it was charged: a give-back after a reset of this
-/// limiter would come off units charged since the reset, so there is none.
+/// The units a request charged each enforced policy, and the limiter's reset moment
+/// ([`Limiter::resets_seen`]) read before it was charged: a give-back after a reset of the
+/// key would come off units charged since the reset, so there is none.
 #[derive(Debug, Clone)]
 pub(crate) struct ReservedUnits {
     pub(crate) units: SmallVec<[u64; 2]>,
@@ -146,7 +146,7 @@ impl<S: Store> Limiter<S> {
         let resets = if set.meters.is_empty() && set.count.is_none() {
             0
         } else {
-            self.resets_seen(&key)
+            self.resets_seen()
         };
         if let Some(outcome) = self.answer_now(set, &key, costs) {
             let pending = Pending::new(set, key, costs, resets);

@@ -299,7 +299,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// What a give-back of the charge behind `decision` may return: `Some(resets)` (the
-    /// reset count read before the charge, [`Limiter::resets_seen`]) when the store took the
+    /// reset moment read before the charge, [`Limiter::resets_seen`]) when the store took the
     /// charge, `None` when a failure mode admitted the request — the store never charged it,
     /// and a give-back, applied once the store is back, would come off other requests'
     /// units (the local fallback keeps what it charged: the safe way).
@@ -320,7 +320,7 @@ impl<S: Store> Limiter<S> {
         resets: Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         let charged = charged_units(set, reserved);
-        if charged.is_empty() || resets != Some(self.resets_seen(key)) {
+        if charged.is_empty() || !resets.is_some_and(|seen| self.untouched_since(key, seen)) {
             return None;
         }
         let policies: SmallVec<[Policy; 2]> = charged
@@ -393,7 +393,7 @@ impl<S: Store> Limiter<S> {
         resets: Option<u64>,
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let reset_since = resets != Some(self.resets_seen(key));
+        let reset_since = !resets.is_some_and(|seen| self.untouched_since(key, seen));
         let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();

@@ -20,6 +20,7 @@ mod overrides;
 mod penalty;
 mod permit;
 mod reload;
+mod resets;
 mod route_key;
 mod route_table;
 mod shadow;
@@ -34,10 +35,11 @@ pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUS
 pub(crate) use hold::{Counting, Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 pub use permit::{Permit, Reservation};
+use resets::ResetLog;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -125,7 +127,7 @@ pub(crate) struct Common<S> {
     /// The keys refused most often, when kept ([`Limiter::top_refused`]).
     top_refused: Option<Arc<heavy_hitters::HeavyHitters>>,
     /// Resets by key: see [`Limiter::resets_seen`].
-    resets: ResetCounts,
+    pub(crate) resets: ResetLog,
     /// What the plan in force was described by, kept by whoever built it from a description
     /// (a config plan) for the next reload to compare with; `None` for a plan built in code.
     pub(crate) source: Mutex<Option<PlanSource>>,
@@ -134,40 +136,13 @@ pub(crate) struct Common<S> {
 /// The description a plan was built from (a config plan), opaque to the limiter.
 pub(crate) type PlanSource = Arc<dyn std::any::Any + Send + Sync>;
 
-/// How many resets have begun or ended, per bucket of keys: one counter for each of
-/// `RESET_BUCKETS` buckets a key hashes to, moved twice by every [`Limiter::reset`] of a key
-/// in it (before and after the store's reset). Keys share a bucket only in this count: a
-/// reset of one voids the give-backs of the others' reservations made before it (the safe
-/// way), one key in `RESET_BUCKETS` on average.
-pub(crate) struct ResetCounts {
-    buckets: [AtomicU64; RESET_BUCKETS],
-    hasher: foldhash::fast::RandomState,
-}
-
-const RESET_BUCKETS: usize = 64;
-
-impl ResetCounts {
-    pub(crate) fn new() -> Self {
-        Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            hasher: foldhash::fast::RandomState::default(),
-        }
-    }
-
-    fn of(&self, key: &Key) -> &AtomicU64 {
-        use std::hash::BuildHasher;
-        let bucket = self.hasher.hash_one(key) as usize % RESET_BUCKETS;
-        &self.buckets[bucket]
-    }
-}
-
-/// Moves a reset count when dropped: after the store's reset, or when the reset is given up
-/// half way (its store call may have reached the store).
-struct ResetEnds<'a>(&'a AtomicU64);
+/// Moves a key's reset moment when dropped: after the store's reset, or when the reset is
+/// given up half way (its store call may have reached the store).
+struct ResetEnds<'a>(&'a ResetLog, &'a Key);
 
 impl Drop for ResetEnds<'_> {
     fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
+        self.0.mark(self.1);
     }
 }
 
@@ -607,23 +582,29 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`CheckError::Store`] when the store fails.
     pub async fn reset(&self, key: &Key) -> Result<(), CheckError> {
-        // Moved before the store's reset (a give-back made while it runs would come off the
+        // Marked before the store's reset (a give-back made while it runs would come off the
         // fresh count) and after it, or when it is given up (a charge made while it runs may
         // have been erased).
-        let resets = self.inner.common.resets.of(key);
-        resets.fetch_add(1, Ordering::AcqRel);
-        let _ends = ResetEnds(resets);
+        let resets = &self.inner.common.resets;
+        resets.mark(key);
+        let _ends = ResetEnds(resets, key);
         self.reset_in_store(key).await
     }
 
-    /// How many times resets of `key` (or of a key sharing its bucket: see
-    /// [`ResetCounts`]) through this limiter, or one sharing its store by
-    /// [`for_route`](Self::for_route), have begun or ended. A reservation or a layer request
-    /// reads it before its charge and gives nothing back if it has moved by the time it
-    /// would: a reset erased that charge, or may have, and a give-back would come off what
-    /// was charged since.
-    pub(crate) fn resets_seen(&self, key: &Key) -> u64 {
-        self.inner.common.resets.of(key).load(Ordering::Acquire)
+    /// The moment of this limiter's resets now (shared with the limiters
+    /// [`for_route`](Self::for_route) made from it): a reservation or a layer request reads it
+    /// before its charge, and gives nothing back unless
+    /// [`untouched_since`](Self::untouched_since) that moment — a reset of the key erased the
+    /// charge, or may have, and a give-back would come off what was charged since.
+    pub(crate) fn resets_seen(&self) -> u64 {
+        self.inner.common.resets.now()
+    }
+
+    /// Whether no reset of `key` through this limiter (or one sharing its store by
+    /// [`for_route`](Self::for_route)) has begun or ended since `seen`
+    /// ([`resets_seen`](Self::resets_seen) read before a charge).
+    pub(crate) fn untouched_since(&self, key: &Key, seen: u64) -> bool {
+        self.inner.common.resets.untouched_since(key, seen)
     }
 
     async fn reset_in_store(&self, key: &Key) -> Result<(), CheckError> {

@@ -128,7 +128,7 @@ impl<S: Store> Limiter<S> {
         };
         let reserved = set.charged_costs(cost, Some(&estimates));
         // Read before the charge: see `Reservation::settle`.
-        let resets = self.resets_seen(key);
+        let resets = self.resets_seen();
         let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
         let resets = self.charged_by_store(&decision, resets);
         Ok(Reservation {
@@ -219,8 +219,9 @@ impl<S: Store> Reservation<S> {
     /// After a [`reset`](Limiter::reset) of the key through this limiter that began after
     /// the reservation was made, nothing is refunded: the reset erased the estimate, or may
     /// have, and a refund would come off units charged since; an actual cost above the
-    /// estimate still charges the difference. (Keys share 64 reset counters: a reset of
-    /// another key sharing this one's voids the refund too, the safe way.) A reset made
+    /// estimate still charges the difference. (Only resets of this key count. The limiter remembers the last 4 096
+    /// resets; a reservation older than all of them gives nothing back either, the safe
+    /// way.) A reset made
     /// through another instance is not seen: there a settlement below its estimate can give
     /// back up to the estimate out of the fresh count.
     ///

@@ -260,7 +260,7 @@ impl<S: Store> LoginGuard<S> {
         let mut decisions = Vec::with_capacity(3);
         for (i, (key, limiter)) in attempt.keys.iter().zip(limiters).enumerate() {
             let cost = self.inner.policies[i].cost();
-            let resets = limiter.resets_seen(key);
+            let resets = limiter.resets_seen();
             let d = match limiter.check_as(Asker::Guard, key, cost).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -380,7 +380,7 @@ impl<S: Store> LoginGuard<S> {
         let limiter = &self.inner.limiters[i];
         let key = &attempt.keys[i];
         let mark = attempt.charges[i].swap(0, Ordering::AcqRel);
-        if mark == 0 || mark - 1 != limiter.resets_seen(key) {
+        if mark == 0 || !limiter.untouched_since(key, mark - 1) {
             return Ok(());
         }
         limiter.refund(key, self.inner.policies[i].cost()).await

@@ -283,6 +283,18 @@ impl Plan {
             b = b.deny_cidr(cidr.clone());
         }
         if let Some(header) = &self.tier.header {
+            let tiered = !self.default.tiers.is_empty()
+                || self
+                    .routes
+                    .iter()
+                    .any(|r| !r.tiers.is_empty() || !r.tier_keys.is_empty());
+            if !tiered {
+                return Err(ConfigError::new(
+                    "tier.header",
+                    format_args!("{header:?}"),
+                    "no route and not the default has tiers to pick: add tiers, or delete [tier]",
+                ));
+            }
             let name = header_name("tier.header", header)?;
             b = b.tier_fn(move |req| req.headers().get(&name).and_then(|v| v.to_str().ok()));
         }

@@ -88,7 +88,14 @@ impl Plan {
                     "a {kind} store does not read this setting: delete it or change store.kind"
                 ),
             )),
-            None => Ok(()),
+            None => match (s.kind, self.failure_mode) {
+                (StoreKind::Memory, Some(mode)) => Err(ConfigError::new(
+                    "failure_mode",
+                    format_args!("{mode:?}"),
+                    "the memory store cannot fail: only a shared store (redis, redis_cluster, sentinel) reads it; delete it or change store.kind",
+                )),
+                _ => Ok(()),
+            },
         }
     }
 

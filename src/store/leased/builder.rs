@@ -91,11 +91,12 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
             return Err(ConfigError::new("max_keys", 0, "at least 1"));
         }
         let ms = u64::try_from(self.lease_time.as_millis()).unwrap_or(u64::MAX);
-        if !(10..=60_000).contains(&ms) {
+        if !(10..=60_000).contains(&ms) || !self.lease_time.subsec_nanos().is_multiple_of(1_000_000)
+        {
             return Err(ConfigError::new(
                 "lease_time",
                 format_args!("{:?}", self.lease_time),
-                "must be 10 ms to 60 s",
+                "must be 10 ms to 60 s, in whole milliseconds",
             ));
         }
         if !(self.fraction > 0.0 && self.fraction <= 0.5) {

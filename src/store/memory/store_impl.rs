@@ -1,17 +1,20 @@
-//! The [`Store`] and [`OverrideStore`] implementations of [`MemoryStore`], and
-//! [`MemoryCheck`], the future of its check.
+//! The [`Store`] and [`OverrideStore`] implementations of [`MemoryStore`], the operations
+//! they apply, and [`MemoryCheck`], the future of its check.
 
 use std::future::ready;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::shard::{hash_key, Entry};
+use super::states::EntryStates;
 use super::MemoryStore;
+use crate::algorithm::AnyState;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::Policy;
+use crate::policy::{Limits, Policy};
 use crate::store::op::refused_misfit;
 use crate::store::{AnswerNow, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store};
 
@@ -171,5 +174,112 @@ impl OverrideStore for MemoryStore {
     ) -> BoxFuture<Result<Vec<ActiveOverride>, StoreError>> {
         let now = self.inner.clock.now_millis();
         Box::pin(ready(Ok(self.inner.overrides.list(key, policies, now))))
+    }
+}
+
+/// The operations that change a key's states after its check: give-backs, releases,
+/// settlements and charges that need not fit.
+impl MemoryStore {
+    /// Gives back up to `costs[i]` units to the key's state for `policies[i]`; a key or policy
+    /// with no state is left alone (nothing is inserted). See [`Op::Refund`](crate::store::Op::Refund).
+    fn refund_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        self.adjust_now(key, policies, costs, false, |state, now, limits, cost| {
+            // A refund is about units; a slot comes back only by its release.
+            if !matches!(state, AnyState::InFlight(_)) {
+                state.refund(now, limits, cost);
+            }
+        });
+    }
+
+    /// Gives back the slot named `slot` to each in-flight policy's state it was taken from
+    /// (see [`Op::Release`](crate::store::Op::Release)).
+    fn release_now(&self, key: &Key, policies: &[Policy], slot: u64) {
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        self.adjust_now(key, policies, &ones, false, |state, _, _, _| {
+            if let AnyState::InFlight(held) = state {
+                held.release_named(slot);
+            }
+        });
+    }
+
+    /// Settles each policy: refunds what was reserved above the actual cost, overcharges
+    /// what the actual cost exceeds it by. See [`Op::Settle`](crate::store::Op::Settle).
+    fn settle_now(&self, key: &Key, policies: &[Policy], reserved: &[u64], actual: &[u64]) {
+        let (mut back, mut extra): (SmallVec<[u64; 2]>, SmallVec<[u64; 2]>) =
+            (SmallVec::new(), SmallVec::new());
+        for (&r, &a) in reserved.iter().zip(actual) {
+            back.push(r.saturating_sub(a));
+            extra.push(a.saturating_sub(r));
+        }
+        if back.iter().any(|&b| b > 0) {
+            self.adjust_now(key, policies, &back, false, |state, now, limits, cost| {
+                // As for a refund: a slot comes back only by its release.
+                if !matches!(state, AnyState::InFlight(_)) {
+                    state.refund(now, limits, cost);
+                }
+            });
+        }
+        if extra.iter().any(|&e| e > 0) {
+            self.overcharge_now(key, policies, &extra);
+        }
+    }
+
+    /// Takes one slot of each in-flight policy among `policies` whether or not it fits:
+    /// for a local fallback that learns of a request running that its store admitted (the
+    /// count must follow what runs, or the releases that follow take it below that).
+    pub(crate) fn take_slots(&self, key: &Key, policies: &[Policy]) {
+        let ones: SmallVec<[u64; 2]> = policies.iter().map(|_| 1).collect();
+        self.charge_now(key, policies, &ones, |state, now, limits, c| {
+            if let AnyState::InFlight(_) = state {
+                state.commit(now, limits, c);
+            }
+        });
+    }
+
+    /// Charges `costs` whether or not they fit (within each algorithm's overcharge bound),
+    /// creating the key's state when it has none.
+    fn overcharge_now(&self, key: &Key, policies: &[Policy], costs: &[u64]) {
+        self.charge_now(key, policies, costs, |state, now, p, c| {
+            if c > 0 {
+                state.overcharge(now, p, c);
+            }
+        });
+    }
+
+    /// Applies `charge` to the key's state for each policy, creating the key's entry and
+    /// states when it has none.
+    fn charge_now(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        costs: &[u64],
+        charge: impl Fn(&mut AnyState, u64, &Limits, u64),
+    ) {
+        let inner = &self.inner;
+        let hash = hash_key(&inner.hasher, key);
+        let mut shard = inner.shard(hash).lock();
+        if shard.find(hash, key).is_none() {
+            let room = if shard.entries.len() >= inner.max_keys_per_shard {
+                shard.evict_one(inner.clock.now_millis(), &inner.hasher)
+            } else {
+                None
+            };
+            let entry = Entry {
+                key: key.clone(),
+                expires_at: 0,
+                states: EntryStates::new(),
+            };
+            match room {
+                Some(i) => shard.put_at(i, hash, entry, &inner.hasher),
+                None => {
+                    if shard.insert(hash, entry, &inner.hasher).is_err() {
+                        return;
+                    }
+                }
+            }
+            shard.remember(policies);
+        }
+        drop(shard);
+        self.adjust_now(key, policies, costs, true, charge);
     }
 }

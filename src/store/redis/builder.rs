@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::engine::Options;
 use crate::clock::Clock;
+use crate::error::ConfigError;
 
 /// Builds a [`RedisStore`](super::RedisStore) or a
 /// [`RedisClusterStore`](crate::store::RedisClusterStore).
@@ -49,7 +50,8 @@ impl RedisStoreBuilder {
     }
 
     /// For stores built from a URL: how long to wait for a connection and for each reply
-    /// (default: 1 s to connect, 500 ms per reply). A pool passed in keeps its own settings.
+    /// (default: 1 s to connect, 500 ms per reply), at least 1 ms. A pool passed in keeps
+    /// its own settings: a build with a pool refuses this one, which it would not read.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.options.timeout = Some(timeout);
         self
@@ -69,5 +71,31 @@ impl RedisStoreBuilder {
     pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.options.max_in_flight = max_in_flight;
         self
+    }
+
+    /// Refuses the settings a build over a pool passed in would not read: the timeout
+    /// (the pool keeps its own) and the Sentinel resolve interval.
+    pub(crate) fn read_by_pool(&self) -> Result<(), ConfigError> {
+        if let Some(t) = self.options.timeout {
+            return Err(ConfigError::new(
+                "timeout",
+                format_args!("{t:?}"),
+                "a pool passed in keeps its own timeouts: set them on the pool",
+            ));
+        }
+        self.read_without_sentinel()
+    }
+
+    /// Refuses the Sentinel resolve interval on a build that is not through Sentinel.
+    pub(crate) fn read_without_sentinel(&self) -> Result<(), ConfigError> {
+        #[cfg(feature = "sentinel")]
+        if let Some(i) = self.resolve_interval {
+            return Err(ConfigError::new(
+                "resolve_interval",
+                format_args!("{i:?}"),
+                "only a store built through Sentinel (build_with_sentinel) resolves its master",
+            ));
+        }
+        Ok(())
     }
 }

@@ -83,6 +83,7 @@ impl RedisStoreBuilder {
         self,
         pool: deadpool_redis::cluster::Pool,
     ) -> Result<RedisClusterStore, ConfigError> {
+        self.read_by_pool()?;
         Ok(RedisClusterStore {
             core: Arc::new(Core::new(Cluster::Pool(pool), self.options)?),
         })
@@ -99,6 +100,7 @@ impl RedisStoreBuilder {
         I: IntoIterator<Item = U>,
         U: AsRef<str>,
     {
+        self.read_without_sentinel()?;
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
         let mut builder = ClusterClient::builder(urls.iter().map(String::as_str));
         if let Some(t) = self.options.timeout {

@@ -91,6 +91,13 @@ impl<C: Connector> Core<C> {
     /// Checks the options and builds the core.
     pub(crate) fn new(connector: C, options: Options) -> Result<Self, ConfigError> {
         validate_prefix(&options.prefix)?;
+        if let Some(t) = options.timeout.filter(|t| *t < Duration::from_millis(1)) {
+            return Err(ConfigError::new(
+                "timeout",
+                format_args!("{t:?}"),
+                "at least 1 ms (every call would time out)",
+            ));
+        }
         if !(1..=MAX_BATCH_LIMIT).contains(&options.max_batch) {
             return Err(ConfigError::new(
                 "max_batch",

@@ -56,8 +56,10 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] on `prefix` when the prefix is invalid.
+    /// A [`ConfigError`] on `prefix` when the prefix is invalid, or on `timeout` or
+    /// `resolve_interval` when set (a pool keeps its own settings).
     pub fn build_with_pool(self, pool: deadpool_redis::Pool) -> Result<RedisStore, ConfigError> {
+        self.read_by_pool()?;
         Ok(RedisStore {
             core: Arc::new(Core::new(Single::Pool(pool), self.options)?),
         })
@@ -70,6 +72,7 @@ impl RedisStoreBuilder {
     ///
     /// A [`ConfigError`] on `url` when the URL cannot be parsed, or on `prefix`.
     pub fn build_with_url(self, url: &str) -> Result<RedisStore, ConfigError> {
+        self.read_without_sentinel()?;
         let client = redis::Client::open(url)
             .map_err(|e| ConfigError::new("url", format_args!("{url:?}"), e.to_string()))?;
         // One attempt per reconnect: a reconnect that fails is retried by the next call

@@ -341,11 +341,12 @@ impl<H: LeaseBackend> RegionalLedgerBuilder<H> {
             ));
         }
         let ms = u64::try_from(self.home_lease.as_millis()).unwrap_or(u64::MAX);
-        if !(50..=60_000).contains(&ms) {
+        if !(50..=60_000).contains(&ms) || !self.home_lease.subsec_nanos().is_multiple_of(1_000_000)
+        {
             return Err(ConfigError::new(
                 "home_lease",
                 format_args!("{:?}", self.home_lease),
-                "must be 50 ms to 60 s",
+                "must be 50 ms to 60 s, in whole milliseconds",
             ));
         }
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {

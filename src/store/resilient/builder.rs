@@ -31,6 +31,8 @@ pub struct ResilientStoreBuilder<S> {
     deny_cache: Option<usize>,
     deny_cache_max_age: Duration,
     deny_cache_recheck: Duration,
+    /// The first deny-cache setting made, which only a deny cache reads.
+    deny_cache_tuned: Option<(&'static str, Duration)>,
     clock: Arc<dyn Clock>,
 }
 
@@ -55,6 +57,7 @@ impl<S: Store> ResilientStore<S> {
             deny_cache: None,
             deny_cache_max_age: Duration::from_secs(1),
             deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
+            deny_cache_tuned: None,
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -86,6 +89,8 @@ impl<S: Store> ResilientStoreBuilder<S> {
     /// [module docs](crate::store::resilient)).
     pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
         self.deny_cache_max_age = max_age;
+        self.deny_cache_tuned
+            .get_or_insert(("deny_cache_max_age", max_age));
         self
     }
 
@@ -100,6 +105,8 @@ impl<S: Store> ResilientStoreBuilder<S> {
     /// first).
     pub fn deny_cache_recheck(mut self, recheck: Duration) -> Self {
         self.deny_cache_recheck = recheck;
+        self.deny_cache_tuned
+            .get_or_insert(("deny_cache_recheck", recheck));
         self
     }
 
@@ -116,7 +123,8 @@ impl<S: Store> ResilientStoreBuilder<S> {
     ///
     /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown`,
     /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms, the breaker's
-    /// `failures` is 0, or the failure mode is a local fallback of 0 replicas.
+    /// `failures` is 0, the failure mode is a local fallback of 0 replicas, or
+    /// `deny_cache_max_age` or `deny_cache_recheck` is set without a deny cache.
     pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
         for (field, value) in [
             ("timeout", self.timeout),
@@ -137,6 +145,13 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 "circuit_breaker.failures",
                 0,
                 "at least 1 failure",
+            ));
+        }
+        if let (None, Some((field, value))) = (self.deny_cache, self.deny_cache_tuned) {
+            return Err(ConfigError::new(
+                field,
+                format_args!("{value:?}"),
+                "only a deny cache reads it: turn one on with deny_cache(entries), or delete this setting",
             ));
         }
         if self.mode == (FailureMode::LocalFallback { replicas: 0 }) {
