@@ -186,10 +186,14 @@ fn each_rule_has_a_plan_that_trips_exactly_it() {
         ),
         (
             "TG002",
-            with(&[(
-                "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"tollgate\"",
-                "kind = \"memory\"",
-            )]),
+            // The memory store cannot fail: its plan has no failure mode to set.
+            with(&[
+                (
+                    "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"tollgate\"",
+                    "kind = \"memory\"",
+                ),
+                ("failure_mode = \"local_fallback\"\n", ""),
+            ]),
         ),
         ("TG003", with(&[("failure_mode = \"local_fallback\"\n", "")])),
         ("TG005", with(&[("retry_after = true", "retry_after = false")])),
