@@ -264,3 +264,135 @@ fn a_local_fallback_of_no_replicas_is_refused_when_built() {
     let error = policy.expect_err("replicas 0 is refused").to_string();
     assert!(error.contains("failure_mode"), "{error}");
 }
+
+/// While the store is down, the local fallback charges what it admits and takes back what
+/// is given back: a reservation settled below its estimate, a login attempt that succeeded
+/// or that a later limit refused. (Sending no give-back at all for a request the fallback
+/// admitted turned an outage into every estimate charged in full, and an office's logins
+/// into failures.)
+#[tokio::test]
+async fn the_local_fallback_takes_back_what_is_given_back_during_an_outage() {
+    let limiter = Limiter::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .policy(Policy::new("tokens", Rate::per_minute(1_000)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "acme");
+    for round in 0..3 {
+        let r = limiter.reserve(&key, 600).await.unwrap();
+        assert!(
+            r.decision().is_allowed(),
+            "round {round}: {:?}",
+            r.decision()
+        );
+        assert_eq!(r.decision().decided_by(), DecidedBy::Fallback);
+        r.settle(1).await.unwrap();
+    }
+
+    // Six people behind one address log in (only failures count: three an address).
+    let guard = LoginGuard::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .ip_rate(Rate::per_minute(3))
+        .build()
+        .unwrap();
+    for i in 0..6 {
+        let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.7"), &format!("user{i}"));
+        assert!(
+            guard.check(&attempt).await.unwrap().is_allowed(),
+            "user {i}"
+        );
+        guard.record_success(&attempt).await.ok();
+    }
+
+    // Attempts a later limit refused charge none of the earlier ones.
+    let guard = LoginGuard::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .ip_rate(Rate::per_minute(3))
+        .user_rate(Rate::per_minute(1))
+        .build()
+        .unwrap();
+    let ip = || Key::new("ip", "192.0.2.8");
+    let answers: Vec<bool> = {
+        let mut out = vec![];
+        for _ in 0..3 {
+            let bob = guard.attempt_with_ip_key(ip(), "bob");
+            out.push(guard.check(&bob).await.unwrap().is_allowed());
+        }
+        out
+    };
+    assert_eq!(answers, [true, false, false], "bob's user limit is 1");
+    let carol = guard.attempt_with_ip_key(ip(), "carol");
+    assert!(
+        guard.check(&carol).await.unwrap().is_allowed(),
+        "the address was charged once, by bob's first attempt"
+    );
+}
+
+/// A store that answers looks but fails every charge (full, or a read-only replica after a
+/// failover).
+#[derive(Debug, Clone)]
+struct LooksOnly(MemoryStore);
+
+impl tollgate::store::Store for LooksOnly {
+    type CheckFuture =
+        tollgate::store::BoxFuture<Result<tollgate::Decision, tollgate::error::StoreError>>;
+
+    fn check(&self, _: &Key, _: &[Policy], _: &[u64]) -> Self::CheckFuture {
+        Box::pin(std::future::ready(Err(
+            tollgate::error::StoreError::Timeout,
+        )))
+    }
+
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: tollgate::store::Op,
+    ) -> tollgate::store::ApplyFuture {
+        match op {
+            op @ tollgate::store::Op::Peek { .. } => self.0.apply(key, policies, op),
+            _ => Box::pin(std::future::ready(Err(
+                tollgate::error::StoreError::Timeout,
+            ))),
+        }
+    }
+
+    fn now_millis(&self) -> u64 {
+        tollgate::store::Store::now_millis(&self.0)
+    }
+
+    fn name(&self) -> &'static str {
+        "looks-only"
+    }
+}
+
+/// The look a penalty makes before each check succeeds while every check fails: the looks
+/// must not keep the circuit closed (each request would pay a failing call for ever).
+#[tokio::test]
+async fn looks_that_succeed_do_not_keep_the_circuit_closed() {
+    let store = ResilientStore::builder(LooksOnly(MemoryStore::new()), FailureMode::FailOpen)
+        .circuit_breaker(3, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(
+            Policy::builder("api", Rate::per_minute(100))
+                .penalty(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let mut outcomes = vec![];
+    for _ in 0..10 {
+        outcomes.push(limiter.check(&key, 1).await.unwrap().decided_by());
+    }
+    assert!(
+        outcomes.iter().all(|o| *o == DecidedBy::FailOpen),
+        "{outcomes:?}"
+    );
+    // Three failed checks open the circuit: the store is no longer asked.
+    assert!(limiter.store().is_circuit_open());
+}

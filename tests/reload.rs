@@ -219,6 +219,22 @@ async fn a_reload_refuses_what_is_read_at_start_and_keeps_the_plan_in_force() {
         assert!(error.to_string().contains("restart"), "{error}");
         assert_eq!(limiter.policies()[0].limit(), 5, "the plan in force stays");
     }
+    // A default written out is the same setting: accepted.
+    let explicit = Plan::from_toml(&format!(
+        "quota_headers = true\nreplicas = 1\n{RESPONSES_PLAN}"
+    ))
+    .unwrap();
+    limiter
+        .reload_plan(&explicit)
+        .expect("defaults written out change nothing");
+    // A store section is not repeated in the message: its URL may carry a password.
+    let secret = Plan::from_toml(&format!(
+        "{RESPONSES_PLAN}[store]\nkind = \"memory\"\nmax_keys = 7\n"
+    ))
+    .unwrap();
+    let error = limiter.reload_plan(&secret).unwrap_err();
+    assert_eq!(error.field(), "store");
+    assert!(!error.to_string().contains("max_keys"), "{error}");
     // The same plan with only its limits changed goes in force, and the layer built at start
     // keeps answering as the plan says (no Retry-After).
     let next = Plan::from_toml(&RESPONSES_PLAN.replace("limit = 5", "limit = 1")).unwrap();

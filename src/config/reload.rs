@@ -16,7 +16,7 @@ impl<S: Store + Clone> Limiter<S> {
     /// or when it changes a setting that is read once, at start:
     ///
     /// * `[store]`, `replicas` and `failure_mode`: where and how the limits are kept;
-    /// * `[login]`: the login guard;
+    /// * `[login]`, and the limits of the policies it names: the login guard copied them;
     /// * `header_style`, `quota_headers` and `retry_after`: what the layer's responses carry
     ///   (the layer was built with them).
     ///
@@ -74,7 +74,9 @@ impl<S: Store + Clone> Limiter<S> {
 }
 
 /// The first setting read only at start that `next` changes from `in_force`, as the error
-/// that refuses the reload.
+/// that refuses the reload. Settings are compared as the build reads them (an unset value
+/// and its default written out are the same). A section's values are not repeated in the
+/// message: `[store]` holds URLs that may carry credentials.
 fn read_at_start(in_force: &Plan, next: &Plan) -> Option<ConfigError> {
     fn changed<T: PartialEq + std::fmt::Debug>(
         field: &str,
@@ -91,22 +93,61 @@ fn read_at_start(in_force: &Plan, next: &Plan) -> Option<ConfigError> {
             )
         })
     }
-    changed("store", &in_force.store, &next.store)
-        .or_else(|| changed("replicas", &in_force.replicas, &next.replicas))
+    fn section_changed<T: PartialEq>(field: &str, old: &T, new: &T) -> Option<ConfigError> {
+        (old != new).then(|| {
+            ConfigError::new(
+                field,
+                "(changed)",
+                "is read once, at start, and differs from the plan in force; a reload changes the limits only: restart to change it",
+            )
+        })
+    }
+    // The login guard copies the limits of the policies [login] names when it is built.
+    let login_policy = |plan: &Plan, name: &Option<String>| {
+        name.as_ref()
+            .and_then(|n| plan.policies.iter().find(|p| &p.name == n))
+            .cloned()
+    };
+    let login_policies = |plan: &Plan| {
+        plan.login
+            .as_ref()
+            .map(|l| [&l.ip_username, &l.ip, &l.username].map(|n| login_policy(plan, n)))
+    };
+    section_changed("store", &in_force.store, &next.store)
+        .or_else(|| {
+            changed(
+                "replicas",
+                &in_force.replicas.unwrap_or(1),
+                &next.replicas.unwrap_or(1),
+            )
+        })
         .or_else(|| changed("failure_mode", &in_force.failure_mode, &next.failure_mode))
-        .or_else(|| changed("login", &in_force.login, &next.login))
+        .or_else(|| section_changed("login", &in_force.login, &next.login))
+        .or_else(|| {
+            section_changed(
+                "login policies",
+                &login_policies(in_force),
+                &login_policies(next),
+            )
+        })
         .or_else(|| changed("header_style", &in_force.header_style, &next.header_style))
         .or_else(|| {
             changed(
                 "quota_headers",
-                &in_force.quota_headers,
-                &next.quota_headers,
+                &in_force.quota_headers.unwrap_or_default(),
+                &next.quota_headers.unwrap_or_default(),
             )
         })
-        .or_else(|| changed("retry_after", &in_force.retry_after, &next.retry_after))
+        .or_else(|| {
+            changed(
+                "retry_after",
+                &in_force.retry_after.unwrap_or(true),
+                &next.retry_after.unwrap_or(true),
+            )
+        })
 }
 
-/// The audit's first error finding in `plan` whose rule did not fire on the plan in force:
+/// The audit's first error finding in `plan` (a rule at a place) the plan in force did not have:
 /// a reload must not make the plan worse, and a plan that started with a finding can still
 /// be reloaded (to fix something else).
 fn new_audit_error(in_force: Option<&Plan>, plan: &Plan) -> Option<ConfigError> {
@@ -117,12 +158,18 @@ fn new_audit_error(in_force: Option<&Plan>, plan: &Plan) -> Option<ConfigError> 
             .filter(|f| f.severity == Severity::Error)
             .collect::<Vec<_>>()
     };
-    let before: Vec<String> = in_force
-        .map(|p| errors(p).into_iter().map(|f| f.rule.to_string()).collect())
+    // A finding is the same when its rule and its place are.
+    let before: Vec<(String, Option<String>)> = in_force
+        .map(|p| {
+            errors(p)
+                .into_iter()
+                .map(|f| (f.rule.to_string(), f.field))
+                .collect()
+        })
         .unwrap_or_default();
     errors(plan)
         .into_iter()
-        .find(|f| !before.contains(&f.rule.to_string()))
+        .find(|f| !before.contains(&(f.rule.to_string(), f.field.clone())))
         .map(|f| {
             ConfigError::new(
                 f.field.clone().unwrap_or_else(|| "plan".to_owned()),

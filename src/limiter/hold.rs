@@ -20,7 +20,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::route::{Actual, CountWhen};
-use crate::store::{BoxFuture, Store, StoreExt};
+use crate::store::{BoxFuture, Op, Store, StoreExt};
 
 /// Held slots: gives them back on drop, and stops refreshing their lease.
 pub(crate) struct Slots {
@@ -225,7 +225,7 @@ impl<S: Store> Limiter<S> {
                 units: reserved,
                 resets,
             } = *reserved;
-            let resets = self.charged_by_store(decision, resets);
+            let resets = self.charge_of(decision, resets);
             let policies = &set.enforced;
             let meters = set
                 .meters
@@ -279,7 +279,7 @@ impl<S: Store> Limiter<S> {
             units: reserved,
             resets,
         } = reserved?.clone();
-        let resets = self.charged_by_store(decision, resets);
+        let resets = self.charge_of(decision, resets);
         let charged = charged_units(set, &reserved);
         if charged.is_empty() {
             return None;
@@ -298,29 +298,39 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// What a give-back of the charge behind `decision` may return: `Some(resets)` (the
-    /// reset moment read before the charge, [`Limiter::resets_seen`]) when the store took the
-    /// charge, `None` when a failure mode admitted the request — the store never charged it,
-    /// and a give-back, applied once the store is back, would come off other requests'
-    /// units (the local fallback keeps what it charged: the safe way).
-    pub(crate) fn charged_by_store(&self, decision: &Decision, resets: u64) -> Option<u64> {
-        (decision.decided_by() == DecidedBy::Decided).then_some(resets)
+    /// Who took the charge behind `decision`, with the reset moment read before it
+    /// ([`Limiter::resets_seen`]).
+    pub(crate) fn charge_of(&self, decision: &Decision, resets: u64) -> Charge {
+        match decision.decided_by() {
+            DecidedBy::Decided => Charge::Store(resets),
+            DecidedBy::Fallback => Charge::Fallback(resets),
+            _ => Charge::Nowhere,
+        }
+    }
+
+    /// Whether a give-back of `charge` to `key` may return units: who took it, and no reset
+    /// of the key since.
+    fn gives_back(&self, key: &Key, charge: Charge) -> Option<bool> {
+        match charge {
+            Charge::Store(seen) => self.untouched_since(key, seen).then_some(false),
+            Charge::Fallback(seen) => self.untouched_since(key, seen).then_some(true),
+            Charge::Nowhere => None,
+        }
     }
 
     /// The call that refunds what an admitted request of `set` charged its rate policies,
-    /// `reserved` (per enforced policy), if it charged any, the store took the charge, and
-    /// no reset of this limiter has begun or ended since `resets` ([`Limiter::resets_seen`],
-    /// `None` when the store did not take it: see [`charged_by_store`](Self::charged_by_store))
-    /// was read before the charge.
+    /// `reserved` (per enforced policy), if it charged any, something took the charge, and
+    /// no reset of the key has begun or ended since it was made (see [`Charge`]).
     pub(crate) fn refund_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
-        resets: Option<u64>,
+        charge: Charge,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
         let charged = charged_units(set, reserved);
-        if charged.is_empty() || !resets.is_some_and(|seen| self.untouched_since(key, seen)) {
+        let fallback = self.gives_back(key, charge)?;
+        if charged.is_empty() {
             return None;
         }
         let policies: SmallVec<[Policy; 2]> = charged
@@ -328,7 +338,24 @@ impl<S: Store> Limiter<S> {
             .map(|&(i, _)| set.enforced[i].clone())
             .collect();
         let costs: SmallVec<[u64; 2]> = charged.iter().map(|&(_, c)| c).collect();
-        Some(self.store().refund(key, &policies, &costs))
+        Some(self.give_back(key, &policies, Op::refund(&costs[..]), fallback))
+    }
+
+    /// `op`, a give-back; for a charge the local fallback took, as [`Op::Fallback`].
+    pub(crate) fn give_back(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: Op,
+        fallback: bool,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        let op = if fallback {
+            Op::Fallback { op: Box::new(op) }
+        } else {
+            op
+        };
+        let call = self.store().apply(key, policies, op);
+        Box::pin(async move { call.await.map(|_| ()) })
     }
 
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.
@@ -379,21 +406,21 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Settles a reservation made under `set`: `actual(policy)` is each settled policy's
-    /// actual cost, `None` to leave its reservation standing. When a reset of this limiter
-    /// has begun or ended since `resets` ([`Limiter::resets_seen`]) was read before the
-    /// charge, or the store did not take the charge (`resets` is `None`: a failure mode
-    /// admitted the request), nothing is given back (the store never held the charge, or
-    /// may have lost it, and a give-back would come off units charged since); a cost above
-    /// the reservation is still charged.
+    /// actual cost, `None` to leave its reservation standing. When a reset of the key has
+    /// begun or ended since the charge, or nothing took it (a failure mode let the request
+    /// through: see [`Charge`]), nothing is given back (a give-back would come off units
+    /// charged since, or that nothing took); a cost above the reservation is still
+    /// charged. A charge the local fallback took is settled there ([`Op::Fallback`]).
     pub(crate) fn settle_call(
         &self,
         set: &PolicySet,
         key: &Key,
         reserved: &[u64],
-        resets: Option<u64>,
+        charge: Charge,
         actual: impl Fn(&Policy) -> Option<u64>,
     ) -> Option<BoxFuture<Result<(), StoreError>>> {
-        let reset_since = !resets.is_some_and(|seen| self.untouched_since(key, seen));
+        let gives_back = self.gives_back(key, charge);
+        let reset_since = gives_back.is_none();
         let (policies, charged) = self.settled_policies(set, reserved);
         let mut ps: SmallVec<[Policy; 2]> = SmallVec::new();
         let mut rs: SmallVec<[u64; 2]> = SmallVec::new();
@@ -411,6 +438,19 @@ impl<S: Store> Limiter<S> {
         if ps.is_empty() {
             return None;
         }
-        Some(self.store().settle(key, &ps, &rs, &acts))
+        let op = Op::settle(&rs[..], &acts[..]);
+        Some(self.give_back(key, &ps, op, gives_back == Some(true)))
     }
+}
+
+/// Who took a request's charge, and the limiter's reset moment read before it: what its
+/// give-back (a refund, a settlement below the reservation) may return, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// The store.
+    Store(u64),
+    /// A `ResilientStore`'s local fallback, the store being down: given back there alone.
+    Fallback(u64),
+    /// Nothing (a failure mode let the request through): nothing to give back.
+    Nowhere,
 }

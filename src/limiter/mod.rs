@@ -32,7 +32,7 @@ pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
-pub(crate) use hold::{Counting, Held, SettleFn, Slots};
+pub(crate) use hold::{Charge, Counting, Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 pub use permit::{Permit, Reservation};
 use resets::ResetLog;
@@ -527,9 +527,20 @@ impl<S: Store> Limiter<S> {
         key: &Key,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
+        self.refund_to(key, cost, false)
+    }
+
+    /// [`refund`](Self::refund) of a charge the store took, or (`fallback`) one its local
+    /// fallback took while it was down ([`Op::Fallback`](crate::store::Op::Fallback)).
+    pub(crate) fn refund_to(
+        &self,
+        key: &Key,
+        cost: u64,
+        fallback: bool,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
         // The store call starts here, not at the first poll: a future dropped unpolled
         // still refunds.
-        let call = self.refund_call_now(key, cost);
+        let call = self.refund_call_now(key, cost, fallback);
         async move {
             if let Some(call) = call {
                 call.await?;
@@ -539,9 +550,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`refund`](Self::refund)'s store call, started.
-    fn refund_call_now(&self, key: &Key, cost: u64) -> Option<hold::Completing> {
+    fn refund_call_now(&self, key: &Key, cost: u64, fallback: bool) -> Option<hold::Completing> {
         let set = self.default_set()?;
-        let common = &self.inner.common;
         let lists = self.lists();
         if lists.deny.contains(key) || lists.allow.contains(key) {
             return None;
@@ -571,7 +581,12 @@ impl<S: Store> Limiter<S> {
         if policies.is_empty() {
             return None;
         }
-        let call = common.store.refund(key, &policies, &costs);
+        let call = self.give_back(
+            key,
+            &policies,
+            crate::store::Op::refund(&costs[..]),
+            fallback,
+        );
         Some(hold::Completing::new("refund", call))
     }
 

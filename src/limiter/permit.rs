@@ -11,7 +11,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::finish::Asker;
-use super::hold::{Completing, Slots};
+use super::hold::{Charge, Completing, Slots};
 use super::{Limiter, PolicySet, PreparedKey};
 use crate::decision::Decision;
 use crate::error::CheckError;
@@ -130,7 +130,7 @@ impl<S: Store> Limiter<S> {
         // Read before the charge: see `Reservation::settle`.
         let resets = self.resets_seen();
         let (decision, slots) = self.acquired(&set, key, cost, Some(&estimates)).await?;
-        let resets = self.charged_by_store(&decision, resets);
+        let resets = self.charge_of(&decision, resets);
         Ok(Reservation {
             limiter: self.clone(),
             key: key.clone(),
@@ -178,7 +178,7 @@ pub struct Reservation<S = MemoryStore> {
     reserved: SmallVec<[u64; 2]>,
     /// [`Limiter::resets_seen`] before the charge; `None` when the store did not take it
     /// (a failure mode admitted the request): nothing to give back.
-    resets: Option<u64>,
+    resets: Charge,
     decision: Decision,
     slots: Option<Slots>,
 }
@@ -200,7 +200,7 @@ impl<S: Store> Reservation<S> {
             key,
             set: None,
             reserved: SmallVec::new(),
-            resets: None,
+            resets: Charge::Nowhere,
             decision: Decision::pass(),
             slots: None,
         }

@@ -11,8 +11,8 @@ use super::{normalise_username, LoginDecision, LoginGuardBuilder, LoginMode, IP,
 use crate::decision::Decision;
 use crate::error::CheckError;
 use crate::key::{Key, RequestView};
-use crate::limiter::Asker;
 use crate::limiter::Limiter;
+use crate::limiter::{Asker, Charge};
 use crate::policy::{Algorithm, Policy, Rate};
 use crate::store::{MemoryStore, Store};
 
@@ -112,11 +112,12 @@ impl LoginGuard<MemoryStore> {
 #[derive(Debug, Clone)]
 pub struct LoginAttempt {
     keys: [Key; 3],
-    /// Per limit, what its charge by [`LoginGuard::check`] may give back: 0 when the store
-    /// did not take it (not checked, refused, or admitted by a failure mode), else 1 + the
-    /// limiter's reset count read before the charge. A refund of a charge the store never
-    /// took, or that a reset (an unlock) may have erased, would come off other attempts'
-    /// counts. Shared by clones.
+    /// Per limit, what its charge by [`LoginGuard::check`] may give back: 0 when nothing
+    /// took it (not checked, refused, or let through by a failure mode), else 1 + the
+    /// limiter's reset moment read before the charge, shifted left by one, with the low bit
+    /// set when the local fallback took it rather than the store. A refund of a charge
+    /// nothing took, or that a reset (an unlock) may have erased, would come off other
+    /// attempts' counts. Shared by clones.
     charges: Arc<[AtomicU64; 3]>,
 }
 
@@ -269,9 +270,11 @@ impl<S: Store> LoginGuard<S> {
                 }
             };
             let refused = !d.is_allowed();
-            let mark = match limiter.charged_by_store(&d, resets) {
-                Some(resets) if !refused => resets.saturating_add(1),
-                _ => 0,
+            let mark = match limiter.charge_of(&d, resets) {
+                _ if refused => 0,
+                Charge::Store(seen) => seen.saturating_add(1) << 1,
+                Charge::Fallback(seen) => (seen.saturating_add(1) << 1) | 1,
+                Charge::Nowhere => 0,
             };
             attempt.charges[i].store(mark, Ordering::Release);
             decisions.extend(d.policies().first().cloned());
@@ -380,10 +383,13 @@ impl<S: Store> LoginGuard<S> {
         let limiter = &self.inner.limiters[i];
         let key = &attempt.keys[i];
         let mark = attempt.charges[i].swap(0, Ordering::AcqRel);
-        if mark == 0 || !limiter.untouched_since(key, mark - 1) {
+        if mark == 0 || !limiter.untouched_since(key, (mark >> 1) - 1) {
             return Ok(());
         }
-        limiter.refund(key, self.inner.policies[i].cost()).await
+        let fallback = mark & 1 == 1;
+        limiter
+            .refund_to(key, self.inner.policies[i].cost(), fallback)
+            .await
     }
 
     /// Clears the username limit of `username` (an administrator unlocking an account).

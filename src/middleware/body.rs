@@ -40,16 +40,13 @@ impl<B> RateLimitBody<B> {
         }
     }
 
-    /// `body` with what its request holds. A body that is at its end before its first
-    /// frame (empty, or a status without a body) settles its count at once: an HTTP server
-    /// writes it without polling it.
+    /// `body` with what its request holds, and the body's length when its head did not
+    /// say (see `BodyHold::learn_length`).
     pub(crate) fn held(body: B, mut hold: BodyHold) -> Self
     where
         B: Body,
     {
-        if body.is_end_stream() || hold.ends_at_once(&body.size_hint()) {
-            hold.end();
-        }
+        hold.learn_length(body.is_end_stream(), &body.size_hint());
         Self {
             kind: Kind::Held {
                 body,

@@ -42,10 +42,12 @@ struct StreamCount {
     settle: Arc<SettleFn>,
     done: bool,
     /// The bytes the body will send, when its head says (`Content-Length`; 0 for a status
-    /// that has no body): an HTTP server stops polling a body once that many are written,
-    /// so reaching them is its end.
+    /// that has no body) or its size hint is exact: an HTTP server stops polling a body once
+    /// that many are written, so reaching them is its end.
     length: Option<u64>,
     sent: u64,
+    /// A switch of protocols (101): what follows is not this body, which never ends here.
+    upgrade: bool,
 }
 
 /// Applies the route's counting rule to the response head: a response that does not count
@@ -126,8 +128,10 @@ pub(crate) fn on_response<B>(
             let no_body = matches!(
                 res.status(),
                 http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
-            ) || res.status().is_informational();
-            let length = if no_body {
+            );
+            let length = if res.status().is_informational() {
+                None
+            } else if no_body {
                 Some(0)
             } else {
                 res.headers()
@@ -141,6 +145,7 @@ pub(crate) fn on_response<B>(
                 done: false,
                 length,
                 sent: 0,
+                upgrade: res.status().is_informational(),
             });
         }
     }
@@ -165,27 +170,27 @@ impl BodyHold {
         self._slots.is_none() && self.stream.is_none()
     }
 
-    /// Counts a data frame; the body has ended when it reached the length its head gave.
+    /// Counts a data frame.
     pub(crate) fn frame(&mut self, data: &Bytes) {
-        let mut ended = false;
         if let Some(stream) = &mut self.stream {
             for (_, count, _, total) in &mut stream.counters {
                 *total = total.saturating_add(count(data));
             }
             stream.sent = stream.sent.saturating_add(data.len() as u64);
-            ended = stream.length.is_some_and(|length| stream.sent >= length);
-        }
-        if ended {
-            self.end();
         }
     }
 
-    /// Whether the body is already at its end before any frame: its head says it has none,
-    /// or `hint` (the body's size hint) is exactly 0. A server does not poll such a body.
-    pub(crate) fn ends_at_once(&self, hint: &http_body::SizeHint) -> bool {
-        self.stream
-            .as_ref()
-            .is_some_and(|s| s.length.or(hint.exact()) == Some(0))
+    /// Learns the body's length before its first frame: 0 when it is already at its end
+    /// (`at_end`), else from `hint` (its exact size hint) when its head gave none. A switch
+    /// of protocols has none (what follows is not this body).
+    pub(crate) fn learn_length(&mut self, at_end: bool, hint: &http_body::SizeHint) {
+        if let Some(stream) = self.stream.as_mut().filter(|s| !s.upgrade) {
+            if at_end {
+                stream.length = Some(0);
+            } else if stream.length.is_none() {
+                stream.length = hint.exact();
+            }
+        }
     }
 
     /// The body ended: settles what was counted (once).
@@ -222,9 +227,14 @@ impl BodyHold {
 
 /// A body dropped before its end (the client hung up, a stream reset) is settled with the
 /// frames counted so far, so a client cannot pay only the estimate for a long stream by
-/// hanging up before it ends.
+/// hanging up before it ends. One dropped once its whole length was sent has ended: an HTTP
+/// server stops polling a body after its last byte, and never polls an empty one.
 impl Drop for BodyHold {
     fn drop(&mut self) {
-        self.settle_counted(true);
+        let sent_whole = self
+            .stream
+            .as_ref()
+            .is_some_and(|s| s.length.is_some_and(|length| s.sent >= length));
+        self.settle_counted(!sent_whole);
     }
 }

@@ -200,6 +200,18 @@ pub enum Op {
     },
     /// Forgets the key's state under the policies named: its next request starts afresh.
     Reset,
+    /// The give-back (an [`Op::Refund`] or [`Op::Settle`]) of a request the local fallback
+    /// of a [`ResilientStore`](super::ResilientStore) admitted while the store could not
+    /// decide ([`DecidedBy::Fallback`](crate::DecidedBy)): the fallback charged it, the
+    /// store never did. A `ResilientStore` gives it back to its fallback alone; every store
+    /// applies to its own state only what a settlement charges above its reservation (a
+    /// debt is never forgiven) and nothing of a refund, so a give-back made once the store
+    /// is back does not come off other requests' units. A
+    /// [`Limiter`](crate::Limiter) sends it by itself for such requests.
+    Fallback {
+        /// The give-back.
+        op: Box<Op>,
+    },
 }
 
 impl Op {
@@ -247,6 +259,30 @@ impl Op {
             Self::Release { .. } => "release",
             Self::Refresh { .. } => "refresh",
             Self::Reset => "reset",
+            Self::Fallback { op } => op.name(),
+        }
+    }
+
+    /// What a store applies to its own state of an [`Op::Fallback`] (the part of a
+    /// settlement above its reservation), or of any other operation (all of it); `None`
+    /// when nothing.
+    pub(crate) fn store_part(self) -> Option<Op> {
+        match self {
+            Self::Fallback { op } => match *op {
+                Self::Settle { reserved, actual } => {
+                    let raised: Costs = reserved
+                        .iter()
+                        .zip(actual.iter())
+                        .map(|(&r, &a)| a.max(r))
+                        .collect();
+                    (raised != reserved).then_some(Self::Settle {
+                        reserved,
+                        actual: raised,
+                    })
+                }
+                _ => None,
+            },
+            op => Some(op),
         }
     }
 
@@ -260,7 +296,11 @@ impl Op {
     pub fn gives_back(&self) -> bool {
         matches!(
             self,
-            Self::Refund { .. } | Self::Settle { .. } | Self::Release { .. } | Self::Reset
+            Self::Refund { .. }
+                | Self::Settle { .. }
+                | Self::Release { .. }
+                | Self::Reset
+                | Self::Fallback { .. }
         )
     }
 
@@ -274,6 +314,7 @@ impl Op {
             }
             Self::Settle { reserved, actual } => reserved.len() == n && actual.len() == n,
             Self::Release { .. } | Self::Refresh { .. } | Self::Reset => true,
+            Self::Fallback { op } => op.fits(n),
         }
     }
 }

@@ -121,6 +121,10 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
             Op::Release { slot } => self.release_op(key, policies, slot),
             Op::Refresh { slot } => self.refresh_op(key, policies, slot),
             Op::Reset => self.reset_op(key, policies),
+            op @ Op::Fallback { .. } => match op.store_part() {
+                Some(op) => self.apply(key, policies, op),
+                None => Box::pin(std::future::ready(Ok(Applied::Done))),
+            },
         }
     }
 

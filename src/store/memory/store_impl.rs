@@ -130,6 +130,11 @@ impl Store for MemoryStore {
             // Slots here never expire: nothing to extend.
             Op::Refresh { .. } => {}
             Op::Reset => self.remove(key, policies),
+            op @ Op::Fallback { .. } => {
+                if let Some(op) = op.store_part() {
+                    return self.apply(key, policies, op);
+                }
+            }
         }
         Box::pin(ready(Ok(Applied::Done)))
     }

@@ -41,6 +41,10 @@ impl<C: Connector> Core<C> {
             Op::Release { slot } => self.slot(key, policies, slot, Mode::Refund),
             Op::Refresh { slot } => self.slot(key, policies, slot, Mode::Refresh),
             Op::Reset => return self.reset(key, policies),
+            op @ Op::Fallback { .. } => match op.store_part() {
+                Some(op) => return self.apply(key, policies, op),
+                None => None,
+            },
         };
         match call {
             Some(call) => Box::pin(async move { call.await.map(|_| Applied::Done) }),

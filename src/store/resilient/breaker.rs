@@ -54,6 +54,14 @@ impl Breaker {
         }
     }
 
+    /// Whether the circuit is open (or half-open, a probe deciding): a look at the store
+    /// goes through only while it is closed, and neither probes nor closes it — a store
+    /// that answers looks but fails checks (full, or a read-only replica after a failover)
+    /// must still open the circuit.
+    pub(super) fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
     pub(super) fn success(&self) {
         self.failures.store(0, Ordering::Release);
         if self.open_until.swap(0, Ordering::AcqRel) != 0 {

@@ -122,6 +122,13 @@ impl<S: Store> Store for ResilientStore<S> {
             Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
                 Box::pin(std::future::ready(Ok(Applied::Done)))
             }
+            // Given back to the fallback above; the store gets only a debt.
+            op @ Op::Fallback { .. } => match op.store_part() {
+                Some(op) => self
+                    .guarded(|primary| primary.apply(key, policies, op))
+                    .unwrap_or_else(|| Box::pin(std::future::ready(Ok(Applied::Done)))),
+                None => Box::pin(std::future::ready(Ok(Applied::Done))),
+            },
             op => self
                 .guarded(|primary| primary.apply(key, policies, op))
                 .unwrap_or_else(|| Box::pin(std::future::ready(Ok(Applied::Done)))),
@@ -191,6 +198,7 @@ impl<S: Store> ResilientStore<S> {
                 let (_, fps, _) = inner.fallback_parts(policies, &ones);
                 (fps, Op::Release { slot: *slot })
             }
+            Op::Fallback { op } => return self.mirror_in_fallback(key, policies, op),
             _ => return,
         };
         let (fallback_policies, op) = mirrored;
@@ -199,21 +207,17 @@ impl<S: Store> ResilientStore<S> {
         }
     }
 
-    /// A look at the store's answer, through the breaker and within its timeout; when the
-    /// store cannot answer, the failure modes answer as they would a check, charging
+    /// A look at the store's answer, within its timeout, while the circuit is closed; when
+    /// the store cannot answer, the failure modes answer as they would a check, charging
     /// nothing: a look (a penalty's running block, the login guard's other limits) must not
-    /// turn an outage the failure modes cover into an error.
+    /// turn an outage the failure modes cover into an error. A failed look counts toward
+    /// opening the circuit; a successful one closes nothing (see `Breaker::is_open`).
     fn peek(&self, key: &Key, policies: &[Policy], costs: Costs) -> ApplyFuture {
         let inner = &self.inner;
-        let probe = match inner.breaker.gate(inner.clock.now_millis()) {
-            Gate::Skip => {
-                telemetry::store_error(&StoreError::CircuitOpen);
-                let d = inner.degraded(key, policies, &costs, &StoreError::CircuitOpen, false);
-                return Box::pin(std::future::ready(Ok(Applied::Decision(d))));
-            }
-            Gate::Probe => true,
-            Gate::Call => false,
-        };
+        if inner.breaker.is_open() {
+            let d = inner.degraded(key, policies, &costs, &StoreError::CircuitOpen, false);
+            return Box::pin(std::future::ready(Ok(Applied::Decision(d))));
+        }
         let call = inner.primary.apply(
             key,
             policies,
@@ -231,13 +235,11 @@ impl<S: Store> ResilientStore<S> {
                 .unwrap_or(Err(StoreError::Timeout));
             telemetry::store_latency(this.primary.name(), started.elapsed());
             match result {
-                Ok(applied) => {
-                    this.breaker.success();
-                    Ok(applied)
-                }
+                // A look that succeeds says nothing of the checks: it closes nothing.
+                Ok(applied) => Ok(applied),
                 Err(error) => {
                     telemetry::store_error(&error);
-                    this.breaker.failure(this.clock.now_millis(), probe);
+                    this.breaker.failure(this.clock.now_millis(), false);
                     let d = this.degraded(&key, &policies, &costs, &error, false);
                     Ok(Applied::Decision(d))
                 }
