@@ -460,11 +460,13 @@ impl<S: Store> Inner<S> {
             DecidedBy::FailOpen
         };
         self.warn_degraded(outcome, error);
-        // A look is not a decision: only checks count in `tollgate_decisions_total`'s outcomes.
-        if charge {
+        let decision = Decision::from_policies(out).with_decided_by(outcome);
+        // A look is counted only when it refuses: then no check follows it (a penalty's
+        // look under fail closed), and the request was decided by the failure mode.
+        if charge || !decision.is_allowed() {
             telemetry::outcome(outcome);
         }
-        Decision::from_policies(out).with_decided_by(outcome)
+        decision
     }
 }
 
