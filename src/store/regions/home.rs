@@ -572,12 +572,20 @@ impl<H: LeaseBackend> Region<H> {
                 self.forward(key, policies, call).await?;
             }
             // A give-back this region did not decide (a settlement or refund of a charge
-            // whose block the instance no longer holds: it names the give-back afresh):
-            // the home takes it. Its units come off the key's count there once, whether
-            // they were lent from a deposit (which then keeps the block's other units) or
-            // decided at home, so no more is lent than the limit.
+            // whose block the instance no longer holds: it names the give-back afresh) is
+            // dropped: its units stay charged until their window or refill frees them.
+            // Sending it home lets a give-back of more than was charged (through the Store
+            // API) take the home's count below what deposits hold: the conformance matrix
+            // found a region then admitting past the limit.
             None => {
-                self.forward(key, policies, call).await?;
+                let units = call
+                    .parts
+                    .iter()
+                    .map(|p| p.returned.unused)
+                    .max()
+                    .unwrap_or(0);
+                bump(&self.counters.units_dropped, units);
+                self.units("dropped", units);
             }
         }
         Ok(done(now))

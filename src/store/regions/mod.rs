@@ -77,10 +77,11 @@
 //! grants and renewals run to their end without their caller. Units that could not go home
 //! (a failed return, a block given back after its deposit went home, a renewal a reset
 //! overtook) are counted in [`RegionStats::units_dropped`] and
-//! `tollgate_region_units_total{flow="dropped"}`. A settlement or refund of a request whose
-//! block its instance no longer holds (a large estimate, a cold key) goes to the home, which
-//! takes the units off the key's count there: a request is charged what it used, as on the
-//! other stores.
+//! `tollgate_region_units_total{flow="dropped"}`. So are the units a settlement or refund
+//! gives back when its instance no longer holds the block they came from (a large estimate,
+//! a cold key): such a request stays charged its estimate in a region, where the other
+//! stores charge what it used (the safe way: taking them off the home's count could let a
+//! give-back of more than was charged free units a deposit still holds).
 //!
 //! # Latency
 //!
