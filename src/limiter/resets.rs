@@ -69,6 +69,10 @@ impl ResetLog {
     /// Whether no reset of `key` began or ended after `seen` (a [`now`](Self::now) read
     /// before a charge).
     pub(crate) fn untouched_since(&self, key: &Key, seen: u64) -> bool {
+        // No reset of any key since: the common case, without the lock.
+        if self.now() <= seen {
+            return true;
+        }
         let recent = self.recent.lock();
         recent.last.get(key).copied().unwrap_or(recent.floor) <= seen
     }
