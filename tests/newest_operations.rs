@@ -1488,3 +1488,48 @@ async fn redis_in_flight_short_leases_are_refused_or_keep_the_held_slot() {
         "(lease ms, admitted of 60 while one slot was held): {results:?}"
     );
 }
+
+/// LocalFallback with rate units: the fallback learns a store-admitted charge only while its
+/// share has room but takes back every give-back, so after a burst above the share it can
+/// count less than what stands. The bound `store::resilient` states: during the outage that
+/// follows, this instance admits at most one more share in the window.
+#[tokio::test]
+async fn fallback_rate_drift_is_at_most_one_share() {
+    let primary = Flaky::new(MemoryStore::new());
+    let store =
+        ResilientStore::builder(primary.clone(), FailureMode::LocalFallback { replicas: 2 })
+            .circuit_breaker(1_000, Duration::from_secs(1))
+            .build()
+            .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(Policy::new("units", Rate::per_hour(100)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "drift");
+    // Healthy: ten reservations of 10 (the whole limit); five settle at 0, fifty stand.
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let r = limiter.reserve(&key, 10).await.unwrap();
+        assert!(r.decision().is_allowed());
+        held.push(r);
+    }
+    for r in held.drain(..5) {
+        r.settle(0).await.unwrap();
+    }
+    // Outage: the share is 50 (100 / 2), all of it standing; the fallback may admit up to
+    // one more share, never more.
+    primary.set_down(true);
+    let mut admitted = 0;
+    for _ in 0..200 {
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert_eq!(d.decided_by(), DecidedBy::Fallback);
+        if d.is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert!(
+        admitted <= 50,
+        "{admitted} admitted past what stands: more than one share"
+    );
+}

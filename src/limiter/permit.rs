@@ -349,7 +349,7 @@ impl<S: Store> Reservation<S> {
             self.keep();
             return finished(None, None);
         }
-        finished_by(self.refund())
+        Box::pin(self.refund())
     }
 }
 
@@ -367,11 +367,4 @@ fn finished(
         drop(slots);
         Ok(())
     })
-}
-
-/// `future`, boxed as [`finished`]'s are, so that both ways of `count` have one type.
-fn finished_by(
-    future: impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CheckError>> + Send>> {
-    Box::pin(future)
 }
