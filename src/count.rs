@@ -230,8 +230,94 @@ impl CountWhen {
     /// assert!(CountWhen::failures().counts(&head));
     /// assert!(!CountWhen::successes().counts(&head));
     /// ```
+    ///
+    /// **gRPC.** A gRPC call is answered HTTP 200 whatever its outcome, which travels in
+    /// `grpc-status`. So for a gRPC response (its `Content-Type` is gRPC, see
+    /// [`grpc::content_type`](crate::grpc::content_type)) the rule reads the call's status
+    /// instead of the HTTP one, as [`counts_grpc`](Self::counts_grpc) does: from the head of a
+    /// trailers-only response (how tonic answers an error). A gRPC head without `grpc-status`
+    /// does not know the outcome yet (it comes in the trailers), so it counts here; the layer
+    /// waits for the trailers instead, and the direct API calls
+    /// [`Reservation::count_grpc`](crate::Reservation::count_grpc) with the status.
+    ///
+    /// ```
+    /// use tollgate::route::CountWhen;
+    ///
+    /// // tonic's answer to `Err(Status::unauthenticated(..))`: HTTP 200, grpc-status 16.
+    /// let (head, ()) = http::Response::builder()
+    ///     .header("content-type", "application/grpc")
+    ///     .header("grpc-status", "16")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// assert!(CountWhen::failures().counts(&head));
+    /// assert!(!CountWhen::successes().counts(&head));
+    /// ```
     pub fn counts(&self, head: &Parts) -> bool {
-        let status = head.status.as_u16();
+        if crate::grpc::content_type(&head.headers).is_some() {
+            return match grpc_status(&head.headers) {
+                Some(code) => self.counts_call(code, &head.headers, Some(&head.extensions)),
+                None => true,
+            };
+        }
+        match &self.rule {
+            Rule::Head(f) => f(head),
+            _ => self.counts_status(head.status),
+        }
+    }
+
+    /// Whether a gRPC call that ended with status `code` (`0` is `OK`) counts. The rule
+    /// judges the code's HTTP equivalent, as the gRPC gateways map them: `OK` is 200,
+    /// `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and `OUT_OF_RANGE` 400, `UNAUTHENTICATED`
+    /// 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
+    /// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
+    /// `DEADLINE_EXCEEDED` 504, and `UNKNOWN`, `INTERNAL`, `DATA_LOSS` and any other code 500.
+    /// So [`failures`](Self::failures) counts every code but `OK`. A rule over the whole head
+    /// ([`from_fn`](Self::from_fn)) is given a head with that status and a `grpc-status`
+    /// header.
+    ///
+    /// ```
+    /// use tollgate::route::CountWhen;
+    ///
+    /// assert!(!CountWhen::failures().counts_grpc(0)); // OK
+    /// assert!(CountWhen::failures().counts_grpc(16)); // UNAUTHENTICATED
+    /// assert!(CountWhen::statuses(["401", "403"])?.counts_grpc(7)); // PERMISSION_DENIED
+    /// assert!(!CountWhen::statuses(["5xx"])?.counts_grpc(5)); // NOT_FOUND
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn counts_grpc(&self, code: i32) -> bool {
+        let mut headers = http::HeaderMap::new();
+        if let Ok(value) = http::HeaderValue::try_from(code.to_string()) {
+            headers.insert(GRPC_STATUS.clone(), value);
+        }
+        self.counts_call(code, &headers, None)
+    }
+
+    /// The rule for a gRPC call that ended with `code`, whose status arrived in `headers`
+    /// (a trailers-only head, or the trailers).
+    pub(crate) fn counts_call(
+        &self,
+        code: i32,
+        headers: &http::HeaderMap,
+        extensions: Option<&http::Extensions>,
+    ) -> bool {
+        let status = grpc_http_equivalent(code);
+        if let Rule::Head(f) = &self.rule {
+            let (mut head, ()) = http::Response::new(()).into_parts();
+            head.status = status;
+            head.headers = headers.clone();
+            if let Some(extensions) = extensions {
+                head.extensions = extensions.clone();
+            }
+            return f(&head);
+        }
+        self.counts_status(status)
+    }
+
+    /// The rule for a response of status `status_code`; a whole-head rule is asked by the
+    /// callers, which have the head.
+    fn counts_status(&self, status_code: StatusCode) -> bool {
+        let status = status_code.as_u16();
         match &self.rule {
             Rule::Failures => status >= 400,
             Rule::Successes => status < 400,
@@ -239,8 +325,8 @@ impl CountWhen {
                 let class = status / 100;
                 (1..=5).contains(&class) && classes & (1 << class) != 0 || exact.contains(&status)
             }
-            Rule::Status(f) => f(head.status),
-            Rule::Head(f) => f(head),
+            Rule::Status(f) => f(status_code),
+            Rule::Head(_) => true,
         }
     }
 
@@ -261,6 +347,39 @@ impl CountWhen {
             Rule::Status(_) | Rule::Head(_) => "custom".to_owned(),
         }
     }
+}
+
+static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
+/// The status of a gRPC call in `headers` (a trailers-only head, or the trailers): `None`
+/// when there is none, `UNKNOWN` (2) when it is not a number, as a gRPC client reads it.
+pub(crate) fn grpc_status(headers: &http::HeaderMap) -> Option<i32> {
+    let value = headers.get(&GRPC_STATUS)?;
+    Some(
+        std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .unwrap_or(2),
+    )
+}
+
+/// The HTTP status a gRPC status code stands for, as the gRPC gateways map them.
+fn grpc_http_equivalent(code: i32) -> StatusCode {
+    let status = match code {
+        0 => 200,
+        3 | 9 | 11 => 400,
+        16 => 401,
+        7 => 403,
+        5 => 404,
+        6 | 10 => 409,
+        8 => 429,
+        1 => 499,
+        12 => 501,
+        14 => 503,
+        4 => 504,
+        _ => 500,
+    };
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// Checks a counting rule against the route it is on: each of its policy sets (`sets`, the
@@ -316,6 +435,46 @@ mod tests {
             .unwrap()
             .into_parts()
             .0
+    }
+
+    fn grpc_head(status: Option<&str>) -> http::response::Parts {
+        let mut b = http::Response::builder().header("content-type", "application/grpc+proto");
+        if let Some(status) = status {
+            b = b.header("grpc-status", status);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_grpc_head_is_judged_by_its_call_status() {
+        let failures = CountWhen::failures();
+        let successes = CountWhen::successes();
+        assert!(!failures.counts(&grpc_head(Some("0"))));
+        assert!(successes.counts(&grpc_head(Some("0"))));
+        for code in 1..=16 {
+            let head = grpc_head(Some(&code.to_string()));
+            assert!(failures.counts(&head), "code {code}");
+            assert!(!successes.counts(&head), "code {code}");
+            assert_eq!(failures.counts_grpc(code), failures.counts(&head));
+        }
+        // Garbage is UNKNOWN, as a gRPC client reads it: a failure.
+        assert!(failures.counts(&grpc_head(Some("zero"))));
+        assert!(!successes.counts(&grpc_head(Some("-"))));
+        // No status yet (it comes in the trailers): the outcome is unknown, so it counts.
+        assert!(failures.counts(&grpc_head(None)));
+        assert!(successes.counts(&grpc_head(None)));
+        // A whole-head rule sees the code's HTTP equivalent and the status header.
+        let custom = CountWhen::from_fn(|h| {
+            h.status == http::StatusCode::UNAUTHORIZED && h.headers["grpc-status"] == "16"
+        });
+        assert!(custom.counts_grpc(16));
+        assert!(custom.counts(&grpc_head(Some("16"))));
+        assert!(!custom.counts_grpc(7));
+        // Any status list applies to the equivalents; an HTTP 200 head of another type is HTTP.
+        let list = CountWhen::statuses(["429", "5xx"]).unwrap();
+        assert!(list.counts_grpc(8) && list.counts_grpc(14) && list.counts_grpc(99));
+        assert!(!list.counts_grpc(5) && !list.counts_grpc(0));
+        assert!(!failures.counts(&head(200)));
     }
 
     #[test]

@@ -350,3 +350,84 @@ async fn only_grpc_content_types_get_grpc_refusals() {
         assert_eq!(res.headers()["grpc-status"], "8", "{ct}");
     }
 }
+
+/// A limiter on every method whose route counts only the calls `when` accepts.
+fn counting(clock: &ManualClock, limit: u64, when: tollgate::route::CountWhen) -> Limiter {
+    Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .default_route(
+            Route::new()
+                .policy(fixed("calls", limit).build().unwrap())
+                .count_when(when),
+        )
+        .extractor(per_method())
+        .build()
+        .unwrap()
+}
+
+fn check_of(service: &str) -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: service.to_owned(),
+    }
+}
+
+// A gRPC call is HTTP 200 whatever its outcome: counting "failures" must read `grpc-status`
+// (in the trailers of a success, in the head of tonic's trailers-only error), or a brute force
+// over gRPC is never limited.
+#[tokio::test]
+async fn counting_failures_reads_the_grpc_status() {
+    let clock = ManualClock::new(T0);
+    let limiter = counting(&clock, 2, tollgate::route::CountWhen::failures());
+    let addr = serve(RateLimitLayer::new(limiter.clone())).await;
+    let mut c = client(addr, None).await;
+    for _ in 0..5 {
+        // OK, its status in the trailers: refunded.
+        assert!(c.check(check()).await.is_ok());
+    }
+    for _ in 0..2 {
+        // NOT_FOUND, trailers-only: counted.
+        let status = c.check(check_of("no.such.Service")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let key = Key::new("grpc-method", "/grpc.health.v1.Health/Check");
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 0);
+}
+
+#[tokio::test]
+async fn counting_successes_reads_the_status_in_the_trailers() {
+    let clock = ManualClock::new(T0);
+    let limiter = counting(&clock, 2, tollgate::route::CountWhen::successes());
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    for _ in 0..5 {
+        let status = c.check(check_of("no.such.Service")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    assert!(c.check(check()).await.is_ok());
+    assert!(c.check(check()).await.is_ok());
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+}
+
+// A stream the client cancels never sends its status: with no outcome, the charge stands
+// (as for an HTTP request that never got a response head).
+#[tokio::test]
+async fn a_stream_cut_before_its_status_keeps_its_charge() {
+    let clock = ManualClock::new(T0);
+    let limiter = counting(&clock, 2, tollgate::route::CountWhen::successes());
+    let addr = serve(RateLimitLayer::new(limiter.clone())).await;
+    let mut c = client(addr, None).await;
+    let key = Key::new("grpc-method", "/grpc.health.v1.Health/Watch");
+    for _ in 0..2 {
+        let mut stream = c.watch(check()).await.expect("allowed").into_inner();
+        assert_eq!(stream.message().await.unwrap().unwrap().status, 1);
+        drop(stream);
+    }
+    // The server drops the cancelled streams' bodies shortly after the resets arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 0);
+    let status = c.watch(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+}

@@ -345,6 +345,53 @@ impl<S: Store> Reservation<S> {
             .as_ref()
             .and_then(|set| set.count.as_ref())
             .is_none_or(|when| when.counts(head));
+        self.counted(counts)
+    }
+
+    /// Keeps or refunds the charge as the default route's counting rule says of a gRPC call
+    /// that ended with status `code` ([`CountWhen::counts_grpc`](crate::route::CountWhen::counts_grpc):
+    /// `0` is `OK`); keeps it when the route has none. For a call whose status comes in the
+    /// trailers; [`count`](Self::count) reads a trailers-only head's.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::route::{CountWhen, Route};
+    /// use tollgate::{key::Key, Limiter, Policy, Rate};
+    ///
+    /// // Two failed sign-ins a minute, whatever the number of successful ones.
+    /// let limiter = Limiter::builder()
+    ///     .default_route(Route::new()
+    ///         .policy(Policy::new("sign-ins", Rate::per_minute(2))?)
+    ///         .count_when(CountWhen::failures()))
+    ///     .build()?;
+    /// let key = Key::new("user", "7");
+    /// limiter.reserve(&key, 1).await?.count_grpc(0).await?; // OK: refunded
+    /// limiter.reserve(&key, 1).await?.count_grpc(16).await?; // UNAUTHENTICATED: counts
+    /// assert_eq!(limiter.peek(&key).await?.remaining(), 0); // peek asks for one unit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`refund`](Self::refund).
+    pub fn count_grpc(
+        self,
+        code: i32,
+    ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
+        let counts = self
+            .set
+            .as_ref()
+            .and_then(|set| set.count.as_ref())
+            .is_none_or(|when| when.counts_grpc(code));
+        self.counted(counts)
+    }
+
+    /// Keeps the charge when the request `counts`, else refunds it.
+    fn counted(
+        self,
+        counts: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CheckError>> + Send>> {
         if counts {
             self.keep();
             return finished(None, None);

@@ -84,6 +84,8 @@ where
                     Some(Ok(f)) => {
                         if let Some(data) = f.data_ref() {
                             hold.frame(data);
+                        } else if let Some(trailers) = f.trailers_ref() {
+                            hold.trailers(trailers);
                         }
                         if body.is_end_stream() {
                             hold.end();

@@ -14,7 +14,9 @@
 //! A route with a [counting rule](crate::route::CountWhen) charges its rate policies when the
 //! request is admitted and refunds them when a response head that does not count arrives
 //! ([`count`]); with no response head (an inner error, a panic, a cancelled future) the
-//! charge stands.
+//! charge stands. A gRPC call's outcome is its `grpc-status`: read from the head of a
+//! trailers-only response, else from the trailers when the body ends; a body that ends or
+//! is dropped without one keeps the charge.
 
 use std::sync::Arc;
 
@@ -22,6 +24,7 @@ use bytes::Bytes;
 use http::Response;
 use smallvec::SmallVec;
 
+use crate::count::grpc_status;
 use crate::decision::Decision;
 use crate::limiter::{Counting, Held, SettleFn, Slots};
 use crate::route::{Actual, ActualCost, FrameCostFn};
@@ -30,6 +33,9 @@ use crate::route::{Actual, ActualCost, FrameCostFn};
 pub(crate) struct BodyHold {
     _slots: Option<Slots>,
     stream: Option<StreamCount>,
+    /// A gRPC call's counting rule, waiting for the `grpc-status` in its trailers. Dropped
+    /// without them (the body cut short, or ended with no status), the charge stands.
+    counting: Option<Counting>,
 }
 
 /// One counted policy of a stream: its index in the set, the frame cost, the units
@@ -60,6 +66,11 @@ pub(crate) fn count<B>(
     let Some(counting) = held.counting.take() else {
         return res;
     };
+    if crate::grpc::content_type(res.headers()).is_some() && grpc_status(res.headers()).is_none() {
+        // A gRPC call's outcome comes in its trailers: the body decides (`BodyHold::trailers`).
+        held.counting = Some(counting);
+        return res;
+    }
     let (head, body) = res.into_parts();
     if !counting.when.counts(&head) {
         if let Some(decision) = decision {
@@ -81,7 +92,9 @@ pub(crate) fn on_response<B>(
     decision: Option<&mut Decision>,
 ) -> BodyHold {
     let Held {
-        slots, settlement, ..
+        slots,
+        settlement,
+        counting,
     } = held;
     let mut stream = None;
     if let Some(settlement) = settlement {
@@ -152,6 +165,7 @@ pub(crate) fn on_response<B>(
     BodyHold {
         _slots: slots,
         stream,
+        counting,
     }
 }
 
@@ -160,6 +174,7 @@ impl std::fmt::Debug for BodyHold {
         f.debug_struct("BodyHold")
             .field("slots", &self._slots.is_some())
             .field("counted", &self.stream.is_some())
+            .field("awaiting_grpc_status", &self.counting.is_some())
             .finish()
     }
 }
@@ -167,7 +182,19 @@ impl std::fmt::Debug for BodyHold {
 impl BodyHold {
     /// Whether the body must be wrapped to keep this.
     pub(crate) fn is_empty(&self) -> bool {
-        self._slots.is_none() && self.stream.is_none()
+        self._slots.is_none() && self.stream.is_none() && self.counting.is_none()
+    }
+
+    /// The body's trailers: a gRPC call's status, which its counting rule judges (once).
+    pub(crate) fn trailers(&mut self, trailers: &http::HeaderMap) {
+        if let Some(counting) = self.counting.take() {
+            match grpc_status(trailers) {
+                Some(code) if !counting.when.counts_call(code, trailers, None) => {
+                    counting.refund();
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Counts a data frame.
