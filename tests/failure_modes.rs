@@ -396,3 +396,58 @@ async fn looks_that_succeed_do_not_keep_the_circuit_closed() {
     // Three failed checks open the circuit: the store is no longer asked.
     assert!(limiter.store().is_circuit_open());
 }
+
+// A policy's own failure mode is read by `ResilientStore` alone: on any other store nothing
+// would read it, and a payments policy declared fail-closed (or fail-open) would answer 503
+// whatever it says. Refused when built, through the builder and `for_route`.
+#[tokio::test]
+async fn a_policy_failure_mode_no_store_reads_is_refused_when_built() {
+    let payments = || {
+        Policy::builder("payments", Rate::per_minute(10))
+            .failure_mode(FailureMode::FailOpen)
+            .build()
+            .unwrap()
+    };
+    for built in [
+        Limiter::builder()
+            .store(MemoryStore::new())
+            .policy(payments())
+            .build()
+            .map(|_| ()),
+        Limiter::builder()
+            .store(dead_redis())
+            .policy(payments())
+            .build()
+            .map(|_| ()),
+    ] {
+        let err = built.expect_err("nothing reads the failure mode");
+        assert_eq!(err.field(), "policies[\"payments\"].failure_mode", "{err}");
+        assert!(err.to_string().contains("ResilientStore"), "{err}");
+    }
+    // On a route attached later too.
+    let plain = Limiter::builder()
+        .store(MemoryStore::new())
+        .policy(Policy::new("api", Rate::per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let err = plain
+        .for_route(tollgate::route::Route::new().policy(payments()))
+        .expect_err("nothing reads the failure mode");
+    assert_eq!(err.field(), "policies[\"payments\"].failure_mode");
+
+    // A store that applies failure modes reads it, also behind `DynStore`.
+    let limiter = Limiter::builder()
+        .store(resilient(FailureMode::FailClosed))
+        .policy(payments())
+        .build()
+        .unwrap();
+    let answer = limiter.check(&Key::new("user", "1"), 1).await.unwrap();
+    assert!(answer.is_allowed(), "the policy's own fail-open applies");
+    assert_eq!(answer.decided_by(), DecidedBy::FailOpen);
+    let erased = tollgate::store::DynStore::new(resilient(FailureMode::FailClosed));
+    assert!(Limiter::builder()
+        .store(erased)
+        .policy(payments())
+        .build()
+        .is_ok());
+}

@@ -365,6 +365,7 @@ impl<S: Store> LimiterBuilder<S> {
                 return Err(ConfigError::new("store", "none", "a limiter needs a store"));
             }
         };
+        failure_modes_applied(&store, &sets)?;
         let common = Arc::new(Common {
             store,
             shadow: ShadowCounters::default(),
@@ -393,6 +394,39 @@ impl<S: Store> LimiterBuilder<S> {
     }
 }
 
+/// Refuses a policy's own failure mode when `store` would never read it: only a store that
+/// answers by failure modes ([`Store::applies_failure_modes`]) does.
+fn failure_modes_applied<S: Store>(
+    store: &S,
+    sets: &[super::PolicySet],
+) -> Result<(), ConfigError> {
+    if store.applies_failure_modes() {
+        return Ok(());
+    }
+    for set in sets {
+        let policies = set.enforced.iter().chain(set.shadow.iter());
+        if let Some((p, mode)) = policies.filter_map(|p| Some((p, p.failure_mode()?))).next() {
+            let route = if &*set.route == DEFAULT_ROUTE {
+                "the default route".to_owned()
+            } else {
+                format!("route {:?}", set.route)
+            };
+            return Err(ConfigError::new(
+                format!("policies[{:?}].failure_mode", p.name()),
+                format_args!("{mode:?}"),
+                format!(
+                    "policy {:?} of {route} sets a failure mode, but the store ({}) never \
+                     answers by one, so nothing would read it: wrap the store in \
+                     ResilientStore, or drop the setting",
+                    p.name(),
+                    store.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A limiter applying `route` to every request, sharing `common`; see
 /// [`Limiter::for_route`].
 pub(super) fn attach<S: Store>(
@@ -415,6 +449,7 @@ pub(super) fn attach<S: Store>(
         &mut sets,
         &mut trial,
     )?;
+    failure_modes_applied(&common.store, &sets)?;
     *names = trial;
     Ok(Limiter::from_parts(
         Arc::clone(common),

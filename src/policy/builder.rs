@@ -73,7 +73,10 @@ impl PolicyBuilder {
     }
 
     /// What a [`ResilientStore`](crate::store::ResilientStore) does for this policy when its
-    /// store is unavailable, overriding the store's own mode.
+    /// store is unavailable, overriding the store's own mode. Only a store that answers by
+    /// failure modes reads it ([`Store::applies_failure_modes`](crate::store::Store::applies_failure_modes)):
+    /// a limiter with such a policy on any other store is refused when built, naming
+    /// `policies["<name>"].failure_mode`.
     ///
     /// ```
     /// use tollgate::{store::FailureMode, Policy, Rate};

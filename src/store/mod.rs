@@ -222,6 +222,24 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn generation(&self) -> u64 {
         0
     }
+
+    /// Whether this store answers by a [failure mode](FailureMode) when its backend fails,
+    /// and so reads a policy's own ([`PolicyBuilder::failure_mode`](crate::PolicyBuilder::failure_mode)).
+    /// Only [`ResilientStore`] does; a limiter whose policies set a failure mode on a store
+    /// that does not is refused when built (nothing would read the setting). Wrappers that
+    /// forward to a store forward this too.
+    ///
+    /// ```
+    /// use tollgate::store::{FailureMode, MemoryStore, ResilientStore, Store};
+    ///
+    /// assert!(!MemoryStore::new().applies_failure_modes());
+    /// let resilient = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen).build()?;
+    /// assert!(resilient.applies_failure_modes());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    fn applies_failure_modes(&self) -> bool {
+        false
+    }
 }
 
 /// The operations of a [`Store`] by name, each one [`Op`] given to
@@ -413,6 +431,7 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> u64;
     fn store_name(&self) -> &'static str;
     fn store_generation(&self) -> u64;
+    fn store_applies_failure_modes(&self) -> bool;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -441,6 +460,9 @@ impl<S: Store> ErasedStore for S {
     }
     fn store_generation(&self) -> u64 {
         self.generation()
+    }
+    fn store_applies_failure_modes(&self) -> bool {
+        self.applies_failure_modes()
     }
 }
 
@@ -482,5 +504,9 @@ impl Store for DynStore {
 
     fn generation(&self) -> u64 {
         self.inner.store_generation()
+    }
+
+    fn applies_failure_modes(&self) -> bool {
+        self.inner.store_applies_failure_modes()
     }
 }

@@ -178,6 +178,10 @@ impl<S: Store> Store for Gated<S> {
     fn generation(&self) -> u64 {
         self.inner.generation()
     }
+
+    fn applies_failure_modes(&self) -> bool {
+        self.inner.applies_failure_modes()
+    }
 }
 
 impl<S: Store> OverrideStore for Gated<S> {

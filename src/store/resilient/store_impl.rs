@@ -155,6 +155,10 @@ impl<S: Store> Store for ResilientStore<S> {
     fn generation(&self) -> u64 {
         self.inner.primary.generation()
     }
+
+    fn applies_failure_modes(&self) -> bool {
+        true
+    }
 }
 
 impl<S: Store> ResilientStore<S> {
