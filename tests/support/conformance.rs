@@ -344,17 +344,23 @@ pub enum Op {
         sel: u8,
         costs: [Units; MAX_POLICIES],
     },
+    /// `Store::refund`; with `fallback`, wrapped in `store::Op::Fallback` (the give-back of
+    /// a request a local fallback admitted), of which a store applies nothing.
     Refund {
         key: u8,
         sel: u8,
         costs: [Back; MAX_POLICIES],
+        fallback: bool,
     },
-    /// `Store::settle` of the rate policies among `sel` (in-flight ones are never settled).
+    /// `Store::settle` of the rate policies among `sel` (in-flight ones are never settled);
+    /// with `fallback`, wrapped in `store::Op::Fallback`, of which a store applies only what
+    /// is charged above the reservation.
     Settle {
         key: u8,
         sel: u8,
         reserved: [Units; MAX_POLICIES],
         actual: [Actual; MAX_POLICIES],
+        fallback: bool,
     },
     /// `Store::release` of a permit's slot (once per permit, as a `Permit` drop does).
     Release {
@@ -403,10 +409,22 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, sel, costs)| Op::Check { key, sel, costs }),
         10 => (key.clone(), any::<u8>(), costs())
             .prop_map(|(key, sel, costs)| Op::Peek { key, sel, costs }),
-        7 => (key.clone(), any::<u8>(), [back(), back(), back()])
-            .prop_map(|(key, sel, costs)| Op::Refund { key, sel, costs }),
-        9 => (key.clone(), any::<u8>(), costs(), [actual(), actual(), actual()])
-            .prop_map(|(key, sel, reserved, actual)| Op::Settle { key, sel, reserved, actual }),
+        7 => (key.clone(), any::<u8>(), [back(), back(), back()], prop::bool::weighted(0.25))
+            .prop_map(|(key, sel, costs, fallback)| Op::Refund { key, sel, costs, fallback }),
+        9 => (
+            key.clone(),
+            any::<u8>(),
+            costs(),
+            [actual(), actual(), actual()],
+            prop::bool::weighted(0.25),
+        )
+            .prop_map(|(key, sel, reserved, actual, fallback)| Op::Settle {
+                key,
+                sel,
+                reserved,
+                actual,
+                fallback,
+            }),
         9 => any::<u8>().prop_map(|pick| Op::Release { pick }),
         3 => any::<u8>().prop_map(|pick| Op::Refresh { pick }),
         6 => (
@@ -987,12 +1005,14 @@ pub enum Call {
         key: u8,
         policies: Vec<Policy>,
         costs: Vec<u64>,
+        fallback: bool,
     },
     Settle {
         key: u8,
         policies: Vec<Policy>,
         reserved: Vec<u64>,
         actual: Vec<u64>,
+        fallback: bool,
     },
     Release {
         permit: usize,
@@ -1062,6 +1082,16 @@ impl Call {
                 | Call::Refresh { .. }
         )
     }
+}
+
+/// `op` as the give-back of a request a local fallback admitted.
+fn fallback_op(op: tollgate::store::Op) -> tollgate::store::Op {
+    tollgate::store::Op::Fallback { op: Box::new(op) }
+}
+
+/// A give-back's outcome, whatever the store answered.
+fn given_back_by_fallback(call: tollgate::store::ApplyFuture) -> BoxFuture<Result<(), StoreError>> {
+    Box::pin(async move { call.await.map(|_| ()) })
 }
 
 /// The costs the model decides for a store's: an in-flight policy asks one slot of a check
@@ -1356,7 +1386,12 @@ impl<S: Store> Harness<'_, S> {
                     costs,
                 }
             }
-            Op::Refund { key, sel, costs } => {
+            Op::Refund {
+                key,
+                sel,
+                costs,
+                fallback,
+            } => {
                 let policies = pick_policies(sel);
                 let costs = policies
                     .iter()
@@ -1367,6 +1402,7 @@ impl<S: Store> Harness<'_, S> {
                     key,
                     policies,
                     costs,
+                    fallback,
                 }
             }
             Op::Settle {
@@ -1374,6 +1410,7 @@ impl<S: Store> Harness<'_, S> {
                 sel,
                 reserved,
                 actual,
+                fallback,
             } => {
                 let chosen: Vec<(Policy, Units, Actual)> = subset(sel, n)
                     .into_iter()
@@ -1397,6 +1434,7 @@ impl<S: Store> Harness<'_, S> {
                     policies,
                     reserved: rs,
                     actual: acts,
+                    fallback,
                 }
             }
             Op::Release { pick } | Op::Refresh { pick } => {
@@ -1543,13 +1581,39 @@ impl<S: Store> Harness<'_, S> {
                 key,
                 policies,
                 costs,
+                fallback: false,
             } => Pending::Unit(s.refund(k(key), policies, costs)),
             Call::Settle {
                 key,
                 policies,
                 reserved,
                 actual,
+                fallback: false,
             } => Pending::Unit(s.settle(k(key), policies, reserved, actual)),
+            Call::Refund {
+                key,
+                policies,
+                costs,
+                fallback: true,
+            } => Pending::Unit(given_back_by_fallback(s.apply(
+                k(key),
+                policies,
+                fallback_op(tollgate::store::Op::refund(costs.as_slice())),
+            ))),
+            Call::Settle {
+                key,
+                policies,
+                reserved,
+                actual,
+                fallback: true,
+            } => Pending::Unit(given_back_by_fallback(s.apply(
+                k(key),
+                policies,
+                fallback_op(tollgate::store::Op::settle(
+                    reserved.as_slice(),
+                    actual.as_slice(),
+                )),
+            ))),
             Call::Release { permit } => {
                 let p = &self.permits[*permit];
                 Pending::Unit(s.release(k(&p.key), &p.policies, p.slot))
@@ -1641,8 +1705,12 @@ impl<S: Store> Harness<'_, S> {
                 key,
                 policies,
                 costs,
+                fallback,
             } => {
-                self.model.refund(*key, policies, costs, now);
+                // A store never charged a fallback's admission: it takes nothing back.
+                if !fallback {
+                    self.model.refund(*key, policies, costs, now);
+                }
                 Ok(None)
             }
             Call::Settle {
@@ -1650,7 +1718,20 @@ impl<S: Store> Harness<'_, S> {
                 policies,
                 reserved,
                 actual,
+                fallback,
             } => {
+                // Of a fallback's give-back a store keeps only the debt above the reservation.
+                let raised: Vec<u64>;
+                let actual = if *fallback {
+                    raised = actual
+                        .iter()
+                        .zip(reserved)
+                        .map(|(&a, &r)| a.max(r))
+                        .collect();
+                    &raised
+                } else {
+                    actual
+                };
                 self.model.settle(*key, policies, reserved, actual, now);
                 for ((p, r), a) in policies.iter().zip(reserved).zip(actual) {
                     if a > r {
@@ -2083,8 +2164,14 @@ pub fn kind(call: &Call) -> &'static str {
         Call::Check { .. } => "check",
         Call::Peek { .. } => "peek",
         Call::Observe { .. } => "observe",
-        Call::Refund { .. } => "refund",
-        Call::Settle { .. } => "settle",
+        Call::Refund {
+            fallback: false, ..
+        } => "refund",
+        Call::Refund { .. } => "fallback_refund",
+        Call::Settle {
+            fallback: false, ..
+        } => "settle",
+        Call::Settle { .. } => "fallback_settle",
         Call::Release { .. } => "release",
         Call::Refresh { .. } => "refresh",
         Call::SetOverride { .. } => "set_override",
