@@ -175,6 +175,7 @@
 //! │   │   ├── store_impl.rs  the Store implementation: every operation through the breaker
 //! │   │   ├── builder.rs     ResilientStoreBuilder: every setting checked at build time
 //! │   │   ├── breaker.rs     the circuit breaker
+//! │   │   ├── overrides.rs   the local fallback's copy of each key's overrides
 //! │   │   └── deny_cache.rs  denials answered again without a round trip
 //! │   ├── leased/            LeasedStore: blocks of quota leased from a shared store
 //! │   │   ├── mod.rs         docs: the invariant, its bounds, overrides, failures; leasable

@@ -451,3 +451,132 @@ async fn a_policy_failure_mode_no_store_reads_is_refused_when_built() {
         .build()
         .is_ok());
 }
+
+/// Instance `a` behind a proxy that can be cut, in local fallback with `replicas`; instance
+/// `b` straight to the same Redis (an operator's admin API elsewhere).
+async fn two_instances(
+    server: &support::RedisServer,
+    replicas: u32,
+) -> (
+    support::proxy::Proxy,
+    Limiter<ResilientStore<RedisStore>>,
+    Limiter<RedisStore>,
+) {
+    let proxy = support::proxy::Proxy::start(server.port()).await;
+    let via_proxy = RedisStore::builder()
+        .prefix("ovr")
+        .build_with_url(&proxy.url())
+        .unwrap();
+    let store = ResilientStore::builder(via_proxy, FailureMode::LocalFallback { replicas })
+        .timeout(Duration::from_millis(300))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let api = || Policy::new("api", Rate::per_hour(1_000)).unwrap();
+    let a = Limiter::builder()
+        .store(store)
+        .policy(api())
+        .build()
+        .unwrap();
+    let direct = RedisStore::builder()
+        .prefix("ovr")
+        .build_with_url(&server.url())
+        .unwrap();
+    let b = Limiter::builder()
+        .store(direct)
+        .policy(api())
+        .build()
+        .unwrap();
+    (proxy, a, b)
+}
+
+/// Checks `key` on `limiter` until it is answered by the store again (or gives up).
+async fn until_decided(limiter: &Limiter<ResilientStore<RedisStore>>, key: &Key) {
+    for _ in 0..100 {
+        if limiter
+            .peek(key)
+            .await
+            .is_ok_and(|d| d.decided_by() == DecidedBy::Decided)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the store never answered again");
+}
+
+// An abusive tenant lowered from the plan's 1 000 an hour to 5 by an override set on another
+// instance. Once this instance's store answered one of its requests (showing the limit in
+// force), an outage must not give the tenant the plan's limit back: the local fallback keeps
+// the override, at its share.
+#[tokio::test]
+async fn the_local_fallback_keeps_an_override_set_on_another_instance() {
+    let server = support::RedisServer::start();
+    let (proxy, a, b) = two_instances(&server, 1).await;
+    let key = Key::new("tenant", "abusive");
+    assert!(a.check(&key, 1).await.unwrap().is_allowed()); // before the override
+    b.set_override(&key, tollgate::Override::new("api", 5))
+        .await
+        .unwrap();
+    let seen = a.check(&key, 1).await.unwrap();
+    assert_eq!((seen.limit(), seen.decided_by()), (5, DecidedBy::Decided));
+    // The fallback reads the override off the request path.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    let mut admitted = 0;
+    let mut last = None;
+    for _ in 0..50 {
+        let d = a.check(&key, 1).await.unwrap();
+        assert_eq!(d.decided_by(), DecidedBy::Fallback);
+        admitted += u32::from(d.is_allowed());
+        last = Some(d);
+    }
+    assert_eq!(
+        last.unwrap().limit(),
+        5,
+        "the fallback shows the limit in force"
+    );
+    // The fallback counts from the outage on: at most the override's 5 in its window.
+    assert!(
+        admitted <= 5,
+        "{admitted} admitted during the outage past an override of 5"
+    );
+
+    // Removed elsewhere and seen by an answer: the next outage limits at the plan's again.
+    proxy.heal();
+    until_decided(&a, &key).await;
+    b.remove_override(&key, "api").await.unwrap();
+    let seen = a.check(&key, 1).await.unwrap();
+    assert_eq!(seen.limit(), 1_000);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    let d = a.check(&key, 1).await.unwrap();
+    assert_eq!((d.limit(), d.decided_by()), (1_000, DecidedBy::Fallback));
+    assert!(d.is_allowed());
+}
+
+// With replicas, the fallback keeps the override's share, as it does the plan's limits; an
+// override set through the instance itself is followed from its next answer.
+#[tokio::test]
+async fn the_local_fallback_divides_an_override_among_replicas() {
+    let server = support::RedisServer::start();
+    let (proxy, a, _b) = two_instances(&server, 4).await;
+    let key = Key::new("tenant", "big");
+    a.set_override(&key, tollgate::Override::new("api", 40))
+        .await
+        .unwrap();
+    assert_eq!(a.check(&key, 1).await.unwrap().limit(), 40);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let d = a.check(&key, 1).await.unwrap();
+        assert_eq!((d.limit(), d.decided_by()), (10, DecidedBy::Fallback));
+        admitted += u32::from(d.is_allowed());
+    }
+    // The request the store admitted was counted by the fallback too.
+    assert_eq!(
+        admitted, 9,
+        "the instance's share of an override of 40 among 4"
+    );
+}

@@ -178,6 +178,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 deny_cache: self
                     .deny_cache
                     .map(|n| DenyCache::new(n, self.deny_cache_max_age, self.deny_cache_recheck)),
+                followed: Default::default(),
                 fallback: MemoryStore::builder()
                     .clock(ClockRef(clock.clone()))
                     .build()?,

@@ -79,6 +79,16 @@
 //! still stands there (never below nothing): during an outage it may then admit up to one
 //! more share in that window, the bound of a fresh failover.
 //!
+//! Per-key [overrides](crate::Limiter::set_override) are followed too, at their share: the
+//! store's answers carry the limit in force for the key, and when it differs from the
+//! fallback's, the store's overrides of that key are read off the request path and copied
+//! (see `overrides.rs`). So a tenant lowered from 1 000 an hour to 5 stays at 5 (divided
+//! among the replicas) through an outage, and one raised keeps its raise. **Bound**: an
+//! override set or removed anywhere is followed from the first request of its key that the
+//! store answers after it, plus one store call (at most once a second per key while the
+//! store answers the same limits); one set or removed during the outage is not seen until
+//! the store is back.
+//!
 //! A call that times out may still be executed by the store. It is not abandoned: it runs to
 //! its end in the background (for at most ten times the timeout, at least 1 s) and its answer
 //! is reconciled with the fallback's: if the store charged a request the fallback admitted,
@@ -143,6 +153,7 @@ use smallvec::SmallVec;
 mod breaker;
 mod builder;
 mod deny_cache;
+mod overrides;
 mod store_impl;
 
 use super::{MemoryStore, Store, StoreExt};
@@ -215,6 +226,8 @@ struct Inner<S> {
     deny_cache: Option<DenyCache>,
     fallback: MemoryStore,
     fallback_policies: RwLock<HashMap<(u32, u32), Policy>>,
+    /// When each key's overrides were last read for the fallback.
+    followed: overrides::Followed,
     clock: Arc<dyn Clock>,
     warned_at: AtomicU64,
     suppressed: AtomicU64,
@@ -271,7 +284,7 @@ impl<S: Store> Inner<S> {
         cache
             .entry((policy.id(), replicas))
             .or_insert_with(|| {
-                let share = |n: u64| n.div_ceil(u64::from(replicas.max(1))).max(1);
+                let share = |n: u64| overrides::share(n, replicas);
                 let rate = policy.rate();
                 let mut scaled = Rate::new(share(rate.limit()), rate.window());
                 if policy.algorithm().has_burst() {
@@ -313,7 +326,7 @@ impl<S: Store> Inner<S> {
     /// this instance admitted. `fallback_admitted` is the fallback's own answer when the
     /// store answered too late (the request was decided by the fallback).
     fn learn(
-        &self,
+        self: &Arc<Self>,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
@@ -340,7 +353,14 @@ impl<S: Store> Inner<S> {
                 if !rates.is_empty() {
                     let ps: SmallVec<[Policy; 2]> = rates.iter().map(|&j| fps[j].clone()).collect();
                     let cs: SmallVec<[u64; 2]> = rates.iter().map(|&j| fcosts[j]).collect();
-                    let _ = self.fallback.decide(key, &ps, &cs, true);
+                    if let Ok(local) = self.fallback.decide(key, &ps, &cs, true) {
+                        let parted = rates.iter().zip(local.policies()).any(|(&j, l)| {
+                            self.limits_part(&policies[idx[j]], store, idx[j], l.limit)
+                        });
+                        if parted {
+                            self.follow_overrides(key, policies, store);
+                        }
+                    }
                 }
             }
             return;
@@ -357,10 +377,15 @@ impl<S: Store> Inner<S> {
                 continue;
             }
             let one = std::slice::from_ref(fp);
-            let left = self
-                .fallback
-                .decide(key, one, &[0], false)
-                .map_or(0, |d| d.remaining());
+            let local = self.fallback.decide(key, one, &[0], false).ok();
+            if local.as_ref().is_some_and(|d| {
+                d.policies()
+                    .first()
+                    .is_some_and(|l| self.limits_part(&policies[*j], store, *j, l.limit))
+            }) {
+                self.follow_overrides(key, policies, store);
+            }
+            let left = local.map_or(0, |d| d.remaining());
             if left > 0 {
                 let _ = self.fallback.decide(key, one, &[left], true);
             }

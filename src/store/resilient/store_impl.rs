@@ -308,14 +308,28 @@ impl<S: Store> OverrideStore for ResilientStore<S> {
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(key);
         }
-        self.within_timeout(self.inner.primary.set_override(key, policy, ttl))
+        let changed = self.within_timeout(self.inner.primary.set_override(key, policy, ttl));
+        // Then the next answer for the key reads it into the local fallback at once.
+        let (inner, key) = (Arc::clone(&self.inner), key.clone());
+        Box::pin(async move {
+            let result = changed.await;
+            inner.override_changed(&key);
+            result
+        })
     }
 
     fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(key);
         }
-        self.within_timeout(self.inner.primary.remove_override(key, policy))
+        let changed = self.within_timeout(self.inner.primary.remove_override(key, policy));
+        // Then the next answer for the key reads it into the local fallback at once.
+        let (inner, key) = (Arc::clone(&self.inner), key.clone());
+        Box::pin(async move {
+            let result = changed.await;
+            inner.override_changed(&key);
+            result
+        })
     }
 
     fn list(
