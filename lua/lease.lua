@@ -418,6 +418,25 @@ local function give(p, id)
         redis.call('ZADD', p.key, min(tonumber(score), now), id)
         redis.call('HSET', p.units_key, id, int(left))
       end
+    elseif lease == 0 and u > 0 then
+      -- Units charged outside blocks (the give-back names no charge): off the newest entries
+      -- that still count and whose lease has ended; a live block's or a debt's keep theirs
+      -- (untake_newest in src/store/leased/ledger/run.rs).
+      local ended = redis.call('ZREVRANGEBYSCORE', p.key, int(now), '(' .. int(now - p.window))
+      for j = 1, #ended do
+        if u <= 0 then
+          break
+        end
+        local held = tonumber(redis.call('HGET', p.units_key, ended[j]) or '0')
+        local taken = min(held, u)
+        if taken >= held then
+          redis.call('ZREM', p.key, ended[j])
+          redis.call('HDEL', p.units_key, ended[j])
+        else
+          redis.call('HSET', p.units_key, ended[j], int(held - taken))
+        end
+        u = u - taken
+      end
     end
     return
   end

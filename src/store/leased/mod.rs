@@ -84,9 +84,10 @@
 //! they go into it, up to what has been spent of it (a block never holds more than it was
 //! granted), and what does not fit is dropped: the key is charged it, as if it had been
 //! used. Giving it to the ledger instead could free units the block still holds, were the
-//! give-back of more than the key was charged (the ledger cannot tell). The ledger's sliding
-//! window log names each charge by the call that made it, so there a give-back of units
-//! charged at the ledger is dropped too. Bound, for a give-back to the ledger of more than
+//! give-back of more than the key was charged (the ledger cannot tell). In the ledger's
+//! sliding window log, a give-back to the ledger comes off its newest entries whose lease has
+//! ended (as the exact log takes a refund off its newest entries); a block still leased, and
+//! a debt (both dated ahead), keep their units. Bound, for a give-back to the ledger of more than
 //! the key was charged (a refund applied twice, or of a request never charged): the ledger's
 //! count goes down to a fresh state, as on the exact stores, and so may free units of blocks
 //! other instances (or this one, for another set of policies on the key) hold: at most one

@@ -290,6 +290,34 @@ fn refusal(call: &LedgerCall, views: &[View], states: &[Option<LState>], now: u6
     }
 }
 
+/// Gives back `units` charged outside blocks (a refund, a settlement below its reservation,
+/// whose charge the give-back does not name): off the newest entries that still count and
+/// whose lease has ended, as the exact log takes a refund off its newest entries. A live
+/// block's entry, and a debt's (both dated ahead), keep their units. Entries ending at the
+/// same moment are taken in the order Redis lists them (their ids as text, from the last).
+fn untake_newest(log: &mut BTreeMap<u64, (u64, u64)>, window_ms: u64, now: u64, units: u64) {
+    let mut ended: Vec<(u64, String, u64)> = log
+        .iter()
+        .filter(|(_, (end, _))| *end <= now && end.saturating_add(window_ms) > now)
+        .map(|(&id, &(end, _))| (end, id.to_string(), id))
+        .collect();
+    ended.sort_unstable_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
+    let mut left = units;
+    for (_, _, id) in ended {
+        if left == 0 {
+            break;
+        }
+        if let Some((_, held)) = log.get_mut(&id) {
+            let taken = (*held).min(left);
+            *held -= taken;
+            left -= taken;
+            if *held == 0 {
+                log.remove(&id);
+            }
+        }
+    }
+}
+
 /// Gives back what `back` leaves unused of block `id` (for the bucket, also the refill
 /// charged ahead for the rest of its lease; for the log, the time its entry still counts).
 fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64, id: u64) {
@@ -322,6 +350,8 @@ fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64,
                 } else {
                     log.insert(id, (end.min(now), units - unused));
                 }
+            } else if valid == 0 {
+                untake_newest(log, part.window_ms, now, unused);
             }
         }
         Some(LState::Bucket { .. }) => {

@@ -73,7 +73,7 @@ fn differential(batched: bool) {
             let mut wants = Vec::new();
             for _ in 0..size {
                 id += 1;
-                let c = random_call(&mut rand, base, id, &mut held);
+                let c = random_call(&mut rand, base, id, &mut held, now);
                 let mut rust_call = c.clone();
                 for p in rust_call.parts.iter_mut() {
                     *p = effective(*p);
@@ -133,12 +133,15 @@ fn change_override(
 }
 
 /// A random call of `base`'s policy with block id `id`: a peek, a return of the block
-/// `held`, a force, a keep, a reset or a grant (giving `held` back first, when there is one).
+/// `held`, a give-back of units charged outside blocks (a refund of a request decided
+/// exactly, named by a fresh id), a force, a keep, a reset or a grant (giving `held` back
+/// first, when there is one).
 fn random_call(
     rand: &mut dyn FnMut(u64) -> u64,
     base: Part,
     id: u64,
     held: &mut Option<Held>,
+    now: u64,
 ) -> LedgerCall {
     let mut part = base;
     // Mostly costs within any limit; now and then one above the override's.
@@ -177,6 +180,17 @@ fn random_call(
             call(LedgerMode::Force, 0, id, 0, part)
         }
         3 if rand(4) == 0 => call(LedgerMode::Keep, 0, 0, 0, part),
+        4 if rand(2) == 0 => {
+            let units = cost(rand);
+            part.returned = Returned {
+                granted: units,
+                unused: units,
+                granted_at: now,
+                lease_ms: 0,
+                rate: 0,
+            };
+            call(LedgerMode::Return, 0, id, 0, part)
+        }
         3 if rand(3) == 0 => call(LedgerMode::Reset, 0, 0, 0, part),
         _ => {
             part.cost = cost(rand);
