@@ -37,6 +37,7 @@ mod tables;
 /// assert_eq!(normalise_username("  Alice\t"), "alice");
 /// assert_eq!(normalise_username("ÉMILE"), "émile");
 /// assert_eq!(normalise_username("ＡＬİＣＥ."), "alice");
+/// assert_eq!(normalise_username("alice. ."), "alice"); // trailing dots and spaces, any order
 /// assert_eq!(normalise_username("Straße"), normalise_username("STRASSE"));
 /// ```
 pub fn normalise_username(username: &str) -> String {
@@ -77,10 +78,11 @@ pub fn normalise_username(username: &str) -> String {
     } else {
         Cow::Borrowed(kept.as_str())
     };
+    // Trailing dots and white space in any order (`alice. .`): trimming each once would
+    // leave some, and the result would normalise to yet another name.
     recomposed
-        .trim()
-        .trim_end_matches('.')
-        .trim_end()
+        .trim_start()
+        .trim_end_matches(|c: char| c == '.' || c.is_whitespace())
         .to_owned()
 }
 
@@ -185,10 +187,28 @@ mod tests {
             previous = c;
         }
         nfkc.normalize(&kept)
-            .trim()
-            .trim_end_matches('.')
-            .trim_end()
+            .trim_start()
+            .trim_end_matches(|c: char| c == '.' || c.is_whitespace())
             .to_owned()
+    }
+
+    #[test]
+    fn trailing_dots_and_white_space_go_in_any_order_and_a_name_normalises_to_itself() {
+        for s in [
+            "alice. .",
+            "alice .",
+            "alice.\t.",
+            "alice. . ",
+            "alice .. .",
+            "alice.\u{3000}.",
+            " \u{2003}Alice\u{200b}. \u{a0}.",
+        ] {
+            let once = normalise_username(s);
+            assert_eq!(once, "alice", "{s:?}");
+            assert_eq!(normalise_username(&once), once, "{s:?}");
+        }
+        // Dots inside a name stay.
+        assert_eq!(normalise_username("a.l.ice. "), "a.l.ice");
     }
 
     fn scalars() -> impl Iterator<Item = char> {
