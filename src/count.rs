@@ -235,10 +235,13 @@ impl CountWhen {
     /// `grpc-status`. So for a gRPC response (its `Content-Type` is gRPC, see
     /// [`grpc::content_type`](crate::grpc::content_type)) the rule reads the call's status
     /// instead of the HTTP one, as [`counts_grpc`](Self::counts_grpc) does: from the head of a
-    /// trailers-only response (how tonic answers an error). A gRPC head without `grpc-status`
-    /// does not know the outcome yet (it comes in the trailers), so it counts here; the layer
-    /// waits for the trailers instead, and the direct API calls
-    /// [`Reservation::count_grpc`](crate::Reservation::count_grpc) with the status.
+    /// trailers-only response (how tonic answers an error). A gRPC head of HTTP 200 without
+    /// `grpc-status` does not know the outcome yet (it comes in the trailers), so it counts
+    /// here, but for a rule over the whole head, which is asked with the head as it is; the
+    /// layer waits for the trailers instead, and the direct API calls
+    /// [`Reservation::count_grpc`](crate::Reservation::count_grpc) with the status. One of
+    /// another HTTP status and no `grpc-status` (a proxy's error page) is judged by its HTTP
+    /// status, as gRPC clients read it.
     ///
     /// ```
     /// use tollgate::route::CountWhen;
@@ -255,10 +258,12 @@ impl CountWhen {
     /// ```
     pub fn counts(&self, head: &Parts) -> bool {
         if crate::grpc::content_type(&head.headers).is_some() {
-            return match grpc_status(&head.headers) {
-                Some(code) => self.counts_call(code, &head.headers, Some(&head.extensions)),
-                None => true,
-            };
+            if let Some(code) = grpc_status(&head.headers) {
+                return self.counts_call(code, &head.headers, Some(&head.extensions));
+            }
+            if head.status == StatusCode::OK && !matches!(self.rule, Rule::Head(_)) {
+                return true;
+            }
         }
         match &self.rule {
             Rule::Head(f) => f(head),
@@ -463,6 +468,14 @@ mod tests {
         // No status yet (it comes in the trailers): the outcome is unknown, so it counts.
         assert!(failures.counts(&grpc_head(None)));
         assert!(successes.counts(&grpc_head(None)));
+        // An HTTP error with no gRPC status (a proxy's 503) is judged by its HTTP status.
+        let mut proxied = grpc_head(None);
+        proxied.status = http::StatusCode::SERVICE_UNAVAILABLE;
+        assert!(failures.counts(&proxied));
+        assert!(!successes.counts(&proxied));
+        // A whole-head rule is asked with the head as it is when it holds no status.
+        let marked = CountWhen::from_fn(|h| h.headers.contains_key("x-counted"));
+        assert!(!marked.counts(&grpc_head(None)));
         // A whole-head rule sees the code's HTTP equivalent and the status header.
         let custom = CountWhen::from_fn(|h| {
             h.status == http::StatusCode::UNAUTHORIZED && h.headers["grpc-status"] == "16"

@@ -450,6 +450,48 @@ async fn a_policy_failure_mode_no_store_reads_is_refused_when_built() {
         .policy(payments())
         .build()
         .is_ok());
+    // So does a wrapper of the user's own that forwards nothing but the trait's required
+    // methods, around a `ResilientStore`: the mode stays its policy's.
+    let wrapped = Limiter::builder()
+        .store(Wrapper(resilient(FailureMode::FailClosed)))
+        .policy(payments())
+        .build()
+        .unwrap();
+    let answer = wrapped.check(&Key::new("user", "2"), 1).await.unwrap();
+    assert_eq!(answer.decided_by(), DecidedBy::FailOpen);
+}
+
+/// A store of the user's own around another, written as the `store` module's example is.
+#[derive(Debug, Clone)]
+struct Wrapper<S>(S);
+
+impl<S: tollgate::store::Store> tollgate::store::Store for Wrapper<S> {
+    type CheckFuture = S::CheckFuture;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.0.check(key, policies, costs)
+    }
+
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: tollgate::store::Op,
+    ) -> tollgate::store::ApplyFuture {
+        self.0.apply(key, policies, op)
+    }
+
+    fn override_store(&self) -> Option<&dyn tollgate::store::OverrideStore> {
+        self.0.override_store()
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "wrapper"
+    }
 }
 
 /// Instance `a` behind a proxy that can be cut, in local fallback with `replicas`; instance
@@ -457,6 +499,7 @@ async fn a_policy_failure_mode_no_store_reads_is_refused_when_built() {
 async fn two_instances(
     server: &support::RedisServer,
     replicas: u32,
+    policy: Policy,
 ) -> (
     support::proxy::Proxy,
     Limiter<ResilientStore<RedisStore>>,
@@ -472,10 +515,9 @@ async fn two_instances(
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
-    let api = || Policy::new("api", Rate::per_hour(1_000)).unwrap();
     let a = Limiter::builder()
         .store(store)
-        .policy(api())
+        .policy(policy.clone())
         .build()
         .unwrap();
     let direct = RedisStore::builder()
@@ -484,7 +526,7 @@ async fn two_instances(
         .unwrap();
     let b = Limiter::builder()
         .store(direct)
-        .policy(api())
+        .policy(policy)
         .build()
         .unwrap();
     (proxy, a, b)
@@ -512,7 +554,8 @@ async fn until_decided(limiter: &Limiter<ResilientStore<RedisStore>>, key: &Key)
 #[tokio::test]
 async fn the_local_fallback_keeps_an_override_set_on_another_instance() {
     let server = support::RedisServer::start();
-    let (proxy, a, b) = two_instances(&server, 1).await;
+    let api = Policy::new("api", Rate::per_hour(1_000)).unwrap();
+    let (proxy, a, b) = two_instances(&server, 1, api).await;
     let key = Key::new("tenant", "abusive");
     assert!(a.check(&key, 1).await.unwrap().is_allowed()); // before the override
     b.set_override(&key, tollgate::Override::new("api", 5))
@@ -560,7 +603,8 @@ async fn the_local_fallback_keeps_an_override_set_on_another_instance() {
 #[tokio::test]
 async fn the_local_fallback_divides_an_override_among_replicas() {
     let server = support::RedisServer::start();
-    let (proxy, a, _b) = two_instances(&server, 4).await;
+    let api = Policy::new("api", Rate::per_hour(1_000)).unwrap();
+    let (proxy, a, _b) = two_instances(&server, 4, api).await;
     let key = Key::new("tenant", "big");
     a.set_override(&key, tollgate::Override::new("api", 40))
         .await
@@ -578,5 +622,61 @@ async fn the_local_fallback_divides_an_override_among_replicas() {
     assert_eq!(
         admitted, 9,
         "the instance's share of an override of 40 among 4"
+    );
+}
+
+// A policy name near the 64-character limit: the fallback's share is named longer than a
+// user's name may be, and its override's share must be too.
+#[tokio::test]
+async fn the_local_fallback_keeps_an_override_of_a_long_named_policy() {
+    let server = support::RedisServer::start();
+    let name = "p".repeat(60);
+    let policy = Policy::new(name.as_str(), Rate::per_hour(1_000)).unwrap();
+    let (proxy, a, b) = two_instances(&server, 1, policy).await;
+    let key = Key::new("tenant", "abusive");
+    b.set_override(&key, tollgate::Override::new(name.as_str(), 5))
+        .await
+        .unwrap();
+    assert_eq!(a.check(&key, 1).await.unwrap().limit(), 5);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = a.check(&key, 1).await.unwrap();
+        assert_eq!((d.limit(), d.decided_by()), (5, DecidedBy::Fallback));
+        admitted += u32::from(d.is_allowed());
+    }
+    assert_eq!(admitted, 4, "the override's 5, one used before the outage");
+}
+
+// An override that slows a token bucket's refill and keeps its burst shows in no answer's
+// limit (the burst): set through the instance, it is read at the key's next answer anyway.
+#[tokio::test]
+async fn the_local_fallback_keeps_a_rate_only_override_set_through_it() {
+    let server = support::RedisServer::start();
+    let bucket = Policy::builder("bucket", Rate::per_minute(600).with_burst(10))
+        .algorithm(tollgate::Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    let (proxy, a, _b) = two_instances(&server, 1, bucket).await;
+    let key = Key::new("tenant", "slow");
+    a.set_override(&key, tollgate::Override::new("bucket", 6).burst(10))
+        .await
+        .unwrap();
+    assert_eq!(a.check(&key, 1).await.unwrap().limit(), 10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    // Drained during the outage, then one second: 6 a minute refills 0.1 of a request.
+    while a.check(&key, 1).await.unwrap().is_allowed() {}
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d = a.check(&key, 1).await.unwrap();
+        assert_eq!(d.decided_by(), DecidedBy::Fallback);
+        admitted += u32::from(d.is_allowed());
+    }
+    assert!(
+        admitted <= 1,
+        "{admitted} admitted in a second at an override of 6 a minute"
     );
 }

@@ -66,8 +66,12 @@ pub(crate) fn count<B>(
     let Some(counting) = held.counting.take() else {
         return res;
     };
-    if crate::grpc::content_type(res.headers()).is_some() && grpc_status(res.headers()).is_none() {
+    if res.status() == http::StatusCode::OK
+        && crate::grpc::content_type(res.headers()).is_some()
+        && grpc_status(res.headers()).is_none()
+    {
         // A gRPC call's outcome comes in its trailers: the body decides (`BodyHold::trailers`).
+        // (Another HTTP status with no gRPC one, a proxy's error, is the outcome itself.)
         held.counting = Some(counting);
         return res;
     }

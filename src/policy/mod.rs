@@ -442,7 +442,9 @@ impl Policy {
         if let Some(m) = self.inner.failure_mode {
             b = b.failure_mode(m);
         }
-        let mut overriding = b.build()?;
+        // The name is the overridden policy's (a local fallback's share may pass the length a
+        // user's name is held to); every value is checked.
+        let mut overriding = b.build_derived()?;
         if let Some(inner) = Arc::get_mut(&mut overriding.inner) {
             inner.plan_limits = Some(self.plan_limits());
         }

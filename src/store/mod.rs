@@ -63,6 +63,11 @@
 //!     fn name(&self) -> &'static str {
 //!         "counted"
 //!     }
+//!
+//!     // Forwarded, so that a policy's failure mode on a plain store is refused when built.
+//!     fn applies_failure_modes(&self) -> bool {
+//!         self.inner.applies_failure_modes()
+//!     }
 //! }
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -223,11 +228,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         0
     }
 
-    /// Whether this store answers by a [failure mode](FailureMode) when its backend fails,
-    /// and so reads a policy's own ([`PolicyBuilder::failure_mode`](crate::PolicyBuilder::failure_mode)).
-    /// Only [`ResilientStore`] does; a limiter whose policies set a failure mode on a store
-    /// that does not is refused when built (nothing would read the setting). Wrappers that
-    /// forward to a store forward this too.
+    /// Whether this store may answer by a [failure mode](FailureMode) when its backend fails,
+    /// and so read a policy's own ([`PolicyBuilder::failure_mode`](crate::PolicyBuilder::failure_mode)).
+    /// A limiter whose policies set a failure mode on a store that says `false` is refused
+    /// when built (nothing would read the setting). tollgate's own stores say `false`, but
+    /// [`ResilientStore`] and [`DynStore`] (which asks the store it holds); the default is
+    /// `true`, so that a wrapper of your own around a `ResilientStore` keeps its policies'
+    /// modes without saying so (a wrapper around another store may forward this to be
+    /// checked too).
     ///
     /// ```
     /// use tollgate::store::{FailureMode, MemoryStore, ResilientStore, Store};
@@ -238,7 +246,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     fn applies_failure_modes(&self) -> bool {
-        false
+        true
     }
 }
 

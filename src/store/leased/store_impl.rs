@@ -140,6 +140,10 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         "leased"
     }
 
+    fn applies_failure_modes(&self) -> bool {
+        false
+    }
+
     fn generation(&self) -> u64 {
         self.shared.inner.generation()
     }

@@ -150,6 +150,10 @@ impl Store for MemoryStore {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    fn applies_failure_modes(&self) -> bool {
+        false
+    }
 }
 
 impl OverrideStore for MemoryStore {

@@ -39,6 +39,10 @@ macro_rules! engine_store {
                 $name
             }
 
+            fn applies_failure_modes(&self) -> bool {
+                false
+            }
+
             fn generation(&self) -> u64 {
                 self.core.generation()
             }

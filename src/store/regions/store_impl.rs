@@ -49,6 +49,10 @@ impl<H: LeaseBackend> Store for RegionalLedger<H> {
         "regional"
     }
 
+    fn applies_failure_modes(&self) -> bool {
+        false
+    }
+
     /// Changes when the home's or the region's Redis restarts or fails over.
     fn generation(&self) -> u64 {
         self.inner

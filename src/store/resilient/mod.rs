@@ -86,8 +86,9 @@
 //! among the replicas) through an outage, and one raised keeps its raise. **Bound**: an
 //! override set or removed anywhere is followed from the first request of its key that the
 //! store answers after it, plus one store call (at most once a second per key while the
-//! store answers the same limits); one set or removed during the outage is not seen until
-//! the store is back.
+//! store answers the same limits), but for one set elsewhere that changes only a token
+//! bucket's or GCRA policy's rate (its answers show the burst, unchanged); one set or
+//! removed during the outage is not seen until the store is back.
 //!
 //! A call that times out may still be executed by the store. It is not abandoned: it runs to
 //! its end in the background (for at most ten times the timeout, at least 1 s) and its answer
@@ -336,6 +337,9 @@ impl<S: Store> Inner<S> {
         let (idx, fps, fcosts) = self.fallback_parts(policies, costs);
         if fps.is_empty() {
             return;
+        }
+        if self.followed.take_changed(key) {
+            self.follow_overrides(key, policies, store);
         }
         if store.is_allowed() {
             // Admitted by the store and not yet charged here (a late answer for a request the

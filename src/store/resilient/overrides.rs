@@ -7,15 +7,20 @@
 //!
 //! an override shows in the store's answers, whose limit is the one in force for the key, so
 //! when the limit the store answered and the fallback's differ, the store's overrides of that
-//! key are read off the request path and copied: at most once a second per key, and at once
-//! after an override set or removed through this store.
+//! key are read off the request path and copied: at most once a second per key while the
+//! store answers the same limits. An override set or removed through this store is read at
+//! its key's next answer, whatever that shows.
 //!
 //! **Bound**: an override set or removed anywhere (this instance, another, the admin API of
 //! another process) is followed by the fallback from the first request of its key that the
-//! store answers after it, plus one store call. One set or removed during the outage is not:
-//! the store, where it lives, cannot be read.
+//! store answers after it, plus one store call; but one set elsewhere that changes only a
+//! token bucket's or GCRA policy's rate and keeps its burst leaves the answers' limit (the
+//! burst) as it was, and is followed only once the key's limits differ for another reason.
+//! One set or removed during the outage is not followed: the store, where it lives, cannot
+//! be read.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -32,6 +37,27 @@ use crate::store::{Store, StoreExt};
 #[derive(Default)]
 pub(super) struct Followed {
     read_at: parking_lot::Mutex<HashMap<Key, (u64, Limits)>>,
+    /// Keys whose override was set or removed through this store, to read at their next
+    /// answer whatever it shows (an override of a bucket's rate alone leaves its answers'
+    /// limit, the burst, as it was); `any_changed` spares the lock when there are none.
+    changed: parking_lot::Mutex<HashSet<Key>>,
+    any_changed: AtomicBool,
+}
+
+impl Followed {
+    /// Whether `key`'s override was set or removed through this store since its last read;
+    /// forgets it.
+    pub(super) fn take_changed(&self, key: &Key) -> bool {
+        if !self.any_changed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut changed = self.changed.lock();
+        let hit = changed.remove(key);
+        if changed.is_empty() {
+            self.any_changed.store(false, Ordering::Release);
+        }
+        hit
+    }
 }
 
 /// The limits a store's answer held, per policy.
@@ -111,9 +137,15 @@ impl<S: Store> Inner<S> {
             && self.fallback_policy(policy, replicas).name() != policy.name()
     }
 
-    /// Lets the next answer for `key` read its overrides at once: one was set or removed.
+    /// Lets the next answer for `key` read its overrides at once, whatever it shows: one was
+    /// set or removed through this store.
     pub(super) fn override_changed(&self, key: &Key) {
         self.followed.read_at.lock().remove(key);
+        let mut changed = self.followed.changed.lock();
+        if changed.len() < MAX_FOLLOWED {
+            changed.insert(key.clone());
+            self.followed.any_changed.store(true, Ordering::Release);
+        }
     }
 
     /// Reads `key`'s overrides of `policies` from the store, off the request path, and copies

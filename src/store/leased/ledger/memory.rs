@@ -194,6 +194,10 @@ impl Store for MemoryLedger {
     fn name(&self) -> &'static str {
         "memory-ledger"
     }
+
+    fn applies_failure_modes(&self) -> bool {
+        false
+    }
 }
 
 /// Overrides of leasable policies are the ledger's; the rest are the exact store's.
