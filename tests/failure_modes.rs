@@ -610,14 +610,7 @@ async fn the_local_fallback_divides_an_override_among_replicas() {
         .await
         .unwrap();
     assert_eq!(a.check(&key, 1).await.unwrap().limit(), 40);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.cut();
-    let mut admitted = 0;
-    for _ in 0..30 {
-        let d = a.check(&key, 1).await.unwrap();
-        assert_eq!((d.limit(), d.decided_by()), (10, DecidedBy::Fallback));
-        admitted += u32::from(d.is_allowed());
-    }
+    let admitted = admitted_in_outage(&proxy, &a, &key, 30, 10).await;
     // The request the store admitted was counted by the fallback too.
     assert_eq!(
         admitted, 9,
@@ -638,15 +631,28 @@ async fn the_local_fallback_keeps_an_override_of_a_long_named_policy() {
         .await
         .unwrap();
     assert_eq!(a.check(&key, 1).await.unwrap().limit(), 5);
+    let admitted = admitted_in_outage(&proxy, &a, &key, 20, 5).await;
+    assert_eq!(admitted, 4, "the override's 5, one used before the outage");
+}
+
+/// Lets the fallback read the key's overrides, cuts the link, and checks `key` `n` times:
+/// each decided by the fallback at `limit`. Answers how many were admitted.
+async fn admitted_in_outage(
+    proxy: &support::proxy::Proxy,
+    a: &Limiter<ResilientStore<RedisStore>>,
+    key: &Key,
+    n: usize,
+    limit: u64,
+) -> u32 {
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.cut();
     let mut admitted = 0;
-    for _ in 0..20 {
-        let d = a.check(&key, 1).await.unwrap();
-        assert_eq!((d.limit(), d.decided_by()), (5, DecidedBy::Fallback));
+    for _ in 0..n {
+        let d = a.check(key, 1).await.unwrap();
+        assert_eq!((d.limit(), d.decided_by()), (limit, DecidedBy::Fallback));
         admitted += u32::from(d.is_allowed());
     }
-    assert_eq!(admitted, 4, "the override's 5, one used before the outage");
+    admitted
 }
 
 // An override that slows a token bucket's refill and keeps its burst shows in no answer's
