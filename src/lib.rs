@@ -185,6 +185,7 @@
 //! │   │   ├── entries.rs     per key: observed rate, block, refusal; answers without a call
 //! │   │   ├── grant.rs       a request decided from a new block or by one ledger call
 //! │   │   ├── give_back.rs   unused units and untaken requests given back to the ledger
+//! │   │   ├── charges.rs     units charged at the ledger outside blocks, to name their give-backs
 //! │   │   ├── finishing.rs   a grant runs to its end when its caller gives up
 //! │   │   ├── store_impl.rs  the Store implementation: leased and exact policies, all or nothing
 //! │   │   ├── table.rs       the keys tracked, and the filter that keeps one-off keys out

@@ -1221,6 +1221,14 @@ async fn large_estimate_settled_low<S: Store + Clone>(store: S, tag: &str) {
         "{tag}: 0 of 1000 used, yet 900 refused: {:?}",
         r.decision()
     );
+    r.keep();
+    // Given back no more than was charged: 900 of 1000 stand.
+    let over = limiter.reserve(&key, 200).await.unwrap();
+    assert!(
+        !over.decision().is_allowed(),
+        "{tag}: 900 of 1000 used, yet 200 more admitted: {:?}",
+        over.decision()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1239,7 +1247,8 @@ async fn large_estimate_settled_low_leased_redis_and_regions() {
     let ledger = RegionalLedger::builder("eu", store(&local.url()), store(&home.url()))
         .build()
         .unwrap();
-    cold_give_back_is_dropped_in_a_region(ledger).await;
+    large_estimate_settled_low(LeasedStore::new(ledger.clone()), "region").await;
+    assert_eq!(ledger.stats().units_dropped, 0, "{:?}", ledger.stats());
 }
 
 /// Concurrent reservations settled at random costs: the store ends with exactly the sum of
@@ -1364,31 +1373,10 @@ async fn raised_override_reservation_all_stores() {
     };
     raised_override_reservation(store(&home.url()), "redis").await;
     raised_override_reservation(LeasedStore::new(store(&home.url())), "leased-redis").await;
-    // A region keeps a cold give-back charged (documented in `store::regions`): counted as
-    // dropped.
     let ledger = RegionalLedger::builder("eu", store(&local.url()), store(&home.url()))
         .build()
         .unwrap();
-    cold_give_back_is_dropped_in_a_region(ledger).await;
-}
-
-async fn cold_give_back_is_dropped_in_a_region(ledger: tollgate::store::regions::RegionalLedger) {
-    let limiter = Limiter::builder()
-        .store(tollgate::store::leased::LeasedStore::new(ledger.clone()))
-        .policy(Policy::new("tokens", Rate::per_minute(1_000)).unwrap())
-        .build()
-        .unwrap();
-    let key = Key::new("tenant", "cold-region");
-    let dropped = ledger.stats().units_dropped;
-    let r = limiter.reserve(&key, 900).await.unwrap();
-    assert!(r.decision().is_allowed());
-    r.settle(100).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        ledger.stats().units_dropped >= dropped + 800,
-        "{:?}",
-        ledger.stats()
-    );
+    raised_override_reservation(LeasedStore::new(ledger), "region").await;
 }
 
 /// `check` keeps nothing: an in-flight slot it took goes back at once, so checks one after

@@ -123,6 +123,7 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 entries: super::table::EntryTable::new(self.max_keys),
                 next_id: AtomicU64::new(seed >> 1),
+                charges: Default::default(),
                 counters: Counters::default(),
                 sweeper: AtomicBool::new(false),
             }),

@@ -76,15 +76,36 @@ impl<S: LeaseBackend> Shared<S> {
         let held = self
             .existing(key, policies)
             .is_some_and(|e| e.st.lock().block.is_some());
-        let taken = if held {
-            Taken::Nothing
-        } else {
-            Taken::Ledger {
-                id: self.next_id(),
-                at: self.inner.now_millis(),
-            }
-        };
-        self.untake(key, policies, units, taken).await;
+        if held {
+            return self.untake(key, policies, units, Taken::Nothing).await;
+        }
+        // The charges this instance made at the ledger, named, the newest first; what they
+        // do not cover goes unnamed (the ledger takes it off the newest units it counts).
+        let now = self.inner.now_millis();
+        let mut rest: SmallVec<[u64; 2]> = units.iter().copied().collect();
+        for (id, at, back) in self.charges.take(key, policies, &mut rest, now) {
+            self.to_ledger(key, policies, &back, id, at).await;
+        }
+        if rest.iter().any(|&u| u > 0) {
+            self.to_ledger(key, policies, &rest, self.next_id(), now)
+                .await;
+        }
+    }
+
+    /// Gives `costs` back to the ledger as charged by call `id` at `at` (a call it does not
+    /// know: charged outside blocks, named afresh).
+    async fn to_ledger(&self, key: &Key, policies: &[Policy], costs: &[u64], id: u64, at: u64) {
+        let mut call = self.call(LedgerMode::Return, 0, id, policies);
+        for (part, &c) in call.parts.iter_mut().zip(costs) {
+            part.returned = Returned {
+                granted: c,
+                unused: c,
+                granted_at: at,
+                lease_ms: 0,
+                rate: 0,
+            };
+        }
+        let _ = self.inner.ledger(key, policies, call).await;
     }
 
     /// Gives back units a request took, where `taken` says they came from (a mixed request
@@ -119,17 +140,8 @@ impl<S: LeaseBackend> Shared<S> {
                 }
             }
             Taken::Ledger { id, at } => {
-                let mut call = self.call(LedgerMode::Return, 0, id, policies);
-                for (part, &c) in call.parts.iter_mut().zip(costs) {
-                    part.returned = Returned {
-                        granted: c,
-                        unused: c,
-                        granted_at: at,
-                        lease_ms: 0,
-                        rate: 0,
-                    };
-                }
-                let _ = self.inner.ledger(key, policies, call).await;
+                self.charges.forget(key, id);
+                self.to_ledger(key, policies, costs, id, at).await;
             }
         }
     }

@@ -157,7 +157,11 @@ impl<S: LeaseBackend> Shared<S> {
                 "the lease ledger granted a block to a call that asked for none",
             )));
         }
-        Ok(self.install(entry, policies, costs, reply, id, sent, generation))
+        let (decision, taken) = self.install(entry, policies, costs, reply, id, sent, generation);
+        if let (true, Taken::Ledger { id, at }) = (decision.is_allowed(), &taken) {
+            self.charges.record(key, policies, *id, *at, costs);
+        }
+        Ok((decision, taken))
     }
 
     /// Turns a ledger reply into the request's decision, keeping a block or a refusal on

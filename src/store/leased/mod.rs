@@ -80,14 +80,18 @@
 //! **Costs settled below their reservation, and refunds, come back**, as far as that is
 //! safe. With no block in hand for the key's policies (a cold key, or a request too large
 //! for a block, charged at the ledger), they go to the ledger: a metered request with a
-//! large estimate is charged what it used, as on the exact stores. With a block in hand,
+//! large estimate is charged what it used, as on the exact stores. The instance keeps its
+//! last charges at the ledger per key (8 a key, 4 096 keys, each until its longest window
+//! ends), and a give-back names them, the newest first, up to what each charged: the ledger
+//! takes it off that very charge, and a [region](crate::store::regions) sends it to the home
+//! that decided it. With a block in hand,
 //! they go into it, up to what has been spent of it (a block never holds more than it was
 //! granted), and what does not fit is dropped: the key is charged it, as if it had been
 //! used. Giving it to the ledger instead could free units the block still holds, were the
 //! give-back of more than the key was charged (the ledger cannot tell). In the ledger's
-//! sliding window log, a give-back to the ledger comes off its newest entries whose lease has
-//! ended (as the exact log takes a refund off its newest entries); a block still leased, and
-//! a debt (both dated ahead), keep their units. Bound, for a give-back to the ledger of more than
+//! sliding window log, a give-back the instance cannot name comes off the log's newest
+//! entries whose lease has ended (as the exact log takes a refund off its newest entries); a
+//! block still leased, and a debt (both dated ahead), keep their units. Bound, for a give-back to the ledger of more than
 //! the key was charged (a refund applied twice, or of a request never charged): the ledger's
 //! count goes down to a fresh state, as on the exact stores, and so may free units of blocks
 //! other instances (or this one, for another set of policies on the key) hold: at most one
@@ -215,6 +219,7 @@
 //! [`ResilientStore`]: crate::store::ResilientStore
 
 mod builder;
+mod charges;
 mod entries;
 mod finishing;
 mod give_back;

@@ -69,6 +69,8 @@ pub(super) struct Shared<S> {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) entries: table::EntryTable,
     pub(super) next_id: AtomicU64,
+    /// The units charged at the ledger outside blocks, to name their give-backs.
+    pub(super) charges: super::charges::ExactCharges,
     pub(super) counters: Counters,
     pub(super) sweeper: AtomicBool,
 }

@@ -275,6 +275,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
         let lp = pick(policies, &li);
         if !lp.is_empty() {
             self.shared.entries.retain(|e| e.key != *key);
+            self.shared.charges.forget_key(key);
         }
         let shared = self.shared.clone();
         let key = key.clone();

@@ -493,6 +493,11 @@ impl<H: LeaseBackend> Region<H> {
             // The renewal ends: the next caller may start another.
             let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
         }
+        if let (Some((request, _)), true) = (&costs, done.installed) {
+            // The waiting request's units were charged at the home with the block: a give-back
+            // of them (capped by the instance at what it was charged) goes home.
+            self.remember(*request, Origin::Home(reply.now_ms));
+        }
         Ok(costs.map(|(_, c)| waiting_request(&reply, &new, &c, done.installed, took.now)))
     }
 

@@ -77,11 +77,14 @@
 //! grants and renewals run to their end without their caller. Units that could not go home
 //! (a failed return, a block given back after its deposit went home, a renewal a reset
 //! overtook) are counted in [`RegionStats::units_dropped`] and
-//! `tollgate_region_units_total{flow="dropped"}`. So are the units a settlement or refund
-//! gives back when its instance no longer holds the block they came from (a large estimate,
-//! a cold key): such a request stays charged its estimate in a region, where the other
-//! stores charge what it used (the safe way: taking them off the home's count could let a
-//! give-back of more than was charged free units a deposit still holds).
+//! `tollgate_region_units_total{flow="dropped"}`. A settlement or refund of a request the
+//! home decided (a large estimate, a cold key: charged at the home, exactly or with the block
+//! it waited for) goes home when its instance names it (see
+//! [leased quotas](crate::store::leased): the instance keeps its last charges per key), up to
+//! what the request was charged; one it cannot name (the charge forgotten, or a give-back of
+//! more than was charged) is dropped and counted so: the request then stays charged its
+//! estimate, the safe way (taking unnamed units off the home's count could free units a
+//! deposit still holds).
 //!
 //! # Latency
 //!
