@@ -902,6 +902,29 @@ async fn settings_nothing_would_read_are_refused_naming_the_field() {
          lease_time = \"250ms 500us\"\n{api}[default]\npolicies = [\"api\"]\n"
     ));
     assert!(e.field().ends_with("lease_time"), "{e}");
+    // A forwarding header on a client-address key that trusts no proxy: never read, and
+    // behind a proxy every client would share its address.
+    for kind in ["client_ip", "ip_user_agent"] {
+        let e = refused(format!(
+            "[key]\nkind = \"{kind}\"\nheader = \"x-real-ip\"\n{api}[default]\npolicies = [\"api\"]\n"
+        ));
+        assert_eq!(e.field(), "key.header", "{e}");
+    }
+    // A fallback after a global key, which is always there.
+    let e = refused(format!(
+        "[key]\nkind = \"global\"\n[key.fallback]\nkind = \"peer_ip\"\n{api}[default]\npolicies = [\"api\"]\n"
+    ));
+    assert_eq!(e.field(), "key.fallback", "{e}");
+    // A login body cap of 0, under which every login would be refused.
+    let login = "[[policies]]\nname = \"l\"\nlimit = 5\nwindow = \"15m\"\nalgorithm = \"sliding_window_log\"\n";
+    let plan = Plan::from_toml(&format!(
+        "{api}{login}[default]\npolicies = [\"api\"]\n[login]\nroutes = [\"POST /login\"]\n\
+         username_field = \"username\"\nmax_body_bytes = 0\nip_username = \"l\"\nip = \"l\"\n\
+         username = \"l\"\n"
+    ))
+    .unwrap();
+    let e = plan.build().unwrap_err();
+    assert_eq!(e.field(), "login.max_body_bytes", "{e}");
 
     use std::time::Duration;
     use tollgate::store::{FailureMode, MemoryStore, RedisStore, ResilientStore};

@@ -283,3 +283,54 @@ async fn a_reload_refuses_only_audit_errors_the_plan_in_force_did_not_have() {
     let error = limiter.reload_plan(&fixed).expect_err("a new audit error");
     assert!(error.to_string().contains("TG001"), "{error}");
 }
+
+/// The login guard keys client addresses by `[key]` when `[login]` has no `ip_key` of its
+/// own, once, at start: a reload that changes `[key]` (an operator who stops trusting a
+/// proxy) would leave the guard believing `X-Forwarded-For`, and is refused naming `key`.
+/// With an `ip_key` of its own, `[key]` changes by reload.
+#[tokio::test]
+async fn a_reload_that_changes_the_key_the_login_guard_reads_is_refused() {
+    let plan = |key: &str, ip_key: &str| {
+        Plan::from_toml(&format!(
+            r#"
+{key}
+[[policies]]
+name = "api"
+limit = 100
+window = "1m"
+
+[[policies]]
+name = "login"
+limit = 2
+window = "15m"
+algorithm = "sliding_window_log"
+
+[default]
+policies = ["api"]
+
+[login]
+routes = ["POST /login"]
+username_field = "username"
+ip_username = "login"
+ip = "login"
+username = "login"
+{ip_key}
+"#
+        ))
+        .unwrap()
+    };
+    let trusting = "[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"127.0.0.0/8\"]\n";
+    let peer = "[key]\nkind = \"peer_ip\"\n";
+    let limiter = Limiter::from_config(&plan(trusting, "")).unwrap();
+    let error = limiter
+        .reload_plan(&plan(peer, ""))
+        .expect_err("the guard reads [key]");
+    assert_eq!(error.field(), "key", "{error}");
+    assert!(error.to_string().contains("restart"), "{error}");
+
+    let own = "[login.ip_key]\nkind = \"peer_ip\"\n";
+    let limiter = Limiter::from_config(&plan(trusting, own)).unwrap();
+    limiter
+        .reload_plan(&plan(peer, own))
+        .expect("the guard has a key of its own");
+}

@@ -130,6 +130,27 @@ fn read_at_start(in_force: &Plan, next: &Plan) -> Option<ConfigError> {
                 &login_policies(next),
             )
         })
+        .or_else(|| {
+            // Without an `ip_key` of its own, the login guard keys its addresses by [key].
+            let guard_key = |plan: &Plan| {
+                plan.login
+                    .as_ref()
+                    .map(|l| l.ip_key.clone().unwrap_or_else(|| plan.key.clone()))
+            };
+            (guard_key(in_force) != guard_key(next)).then(|| {
+                ConfigError::new(
+                    if next.login.as_ref().is_some_and(|l| l.ip_key.is_some()) {
+                        "login.ip_key"
+                    } else {
+                        "key"
+                    },
+                    "(changed)",
+                    "the login guard keys client addresses by it, read once, at start (a \
+                     reload would leave the guard on the old key); restart to change it (with an \
+                     ip_key of its own in [login], [key] can change by reload)",
+                )
+            })
+        })
         .or_else(|| changed("header_style", &in_force.header_style, &next.header_style))
         .or_else(|| {
             changed(

@@ -307,7 +307,8 @@ impl<St> LoginLayer<St> {
         self.edit(|s| s.rendering.retry_after = enabled)
     }
 
-    /// The largest body buffered to read the username (default 16 KiB).
+    /// The largest body buffered to read the username (default 16 KiB). A larger body is
+    /// refused (413) before the guard is asked; 0 refuses every body (a plan refuses it).
     ///
     /// See [`from_body_fn`](Self::from_body_fn) for an example.
     pub fn max_body_bytes(self, max: usize) -> Self {

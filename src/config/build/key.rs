@@ -122,14 +122,24 @@ impl KeyConfig {
             ),
             ("secret_env", quoted(&self.secret_env), kind == ApiKey),
         ];
-        match settings.into_iter().find(|(_, set, read)| set.is_some() && !*read) {
-            Some((setting, value, _)) => Err(ConfigError::new(
+        if let Some((setting, value, _)) = settings
+            .into_iter()
+            .find(|(_, set, read)| set.is_some() && !*read)
+        {
+            return Err(ConfigError::new(
                 format!("{path}.{setting}"),
                 value.unwrap_or_default(),
                 format!("a key of kind {kind:?} does not read {setting}: delete it or change {path}.kind"),
-            )),
-            None => Ok(()),
+            ));
         }
+        if kind == Global && self.fallback.is_some() {
+            return Err(ConfigError::new(
+                format!("{path}.fallback"),
+                "(set)",
+                "a global key is always there, so its fallback would never be used: delete it",
+            ));
+        }
+        Ok(())
     }
 
     fn client_ip(&self, path: &str, ipv6_prefix: u8) -> Result<crate::key::ClientIp, ConfigError> {
@@ -141,6 +151,19 @@ impl KeyConfig {
             .map_err(|e| e.within(path))?;
         if let Some(h) = &self.header {
             ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within(path))?);
+            // Read only from a trusted proxy's request: with none trusted, never.
+            if self.trusted_proxies.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{path}.header"),
+                    format_args!("{h:?}"),
+                    format!(
+                        "a key of kind {:?} reads its header only from the proxies it trusts, \
+                         and {path}.trusted_proxies lists none: list your proxies, or delete the \
+                         header (every client would be keyed by the proxy's address)",
+                        self.kind
+                    ),
+                ));
+            }
         }
         Ok(ip)
     }

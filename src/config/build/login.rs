@@ -186,6 +186,14 @@ fn login_layer<S: Store + Clone>(
             ))
         }
         (None, Some(field)) => {
+            if l.max_body_bytes == Some(0) {
+                return Err(ConfigError::new(
+                    "login.max_body_bytes",
+                    0,
+                    "no body fits in 0 bytes: every login would be refused (413); give the \
+                     largest login body to read (the default is 16384)",
+                ));
+            }
             let layer = LoginLayer::json_field(guard, field.clone());
             Ok(match l.max_body_bytes {
                 Some(max) => layer.max_body_bytes(max),
