@@ -418,10 +418,11 @@ local function give(p, id)
         redis.call('ZADD', p.key, min(tonumber(score), now), id)
         redis.call('HSET', p.units_key, id, int(left))
       end
-    elseif lease == 0 and u > 0 then
-      -- Units charged outside blocks (the give-back names no charge): off the newest entries
-      -- that still count and whose lease has ended; a live block's or a debt's keep theirs
-      -- (untake_newest in src/store/leased/ledger/run.rs).
+    elseif lease == 0 and u > 0 and g + p.window > now then
+      -- Units charged outside blocks, still counting, whose entry is not known (named afresh,
+      -- or reset since): off the newest entries that still count and whose lease has ended;
+      -- a live block's or a debt's keep theirs (untake_newest in
+      -- src/store/leased/ledger/run.rs). Units charged a window ago or more count no more.
       local ended = redis.call('ZREVRANGEBYSCORE', p.key, int(now), '(' .. int(now - p.window))
       for j = 1, #ended do
         if u <= 0 then

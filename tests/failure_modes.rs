@@ -160,6 +160,47 @@ async fn the_login_guard_refuses_in_local_fallback_rather_than_failing() {
     );
 }
 
+/// During an outage the login guard says how its attempts were decided (the failure mode,
+/// not `Decided`), a fail-closed refusal is the store's 503 (not a lockout the user did not
+/// earn), and once the circuit is open `record_success` fails at once instead of waiting
+/// out the store's timeout on every successful login.
+#[tokio::test]
+async fn the_login_guard_reports_the_failure_mode_and_skips_an_open_circuit() {
+    for (mode, outcome) in [
+        (FailureMode::FailOpen, DecidedBy::FailOpen),
+        (
+            FailureMode::LocalFallback { replicas: 1 },
+            DecidedBy::Fallback,
+        ),
+        (FailureMode::FailClosed, DecidedBy::FailClosed),
+    ] {
+        let store = ResilientStore::builder(dead_redis(), mode)
+            .circuit_breaker(1, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let guard = LoginGuard::builder().store(store).build().unwrap();
+        let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.7"), "alice");
+        let decision = guard.check(&attempt).await.unwrap();
+        assert_eq!(decision.decision().decided_by(), outcome, "{mode:?}");
+        if mode == FailureMode::FailClosed {
+            let refusal = decision.refusal().expect("fail closed refuses");
+            assert_eq!(refusal.status(), 503, "{mode:?}");
+            assert_eq!(refusal.kind(), tollgate::RefusalKind::StoreUnavailable);
+        } else {
+            assert!(decision.is_allowed(), "{mode:?}");
+        }
+        // The circuit opened at the first failure: the success's reset is not attempted.
+        let error = guard.record_success(&attempt).await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                tollgate::CheckError::Store(tollgate::StoreError::CircuitOpen)
+            ),
+            "{mode:?}: {error:?}"
+        );
+    }
+}
+
 /// A fallback policy is named after its policy with a suffix; for a name near the 64
 /// characters a user's may have, building it failed and the fallback silently used the
 /// whole limit instead of each instance's share.

@@ -44,7 +44,10 @@
 //! of which tuple tripped (the policies are [sensitive](crate::PolicyBuilder::sensitive)) —
 //! with a `Retry-After` that is the earliest moment every exhausted tuple allows again. (With
 //! different windows per tuple, that value can still hint at which one tripped; give the
-//! three rates one window if even that must not show.)
+//! three rates one window if even that must not show.) While the store is down, the
+//! guard's limits follow the store's failure mode: a limit that fails closed refuses with the
+//! store's 503 (`rate_limiter_unavailable`), not a 429 the user did not earn, and the
+//! decision says which mode decided it ([`DecidedBy`](crate::DecidedBy)).
 //!
 //! # Usernames never reach the store
 //!

@@ -110,7 +110,10 @@ impl LoginDecision {
     }
 
     /// The refusal ([`RefusalKind::LoginRefused`](crate::RefusalKind::LoginRefused)) when
-    /// the attempt is refused, `None` when it may go ahead.
+    /// the attempt is refused, `None` when it may go ahead. An attempt refused because the
+    /// store is down and a limit fails closed gets
+    /// [`RefusalKind::StoreUnavailable`](crate::RefusalKind::StoreUnavailable) (503, as the
+    /// layer answers), not a lockout it did not earn.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -129,6 +132,9 @@ impl LoginDecision {
     /// ```
     pub fn refusal(&self) -> Option<Refusal> {
         (!self.decision.is_allowed()).then(|| {
+            if self.decision.decided_by() == crate::DecidedBy::FailClosed {
+                return Refusal::store_unavailable(None, Some(self.decision.clone()));
+            }
             Refusal::login_refused(
                 self.decision.clone(),
                 Arc::clone(&self.policies),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::{normalise_username, LoginDecision, LoginGuardBuilder, LoginMode, IP, IP_USER, USER};
-use crate::decision::Decision;
+use crate::decision::{DecidedBy, Decision};
 use crate::error::CheckError;
 use crate::key::{Key, RequestView};
 use crate::limiter::Limiter;
@@ -259,6 +259,8 @@ impl<S: Store> LoginGuard<S> {
         // of refusing, never of verifying more passwords than the limits allow.
         let limiters = &self.inner.limiters;
         let mut decisions = Vec::with_capacity(3);
+        // How the attempt was decided: by a failure mode if any of its limits was.
+        let mut outcome = DecidedBy::Decided;
         for (i, (key, limiter)) in attempt.keys.iter().zip(limiters).enumerate() {
             let cost = self.inner.policies[i].cost();
             let resets = limiter.resets_seen();
@@ -277,6 +279,7 @@ impl<S: Store> LoginGuard<S> {
                 Charge::Nowhere => 0,
             };
             attempt.charges[i].store(mark, Ordering::Release);
+            outcome = most_degraded(outcome, d.decided_by());
             decisions.extend(d.policies().first().cloned());
             if refused {
                 self.refund(attempt, 0..i).await;
@@ -284,12 +287,13 @@ impl<S: Store> LoginGuard<S> {
                 // covers every exhausted limit.
                 for (key, limiter) in attempt.keys.iter().zip(limiters).skip(i + 1) {
                     let d = limiter.peek(key).await?;
+                    outcome = most_degraded(outcome, d.decided_by());
                     decisions.extend(d.policies().first().cloned());
                 }
                 break;
             }
         }
-        let decision = Decision::from_policies(decisions);
+        let decision = Decision::from_policies(decisions).with_decided_by(outcome);
         self.record(attempt, &decision);
         Ok(self.decision(decision))
     }
@@ -424,6 +428,24 @@ impl<S: Store> LoginGuard<S> {
             policies: Arc::clone(&self.inner.policies),
             now_millis: self.store().now_millis(),
         }
+    }
+}
+
+/// The outcome of an attempt decided by `a` for some limits and `b` for another: a failure
+/// mode's over the store's, failing closed over a local fallback over failing open (the one
+/// an operator must hear of first).
+fn most_degraded(a: DecidedBy, b: DecidedBy) -> DecidedBy {
+    let rank = |d: DecidedBy| match d {
+        DecidedBy::FailClosed => 4,
+        DecidedBy::Fallback => 3,
+        DecidedBy::FailOpen => 2,
+        DecidedBy::CachedDeny => 1,
+        _ => 0,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
     }
 }
 

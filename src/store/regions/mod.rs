@@ -84,7 +84,10 @@
 //! what the request was charged; one it cannot name (the charge forgotten, or a give-back of
 //! more than was charged) is dropped and counted so: the request then stays charged its
 //! estimate, the safe way (taking unnamed units off the home's count could free units a
-//! deposit still holds).
+//! deposit still holds). As on every store, a give-back of a charge made before a reset
+//! that another process made is not told from the charges made since
+//! ([`Op::Refund`](crate::store::Op::Refund)): it comes off those, at most what the
+//! request was charged.
 //!
 //! # Latency
 //!

@@ -96,8 +96,8 @@ impl<S: Store> Store for ResilientStore<S> {
     }
 
     /// Peeks go through the breaker and within the store's timeout, and are answered by the
-    /// failure modes (charging nothing) when the store cannot answer; resets go to the store
-    /// within its timeout; refunds, settlements and slot operations go through the breaker
+    /// failure modes (charging nothing) when the store cannot answer; resets go through the
+    /// breaker and within the timeout, and fail at once while the circuit is open; refunds, settlements and slot operations go through the breaker
     /// too, and to the local fallback (see [Refunds](crate::store::resilient#refunds)).
     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
@@ -117,7 +117,11 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         match op {
             Op::Peek { costs } => self.peek(key, policies, costs),
-            Op::Reset => self.within_timeout(inner.primary.apply(key, policies, op)),
+            // Through the breaker: while the circuit is open a reset fails at once (the login
+            // guard's `record_success` ends with one) rather than waiting out the timeout.
+            Op::Reset => self
+                .guarded(|primary| primary.apply(key, policies, op))
+                .unwrap_or_else(|| Box::pin(std::future::ready(Err(StoreError::CircuitOpen)))),
             // Slot 0 names no slot of the store's (the failure mode decided the request).
             Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
                 Box::pin(std::future::ready(Ok(Applied::Done)))

@@ -350,7 +350,10 @@ fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64,
                 } else {
                     log.insert(id, (end.min(now), units - unused));
                 }
-            } else if valid == 0 {
+            } else if valid == 0 && g.saturating_add(part.window_ms) > now {
+                // A charge outside blocks still counting, whose entry is not known (named
+                // afresh, or reset since): off the newest ended entries. One charged a
+                // window ago or more no longer counts: nothing to give back.
                 untake_newest(log, part.window_ms, now, unused);
             }
         }

@@ -399,3 +399,62 @@ fn ledger_replies_of_the_wrong_shape_are_protocol_errors() {
         );
     }
 }
+
+/// A give-back naming a charge whose log entry left its window (pruned by a peek in Redis,
+/// still in the Rust map) gives nothing back in either ledger: those units count no more.
+#[test]
+fn a_give_back_naming_an_entry_gone_from_its_window_gives_nothing() {
+    let server = Server::start();
+    let mut conn = server.connection().unwrap();
+    let (state, units, over) = (
+        "tg-named-gone:{k}",
+        "tg-named-gone:{k}:u",
+        "tg-named-gone:{k}:ovr",
+    );
+    let keys = Keys { state, units, over };
+    let base = Part {
+        kind: Kind::Log,
+        limit: 7,
+        window_ms: 1_000,
+        capacity: 7,
+        cost: 0,
+        wanted: 0,
+        returned: Returned::default(),
+    };
+    let grant = |id: u64, cost: u64| {
+        let mut p = base;
+        p.cost = cost;
+        p.wanted = cost;
+        call(LedgerMode::Grant, 0, id, 0, p)
+    };
+    let peek = || {
+        let mut p = base;
+        p.cost = 1;
+        call(LedgerMode::Peek, 0, 0, 0, p)
+    };
+    let t0 = 1_700_000_000_000u64;
+    let named = {
+        let mut p = base;
+        p.returned = Returned {
+            granted: 3,
+            unused: 3,
+            granted_at: t0,
+            lease_ms: 0,
+            rate: 0,
+        };
+        call(LedgerMode::Return, 0, 1, 0, p)
+    };
+    let steps = [
+        (grant(1, 3), t0),
+        (grant(2, 3), t0 + 500),
+        (peek(), t0 + 1_100),
+        (named, t0 + 1_100),
+        (peek(), t0 + 1_100),
+    ];
+    let mut states: [Option<LState>; 1] = [None];
+    for (c, now) in steps {
+        let want = run(&c, &mut states, now);
+        let got = lua(&mut conn, &keys, &c, now);
+        assert_eq!(got, want, "{:?} at {}", c.mode, now - t0);
+    }
+}
