@@ -727,3 +727,52 @@ async fn the_local_fallback_keeps_a_rate_only_override_set_through_it() {
         "{admitted} admitted in a second at an override of 6 a minute"
     );
 }
+
+// A charge that times out during a stall may still reach Redis when it heals and take its
+// slot; nobody holds it (the request was decided by the failure mode and has ended), so it
+// must be released rather than block the key for the whole lease (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_by_a_charge_that_timed_out_in_a_stall_is_released() {
+    for mode in [
+        FailureMode::FailOpen,
+        FailureMode::FailClosed,
+        FailureMode::LocalFallback { replicas: 1 },
+    ] {
+        let server = support::RedisServer::start();
+        let proxy = support::proxy::Proxy::start(server.port()).await;
+        let redis = RedisStore::builder()
+            .timeout(Duration::from_millis(100))
+            .build_with_url(&proxy.url())
+            .unwrap();
+        let store = ResilientStore::builder(redis, mode)
+            .timeout(Duration::from_millis(50))
+            .circuit_breaker(2, Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let limiter = Limiter::builder()
+            .store(store)
+            .policy(Policy::in_flight("running", 1).unwrap())
+            .build()
+            .unwrap();
+        let key = Key::new("job", "k");
+        drop(limiter.acquire(&Key::new("job", "warm")).await.unwrap());
+        proxy.hold();
+        let permit = limiter.acquire(&key).await.unwrap();
+        assert_ne!(permit.decided_by(), DecidedBy::Decided, "{mode:?}");
+        drop(permit);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        proxy.release();
+        // The stalled charge lands, then its release (retried until the store answers).
+        let mut held = u64::MAX;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held = server
+                .query(&["ZCARD", "tollgate:{job:k}:running:inf"])
+                .unwrap();
+            if held == 0 {
+                break;
+            }
+        }
+        assert_eq!(held, 0, "{mode:?}: a slot nobody holds is left in Redis");
+    }
+}

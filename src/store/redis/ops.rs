@@ -168,7 +168,9 @@ impl<C: Connector> Core<C> {
 /// an HTTP/2 stream reset) does not need the reply to give it back: when this future is
 /// dropped unfinished, the call it was waiting on is finished on the current Tokio runtime
 /// and, if it took the slot, the slot is released at once. The release is sent after the
-/// charge's reply, so it cannot overtake the charge on another connection. Without a
+/// charge's reply, so it cannot overtake the charge on another connection. A charge that
+/// ends in an error (the store's own timeout during a stall, a connection lost) may still
+/// run in Redis later: its slot is released anyway ([`release_unanswered`]). Without a
 /// runtime (dropped outside one), the slot comes back when it expires.
 struct SlotCharge<C: Connector> {
     /// `None` once answered.
@@ -194,6 +196,9 @@ impl<C: Connector> Future for SlotCharge<C> {
         };
         let outcome = std::task::ready!(call.as_mut().poll(cx));
         self.call = None;
+        if outcome.is_err() {
+            self.release_unanswered();
+        }
         let slot = self.slot;
         std::task::Poll::Ready(outcome.map(|d| if d.is_allowed() { d.with_slot(slot) } else { d }))
     }
@@ -216,7 +221,12 @@ impl<C: Connector> Drop for SlotCharge<C> {
         let held = std::mem::take(&mut self.held);
         let slot = self.slot;
         runtime.spawn(async move {
-            if let Ok(decision) = call.await {
+            let outcome = call.await;
+            if outcome.is_err() {
+                release_unanswered(core, key, held, slot).await;
+                return;
+            }
+            if let Ok(decision) = outcome {
                 if decision.is_allowed() {
                     if let Err(error) = core.apply(&key, &held, Op::Release { slot }).await {
                         tracing::warn!(
@@ -228,6 +238,56 @@ impl<C: Connector> Drop for SlotCharge<C> {
                 }
             }
         });
+    }
+}
+
+impl<C: Connector> SlotCharge<C> {
+    /// Releases the slot in the background after a charge answered by an error.
+    fn release_unanswered(&mut self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (core, key, held) = (
+                Arc::clone(&self.core),
+                self.key.clone(),
+                std::mem::take(&mut self.held),
+            );
+            runtime.spawn(release_unanswered(core, key, held, self.slot));
+        }
+    }
+}
+
+/// Releases `slot` after a charge that got no answer (an error: a timeout while Redis
+/// stalled, a lost connection), which Redis may run later all the same. A release of a name
+/// Redis does not hold changes nothing, so it is sent whatever happened: retried while the
+/// store fails (for at most the slot's lease, after which it would have expired anyway),
+/// and sent once more half a second after the first that landed, in case that one overtook
+/// the charge on another connection.
+async fn release_unanswered<C: Connector>(
+    core: Arc<Core<C>>,
+    key: Key,
+    held: SmallVec<[Policy; 1]>,
+    slot: u64,
+) {
+    let lease = held
+        .iter()
+        .map(|p| p.rate().window())
+        .max()
+        .unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + lease;
+    let mut landed = 0;
+    let mut wait = std::time::Duration::from_millis(50);
+    while landed < 2 && tokio::time::Instant::now() < deadline {
+        match core.apply(&key, &held, Op::Release { slot }).await {
+            Ok(_) => {
+                landed += 1;
+                if landed < 2 {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+            }
+            Err(_) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(1));
+            }
+        }
     }
 }
 
