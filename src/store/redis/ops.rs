@@ -260,13 +260,28 @@ impl<C: Connector> SlotCharge<C> {
 /// Redis does not hold changes nothing, so it is sent whatever happened: retried while the
 /// store fails (for at most the slot's lease, after which it would have expired anyway),
 /// and sent once more half a second after the first that landed, in case that one overtook
-/// the charge on another connection.
+/// the charge on another connection. At most [`MAX_UNANSWERED`] run at once in a process:
+/// past that (a long outage under load), a slot is left to its lease rather than pile up
+/// tasks and calls for when the store comes back.
 async fn release_unanswered<C: Connector>(
     core: Arc<Core<C>>,
     key: Key,
     held: SmallVec<[Policy; 1]>,
     slot: u64,
 ) {
+    use std::sync::atomic::Ordering;
+    if UNANSWERED.fetch_add(1, Ordering::AcqRel) >= MAX_UNANSWERED {
+        UNANSWERED.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!(target: "tollgate::store", "too many unanswered in-flight charges being released; this slot comes back when its lease ends");
+        return;
+    }
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            UNANSWERED.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+    let _running = Running;
     let lease = held
         .iter()
         .map(|p| p.rate().window())
@@ -290,6 +305,10 @@ async fn release_unanswered<C: Connector>(
         }
     }
 }
+
+/// The releases of unanswered charges under way in the process, and their cap.
+static UNANSWERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const MAX_UNANSWERED: usize = 1_024;
 
 /// A name for an in-flight slot, unique among the slots held at once, below 2^53 (exact as a
 /// Lua number) and never 0: each process counts up from a random point of the 2^53 − 1
