@@ -776,3 +776,74 @@ async fn a_slot_taken_by_a_charge_that_timed_out_in_a_stall_is_released() {
         assert_eq!(held, 0, "{mode:?}: a slot nobody holds is left in Redis");
     }
 }
+
+/// Every call of `cmd` that reached Redis: executed (failed or not) or rejected (OOM).
+fn all_calls(server: &support::RedisServer, cmd: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{cmd}:");
+    let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return 0;
+    };
+    line.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| matches!(*k, "calls" | "rejected_calls"))
+        .map(|(_, v)| v.trim().parse::<u64>().unwrap())
+        .sum()
+}
+
+fn charges(server: &support::RedisServer) -> u64 {
+    all_calls(server, "evalsha") + all_calls(server, "eval")
+}
+
+/// A full Redis (maxmemory, noeviction) refuses every charge (the script's writes are
+/// OOM) but runs `UNLINK`: resets that succeed (the login guard's `record_success` ends with
+/// one) must not keep the circuit closed while every check fails.
+#[tokio::test]
+async fn resets_that_succeed_do_not_keep_the_circuit_closed() {
+    let server = support::RedisServer::start();
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_millis(500))
+        .build_with_url(&server.url())
+        .unwrap();
+    let store = ResilientStore::builder(redis, FailureMode::FailOpen)
+        .circuit_breaker(3, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(
+            Policy::builder("api", Rate::per_minute(1_000))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert_eq!(d.decided_by(), DecidedBy::Decided, "healthy at first");
+    let _: () = server.query(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let _: () = server
+        .query(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap();
+    let before = charges(&server);
+    let mut resets_ok = 0;
+    for _ in 0..10 {
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert_eq!(
+            d.decided_by(),
+            DecidedBy::FailOpen,
+            "the full store fails charges"
+        );
+        if limiter.reset(&key).await.is_ok() {
+            resets_ok += 1;
+        }
+    }
+    let reached = charges(&server) - before;
+    eprintln!(
+        "resets that succeeded: {resets_ok}/10; charges that reached the full Redis: {reached}"
+    );
+    assert!(
+        reached <= 3,
+        "threshold 3: the circuit should open after 3 consecutive failed charges, yet {reached} charges reached Redis ({resets_ok} resets succeeded in between)"
+    );
+}

@@ -117,11 +117,7 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         match op {
             Op::Peek { costs } => self.peek(key, policies, costs),
-            // Through the breaker: while the circuit is open a reset fails at once (the login
-            // guard's `record_success` ends with one) rather than waiting out the timeout.
-            Op::Reset => self
-                .guarded(|primary| primary.apply(key, policies, op))
-                .unwrap_or_else(|| Box::pin(std::future::ready(Err(StoreError::CircuitOpen)))),
+            Op::Reset => self.reset(key, policies),
             // Slot 0 names no slot of the store's (the failure mode decided the request).
             Op::Release { slot: 0 } | Op::Refresh { slot: 0 } => {
                 Box::pin(std::future::ready(Ok(Applied::Done)))
@@ -252,6 +248,31 @@ impl<S: Store> ResilientStore<S> {
                     Ok(Applied::Decision(d))
                 }
             }
+        })
+    }
+
+    /// A reset, within the store's timeout; while the circuit is open it fails at once (the
+    /// login guard's `record_success` ends with one) rather than waiting out the timeout.
+    /// As for a look, a failure counts toward opening the circuit and a success closes
+    /// nothing: a full Redis runs `UNLINK` but refuses the checks' writes, and must still
+    /// open it.
+    fn reset(&self, key: &Key, policies: &[Policy]) -> ApplyFuture {
+        let inner = &self.inner;
+        if inner.breaker.is_open() {
+            telemetry::store_error(&StoreError::CircuitOpen);
+            return Box::pin(std::future::ready(Err(StoreError::CircuitOpen)));
+        }
+        let call = inner.primary.apply(key, policies, Op::Reset);
+        let this = Arc::clone(inner);
+        Box::pin(async move {
+            let result = tokio::time::timeout(this.timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            if let Err(error) = &result {
+                telemetry::store_error(error);
+                this.breaker.failure(this.clock.now_millis(), false);
+            }
+            result
         })
     }
 
