@@ -267,6 +267,7 @@
 //! │   ├── body.rs            RateLimitBody, and request bodies read under a cap
 //! │   ├── rendering.rs       how the layer renders responses and calls the refusal hook
 //! │   ├── held.rs            what an admitted request holds, settled from its response
+//! │   ├── grpc_web.rs        a gRPC-Web response's trailers, read from its body
 //! │   ├── info.rs            RateLimitInfo for handlers
 //! │   └── estimate.rs        EstimateFromJsonLayer: a metered cost from the JSON body
 //! ├── login/                 the login guard

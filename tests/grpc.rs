@@ -431,3 +431,83 @@ async fn a_stream_cut_before_its_status_keeps_its_charge() {
     let status = c.watch(check()).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
 }
+
+/// One gRPC-Web call over HTTP/1 (as a browser's client makes it) of `Health/Check` for
+/// `service`: the status, from the response head (trailers-only) or the trailers frame at
+/// the end of the body.
+async fn grpc_web_check(client: &reqwest::Client, addr: SocketAddr, service: &str) -> String {
+    // The request message: field 1, the service name.
+    let mut message = vec![];
+    if !service.is_empty() {
+        message.extend([0x0a, service.len() as u8]);
+        message.extend(service.as_bytes());
+    }
+    let mut body = vec![0];
+    body.extend((message.len() as u32).to_be_bytes());
+    body.extend(message);
+    let res = client
+        .post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    if let Some(status) = res.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_owned();
+    }
+    let bytes = res.bytes().await.unwrap();
+    let mut rest = &bytes[..];
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let (flag, payload) = (rest[0], &rest[5..5 + len]);
+        if flag & 0x80 != 0 {
+            let text = String::from_utf8_lossy(payload).to_lowercase();
+            return text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("grpc-status:"))
+                .unwrap()
+                .trim()
+                .to_owned();
+        }
+        rest = &rest[5 + len..];
+    }
+    panic!("no grpc-status in {bytes:?}");
+}
+
+// gRPC-Web translated inside the layer: the trailers travel at the end of the body, where the
+// counting rule reads the call's status.
+#[tokio::test]
+async fn counting_reads_the_status_in_a_grpc_web_body() {
+    let clock = ManualClock::new(T0);
+    let limiter = counting(&clock, 2, tollgate::route::CountWhen::failures());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let layers = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter))
+        .layer(tonic_web::GrpcWebLayer::new())
+        .into_inner();
+    tokio::spawn(async move {
+        Server::builder()
+            .accept_http1(true)
+            .layer(layers)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        // OK, in the body's trailers: refunded.
+        assert_eq!(grpc_web_check(&client, addr, "").await, "0");
+    }
+    for _ in 0..2 {
+        assert_eq!(grpc_web_check(&client, addr, "no.such.Service").await, "5");
+    }
+    assert_eq!(
+        grpc_web_check(&client, addr, "").await,
+        "8",
+        "RESOURCE_EXHAUSTED"
+    );
+}

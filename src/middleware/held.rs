@@ -15,8 +15,9 @@
 //! request is admitted and refunds them when a response head that does not count arrives
 //! ([`count`]); with no response head (an inner error, a panic, a cancelled future) the
 //! charge stands. A gRPC call's outcome is its `grpc-status`: read from the head of a
-//! trailers-only response, else from the trailers when the body ends; a body that ends or
-//! is dropped without one keeps the charge.
+//! trailers-only response, else from the trailers when the body ends (for binary gRPC-Web,
+//! from the trailers frame at the end of the body); a body that ends or is dropped without
+//! one keeps the charge.
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use bytes::Bytes;
 use http::Response;
 use smallvec::SmallVec;
 
+use super::grpc_web::WebTrailers;
 use crate::count::grpc_status;
 use crate::decision::Decision;
 use crate::limiter::{Counting, Held, SettleFn, Slots};
@@ -36,6 +38,8 @@ pub(crate) struct BodyHold {
     /// A gRPC call's counting rule, waiting for the `grpc-status` in its trailers. Dropped
     /// without them (the body cut short, or ended with no status), the charge stands.
     counting: Option<Counting>,
+    /// A gRPC-Web body's reader, whose trailers travel in the body.
+    web: Option<WebTrailers>,
 }
 
 /// One counted policy of a stream: its index in the set, the frame cost, the units
@@ -166,10 +170,14 @@ pub(crate) fn on_response<B>(
             });
         }
     }
+    let web = counting
+        .as_ref()
+        .and_then(|_| WebTrailers::for_content_type(res.headers().get(http::header::CONTENT_TYPE)));
     BodyHold {
         _slots: slots,
         stream,
         counting,
+        web,
     }
 }
 
@@ -201,8 +209,12 @@ impl BodyHold {
         }
     }
 
-    /// Counts a data frame.
+    /// Counts a data frame (and reads a gRPC-Web body's trailers from it).
     pub(crate) fn frame(&mut self, data: &Bytes) {
+        if let Some(trailers) = self.web.as_mut().and_then(|web| web.feed(data)) {
+            self.web = None;
+            self.trailers(&trailers);
+        }
         if let Some(stream) = &mut self.stream {
             for (_, count, _, total) in &mut stream.counters {
                 *total = total.saturating_add(count(data));

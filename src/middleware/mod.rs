@@ -38,6 +38,7 @@
 mod body;
 mod estimate;
 mod future;
+mod grpc_web;
 mod held;
 mod info;
 mod layer;
