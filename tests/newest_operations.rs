@@ -21,6 +21,22 @@ use tollgate::store::{
 };
 use tollgate::{Algorithm, DecidedBy, Decision, Limiter, Override, Policy, Rate, RateLimitLayer};
 
+/// A Redis store at `url` under the prefix these tests share.
+fn ops_store(url: &str) -> tollgate::store::RedisStore {
+    tollgate::store::RedisStore::builder()
+        .prefix("ops")
+        .build_with_url(url)
+        .unwrap()
+}
+
+/// A Redis store at `url` whose calls may take up to half a second (a home and its region).
+fn slow_store(url: &str) -> tollgate::store::RedisStore {
+    tollgate::store::RedisStore::builder()
+        .timeout(Duration::from_millis(500))
+        .build_with_url(url)
+        .unwrap()
+}
+
 /// A store that fails every call while `down` is set.
 #[derive(Debug, Clone)]
 struct Flaky<S> {
@@ -336,10 +352,7 @@ async fn in_flight_override_memory() {
 #[tokio::test]
 async fn in_flight_override_redis() {
     let server = support::RedisServer::start();
-    let store = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let store = ops_store(&server.url());
     in_flight_override(store, "redis").await;
 }
 
@@ -388,10 +401,7 @@ async fn reservation_slots_memory() {
 #[tokio::test]
 async fn reservation_slots_redis() {
     let server = support::RedisServer::start();
-    let store = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let store = ops_store(&server.url());
     reservation_slots(store, "redis").await;
 }
 
@@ -400,10 +410,7 @@ async fn reservation_slots_redis() {
 #[tokio::test]
 async fn redis_in_flight_lease_reset_and_refresh() {
     let server = support::RedisServer::start();
-    let store = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let store = ops_store(&server.url());
     let running = Policy::builder("running", Rate::new(2, Duration::from_millis(300)))
         .algorithm(Algorithm::InFlight)
         .build()
@@ -451,14 +458,8 @@ async fn redis_in_flight_lease_reset_and_refresh() {
 async fn fail_open_reservation_settled_after_partition_redis() {
     let server = support::RedisServer::start();
     let proxy = support::proxy::Proxy::start(server.port()).await;
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&proxy.url())
-        .unwrap();
-    let direct = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&proxy.url());
+    let direct = ops_store(&server.url());
     let store = ResilientStore::builder(redis, FailureMode::FailOpen)
         .timeout(Duration::from_millis(500))
         .circuit_breaker(1_000, Duration::from_secs(1))
@@ -802,10 +803,7 @@ async fn fallback_in_flight_follows_running<S: Store + Clone>(primary: Flaky<S>,
 #[tokio::test]
 async fn fallback_in_flight_follows_running_redis() {
     let server = support::RedisServer::start();
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&server.url());
     fallback_in_flight_follows_running(Flaky::new(redis), "redis").await;
 }
 
@@ -845,10 +843,7 @@ async fn fallback_in_flight_leaks_no_slots_memory_primary() {
 #[tokio::test]
 async fn fallback_in_flight_control_two_running_redis() {
     let server = support::RedisServer::start();
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&server.url());
     let primary = Flaky::new(redis);
     let store =
         ResilientStore::builder(primary.clone(), FailureMode::LocalFallback { replicas: 2 })
@@ -933,10 +928,7 @@ async fn in_flight_override_and_reservation_slots_leased() {
     in_flight_override(store.clone(), "leased-mem").await;
     reservation_slots(store, "leased-mem").await;
     let server = support::RedisServer::start();
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&server.url());
     let store = LeasedStore::new(redis);
     in_flight_override(store.clone(), "leased-redis").await;
     reservation_slots(store, "leased-redis").await;
@@ -978,10 +970,7 @@ async fn reset_frees_slots_all_stores() {
     reset_frees_slots(MemoryStore::new(), "memory").await;
     reset_frees_slots(LeasedStore::new(MemoryLedger::new()), "leased-mem").await;
     let server = support::RedisServer::start();
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&server.url());
     reset_frees_slots(redis.clone(), "redis").await;
     reset_frees_slots(LeasedStore::new(redis.clone()), "leased-redis").await;
     let resilient = ResilientStore::builder(redis, FailureMode::FailClosed)
@@ -1185,12 +1174,7 @@ async fn regions_in_flight_override_and_reset() {
     use tollgate::store::regions::RegionalLedger;
     let home = support::RedisServer::start();
     let local = support::RedisServer::start();
-    let store = |url: &str| {
-        tollgate::store::RedisStore::builder()
-            .timeout(Duration::from_millis(500))
-            .build_with_url(url)
-            .unwrap()
-    };
+    let store = slow_store;
     let ledger = RegionalLedger::builder("eu", store(&local.url()), store(&home.url()))
         .build()
         .unwrap();
@@ -1237,12 +1221,7 @@ async fn large_estimate_settled_low_leased_redis_and_regions() {
     use tollgate::store::regions::RegionalLedger;
     let home = support::RedisServer::start();
     let local = support::RedisServer::start();
-    let store = |url: &str| {
-        tollgate::store::RedisStore::builder()
-            .timeout(Duration::from_millis(500))
-            .build_with_url(url)
-            .unwrap()
-    };
+    let store = slow_store;
     large_estimate_settled_low(LeasedStore::new(store(&home.url())), "leased-redis").await;
     let ledger = RegionalLedger::builder("eu", store(&local.url()), store(&home.url()))
         .build()
@@ -1365,12 +1344,7 @@ async fn raised_override_reservation_all_stores() {
     raised_override_reservation(LeasedStore::new(MemoryLedger::new()), "leased-mem").await;
     let home = support::RedisServer::start();
     let local = support::RedisServer::start();
-    let store = |url: &str| {
-        tollgate::store::RedisStore::builder()
-            .timeout(Duration::from_millis(500))
-            .build_with_url(url)
-            .unwrap()
-    };
+    let store = slow_store;
     raised_override_reservation(store(&home.url()), "redis").await;
     raised_override_reservation(LeasedStore::new(store(&home.url())), "leased-redis").await;
     let ledger = RegionalLedger::builder("eu", store(&local.url()), store(&home.url()))
@@ -1405,10 +1379,7 @@ async fn sequential_checks_in_flight<S: Store + Clone>(store: S, tag: &str) {
 async fn sequential_checks_in_flight_stores() {
     sequential_checks_in_flight(MemoryStore::new(), "memory").await;
     let server = support::RedisServer::start();
-    let redis = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let redis = ops_store(&server.url());
     sequential_checks_in_flight(redis.clone(), "redis").await;
     sequential_checks_in_flight(
         tollgate::store::leased::LeasedStore::new(redis),
@@ -1430,10 +1401,7 @@ async fn sequential_checks_in_flight_stores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_in_flight_short_leases_are_refused_or_keep_the_held_slot() {
     let server = support::RedisServer::start();
-    let store = tollgate::store::RedisStore::builder()
-        .prefix("ops")
-        .build_with_url(&server.url())
-        .unwrap();
+    let store = ops_store(&server.url());
     let mut refused = Vec::new();
     let mut results = Vec::new();
     for lease_ms in [1u64, 8, 99, 100, 150] {
