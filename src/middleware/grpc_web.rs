@@ -23,15 +23,14 @@ pub(crate) struct WebTrailers {
 }
 
 impl WebTrailers {
-    /// A reader for a response of `content_type` when it is binary gRPC-Web
-    /// (`application/grpc-web`, with or without `+proto` or parameters); the text form
-    /// (`application/grpc-web-text`, base64) is not read.
-    pub(crate) fn for_content_type(content_type: Option<&HeaderValue>) -> Option<Self> {
-        let bytes = content_type?.as_bytes();
-        let prefix = b"application/grpc-web";
-        let web = bytes.len() >= prefix.len()
-            && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
-            && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'));
+    /// A reader for a response with these `headers` when it is binary gRPC-Web (a gRPC
+    /// content type, [`grpc::content_type`](crate::grpc::content_type), of the `-web` form);
+    /// the text form (`application/grpc-web-text`, base64) is not read.
+    pub(crate) fn for_response(headers: &HeaderMap) -> Option<Self> {
+        let form = &crate::grpc::content_type(headers)?.as_bytes()["application/grpc".len()..];
+        let web = form.len() >= 4
+            && form[..4].eq_ignore_ascii_case(b"-web")
+            && !form[4..].first().is_some_and(|&b| b == b'-');
         web.then(Self::default)
     }
 
@@ -107,9 +106,14 @@ mod tests {
         out
     }
 
+    fn headers(content_type: &'static str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("content-type", http::HeaderValue::from_static(content_type));
+        h
+    }
+
     fn reader() -> WebTrailers {
-        let ct = http::HeaderValue::from_static("application/grpc-web+proto");
-        WebTrailers::for_content_type(Some(&ct)).unwrap()
+        WebTrailers::for_response(&headers("application/grpc-web+proto")).unwrap()
     }
 
     #[test]
@@ -137,11 +141,14 @@ mod tests {
     fn what_is_not_binary_grpc_web_or_too_large_is_not_read() {
         for ct in [
             "application/grpc-web-text",
+            "application/grpc-web-text+proto",
             "application/grpc",
             "application/grpc-webx",
         ] {
-            let ct = http::HeaderValue::from_static(ct);
-            assert!(WebTrailers::for_content_type(Some(&ct)).is_none(), "{ct:?}");
+            assert!(WebTrailers::for_response(&headers(ct)).is_none(), "{ct}");
+        }
+        for ct in ["application/grpc-web", "Application/GRPC-Web;charset=x"] {
+            assert!(WebTrailers::for_response(&headers(ct)).is_some(), "{ct}");
         }
         let mut r = reader();
         let mut big = vec![0x80];

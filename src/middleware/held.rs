@@ -172,7 +172,7 @@ pub(crate) fn on_response<B>(
     }
     let web = counting
         .as_ref()
-        .and_then(|_| WebTrailers::for_content_type(res.headers().get(http::header::CONTENT_TYPE)));
+        .and_then(|_| WebTrailers::for_response(res.headers()));
     BodyHold {
         _slots: slots,
         stream,

@@ -313,7 +313,7 @@ impl<S: Store> Inner<S> {
         let mut fps = SmallVec::new();
         let mut fcosts = SmallVec::new();
         for (i, p) in policies.iter().enumerate() {
-            if let FailureMode::LocalFallback { replicas } = p.failure_mode().unwrap_or(self.mode) {
+            if let Some(replicas) = self.replicas(p) {
                 let fp = self.fallback_policy(p, replicas);
                 fcosts.push(costs[i].min(fp.capacity()));
                 fps.push(fp);

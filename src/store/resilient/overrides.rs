@@ -77,24 +77,27 @@ pub(super) fn share(n: u64, replicas: u32) -> u64 {
 
 impl<S: Store> Inner<S> {
     /// The local-fallback replicas of `policy`, if it falls back locally.
-    fn replicas(&self, policy: &Policy) -> Option<u32> {
+    pub(super) fn replicas(&self, policy: &Policy) -> Option<u32> {
         match policy.failure_mode().unwrap_or(self.mode) {
             FailureMode::LocalFallback { replicas } => Some(replicas),
             _ => None,
         }
     }
 
+    /// `policy`'s share in the fallback and the replicas it is divided among, if it falls
+    /// back locally and could be divided (a failure was logged when it was tried).
+    fn divided(&self, policy: &Policy) -> Option<(Policy, u32)> {
+        let replicas = self.replicas(policy)?;
+        let fallback = self.fallback_policy(policy, replicas);
+        (fallback.name() != policy.name()).then_some((fallback, replicas))
+    }
+
     /// Copies the store's override of `policy` for `key` (`None`: it has none) into the
     /// fallback, at its share.
     fn copy_override(&self, key: &Key, policy: &Policy, over: Option<&ActiveOverride>) {
-        let Some(replicas) = self.replicas(policy) else {
+        let Some((fallback, replicas)) = self.divided(policy) else {
             return;
         };
-        let fallback = self.fallback_policy(policy, replicas);
-        if fallback.name() == policy.name() {
-            // The policy could not be divided (logged when it was tried): nothing to copy to.
-            return;
-        }
         match over {
             Some(over) => {
                 let burst = policy
@@ -134,7 +137,7 @@ impl<S: Store> Inner<S> {
             .policies()
             .get(i)
             .is_some_and(|s| share(s.limit, replicas) != local)
-            && self.fallback_policy(policy, replicas).name() != policy.name()
+            && self.divided(policy).is_some()
     }
 
     /// Lets the next answer for `key` read its overrides at once, whatever it shows: one was

@@ -96,9 +96,10 @@ impl<S: Store> Store for ResilientStore<S> {
     }
 
     /// Peeks go through the breaker and within the store's timeout, and are answered by the
-    /// failure modes (charging nothing) when the store cannot answer; resets go through the
-    /// breaker and within the timeout, and fail at once while the circuit is open; refunds, settlements and slot operations go through the breaker
-    /// too, and to the local fallback (see [Refunds](crate::store::resilient#refunds)).
+    /// failure modes (charging nothing) when the store cannot answer; resets go within the
+    /// timeout and fail at once while the circuit is open; refunds, settlements and slot
+    /// operations go through the breaker too, and to the local fallback (see
+    /// [Refunds](crate::store::resilient#refunds)).
     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
         if let Some(refused) = refused_misfit(&op, policies.len()) {
             return refused;
