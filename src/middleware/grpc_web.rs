@@ -30,7 +30,7 @@ impl WebTrailers {
         let form = &crate::grpc::content_type(headers)?.as_bytes()["application/grpc".len()..];
         let web = form.len() >= 4
             && form[..4].eq_ignore_ascii_case(b"-web")
-            && !form[4..].first().is_some_and(|&b| b == b'-');
+            && form[4..].first().is_none_or(|&b| b != b'-');
         web.then(Self::default)
     }
 
