@@ -740,15 +740,7 @@ async fn a_slot_taken_by_a_charge_that_timed_out_in_a_stall_is_released() {
     ] {
         let server = support::RedisServer::start();
         let proxy = support::proxy::Proxy::start(server.port()).await;
-        let redis = RedisStore::builder()
-            .timeout(Duration::from_millis(100))
-            .build_with_url(&proxy.url())
-            .unwrap();
-        let store = ResilientStore::builder(redis, mode)
-            .timeout(Duration::from_millis(50))
-            .circuit_breaker(2, Duration::from_millis(300))
-            .build()
-            .unwrap();
+        let store = behind_proxy(&proxy, mode);
         let limiter = Limiter::builder()
             .store(store)
             .policy(Policy::in_flight("running", 1).unwrap())
@@ -846,4 +838,64 @@ async fn resets_that_succeed_do_not_keep_the_circuit_closed() {
         reached <= 3,
         "threshold 3: the circuit should open after 3 consecutive failed charges, yet {reached} charges reached Redis ({resets_ok} resets succeeded in between)"
     );
+}
+
+// The stated bound for an outage longer than an in-flight lease: the slot of a request that
+// runs through it expires, so after the outage one limit's worth more may start, and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_slot_lease_lets_at_most_one_limit_more_start() {
+    let server = support::RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port()).await;
+    let store = behind_proxy(&proxy, FailureMode::FailClosed);
+    let running = Policy::builder("running", Rate::new(1, Duration::from_millis(300)))
+        .algorithm(tollgate::Algorithm::InFlight)
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(running)
+        .build()
+        .unwrap();
+    let key = Key::new("job", "long");
+    let first = limiter.acquire(&key).await.unwrap();
+    assert_eq!(first.decided_by(), DecidedBy::Decided);
+    assert!(
+        !limiter.acquire(&key).await.unwrap().is_allowed(),
+        "one at a time"
+    );
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    proxy.heal();
+    // The first request still runs; its slot expired during the outage.
+    let mut second = None;
+    for _ in 0..100 {
+        let p = limiter.acquire(&key).await.unwrap();
+        if p.decided_by() == DecidedBy::Decided {
+            second = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = second.expect("the store answers again");
+    assert!(
+        second.is_allowed(),
+        "the bound: one limit's worth more may start"
+    );
+    let third = limiter.acquire(&key).await.unwrap();
+    assert!(!third.is_allowed(), "and no more than one limit's worth");
+    drop((first, second));
+}
+
+/// A Redis store behind `proxy` (which can cut or hold the link) in `mode`, with short
+/// timeouts and a breaker that opens after two failures for 300 ms.
+fn behind_proxy(proxy: &support::proxy::Proxy, mode: FailureMode) -> ResilientStore<RedisStore> {
+    let redis = RedisStore::builder()
+        .timeout(Duration::from_millis(100))
+        .build_with_url(&proxy.url())
+        .unwrap();
+    ResilientStore::builder(redis, mode)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(2, Duration::from_millis(300))
+        .build()
+        .unwrap()
 }

@@ -18,6 +18,12 @@
 //! of the lease while the request runs. In memory a slot is held until it is given back;
 //! the lease plays no part.
 //!
+//! **Bound, across an outage longer than the lease.** While the store cannot be reached the
+//! refreshes fail (each counted in `tollgate_store_errors_total`), so the slots of requests
+//! that run through it expire: once the store is back those requests are not counted until
+//! they end, and up to the policy's limit more may start meanwhile, at most one limit's worth
+//! per outage (`tests/failure_modes.rs` measures it).
+//!
 //! A request holds one slot whatever its cost: a store charges one slot for any cost (a
 //! look, [`Op::Peek`](crate::store::Op::Peek), asks for none with cost 0).
 //!
