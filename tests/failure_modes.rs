@@ -899,3 +899,32 @@ fn behind_proxy(proxy: &support::proxy::Proxy, mode: FailureMode) -> ResilientSt
         .build()
         .unwrap()
 }
+
+// Over HTTP, through the login layer: a fail-closed outage answers the store's 503 (not a
+// lockout), and a fail-open one lets the attempt reach the handler.
+#[tokio::test]
+async fn the_login_layer_answers_a_fail_closed_outage_with_503() {
+    for (mode, status) in [(FailureMode::FailClosed, 503), (FailureMode::FailOpen, 200)] {
+        let guard = LoginGuard::builder()
+            .store(resilient(mode))
+            .build()
+            .unwrap();
+        let app = Router::new().route(
+            "/login",
+            axum::routing::post(|| async { "welcome" })
+                .layer(tollgate::login::LoginLayer::json_field(guard, "username")),
+        );
+        let addr = serve(app).await;
+        let res = reqwest::Client::new()
+            .post(format!("http://{addr}/login"))
+            .json(&serde_json::json!({ "username": "alice", "password": "x" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status, "{mode:?}");
+        if status == 503 {
+            let body: serde_json::Value = res.json().await.unwrap();
+            assert_eq!(body["error"], "rate_limiter_unavailable", "{body}");
+        }
+    }
+}
