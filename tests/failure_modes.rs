@@ -201,6 +201,78 @@ async fn the_login_guard_reports_the_failure_mode_and_skips_an_open_circuit() {
     }
 }
 
+/// A store whose looks fail while its checks answer: one node of a partial outage.
+#[derive(Debug)]
+struct PeeksFail(MemoryStore);
+
+impl tollgate::store::Store for PeeksFail {
+    type CheckFuture = <MemoryStore as tollgate::store::Store>::CheckFuture;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.0.check(key, policies, costs)
+    }
+
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: tollgate::store::Op,
+    ) -> tollgate::store::ApplyFuture {
+        if matches!(op, tollgate::store::Op::Peek { .. }) {
+            return Box::pin(std::future::ready(Err(tollgate::StoreError::Timeout)));
+        }
+        self.0.apply(key, policies, op)
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "peeks_fail"
+    }
+}
+
+/// A login refused by the store for an earned lockout stays that lockout when the looks at
+/// the other limits (only there to make `Retry-After` cover every exhausted one) fail or
+/// are answered by a failure mode: it was an error, or a 503 under `FailClosed`.
+#[tokio::test]
+async fn an_earned_login_lockout_stands_when_looking_at_the_other_limits_fails() {
+    async fn locked_out<S: tollgate::store::Store>(store: S) -> tollgate::login::LoginDecision {
+        let guard = LoginGuard::builder()
+            .store(store)
+            .ip_user_rate(Rate::per_minute(1))
+            .build()
+            .unwrap();
+        let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.9"), "alice");
+        assert!(guard.check(&attempt).await.unwrap().is_allowed());
+        guard.record_failure(&attempt).await.unwrap();
+        guard
+            .check(&attempt)
+            .await
+            .expect("the store decided the refusal")
+    }
+    let plain = locked_out(PeeksFail(MemoryStore::new())).await;
+    let closed = locked_out(
+        ResilientStore::builder(PeeksFail(MemoryStore::new()), FailureMode::FailClosed)
+            .circuit_breaker(100, Duration::from_secs(60))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    for decision in [plain, closed] {
+        assert_eq!(decision.decision().decided_by(), DecidedBy::Decided);
+        let refusal = decision.refusal().expect("locked out");
+        assert_eq!(refusal.status(), 429);
+        assert_eq!(refusal.kind(), tollgate::RefusalKind::LoginRefused);
+        let retry = decision.retry_after().unwrap();
+        assert!(
+            retry > Duration::from_secs(50) && retry <= Duration::from_secs(60),
+            "{retry:?}"
+        );
+    }
+}
+
 /// A fallback policy is named after its policy with a suffix; for a name near the 64
 /// characters a user's may have, building it failed and the fallback silently used the
 /// whole limit instead of each instance's share.

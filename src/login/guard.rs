@@ -284,11 +284,23 @@ impl<S: Store> LoginGuard<S> {
             if refused {
                 self.refund(attempt, 0..i).await;
                 // The limits after the refusing one, as they stand, so that `retry_after`
-                // covers every exhausted limit.
+                // covers every exhausted limit. They only inform: the refusal stands as
+                // decided, so a look that fails, or that a failure mode answers (which says
+                // nothing of the limit), ends the looking rather than turning an earned
+                // lockout into an error or a 503.
                 for (key, limiter) in attempt.keys.iter().zip(limiters).skip(i + 1) {
-                    let d = limiter.peek(key).await?;
-                    outcome = most_degraded(outcome, d.decided_by());
-                    decisions.extend(d.policies().first().cloned());
+                    let informs = |d: &Decision| {
+                        matches!(
+                            d.decided_by(),
+                            DecidedBy::Decided | DecidedBy::CachedDeny | DecidedBy::Fallback
+                        )
+                    };
+                    match limiter.peek(key).await {
+                        Ok(d) if informs(&d) && d.policies().len() == 1 => {
+                            decisions.extend(d.policies().first().cloned());
+                        }
+                        _ => break,
+                    }
                 }
                 break;
             }
