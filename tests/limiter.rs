@@ -180,6 +180,120 @@ async fn shadow_policies_agree_between_layer_and_direct_api() {
     assert_eq!(a.shadow_counts(), b.shadow_counts());
 }
 
+/// A client network applies to the client's own address, whatever key it gets: a client
+/// inside a denied network stepped out of it by sending an API key that the chain prefers,
+/// and an IPv6 host or /64 denied inside the /56 its key names was never matched.
+#[tokio::test]
+async fn client_networks_hold_over_http_whatever_key_the_request_gets() {
+    use tollgate::key::{ApiKey, Chain, ClientIp, PeerIp};
+    type Builder = tollgate::LimiterBuilder<MemoryStore>;
+    let app = |build: fn(Builder) -> Builder| {
+        let limiter = build(
+            Limiter::builder()
+                .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+                .extractor(Chain::new(ApiKey::new()).or(ClientIp::default())),
+        )
+        .build()
+        .unwrap();
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(limiter))
+    };
+    let client = reqwest::Client::new();
+    let statuses = |addr: SocketAddr| {
+        let client = client.clone();
+        async move {
+            let mut out = Vec::new();
+            for i in 0..3 {
+                let res = client
+                    .get(format!("http://{addr}/"))
+                    .header("x-api-key", format!("made-up-{i}"))
+                    .send()
+                    .await
+                    .unwrap();
+                out.push(res.status().as_u16());
+            }
+            out
+        }
+    };
+    let denied = support::serve(app(|b| b.deny_cidr("127.0.0.0/8"))).await;
+    assert_eq!(statuses(denied).await, [403, 403, 403]);
+    let by_key = support::serve(app(|b| b.deny_key(Key::new("ip", "127.0.0.1")))).await;
+    assert_eq!(statuses(by_key).await, [403, 403, 403]);
+    // An allowed network passes uncharged whatever the key: the same API key thrice.
+    let allowed = support::serve(app(|b| b.allow_cidr("127.0.0.1"))).await;
+    for _ in 0..3 {
+        let res = client
+            .get(format!("http://{allowed}/"))
+            .header("x-api-key", "one")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(res.headers().get("ratelimit-limit").is_none());
+    }
+    // Elsewhere the API keys are limited as before.
+    let other = support::serve(app(|b| b.deny_cidr("192.0.2.0/24"))).await;
+    assert_eq!(statuses(other).await, [200, 200, 200]);
+
+    // IPv6: the address itself is matched, not the /56 its key names.
+    let Ok(listener) = tokio::net::TcpListener::bind("[::1]:0").await else {
+        eprintln!("no IPv6 loopback here: the IPv6 half is covered by the direct path's test");
+        return;
+    };
+    let v6 = listener.local_addr().unwrap();
+    drop(listener);
+    for (deny, expected) in [("::1", 403), ("::1/128", 403), ("::2", 200)] {
+        let limiter = Limiter::builder()
+            .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+            .extractor(PeerIp::new())
+            .deny_cidr(deny)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(limiter));
+        let listener = tokio::net::TcpListener::bind("[::1]:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .unwrap();
+        });
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), expected, "deny {deny} ({v6})");
+    }
+}
+
+/// On the direct API an IPv6 key names its /56: a denied host or /64 inside it refuses it
+/// (it was never matched), while an allowed one narrower than the prefix lets nothing
+/// through uncharged.
+#[tokio::test]
+async fn narrow_ipv6_networks_on_the_direct_path() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+        .deny_cidr("2001:db8:0:1::bad")
+        .deny_key(Key::new("ip", "2001:db8:1:1::1"))
+        .allow_cidr("2001:db8:2:1::/64")
+        .build()
+        .unwrap();
+    for key in ["2001:db8::/56", "2001:db8:1::/56"] {
+        let err = limiter.check(&Key::new("ip", key), 1).await.unwrap_err();
+        assert_eq!(err, CheckError::Forbidden, "{key}");
+    }
+    let prefix = Key::new("ip", "2001:db8:2::/56");
+    assert!(limiter.check(&prefix, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&prefix, 1).await.unwrap().is_allowed());
+    assert!(limiter
+        .check(&Key::new("ip", "2001:db8:3::/56"), 1)
+        .await
+        .unwrap()
+        .is_allowed());
+}
+
 #[tokio::test]
 async fn deny_and_allow_lists_hold_on_the_direct_path() {
     let limiter = Limiter::builder()

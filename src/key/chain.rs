@@ -66,6 +66,11 @@ impl KeyExtractor for Chain {
     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
         self.links.iter().find_map(|link| link.extract(request))
     }
+
+    /// The first link's that reads one, whichever link gives the key.
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<std::net::IpAddr> {
+        self.links.iter().find_map(|link| link.client_addr(request))
+    }
 }
 
 /// Several extractors as one key: a limit per (tenant, user), per (IP, API key), …
@@ -135,6 +140,11 @@ impl KeyExtractor for Composite {
         }
         let parts: SmallVec<[&str; 4]> = keys.iter().map(Key::as_str).collect();
         Some(Key::from_materials(&source, &parts))
+    }
+
+    /// The first part's that reads one.
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<std::net::IpAddr> {
+        self.parts.iter().find_map(|part| part.client_addr(request))
     }
 }
 

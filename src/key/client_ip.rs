@@ -347,6 +347,10 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
         Some(ip_key(self.client_ip(request)?, self.ipv6_prefix))
     }
+
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
+        self.client_ip(request)
+    }
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

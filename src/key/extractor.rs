@@ -125,17 +125,53 @@ impl<'a> RequestView<'a> {
 pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
     /// The key for `request`, or `None`.
     fn extract(&self, request: &RequestView<'_>) -> Option<Key>;
+
+    /// The client address this extractor reads for `request` (canonical and whole, not
+    /// grouped by prefix), or `None` when it reads none (the default).
+    ///
+    /// A limiter's client networks ([`allow_cidr`](crate::LimiterBuilder::allow_cidr),
+    /// [`deny_cidr`](crate::LimiterBuilder::deny_cidr)) are matched against this address
+    /// whatever key the request gets, so that a client inside a denied network cannot step
+    /// out of it by sending a key of another kind (an API key before the address in a
+    /// [`Chain`](super::Chain)). [`PeerIp`], [`ClientIp`](super::ClientIp),
+    /// [`IpUserAgent`](super::IpUserAgent), and a chain or composite holding one of them
+    /// read it; implement it for an extractor of your own that keys by an address.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use tollgate::key::{ApiKey, Chain, ClientIp, KeyExtractor, RequestView};
+    ///
+    /// let extractor = Chain::new(ApiKey::new()).or(ClientIp::default());
+    /// let mut req = http::Request::builder().header("x-api-key", "made-up").body(())?;
+    /// req.extensions_mut().insert("203.0.113.9:4000".parse::<SocketAddr>()?);
+    /// let view = RequestView::new(&req);
+    /// assert!(extractor.extract(&view).unwrap().as_str().starts_with("apikey:"));
+    /// assert_eq!(extractor.client_addr(&view), Some("203.0.113.9".parse::<IpAddr>()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
+        let _ = request;
+        None
+    }
 }
 
 impl<K: KeyExtractor + ?Sized> KeyExtractor for Arc<K> {
     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
         (**self).extract(request)
     }
+
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
+        (**self).client_addr(request)
+    }
 }
 
 impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
         (**self).extract(request)
+    }
+
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
+        (**self).client_addr(request)
     }
 }
 
@@ -199,6 +235,10 @@ impl KeyExtractor for PeerIp {
     fn extract(&self, request: &RequestView<'_>) -> Option<Key> {
         let ip = request.peer_addr()?.ip();
         Some(ip_key(ip, self.ipv6_prefix))
+    }
+
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
+        Some(request.peer_addr()?.ip().to_canonical())
     }
 }
 

@@ -70,6 +70,10 @@ impl KeyExtractor for IpUserAgent {
             Key::from_materials("ip+ua", &[ip.as_bytes(), ua])
         })
     }
+
+    fn client_addr(&self, request: &RequestView<'_>) -> Option<std::net::IpAddr> {
+        self.ip.client_ip(request)
+    }
 }
 
 #[cfg(test)]

@@ -200,13 +200,29 @@ impl<S> LimiterBuilder<S> {
         self
     }
 
-    /// Client networks (for IP keys) that skip limiting, e.g. `"10.0.0.0/8"`.
+    /// Client networks that skip limiting, e.g. `"10.0.0.0/8"`.
+    ///
+    /// A request is matched by its client address whatever key it gets, when the
+    /// extractor reads one ([`KeyExtractor::client_addr`]: [`PeerIp`], `ClientIp`,
+    /// `IpUserAgent`, or a chain or composite holding one). On the direct API
+    /// ([`Limiter::check`]) an `ip` key is matched: an IPv6 key names its prefix (/56 by
+    /// default), which passes only if the network holds all of it.
     pub fn allow_cidr(mut self, cidr: impl Into<String>) -> Self {
         self.allow_cidrs.push(cidr.into());
         self
     }
 
-    /// Client networks (for IP keys) refused at once with `403 Forbidden`.
+    /// Client networks refused at once with `403 Forbidden` (and
+    /// [`CheckError::Forbidden`](crate::CheckError::Forbidden) from [`Limiter::check`]).
+    ///
+    /// A request is matched by its client address whatever key it gets, when the
+    /// extractor reads one ([`KeyExtractor::client_addr`]: [`PeerIp`], `ClientIp`,
+    /// `IpUserAgent`, or a chain or composite holding one), so a client inside the network
+    /// cannot step out of it with a key of another kind. On the direct API an `ip` key is
+    /// matched: an IPv6 key names its prefix (/56 by default), and a network narrower than
+    /// that refuses the whole prefix it falls in (its addresses share one limit anyway). A
+    /// [`deny_key`](Self::deny_key) of an `ip` key is a network of one address, matched the
+    /// same way.
     ///
     /// ```
     /// use tollgate::{Limiter, Policy, Rate};
@@ -356,8 +372,18 @@ impl<S: Store> LimiterBuilder<S> {
             &mut sets,
             &mut names,
         )?);
-        let allow = AccessList::new(self.allow_keys, "allow_cidrs", &self.allow_cidrs)?;
-        let deny = AccessList::new(self.deny_keys, "deny_cidrs", &self.deny_cidrs)?;
+        let allow = AccessList::new(
+            self.allow_keys,
+            "allow_cidrs",
+            &self.allow_cidrs,
+            super::access::Side::Allow,
+        )?;
+        let deny = AccessList::new(
+            self.deny_keys,
+            "deny_cidrs",
+            &self.deny_cidrs,
+            super::access::Side::Deny,
+        )?;
         let store = match (self.store, self.make_store) {
             (Some(store), _) => store,
             (None, Some(make)) => make(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::decide::{self, Listed, PreparedKey};
+use super::decide::{self, Listed, PreparedKey, Screen};
 use super::finish::Asker;
 use super::{Limiter, PolicySet};
 use crate::decision::Decision;
@@ -55,8 +55,14 @@ impl<S: Store> Limiter<S> {
                 return Ok(Decision::pass());
             };
             let mut given = SmallVec::new();
-            let costs = match self.prepare_key(set, &plan.lists, key, Some(cost), None, &mut given)
-            {
+            let costs = match self.prepare_key(
+                set,
+                Screen::keys(&plan.lists),
+                key,
+                Some(cost),
+                None,
+                &mut given,
+            ) {
                 PreparedKey::Pass => return Ok(Decision::pass()),
                 PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
                 PreparedKey::Ask(costs) => costs,

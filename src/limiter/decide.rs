@@ -110,6 +110,23 @@ impl<S: Store> Limiter<S> {
             return Prepared::Pass;
         };
         let set = &*set;
+        // A client network applies to the client's address whatever key it gets; a key is
+        // still refused when deny-listed itself.
+        let by_addr = plan.lists.screen_addr(set, request);
+        match by_addr {
+            None | Some(Listed::No) => {}
+            Some(Listed::Denied) => {
+                let refusal = Refusal::of_kind(RefusalKind::Forbidden);
+                refusal.log(plan.lists.key_for(Some(set), request).as_ref());
+                return Prepared::Refuse(refusal);
+            }
+            Some(Listed::Allowed) => match plan.lists.key_for(Some(set), request) {
+                Some(key) if plan.lists.deny.contains(&key) => {
+                    return Prepared::Refuse(forbidden(&key))
+                }
+                _ => return Prepared::Pass,
+            },
+        }
         let Some(key) = plan.lists.key_for(Some(set), request) else {
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
@@ -131,7 +148,10 @@ impl<S: Store> Limiter<S> {
         let mut given = SmallVec::new();
         let prepared = self.prepare_key(
             set,
-            &plan.lists,
+            Screen {
+                lists: &plan.lists,
+                networks: by_addr.is_none(),
+            },
             &key,
             cost,
             estimates.as_deref(),
@@ -259,13 +279,18 @@ impl<S: Store> Limiter<S> {
     pub(crate) fn prepare_key<'s>(
         &self,
         set: &'s Arc<PolicySet>,
-        lists: &Lists,
+        screen: Screen<'_>,
         key: &Key,
         cost: Option<u64>,
         estimates: Option<&[u64]>,
         given: &'s mut SmallVec<[u64; 2]>,
     ) -> PreparedKey<'s> {
-        match screen_lists(lists, key) {
+        let listed = if screen.networks {
+            screen_lists(screen.lists, key)
+        } else {
+            screen_listed_keys(screen.lists, key)
+        };
+        match listed {
             Listed::Denied => return PreparedKey::Refuse(forbidden(key)),
             Listed::Allowed => return PreparedKey::Pass,
             Listed::No => {}
@@ -331,6 +356,38 @@ pub(crate) fn screen_lists(lists: &Lists, key: &Key) -> Listed {
         Listed::Allowed
     } else {
         Listed::No
+    }
+}
+
+/// Where `key` itself stands on the lists, networks aside (the request's client address was
+/// screened against them).
+fn screen_listed_keys(lists: &Lists, key: &Key) -> Listed {
+    if lists.deny.lists_key(key) {
+        Listed::Denied
+    } else if lists.allow.lists_key(key) {
+        Listed::Allowed
+    } else {
+        Listed::No
+    }
+}
+
+/// The lists a key is screened against, and whether their networks are matched against
+/// the key too (`false` once the request's client address was matched against them).
+#[derive(Clone, Copy)]
+pub(crate) struct Screen<'l> {
+    pub(crate) lists: &'l Lists,
+    pub(crate) networks: bool,
+}
+
+impl<'l> Screen<'l> {
+    /// The lists with networks matched against IP keys: the direct API, which has no
+    /// request to read an address from.
+    #[inline(always)]
+    pub(crate) fn keys(lists: &'l Lists) -> Self {
+        Self {
+            lists,
+            networks: true,
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::decide::Screen;
 use super::finish::Asker;
 use super::hold::{Charge, Completing, Slots};
 use super::{Limiter, PolicySet, PreparedKey};
@@ -153,11 +154,12 @@ impl<S: Store> Limiter<S> {
     ) -> Result<(Decision, Option<Slots>), CheckError> {
         let mut given = SmallVec::new();
         let lists = self.lists();
-        let costs = match self.prepare_key(set, &lists, key, cost, estimates, &mut given) {
-            PreparedKey::Pass => return Ok((Decision::pass(), None)),
-            PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
-            PreparedKey::Ask(costs) => costs,
-        };
+        let costs =
+            match self.prepare_key(set, Screen::keys(&lists), key, cost, estimates, &mut given) {
+                PreparedKey::Pass => return Ok((Decision::pass(), None)),
+                PreparedKey::Refuse(refusal) => return Err(CheckError::from_refusal(&refusal)),
+                PreparedKey::Ask(costs) => costs,
+            };
         let outcome = match self.answer_now(set, key, costs) {
             Some(outcome) => outcome,
             None => self.answer_later(set, key, costs).await,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::decide::Listed;
 use super::{Lists, MissingKey, PolicySet};
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, RequestView};
@@ -72,6 +73,25 @@ impl Lists {
                 MissingKey::Shared => Some(Key::new("anonymous", "")),
             },
         }
+    }
+
+    /// What the client networks make of a request of `set` by its client address, whatever
+    /// key it gets; `None` when no network is listed or the set's extractor reads no
+    /// address (an IP key is then screened against them as a key).
+    #[inline]
+    pub(crate) fn screen_addr(&self, set: &PolicySet, request: &RequestView<'_>) -> Option<Listed> {
+        if !self.deny.has_networks() && !self.allow.has_networks() {
+            return None;
+        }
+        let extractor = set.key.as_deref().unwrap_or(&*self.extractor);
+        let ip = extractor.client_addr(request)?;
+        Some(if self.deny.contains_addr(ip) {
+            Listed::Denied
+        } else if self.allow.contains_addr(ip) {
+            Listed::Allowed
+        } else {
+            Listed::No
+        })
     }
 
     /// How `set`'s requests are keyed, as the extractor's `Debug` shows it (which shows no
