@@ -198,14 +198,23 @@ impl Route {
 
     /// Computes the cost from the request.
     ///
+    /// A cost above a policy's capacity is refused with a 429 that says so. A cost of 0
+    /// charges nothing: the request goes ahead while the key is within its limit, as a look
+    /// would. So a cost read from what the client sends must be floored at 1, or a client
+    /// sending 0 is never limited:
+    ///
     /// ```
     /// use tollgate::{route::Route, Policy, Rate};
     ///
     /// let route = Route::new()
     ///     .policy(Policy::new("tokens", Rate::per_minute(1000))?)
-    ///     .cost_fn(|req| req.headers().get("x-batch-size")
-    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
-    ///         .unwrap_or(1));
+    ///     .cost_fn(|req| {
+    ///         req.headers()
+    ///             .get("x-batch-size")
+    ///             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    ///             .unwrap_or(1)
+    ///             .max(1) // the client's number: `x-batch-size: 0` still costs one
+    ///     });
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn cost_fn<F>(mut self, f: F) -> Self

@@ -268,6 +268,48 @@ async fn client_networks_hold_over_http_whatever_key_the_request_gets() {
     }
 }
 
+/// Made-up API keys were a fresh limit each: with the keys issued named, an unknown one is
+/// limited by the address it comes from, and a decoy header hides no real bearer token.
+#[tokio::test]
+async fn made_up_api_keys_fall_through_to_the_client_address() {
+    use tollgate::key::{ApiKey, Chain, ClientIp};
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(2)).unwrap())
+        .extractor(
+            Chain::new(ApiKey::new().known(|raw| raw == b"sk_issued")).or(ClientIp::default()),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let res = client
+            .get(format!("http://{addr}/"))
+            .header("x-api-key", format!("made-up-{i}"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        let res = client
+            .get(format!("http://{addr}/"))
+            .header("x-api-key", format!("decoy-{i}"))
+            .bearer_auth("sk_issued")
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429], "one limit for the issued key");
+}
+
 /// On the direct API an IPv6 key names its /56: a denied host or /64 inside it refuses it
 /// (it was never matched), while an allowed one narrower than the prefix lets nothing
 /// through uncharged.

@@ -1,6 +1,7 @@
 //! [`ApiKey`]: the hash of an API key from a header or a bearer token.
 
 use std::fmt;
+use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use http::header::AUTHORIZATION;
@@ -18,6 +19,13 @@ use super::{hex_128, Key, KeyExtractor, RequestView};
 ///
 /// The raw key never leaves this extractor: only its hash becomes key material, so it
 /// reaches no store, log or span, and `Debug` shows neither keys nor the secret.
+///
+/// **A key of the client's choosing.** Any string a client sends is a key of its own, with a
+/// fresh limit: a client that makes keys up gets a limit per made-up key, and one that holds
+/// a real bearer token can add a decoy `X-API-Key` to get a second. Either put the limiter
+/// behind the layer that checks API keys (so that only known keys reach it), or name the keys
+/// you issue with [`ApiKey::known`]: an unknown key then yields no key, so a
+/// [`Chain`](super::Chain) falls through to its next link (the client address).
 ///
 /// **Hashing.** Unkeyed SHA-256 by default: API keys are long random strings, so the hash
 /// alone does not reveal them. With [`ApiKey::secret`] the hash is HMAC-SHA256 under that
@@ -56,7 +64,11 @@ pub struct ApiKey {
     header: Option<HeaderName>,
     bearer: bool,
     mac: Option<Hmac<Sha256>>,
+    known: Option<Arc<KnownFn>>,
 }
+
+/// Whether a raw API key is one that was issued (see [`ApiKey::known`]).
+type KnownFn = dyn Fn(&[u8]) -> bool + Send + Sync;
 
 impl ApiKey {
     /// Reads `X-API-Key`, then `Authorization: Bearer`; unkeyed SHA-256.
@@ -65,6 +77,7 @@ impl ApiKey {
             header: Some(HeaderName::from_static("x-api-key")),
             bearer: true,
             mac: None,
+            known: None,
         }
     }
 
@@ -99,16 +112,68 @@ impl ApiKey {
         self
     }
 
+    /// Keys a request by its API key only when `known` says the key was issued: a key
+    /// nobody issued yields no key, so that a [`Chain`](super::Chain) falls through to its
+    /// next link (the client address), and a made-up key never gets a limit of its own.
+    /// The header and the bearer token are both tried, so a decoy in one cannot hide a
+    /// real key in the other.
+    ///
+    /// `known` sees the raw key (trimmed) on every request: make it a constant-time lookup
+    /// in what you issued (a set of hashes, a bloom filter, a cache of your key store), not a
+    /// call over the network.
+    ///
+    /// ```
+    /// use std::collections::HashSet;
+    /// use tollgate::key::{ApiKey, Chain, KeyExtractor, PeerIp, RequestView};
+    ///
+    /// let issued: HashSet<Vec<u8>> = [b"sk_live_abc123".to_vec()].into();
+    /// let extractor = Chain::new(ApiKey::new().known(move |key| issued.contains(key)))
+    ///     .or(PeerIp::new());
+    /// let request = |api_key: &str| {
+    ///     let mut req = http::Request::builder().header("x-api-key", api_key).body(()).unwrap();
+    ///     req.extensions_mut().insert("192.0.2.1:5000".parse::<std::net::SocketAddr>().unwrap());
+    ///     req
+    /// };
+    /// let issued_key = extractor.extract(&RequestView::new(&request("sk_live_abc123")));
+    /// assert!(issued_key.unwrap().as_str().starts_with("apikey:"));
+    /// // A made-up key is limited by the address it comes from.
+    /// let made_up = extractor.extract(&RequestView::new(&request("anything")));
+    /// assert_eq!(made_up.unwrap().as_str(), "ip:192.0.2.1");
+    /// ```
+    pub fn known<F>(mut self, known: F) -> Self
+    where
+        F: Fn(&[u8]) -> bool + Send + Sync + 'static,
+    {
+        self.known = Some(Arc::new(known));
+        self
+    }
+
     /// The raw API key of `request`, if any (borrowed; never stored).
     fn raw<'r>(&self, request: &RequestView<'r>) -> Option<&'r [u8]> {
         let headers = request.headers();
-        if let Some(value) = self.header.as_ref().and_then(|h| headers.get(h)) {
-            return non_empty(value.as_bytes());
+        let header = self.header.as_ref().and_then(|h| headers.get(h));
+        match (&self.known, header) {
+            (None, Some(value)) => return non_empty(value.as_bytes()),
+            (Some(known), Some(value)) => {
+                if let Some(raw) = non_empty(value.as_bytes()).filter(|raw| known(raw)) {
+                    return Some(raw);
+                }
+            }
+            (_, None) => {}
         }
+        let token = self.bearer_token(request)?;
+        match &self.known {
+            Some(known) if !known(token) => None,
+            _ => Some(token),
+        }
+    }
+
+    /// The token of `Authorization: Bearer <token>`, when bearer tokens are read.
+    fn bearer_token<'r>(&self, request: &RequestView<'r>) -> Option<&'r [u8]> {
         if !self.bearer {
             return None;
         }
-        let auth = headers.get(AUTHORIZATION)?.as_bytes();
+        let auth = request.headers().get(AUTHORIZATION)?.as_bytes();
         let (scheme, token) = auth.split_at_checked(6)?;
         if !scheme.eq_ignore_ascii_case(b"bearer") || !token.starts_with(b" ") {
             return None;
@@ -153,6 +218,7 @@ impl fmt::Debug for ApiKey {
                     "sha256"
                 },
             )
+            .field("known", &self.known.is_some())
             .finish()
     }
 }
@@ -206,6 +272,30 @@ mod tests {
             None
         );
         assert_eq!(extract(&ex.without_header(), &[("x-api-key", "k1")]), None);
+    }
+
+    #[test]
+    fn only_known_keys_are_keys_and_a_decoy_hides_no_real_one() {
+        let ex = ApiKey::new().known(|raw| raw == b"real");
+        let real = extract(&ex, &[("x-api-key", "real")]).unwrap();
+        assert_eq!(extract(&ex, &[("x-api-key", "made-up")]), None);
+        assert_eq!(extract(&ex, &[("authorization", "Bearer made-up")]), None);
+        // A decoy header does not hide the real bearer token, nor a decoy token the header.
+        assert_eq!(
+            extract(
+                &ex,
+                &[("x-api-key", "decoy"), ("authorization", "Bearer real")]
+            ),
+            Some(real.clone())
+        );
+        assert_eq!(
+            extract(
+                &ex,
+                &[("x-api-key", " real "), ("authorization", "Bearer decoy")]
+            ),
+            Some(real)
+        );
+        assert!(format!("{ex:?}").contains("known: true"));
     }
 
     #[test]
