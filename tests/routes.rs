@@ -231,3 +231,83 @@ async fn a_refused_grpc_call_gets_the_grpc_code_of_its_refusal() {
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.headers()["grpc-status"], "7"); // PERMISSION_DENIED
 }
+
+/// Inside axum's `nest` a layer sees the path with the prefix stripped: a pattern written
+/// with it (`POST /auth/login` for a layer inside `nest("/auth", …)`) matched nothing, so the
+/// route's strict limit, and the login guard's routes, silently guarded nothing. A pattern
+/// written relative to the nested router still matches as before.
+#[tokio::test]
+async fn patterns_with_the_nest_prefix_guard_routes_inside_a_nested_router() {
+    use axum::http::{HeaderName, StatusCode};
+    use axum::routing::post;
+    use tollgate::login::{LoginGuard, LoginLayer};
+
+    let limiter = |pattern: &str| {
+        Limiter::builder()
+            .route(
+                pattern,
+                Route::new().policy(Policy::new("login", Rate::per_minute(1)).unwrap()),
+            )
+            .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+            .extractor(tollgate::key::Global::new())
+            .build()
+            .unwrap()
+    };
+    let client = reqwest::Client::new();
+    for pattern in ["POST /auth/login", "POST /login"] {
+        let app = Router::new().nest(
+            "/auth",
+            Router::new()
+                .route("/login", post(|| async { "ok" }))
+                .route("/other", post(|| async { "ok" }))
+                .layer(RateLimitLayer::new(limiter(pattern))),
+        );
+        let addr = support::serve(app).await;
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let res = client
+                .post(format!("http://{addr}/auth/login"))
+                .send()
+                .await
+                .unwrap();
+            statuses.push(res.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 429, 429], "{pattern}");
+        let res = client
+            .post(format!("http://{addr}/auth/other"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            res.status(),
+            200,
+            "{pattern}: the other route keeps its policy"
+        );
+    }
+
+    let guard = LoginGuard::builder()
+        .ip_user_rate(Rate::per_minute(1))
+        .build()
+        .unwrap();
+    let login = LoginLayer::header(guard, HeaderName::from_static("x-username"))
+        .routes(["POST /auth/login"])
+        .unwrap();
+    let app = Router::new().nest(
+        "/auth",
+        Router::new()
+            .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
+            .layer(login),
+    );
+    let addr = support::serve(app).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let res = client
+            .post(format!("http://{addr}/auth/login"))
+            .header("x-username", "alice")
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [401, 429, 429]);
+}

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use http::Method;
+use http::{Extensions, Method, Uri};
 
 use crate::error::ConfigError;
 
@@ -105,6 +105,31 @@ impl RouteTable {
         for_method(method)
             .or_else(|| (method == Method::HEAD).then(|| for_method(&Method::GET))?)
             .or_else(|| routes.iter().find(|(m, _)| m.is_none()).map(|(_, i)| *i))
+    }
+
+    /// The route index for a request as the layer sees it, or, when no pattern matches that
+    /// path and the request went through axum's `Router::nest` (which strips the prefix
+    /// from what its layers see and keeps the whole path as `OriginalUri`), for the whole
+    /// path: a pattern written with the prefix (`POST /auth/login` for a layer inside
+    /// `nest("/auth", …)`) still guards its route.
+    pub(crate) fn lookup_request(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        extensions: &Extensions,
+    ) -> Option<usize> {
+        let found = self.lookup(method, uri.path());
+        #[cfg(feature = "axum")]
+        if found.is_none() {
+            if let Some(axum::extract::OriginalUri(original)) = extensions.get() {
+                if original.path() != uri.path() {
+                    return self.lookup(method, original.path());
+                }
+            }
+        }
+        #[cfg(not(feature = "axum"))]
+        let _ = extensions;
+        found
     }
 }
 

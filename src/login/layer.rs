@@ -477,11 +477,11 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let guarded = self
-            .shared
-            .routes
-            .as_ref()
-            .is_none_or(|routes| routes.lookup(req.method(), req.uri().path()).is_some());
+        let guarded = self.shared.routes.as_ref().is_none_or(|routes| {
+            routes
+                .lookup_request(req.method(), req.uri(), req.extensions())
+                .is_some()
+        });
         if !guarded {
             let future = inner.call(req);
             return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
