@@ -50,6 +50,17 @@ pub struct Decision {
     slot_expires: bool,
 }
 
+/// Of allowed answers, the most restrictive: the fewest units left, and of policies tied on
+/// that, the one whose quota comes back last (the first declared of those): a client that
+/// uses up the rest is refused until that one resets.
+fn most_restrictive(decisions: &[PolicyDecision]) -> Option<usize> {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, d)| (d.remaining, std::cmp::Reverse(d.reset_after_ms)))
+        .map(|(i, _)| i)
+}
+
 /// Equal when the answers are: the [`slot`](Decision::slot) a store named is not part of
 /// the answer.
 impl PartialEq for Decision {
@@ -97,17 +108,17 @@ impl DecidedBy {
 impl Decision {
     /// Combines per-policy answers into one decision.
     ///
+    /// The governing policy, which the classic headers describe: when allowed, the one with
+    /// the fewest units left (of those tied, the one whose quota comes back last); when
+    /// denied, the denying one that allows again last.
+    ///
     /// An empty list gives an allowed decision with no policies: what an exempt route or an
     /// allow-listed key gets (`limit`, `remaining` and the times are then 0).
     pub fn from_policies(decisions: impl IntoIterator<Item = PolicyDecision>) -> Self {
         let decisions: SmallVec<[PolicyDecision; 2]> = decisions.into_iter().collect();
         let allowed = decisions.iter().all(PolicyDecision::is_allowed);
         let governing = if allowed {
-            decisions
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, d)| d.remaining)
-                .map_or(0, |(i, _)| i)
+            most_restrictive(&decisions).unwrap_or(0)
         } else {
             decisions
                 .iter()
@@ -214,14 +225,7 @@ impl Decision {
                 .saturating_add(reserved)
                 .saturating_sub(actual)
                 .min(d.limit);
-            if let Some(g) = self
-                .decisions
-                .iter()
-                .enumerate()
-                .filter(|_| self.allowed)
-                .min_by_key(|(_, d)| d.remaining)
-                .map(|(i, _)| i)
-            {
+            if let Some(g) = most_restrictive(&self.decisions).filter(|_| self.allowed) {
                 self.governing = g;
             }
         }

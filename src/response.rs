@@ -144,13 +144,23 @@ impl<'de> serde::Deserialize<'de> for QuotaHeaders {
     }
 }
 
-/// Seconds until reset as sent in headers: on a denial the `Retry-After` moment, else the
-/// governing policy's reset, rounded up.
-fn reset_secs(decision: &Decision) -> u64 {
+/// Milliseconds until reset: on a denial until the `Retry-After` moment, else until the
+/// governing policy's reset.
+fn reset_millis(decision: &Decision) -> u64 {
     if decision.is_allowed() {
-        (decision.reset_after().as_millis() as u64).div_ceil(1000)
+        decision.reset_after().as_millis() as u64
     } else {
-        decision.retry_after_millis().div_ceil(1000).max(1)
+        decision.retry_after_millis()
+    }
+}
+
+/// Seconds until reset as sent in headers, rounded up (never 0 on a denial).
+fn reset_secs(decision: &Decision) -> u64 {
+    let secs = reset_millis(decision).div_ceil(1000);
+    if decision.is_allowed() {
+        secs
+    } else {
+        secs.max(1)
     }
 }
 
@@ -170,8 +180,16 @@ pub fn write_quota_headers(
         // One allocation for the entries instead of growing the map on the way.
         headers.reserve(if twins { 6 } else { 3 });
         let reset = reset_secs(decision);
-        // The reset moment is only sent by `X-RateLimit-Reset`; 0 renders for free.
-        let reset_at = if twins { now_millis / 1000 + reset } else { 0 };
+        // The reset moment is only sent by `X-RateLimit-Reset`; 0 renders for free. The Unix
+        // second at or after the moment itself: flooring the clock before adding the
+        // rounded-up wait could name a second before it, when a retry is still refused.
+        let reset_at = if twins {
+            now_millis
+                .saturating_add(reset_millis(decision))
+                .div_ceil(1000)
+        } else {
+            0
+        };
         let [limit, remaining, reset, reset_at] =
             number::values([decision.limit(), decision.remaining(), reset, reset_at]);
         // Each `X-` twin shares its value's bytes: cloning a header value copies no digits.

@@ -94,6 +94,52 @@ async fn the_request_over_the_limit_gets_a_complete_429() {
     assert_eq!(header(&res, "ratelimit-remaining"), "4");
 }
 
+/// `X-RateLimit-Reset` floored the clock before adding the rounded-up wait, so it could name
+/// a second before the retry passes: a client that waited for it was refused again.
+#[tokio::test]
+async fn x_ratelimit_reset_is_never_before_the_retry_passes() {
+    let clock = ManualClock::new(1_700_000_000_900);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .policy(
+            Policy::builder("x", Rate::new(1, Duration::from_millis(500)))
+                .algorithm(Algorithm::SlidingWindowLog)
+                .build()
+                .unwrap(),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = support::serve(hello().layer(RateLimitLayer::new(limiter))).await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_millis(50));
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Refused at …0.950 until …1.400: the Unix second at or after it is …2.
+    let reset_at: u64 = header(&res, "x-ratelimit-reset").parse().unwrap();
+    assert_eq!(reset_at, 1_700_000_002);
+    assert_eq!(header(&res, "ratelimit-reset"), "1");
+    clock.set_millis(1_700_000_001_000);
+    let early = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(early.status(), StatusCode::TOO_MANY_REQUESTS);
+    clock.set_millis(reset_at * 1000);
+    let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "allowed at the moment it named"
+    );
+}
+
 #[tokio::test]
 async fn retry_after_is_never_zero_and_rounds_up() {
     let clock = ManualClock::new(T0);

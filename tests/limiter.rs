@@ -310,6 +310,68 @@ async fn made_up_api_keys_fall_through_to_the_client_address() {
     assert_eq!(statuses, [200, 200, 429], "one limit for the issued key");
 }
 
+/// Two policies with as many units left: the headers follow the one whose quota comes back
+/// last, whichever was declared first (they named the 2-second burst, and a client that
+/// waited 2 s was refused for 18 s more).
+#[tokio::test]
+async fn of_policies_tied_on_what_is_left_the_one_that_resets_last_governs() {
+    for order in [["burst", "long"], ["long", "burst"]] {
+        let clock = ManualClock::new(1_000_000);
+        let policy = |name: &str| {
+            let window = if name == "burst" { 2 } else { 20 };
+            Policy::builder(name, Rate::new(1, Duration::from_secs(window)))
+                .algorithm(Algorithm::FixedWindow)
+                .build()
+                .unwrap()
+        };
+        let limiter = Limiter::builder()
+            .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+            .policy(policy(order[0]))
+            .policy(policy(order[1]))
+            .build()
+            .unwrap();
+        let key = Key::new("user", "1");
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        let governing = d.governing_index();
+        assert_eq!(order[governing], "long", "{order:?}");
+        assert_eq!(d.reset_after(), Duration::from_secs(20), "{order:?}");
+        clock.advance(d.reset_after());
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+}
+
+/// Two penalised policies denying together start both blocks: the first refusal's
+/// `retry_after` named the first policy's penalty, and a client that waited for it was
+/// refused again.
+#[tokio::test]
+async fn the_first_refusal_of_two_penalties_names_the_block_that_ends_last() {
+    let clock = ManualClock::new(1_000_000);
+    let policy = |name: &str, penalty: u64| {
+        Policy::builder(name, Rate::new(1, Duration::from_secs(1)))
+            .algorithm(Algorithm::SlidingWindowLog)
+            .penalty(Duration::from_secs(penalty))
+            .build()
+            .unwrap()
+    };
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .policy(policy("a", 2))
+        .policy(policy("b", 5))
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    let refused = limiter.check(&key, 1).await.unwrap();
+    assert!(!refused.is_allowed());
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(5)));
+    clock.advance(Duration::from_millis(4_999));
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    clock.advance(Duration::from_millis(1));
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}
+
 /// On the direct API an IPv6 key names its /56: a denied host or /64 inside it refuses it
 /// (it was never matched), while an allowed one narrower than the prefix lets nothing
 /// through uncharged.

@@ -477,3 +477,45 @@ async fn a_raised_override_admits_a_larger_estimate_through_http() {
     assert!(body.contains("cost_exceeds_capacity"), "{body}");
     assert!(body.contains("1000"), "{body}");
 }
+
+/// A refund of a cost above the plan's capacity but within an override's gave nothing back:
+/// the charge the override admitted was kept.
+#[tokio::test]
+async fn a_refund_within_an_overrides_capacity_gives_the_units_back() {
+    for algorithm in [
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let limiter = Limiter::builder()
+            .policy(
+                Policy::builder("api", Rate::per_minute(10))
+                    .algorithm(algorithm)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap();
+        let key = Key::new("tenant", "big");
+        limiter
+            .set_override(&key, tollgate::Override::new("api", 50))
+            .await
+            .unwrap();
+        assert!(limiter.check(&key, 20).await.unwrap().is_allowed());
+        limiter.refund(&key, 20).await.unwrap();
+        // A look answers as a request of one unit would: 49 after it.
+        let left = limiter.peek(&key).await.unwrap().remaining();
+        assert_eq!(left, 49, "{algorithm:?}");
+        // Above the override's capacity, the check was refused and the refund gives nothing.
+        assert!(limiter.check(&key, 10).await.unwrap().is_allowed());
+        assert!(limiter.check(&key, 60).await.is_err());
+        limiter.refund(&key, 60).await.unwrap();
+        assert_eq!(
+            limiter.peek(&key).await.unwrap().remaining(),
+            39,
+            "{algorithm:?}"
+        );
+    }
+}

@@ -312,6 +312,33 @@ struct CompiledRoute {
     tiers: Vec<(String, usize)>,
 }
 
+/// The policies a refund of `cost` gives back to, with their costs: the enforced ones when
+/// `charged` says the cost fitted them (a cost above a capacity in force was refused), and
+/// the shadow ones, which were charged with the cost capped at their capacity. Slots are not
+/// units: an in-flight policy's slot comes back when its permit or response body is dropped,
+/// never by a refund.
+fn refund_parts(
+    set: &PolicySet,
+    cost: u64,
+    charged: impl FnOnce(&[Policy]) -> bool,
+) -> (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) {
+    let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
+    let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
+    let units = |p: &&Policy| !p.is_in_flight();
+    if charged(&set.enforced) {
+        policies.extend(set.enforced.iter().filter(units).cloned());
+        costs.extend(set.enforced.iter().filter(units).map(|_| cost));
+    }
+    policies.extend(set.shadow.iter().filter(units).cloned());
+    costs.extend(
+        set.shadow
+            .iter()
+            .filter(units)
+            .map(|p| cost.min(p.capacity())),
+    );
+    (policies, costs)
+}
+
 impl<S> Clone for Limiter<S> {
     fn clone(&self) -> Self {
         Self {
@@ -556,37 +583,52 @@ impl<S: Store> Limiter<S> {
         if lists.deny.contains(key) || lists.allow.contains(key) {
             return None;
         }
-        let mut policies: SmallVec<[Policy; 2]> = SmallVec::new();
-        let mut costs: SmallVec<[u64; 2]> = SmallVec::new();
-        // Slots are not units: an in-flight policy's slot comes back when its permit or
-        // response body is dropped, never by a refund.
-        let units = |p: &&Policy| !p.is_in_flight();
-        if !set
+        // A cost above a policy's capacity in force was refused, and charged nothing to
+        // refund. The plan's capacity decides unless an override may have raised it: then
+        // the key's overrides are read first.
+        let above_plan = set
             .enforced
             .iter()
-            .filter(units)
-            .any(|p| cost > p.capacity())
-        {
-            policies.extend(set.enforced.iter().filter(units).cloned());
-            costs.extend(set.enforced.iter().filter(units).map(|_| cost));
+            .any(|p| !p.is_in_flight() && cost > p.capacity());
+        let overrides = match self.inner.common.store.override_store() {
+            Some(_) if above_plan => true,
+            _ => false,
+        };
+        if !overrides {
+            let (policies, costs) = refund_parts(&set, cost, |_| !above_plan);
+            if policies.is_empty() {
+                return None;
+            }
+            let op = crate::store::Op::refund(&costs[..]);
+            let call = self.give_back(key, &policies, op, fallback);
+            return Some(hold::Completing::new("refund", call));
         }
-        // Shadow policies were charged with the cost capped at their capacity.
-        policies.extend(set.shadow.iter().filter(units).cloned());
-        costs.extend(
-            set.shadow
-                .iter()
-                .filter(units)
-                .map(|p| cost.min(p.capacity())),
-        );
-        if policies.is_empty() {
-            return None;
-        }
-        let call = self.give_back(
-            key,
-            &policies,
-            crate::store::Op::refund(&costs[..]),
-            fallback,
-        );
+        let limiter = self.clone();
+        let key = key.clone();
+        let call: crate::store::BoxFuture<Result<(), crate::error::StoreError>> =
+            Box::pin(async move {
+                let store = &limiter.inner.common.store;
+                let active = match store.override_store() {
+                    Some(overrides) => overrides.list(&key, &set.enforced).await?,
+                    None => Vec::new(),
+                };
+                let in_force = |p: &Policy| {
+                    active
+                        .iter()
+                        .find(|o| o.policy() == p.name())
+                        .map_or(p.capacity(), |o| o.capacity())
+                };
+                let (policies, costs) = refund_parts(&set, cost, |enforced| {
+                    enforced
+                        .iter()
+                        .all(|p| p.is_in_flight() || cost <= in_force(p))
+                });
+                if policies.is_empty() {
+                    return Ok(());
+                }
+                let op = crate::store::Op::refund(&costs[..]);
+                limiter.give_back(&key, &policies, op, fallback).await
+            });
         Some(hold::Completing::new("refund", call))
     }
 

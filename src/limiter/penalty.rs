@@ -43,11 +43,17 @@ impl<S: Store> Limiter<S> {
                 })
                 .map(|(&i, p)| (i, p.clone()))
                 .unzip();
-            if let (Some(&index), Some(first)) = (denied_at.first(), start.first()) {
+            if !start.is_empty() {
                 let ones = vec![1; start.len()];
                 store.check(&key, &start, &ones).await?;
-                let penalty_ms = first.window_millis();
-                return Ok(decision.blocked(index, penalty_ms));
+                // Every block started: the refusal lasts until the last one ends.
+                let blocked = denied_at
+                    .iter()
+                    .zip(&start)
+                    .fold(decision, |d, (&index, penalty)| {
+                        d.blocked(index, penalty.window_millis())
+                    });
+                return Ok(blocked);
             }
         }
         Ok(decision)
