@@ -8,13 +8,13 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /keys/{source}/{material}?route=/search&method=GET` | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would |
-//! | `DELETE /keys/{source}/{material}` | forgets the key's state under every policy of the limiter ([`Limiter::reset`]): its next request starts afresh |
+//! | `GET /keys/{source}/{material}?route=/search&method=GET` | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would (a route attached with [`Limiter::for_route`] is axum's to match, not the table's: its policies are not shown here) |
+//! | `DELETE /keys/{source}/{material}` | forgets the key's state under every policy of the limiter and of the limiters made from it with [`Limiter::for_route`] ([`Limiter::reset`]): its next request starts afresh |
 //! | `GET /overrides/{source}/{material}` | the key's per-key [overrides](crate::overrides) in force: `{"overrides": [{"policy", "limit", "capacity", "expires_in_ms"}, …]}` |
 //! | `PUT /overrides/{source}/{material}?policy=api&limit=5000[&burst=…][&ttl_ms=…]` | sets an override ([`Limiter::set_override`]), answering the overrides in force; an invalid one is a 400 naming the field |
 //! | `DELETE /overrides/{source}/{material}?policy=api` | removes it: the plan's limit applies again |
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
-//! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
+//! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]; the routes of limiters made with [`Limiter::for_route`] under their metrics label, `for_route`), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
 //!
 //! A key is its source and raw material, as [`Key::new`] builds it: `/keys/ip/203.0.113.5`,
 //! `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key that [`ApiKey`](crate::key::ApiKey)

@@ -429,3 +429,68 @@ fn the_cli_refuses_what_it_cannot_act_on() {
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Limits attached through axum's router with `for_route` are the parent's too: the admin
+/// API's reset, overrides and plan reached only the parent's own routes, so a key refused by
+/// an attached route stayed refused after `DELETE /keys`.
+#[tokio::test]
+async fn the_admin_api_covers_limits_attached_with_for_route() {
+    use tollgate::route::Route;
+    use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
+    let limiter = Limiter::builder()
+        .default_route(Route::exempt())
+        .extractor(tollgate::key::from_fn(|req| {
+            let tenant = req.headers().get("x-tenant")?;
+            Some(Key::new("tenant", tenant.as_bytes()))
+        }))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(limiter.clone());
+    let attached = layer
+        .for_route(Route::new().policy(Policy::new("search", Rate::per_minute(2)).unwrap()))
+        .unwrap();
+    let app = Router::new()
+        .route("/search", get(|| async { "results" }).route_layer(attached))
+        .nest("/admin", Admin::new(limiter).router());
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    for expected in [200, 200, 429] {
+        assert_eq!(search(&client, addr, "t1").await.as_u16(), expected);
+    }
+    let res = client
+        .delete(format!("http://{addr}/admin/keys/tenant/t1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(search(&client, addr, "t1").await, StatusCode::OK);
+
+    let res = client
+        .put(format!(
+            "http://{addr}/admin/overrides/tenant/t2?policy=search&limit=5"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "{}",
+        res.text().await.unwrap()
+    );
+    for _ in 0..5 {
+        assert_eq!(search(&client, addr, "t2").await, StatusCode::OK);
+    }
+    assert_eq!(search(&client, addr, "t2").await.as_u16(), 429);
+
+    let plan = get_json(&client, format!("http://{addr}/admin/plan")).await;
+    let routes = plan["limiter"]["routes"].as_array().unwrap();
+    assert!(
+        routes.iter().any(|r| r["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "search")),
+        "{plan}"
+    );
+}

@@ -399,6 +399,7 @@ impl<S: Store> LimiterBuilder<S> {
             top_refused: HeavyHitters::new(self.top_refused.0, self.top_refused.1),
             resets: ResetLog::new(),
             source: Mutex::new(None),
+            attached: Mutex::new(Vec::new()),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
@@ -477,10 +478,12 @@ pub(super) fn attach<S: Store>(
     )?;
     failure_modes_applied(&common.store, &sets)?;
     *names = trial;
+    let sets: Vec<Arc<super::PolicySet>> = sets.into_iter().map(Arc::new).collect();
+    common.register_attached(&compiled, &sets);
     Ok(Limiter::from_parts(
         Arc::clone(common),
         CompiledPlan {
-            sets: sets.into_iter().map(Arc::new).collect(),
+            sets,
             routes: vec![compiled],
             table: None,
             lists: Arc::clone(lists),

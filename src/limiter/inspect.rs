@@ -289,6 +289,25 @@ impl<S: Store> Limiter<S> {
             routes.extend(route.default_set.map(|id| view(id, None)));
             routes.extend(route.tiers.iter().map(|(t, id)| view(*id, Some(t))));
         }
+        // The routes of limiters made with `for_route` (axum's router decides which
+        // requests they see), under the label their metrics carry.
+        if plan.attached.is_none() {
+            for (tier, set) in self.inner.common.attached_tiers() {
+                let (key, own_key) = plan.lists.describe_key(&set);
+                routes.push(RouteView {
+                    route: set.route.to_string(),
+                    tier,
+                    key,
+                    own_key,
+                    policies: set
+                        .enforced
+                        .iter()
+                        .chain(set.shadow.iter())
+                        .map(PolicyView::new)
+                        .collect(),
+                });
+            }
+        }
         EffectivePlan { routes }
     }
 }

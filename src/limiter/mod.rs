@@ -131,6 +131,37 @@ pub(crate) struct Common<S> {
     /// What the plan in force was described by, kept by whoever built it from a description
     /// (a config plan) for the next reload to compare with; `None` for a plan built in code.
     pub(crate) source: Mutex<Option<PlanSource>>,
+    /// The policy sets of the limiters made with [`Limiter::for_route`]: resets and
+    /// overrides through any limiter sharing this store reach their policies too.
+    attached: Mutex<Vec<(Option<String>, Arc<PolicySet>)>>,
+}
+
+impl<S> Common<S> {
+    /// Keeps the sets of a limiter made with [`Limiter::for_route`], by tier (`None`: the
+    /// route's untiered set).
+    fn register_attached(&self, route: &CompiledRoute, sets: &[Arc<PolicySet>]) {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        attached.extend(route.default_set.map(|id| (None, Arc::clone(&sets[id]))));
+        attached.extend(
+            route
+                .tiers
+                .iter()
+                .map(|(tier, id)| (Some(tier.clone()), Arc::clone(&sets[*id]))),
+        );
+    }
+
+    /// The sets of the limiters made with [`Limiter::for_route`] so far.
+    pub(crate) fn attached_sets(&self) -> Vec<Arc<PolicySet>> {
+        self.attached_tiers().into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// The sets of the limiters made with [`Limiter::for_route`] so far, by tier.
+    pub(crate) fn attached_tiers(&self) -> Vec<(Option<String>, Arc<PolicySet>)> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// The description a plan was built from (a config plan), opaque to the limiter.
@@ -633,7 +664,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
-    /// penalties and shadow policies included).
+    /// penalties and shadow policies included) and of the limiters made from it with
+    /// [`for_route`](Self::for_route).
     ///
     /// # Errors
     ///
@@ -667,7 +699,8 @@ impl<S: Store> Limiter<S> {
     async fn reset_in_store(&self, key: &Key) -> Result<(), CheckError> {
         let mut all: Vec<Policy> = vec![];
         let plan = self.plan();
-        for set in &plan.sets {
+        let attached = self.inner.common.attached_sets();
+        for set in plan.sets.iter().chain(&attached) {
             for p in set
                 .enforced
                 .iter()

@@ -102,11 +102,13 @@ impl<S: Store> Limiter<S> {
             })
     }
 
-    /// Every enforced policy of the plan in force, each name once.
+    /// Every enforced policy of the plan in force and of the limiters made from it with
+    /// [`for_route`](Self::for_route), each name once.
     fn all_policies(&self) -> Vec<Policy> {
         let plan = self.plan();
+        let attached = self.inner.common.attached_sets();
         let mut all: Vec<Policy> = vec![];
-        for set in &plan.sets {
+        for set in plan.sets.iter().chain(&attached) {
             for p in set.enforced.iter() {
                 if !all.iter().any(|q| q.name() == p.name()) {
                     all.push(p.clone());
