@@ -428,3 +428,39 @@ username = "login-user"
     assert!(refused.headers().get("ratelimit-policy").is_some());
     assert!(refused.headers().get("x-ratelimit-limit").is_none());
 }
+
+/// The username header given twice: frameworks disagree on which instance wins, so a decoy
+/// before the victim's name charged the decoy's limits while the handler could check the
+/// victim's password. Refused as ambiguous, as a JSON field given twice is.
+#[tokio::test]
+async fn a_username_header_given_twice_is_refused() {
+    use axum::http::{HeaderName, StatusCode};
+    use axum::routing::post;
+    use tollgate::login::{LoginGuard, LoginLayer};
+    let guard = LoginGuard::builder().build().unwrap();
+    let app = axum::Router::new()
+        .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
+        .layer(LoginLayer::header(
+            guard,
+            HeaderName::from_static("x-username"),
+        ));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let res = client
+        .post(format!("http://{addr}/login"))
+        .header("x-username", "decoy")
+        .header("x-username", "victim")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "ambiguous_username");
+    let once = client
+        .post(format!("http://{addr}/login"))
+        .header("x-username", "victim")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(once.status(), 401);
+}

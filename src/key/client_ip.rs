@@ -120,7 +120,7 @@ impl TrustedProxies {
 
     /// Whether `ip` is in one of the networks.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
+        let ip = super::extractor::canonical(ip);
         self.nets.iter().any(|net| net.contains(&ip))
     }
 
@@ -298,7 +298,7 @@ impl ClientIp {
     /// The client address of `request` (canonical, not grouped), or `None` without a peer
     /// address.
     pub fn client_ip(&self, request: &RequestView<'_>) -> Option<IpAddr> {
-        let peer = request.peer_addr()?.ip().to_canonical();
+        let peer = super::extractor::canonical(request.peer_addr()?.ip());
         if !self.trusted.contains(peer) {
             return Some(peer);
         }

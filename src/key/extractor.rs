@@ -238,7 +238,7 @@ impl KeyExtractor for PeerIp {
     }
 
     fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
-        Some(request.peer_addr()?.ip().to_canonical())
+        Some(canonical(request.peer_addr()?.ip()))
     }
 }
 
@@ -256,9 +256,22 @@ pub(crate) fn checked_prefix(bits: u8) -> Result<u8, crate::ConfigError> {
     }
 }
 
+/// A client address as it is keyed: an IPv4 address written in IPv6 as IPv4 — IPv4-mapped
+/// (`::ffff:192.0.2.1`), or translated by NAT64/SIIT into the well-known prefix
+/// `64:ff9b::/96` (RFC 6052), where an IPv4 client reaches an IPv6-only service. Grouped by
+/// an IPv6 prefix instead, every IPv4 client behind the translator would share one key.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] => {
+            IpAddr::V4(Ipv4Addr::from(u128::from(v6) as u32))
+        }
+        other => other,
+    }
+}
+
 /// The key for a client address, grouping IPv6 by `ipv6_prefix` bits.
 pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
-    match ip.to_canonical() {
+    match canonical(ip) {
         // The common case, on every request: `ip:` and the dotted quad written in one go,
         // with no escaping to check (digits and dots are plain material).
         IpAddr::V4(v4) => {
@@ -282,7 +295,7 @@ pub(crate) fn ip_material(ip: IpAddr, ipv6_prefix: u8) -> IpText {
         buf: [0; IpText::CAP],
         len: 0,
     };
-    match ip.to_canonical() {
+    match canonical(ip) {
         IpAddr::V4(v4) => text.push_v4(v4),
         IpAddr::V6(v6) if ipv6_prefix >= 128 => {
             let _ = write!(text, "{v6}");
@@ -458,6 +471,22 @@ mod tests {
         req.extensions_mut()
             .insert(addr.parse::<SocketAddr>().unwrap());
         req
+    }
+
+    #[test]
+    fn ipv4_clients_behind_nat64_keep_their_own_keys() {
+        let key = |peer: &str| {
+            let mut req = http::Request::new(());
+            req.extensions_mut()
+                .insert(peer.parse::<SocketAddr>().unwrap());
+            PeerIp::new().extract(&RequestView::new(&req)).unwrap()
+        };
+        // 64:ff9b::c000:201 is 192.0.2.1 translated (RFC 6052's well-known prefix).
+        assert_eq!(key("[64:ff9b::c000:201]:1").as_str(), "ip:192.0.2.1");
+        assert_eq!(key("[64:ff9b::c000:202]:1").as_str(), "ip:192.0.2.2");
+        assert_eq!(key("[::ffff:192.0.2.1]:1").as_str(), "ip:192.0.2.1");
+        // Outside the /96 it stays an IPv6 prefix.
+        assert_eq!(key("[64:ff9b:1::1]:1").as_str(), "ip:64:ff9b:1::/56");
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub fn parse_node(raw: &[u8]) -> Hop {
             _ => return Hop::Invalid,
         }
     };
-    Hop::Addr(addr.to_canonical())
+    Hop::Addr(super::extractor::canonical(addr))
 }
 
 /// Parses one `Forwarded` element (the text between two commas) and returns its `for` node.
@@ -244,7 +244,7 @@ pub fn resolve_client(
     max_hops: usize,
     is_trusted: impl Fn(IpAddr) -> bool,
 ) -> IpAddr {
-    let mut last = peer.to_canonical();
+    let mut last = super::extractor::canonical(peer);
     if !is_trusted(last) {
         return last;
     }

@@ -80,7 +80,7 @@ impl AccessList {
 
     /// Whether the client address `ip` is inside a listed network or is a listed IP key.
     pub(crate) fn contains_addr(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
+        let ip = crate::key::canonical_ip(ip);
         self.nets.iter().any(|n| n.contains(&ip))
     }
 
@@ -111,7 +111,7 @@ fn key_net(key: &Key) -> Option<IpNet> {
     }
     let material = &key.as_str()["ip:".len()..];
     match material.parse::<IpAddr>() {
-        Ok(ip) => Some(IpNet::from(ip.to_canonical())),
+        Ok(ip) => Some(IpNet::from(crate::key::canonical_ip(ip))),
         Err(_) => material.parse::<IpNet>().ok(),
     }
 }
@@ -123,7 +123,10 @@ fn parse_cidrs(field: &str, cidrs: &[String]) -> Result<Vec<IpNet>, ConfigError>
         .map(|(i, c)| {
             let c = c.trim();
             c.parse::<IpNet>()
-                .or_else(|_| c.parse::<IpAddr>().map(|ip| IpNet::from(ip.to_canonical())))
+                .or_else(|_| {
+                    c.parse::<IpAddr>()
+                        .map(|ip| IpNet::from(crate::key::canonical_ip(ip)))
+                })
                 .map_err(|_| {
                     ConfigError::new(
                         format!("{field}[{i}]"),

@@ -58,7 +58,7 @@ impl LoginOutcome {
     }
 }
 
-type PartsFn = dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync;
+type PartsFn = dyn Fn(&RequestView<'_>) -> Result<Option<String>, RefusalKind> + Send + Sync;
 /// Reads the username from the head and the buffered body; `Err` refuses the request.
 type BodyFn = dyn Fn(&RequestView<'_>, &[u8]) -> Result<Option<String>, RefusalKind> + Send + Sync;
 
@@ -204,13 +204,24 @@ impl<St> LoginLayer<St> {
 
     /// Reads the username from the header `name` (no body buffering).
     ///
+    /// A request that carries the header more than once is refused with `400`
+    /// ([`RefusalKind::LoginUsernameAmbiguous`]): frameworks disagree on which instance
+    /// wins, so `x-username: decoy` then `x-username: victim` could charge the decoy's limits
+    /// while the handler checks the victim's password.
+    ///
     /// See the type docs for an example.
     pub fn header(guard: LoginGuard<St>, name: HeaderName) -> Self {
         Self::with(
             guard,
             Username::Parts(Arc::new(move |req: &RequestView<'_>| {
-                let value = req.headers().get(&name)?;
-                Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+                let mut all = req.headers().get_all(&name).iter();
+                match (all.next(), all.next()) {
+                    (Some(value), None) => {
+                        Ok(Some(String::from_utf8_lossy(value.as_bytes()).into_owned()))
+                    }
+                    (None, _) => Ok(None),
+                    (Some(_), Some(_)) => Err(RefusalKind::LoginUsernameAmbiguous),
+                }
             })),
         )
     }
@@ -249,7 +260,10 @@ impl<St> LoginLayer<St> {
     where
         F: Fn(&RequestView<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Self::with(guard, Username::Parts(Arc::new(f)))
+        Self::with(
+            guard,
+            Username::Parts(Arc::new(move |req: &RequestView<'_>| Ok(f(req)))),
+        )
     }
 
     /// Reads the username with a closure over the request head and the buffered body (e.g. a
@@ -499,10 +513,10 @@ where
                 Ok(res.map(RateLimitBody::full))
             };
             let (req, username) = match &shared.username {
-                Username::Parts(f) => {
-                    let username = f(&RequestView::new(&req));
-                    (req, username)
-                }
+                Username::Parts(f) => match f(&RequestView::new(&req)) {
+                    Ok(username) => (req, username),
+                    Err(kind) => return early(Refusal::of_kind(kind), None),
+                },
                 Username::Body(f) => {
                     let (parts, body) = req.into_parts();
                     let bytes = match read_capped(body, shared.max_body).await {

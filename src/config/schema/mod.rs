@@ -131,7 +131,8 @@ pub struct KeyConfig {
     /// Networks of trusted proxies, for `client_ip`.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
-    /// IPv6 grouping prefix (default 64).
+    /// IPv6 grouping prefix (default [`DEFAULT_IPV6_PREFIX`](crate::key::DEFAULT_IPV6_PREFIX),
+    /// 56).
     pub ipv6_prefix: Option<u8>,
     /// For `api_key`: the environment variable holding the HMAC secret (without it keys are
     /// plain SHA-256).
