@@ -520,3 +520,42 @@ fn a_plan_names_which_allowed_responses_carry_quota_headers() {
     );
     assert!(err.contains("near_limit"), "{err}");
 }
+
+/// A sensitive policy reveals no counts, and its name and capacity are counts too: the 429
+/// for a computed cost above its capacity named both.
+#[tokio::test]
+async fn a_cost_above_a_sensitive_policys_capacity_names_neither() {
+    use tollgate::route::Route;
+    let limiter = Limiter::builder()
+        .route(
+            "POST /login",
+            Route::new()
+                .policy(
+                    Policy::builder("login-secret", Rate::per_minute(5))
+                        .sensitive(true)
+                        .build()
+                        .unwrap(),
+                )
+                .cost_fn(|_| 6),
+        )
+        .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", axum::routing::post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = support::serve(app).await;
+    let res = reqwest::Client::new()
+        .post(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().get("ratelimit-limit").is_none());
+    let body = res.text().await.unwrap();
+    assert!(
+        !body.contains("login-secret") && !body.contains('5'),
+        "{body}"
+    );
+}

@@ -94,7 +94,8 @@ impl PolicyBuilder {
 
     /// Shapes instead of only policing (GCRA only): a request that would be rejected now but
     /// fits within `max_delay` takes the next free slot and is forwarded after waiting for it;
-    /// one that would wait longer is rejected.
+    /// one that would wait longer is rejected. The layer waits; on the direct API the
+    /// caller does, for the allowed decision's [`delay`](crate::Decision::delay).
     ///
     /// ```
     /// use std::time::Duration;

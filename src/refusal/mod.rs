@@ -510,6 +510,10 @@ impl Refusal {
             }
             RefusalKind::CostExceedsCapacity => {
                 Cow::Owned(match (self.policy(), self.inner.cost) {
+                    // A sensitive policy's name and capacity are counts too.
+                    _ if self.is_sensitive() => {
+                        "The request costs more than any limit allows.".to_owned()
+                    }
                     (Some(p), Some(cost)) => format!(
                         "cost {cost} exceeds the capacity {} of policy \"{}\"",
                         self.capacity().unwrap_or_else(|| p.capacity()),
