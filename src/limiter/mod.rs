@@ -621,10 +621,7 @@ impl<S: Store> Limiter<S> {
             .enforced
             .iter()
             .any(|p| !p.is_in_flight() && cost > p.capacity());
-        let overrides = match self.inner.common.store.override_store() {
-            Some(_) if above_plan => true,
-            _ => false,
-        };
+        let overrides = above_plan && self.inner.common.store.override_store().is_some();
         if !overrides {
             let (policies, costs) = refund_parts(&set, cost, |_| !above_plan);
             if policies.is_empty() {
