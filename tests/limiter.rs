@@ -200,22 +200,7 @@ async fn client_networks_hold_over_http_whatever_key_the_request_gets() {
             .layer(RateLimitLayer::new(limiter))
     };
     let client = reqwest::Client::new();
-    let statuses = |addr: SocketAddr| {
-        let client = client.clone();
-        async move {
-            let mut out = Vec::new();
-            for i in 0..3 {
-                let res = client
-                    .get(format!("http://{addr}/"))
-                    .header("x-api-key", format!("made-up-{i}"))
-                    .send()
-                    .await
-                    .unwrap();
-                out.push(res.status().as_u16());
-            }
-            out
-        }
-    };
+    let statuses = |addr: SocketAddr| api_key_statuses(addr, 3, "made-up", None);
     let denied = support::serve(app(|b| b.deny_cidr("127.0.0.0/8"))).await;
     assert_eq!(statuses(denied).await, [403, 403, 403]);
     let by_key = support::serve(app(|b| b.deny_key(Key::new("ip", "127.0.0.1")))).await;
@@ -254,15 +239,7 @@ async fn client_networks_hold_over_http_whatever_key_the_request_gets() {
             .route("/", get(|| async { "ok" }))
             .layer(RateLimitLayer::new(limiter));
         let listener = tokio::net::TcpListener::bind("[::1]:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
+        let addr = support::serve_on(listener, app);
         let res = client.get(format!("http://{addr}/")).send().await.unwrap();
         assert_eq!(res.status().as_u16(), expected, "deny {deny} ({v6})");
     }
@@ -284,30 +261,32 @@ async fn made_up_api_keys_fall_through_to_the_client_address() {
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(limiter));
     let addr = support::serve(app).await;
-    let client = reqwest::Client::new();
-    let mut statuses = Vec::new();
-    for i in 0..4 {
-        let res = client
-            .get(format!("http://{addr}/"))
-            .header("x-api-key", format!("made-up-{i}"))
-            .send()
-            .await
-            .unwrap();
-        statuses.push(res.status().as_u16());
-    }
+    let statuses = api_key_statuses(addr, 4, "made-up", None).await;
     assert_eq!(statuses, [200, 200, 429, 429]);
-    let mut statuses = Vec::new();
-    for i in 0..3 {
-        let res = client
-            .get(format!("http://{addr}/"))
-            .header("x-api-key", format!("decoy-{i}"))
-            .bearer_auth("sk_issued")
-            .send()
-            .await
-            .unwrap();
-        statuses.push(res.status().as_u16());
-    }
+    let statuses = api_key_statuses(addr, 3, "decoy", Some("sk_issued")).await;
     assert_eq!(statuses, [200, 200, 429], "one limit for the issued key");
+}
+
+/// The statuses of `n` requests to `addr`, each with its own `X-API-Key` (`{prefix}-{i}`) and
+/// the bearer token `bearer`, if any.
+async fn api_key_statuses(
+    addr: SocketAddr,
+    n: usize,
+    prefix: &str,
+    bearer: Option<&str>,
+) -> Vec<u16> {
+    let client = reqwest::Client::new();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut req = client
+            .get(format!("http://{addr}/"))
+            .header("x-api-key", format!("{prefix}-{i}"));
+        if let Some(token) = bearer {
+            req = req.bearer_auth(token);
+        }
+        out.push(req.send().await.unwrap().status().as_u16());
+    }
+    out
 }
 
 /// Two policies with as many units left: the headers follow the one whose quota comes back

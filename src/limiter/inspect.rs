@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::heavy_hitters::shown;
-use super::Limiter;
+use super::{Limiter, PolicySet};
 use crate::algorithm::PolicyDecision;
 use crate::error::CheckError;
 use crate::key::{Key, RequestView};
@@ -268,8 +268,7 @@ impl<S: Store> Limiter<S> {
     pub fn effective_plan(&self) -> EffectivePlan {
         let plan = self.plan();
         let sets = &plan.sets;
-        let view = |id: usize, tier: Option<&str>| {
-            let set = &sets[id];
+        let view = |set: &PolicySet, tier: Option<&str>| {
             let (key, own_key) = plan.lists.describe_key(set);
             RouteView {
                 route: set.route.to_string(),
@@ -286,26 +285,14 @@ impl<S: Store> Limiter<S> {
         };
         let mut routes = Vec::new();
         for route in &plan.routes {
-            routes.extend(route.default_set.map(|id| view(id, None)));
-            routes.extend(route.tiers.iter().map(|(t, id)| view(*id, Some(t))));
+            routes.extend(route.default_set.map(|id| view(&sets[id], None)));
+            routes.extend(route.tiers.iter().map(|(t, id)| view(&sets[*id], Some(t))));
         }
         // The routes of limiters made with `for_route` (axum's router decides which
         // requests they see), under the label their metrics carry.
         if plan.attached.is_none() {
             for (tier, set) in self.inner.common.attached_tiers() {
-                let (key, own_key) = plan.lists.describe_key(&set);
-                routes.push(RouteView {
-                    route: set.route.to_string(),
-                    tier,
-                    key,
-                    own_key,
-                    policies: set
-                        .enforced
-                        .iter()
-                        .chain(set.shadow.iter())
-                        .map(PolicyView::new)
-                        .collect(),
-                });
+                routes.push(view(&set, tier.as_deref()));
             }
         }
         EffectivePlan { routes }

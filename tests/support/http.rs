@@ -8,6 +8,11 @@ use axum::Router;
 /// Serves `app` on a free loopback port, recording peer addresses; returns the address.
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on(listener, app)
+}
+
+/// Serves `app` on `listener` (an IPv6 one, say), recording peer addresses.
+pub fn serve_on(listener: tokio::net::TcpListener, app: Router) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         axum::serve(

@@ -25,7 +25,7 @@ pub mod redis;
 pub mod scenarios;
 pub mod sentinel;
 
-pub use self::http::{by_tenant, serve, Logs};
+pub use self::http::{by_tenant, serve, serve_on, Logs};
 pub use self::redis::{RedisCluster, RedisServer};
 
 /// A loopback port that was free when asked (for a server to bind, or for a store that must
