@@ -245,6 +245,114 @@ async fn client_networks_hold_over_http_whatever_key_the_request_gets() {
     }
 }
 
+/// How client networks meet keys: an allow-listed client is not refused for a neighbour's
+/// denied network; a key an extractor of your own reads from a header is the client (the
+/// address is then the load balancer's); a route's own key still comes from an address; a
+/// NAT64 address matches a network written either way.
+#[tokio::test]
+async fn client_networks_screen_the_client_whichever_extractor_names_it() {
+    use tollgate::key::{ApiKey, Chain, PeerIp};
+    let request = |peer: &str, headers: &[(&str, &str)]| {
+        let mut b = http::Request::get("/");
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        let mut req = b.body(()).unwrap();
+        req.extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        req
+    };
+    let decide = |limiter: Limiter, req: http::Request<()>| async move {
+        limiter
+            .decide(&RequestView::new(&req))
+            .await
+            .map(|d| d.policies().is_empty())
+            .map_err(|r| r.kind())
+    };
+    let build = |b: tollgate::LimiterBuilder<MemoryStore>| {
+        b.policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+            .build()
+            .unwrap()
+    };
+    // Allowed /64, its neighbour /64 denied, in one /56.
+    let limiter = build(
+        Limiter::builder()
+            .extractor(PeerIp::new())
+            .allow_cidr("2001:db8:0:1::/64")
+            .deny_cidr("2001:db8:0:2::/64"),
+    );
+    let allowed = decide(limiter.clone(), request("[2001:db8:0:1::5]:1", &[])).await;
+    assert_eq!(allowed, Ok(true), "allowed, uncharged");
+    let denied = decide(limiter.clone(), request("[2001:db8:0:2::5]:1", &[])).await;
+    assert_eq!(denied, Err(RefusalKind::Forbidden));
+    let neighbour = decide(limiter, request("[2001:db8:0:3::5]:1", &[])).await;
+    assert_eq!(neighbour, Ok(false), "limited as usual");
+
+    // X-Real-IP read by an extractor of your own, behind a load balancer on loopback.
+    let real_ip = || {
+        Chain::new(from_fn(|req: &RequestView<'_>| {
+            let ip = req.headers().get("x-real-ip")?.to_str().ok()?;
+            Some(Key::new("ip", ip))
+        }))
+        .or(PeerIp::new())
+    };
+    let via_lb = || request("127.0.0.1:1", &[("x-real-ip", "203.0.113.5")]);
+    let lb_allowed = build(
+        Limiter::builder()
+            .extractor(real_ip())
+            .allow_cidr("127.0.0.0/8"),
+    );
+    assert_eq!(
+        decide(lb_allowed, via_lb()).await,
+        Ok(false),
+        "limited, not passed"
+    );
+    let client_denied = build(
+        Limiter::builder()
+            .extractor(real_ip())
+            .deny_cidr("203.0.113.0/24"),
+    );
+    assert_eq!(
+        decide(client_denied, via_lb()).await,
+        Err(RefusalKind::Forbidden)
+    );
+    let lb_denied = build(
+        Limiter::builder()
+            .extractor(real_ip())
+            .deny_cidr("127.0.0.0/8"),
+    );
+    assert_eq!(decide(lb_denied, via_lb()).await, Ok(false));
+
+    // A route keyed by API key: its requests still come from an address.
+    let limiter = Limiter::builder()
+        .route(
+            "GET /export",
+            Route::new()
+                .policy(Policy::new("export", Rate::per_minute(10)).unwrap())
+                .key(ApiKey::new()),
+        )
+        .extractor(PeerIp::new());
+    let limiter = build(limiter.deny_cidr("127.0.0.0/8"));
+    let mut export = request("127.0.0.1:1", &[("x-api-key", "k")]);
+    *export.uri_mut() = "/export".parse().unwrap();
+    assert_eq!(decide(limiter, export).await, Err(RefusalKind::Forbidden));
+
+    // NAT64: 64:ff9b::c000:201 is 192.0.2.1.
+    for network in ["64:ff9b::/32", "64:ff9b::c000:200/120", "192.0.2.0/24"] {
+        let limiter = build(
+            Limiter::builder()
+                .extractor(PeerIp::new())
+                .deny_cidr(network),
+        );
+        let nat64 = request("[64:ff9b::c000:201]:1", &[]);
+        assert_eq!(
+            decide(limiter, nat64).await,
+            Err(RefusalKind::Forbidden),
+            "{network}"
+        );
+    }
+}
+
 /// Made-up API keys were a fresh limit each: with the keys issued named, an unknown one is
 /// limited by the address it comes from, and a decoy header hides no real bearer token.
 #[tokio::test]

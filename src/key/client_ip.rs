@@ -120,8 +120,10 @@ impl TrustedProxies {
 
     /// Whether `ip` is in one of the networks.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = super::extractor::canonical(ip);
-        self.nets.iter().any(|net| net.contains(&ip))
+        let canonical = super::extractor::canonical(ip);
+        self.nets
+            .iter()
+            .any(|net| net.contains(&canonical) || net.contains(&ip))
     }
 
     /// The networks.
@@ -135,14 +137,17 @@ impl TrustedProxies {
     }
 }
 
-/// `net` without host bits, and an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the
-/// IPv4 network it maps (`10.0.0.0/8`), since addresses are compared in canonical form.
-fn canonical_net(net: IpNet) -> IpNet {
+/// `net` without host bits, and a network of IPv4 addresses written in IPv6 — IPv4-mapped
+/// (`::ffff:10.0.0.0/104`) or NAT64's well-known prefix (`64:ff9b::a00:0/104`) — as the IPv4
+/// network it holds (`10.0.0.0/8`), since addresses are compared in canonical form.
+pub(crate) fn canonical_net(net: IpNet) -> IpNet {
     match net {
-        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
-            Some(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
-            None => net,
-        },
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => {
+            match super::extractor::canonical(IpAddr::V6(v6.addr())) {
+                IpAddr::V4(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+                IpAddr::V6(_) => net,
+            }
+        }
         _ => net,
     }
     .trunc()

@@ -126,8 +126,9 @@ pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
     /// The key for `request`, or `None`.
     fn extract(&self, request: &RequestView<'_>) -> Option<Key>;
 
-    /// The client address this extractor reads for `request` (canonical and whole, not
-    /// grouped by prefix), or `None` when it reads none (the default).
+    /// The client address this extractor reads for `request` (whole, not grouped by
+    /// prefix; an IPv4 address written in IPv6 may come either way, as networks are matched
+    /// against both forms), or `None` when it reads none (the default).
     ///
     /// A limiter's client networks ([`allow_cidr`](crate::LimiterBuilder::allow_cidr),
     /// [`deny_cidr`](crate::LimiterBuilder::deny_cidr)) are matched against this address
@@ -238,7 +239,7 @@ impl KeyExtractor for PeerIp {
     }
 
     fn client_addr(&self, request: &RequestView<'_>) -> Option<IpAddr> {
-        Some(canonical(request.peer_addr()?.ip()))
+        Some(request.peer_addr()?.ip())
     }
 }
 

@@ -53,6 +53,7 @@ pub use client_ip::{ClientIp, ForwardedHeader, TrustedProxies};
 pub use extractor::{from_fn, FnExtractor, Global, KeyExtractor, PeerIp, RequestView};
 pub use ip_user_agent::IpUserAgent;
 
+pub(crate) use client_ip::canonical_net;
 pub(crate) use extractor::canonical as canonical_ip;
 pub use user::{User, UserFn};
 

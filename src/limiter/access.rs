@@ -78,10 +78,13 @@ impl AccessList {
         !self.nets.is_empty()
     }
 
-    /// Whether the client address `ip` is inside a listed network or is a listed IP key.
+    /// Whether the client address `ip` is inside a listed network or is a listed IP key:
+    /// as written, or as the IPv4 address it carries (IPv4-mapped, NAT64).
     pub(crate) fn contains_addr(&self, ip: IpAddr) -> bool {
-        let ip = crate::key::canonical_ip(ip);
-        self.nets.iter().any(|n| n.contains(&ip))
+        let canonical = crate::key::canonical_ip(ip);
+        self.nets
+            .iter()
+            .any(|n| n.contains(&canonical) || n.contains(&ip))
     }
 
     fn lookup(&self, key: &Key) -> bool {
@@ -105,7 +108,7 @@ impl AccessList {
 }
 
 /// The network an IP key names: its address, or its IPv6 prefix; `None` for any other key.
-fn key_net(key: &Key) -> Option<IpNet> {
+pub(crate) fn key_net(key: &Key) -> Option<IpNet> {
     if key.source() != "ip" {
         return None;
     }
@@ -123,6 +126,7 @@ fn parse_cidrs(field: &str, cidrs: &[String]) -> Result<Vec<IpNet>, ConfigError>
         .map(|(i, c)| {
             let c = c.trim();
             c.parse::<IpNet>()
+                .map(crate::key::canonical_net)
                 .or_else(|_| {
                     c.parse::<IpAddr>()
                         .map(|ip| IpNet::from(crate::key::canonical_ip(ip)))

@@ -110,29 +110,28 @@ impl<S: Store> Limiter<S> {
             return Prepared::Pass;
         };
         let set = &*set;
-        // A client network applies to the client's address whatever key it gets; a key is
-        // still refused when deny-listed itself.
-        let by_addr = plan.lists.screen_addr(set, request);
-        match by_addr {
-            None | Some(Listed::No) => {}
-            Some(Listed::Denied) => {
+        // The client's address, read only when client networks are listed: they apply to it
+        // whatever key the request gets (see `Lists::screen`).
+        let addr = plan.lists.client_addr(set, request);
+        let Some(key) = plan.lists.key_for(Some(set), request) else {
+            if addr.is_some_and(|ip| plan.lists.deny.contains_addr(ip)) {
                 let refusal = Refusal::of_kind(RefusalKind::Forbidden);
-                refusal.log(plan.lists.key_for(Some(set), request).as_ref());
+                refusal.log(None);
                 return Prepared::Refuse(refusal);
             }
-            Some(Listed::Allowed) => match plan.lists.key_for(Some(set), request) {
-                Some(key) if plan.lists.deny.contains(&key) => {
-                    return Prepared::Refuse(forbidden(&key))
-                }
-                _ => return Prepared::Pass,
-            },
-        }
-        let Some(key) = plan.lists.key_for(Some(set), request) else {
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
             refusal.log(None);
             return Prepared::Refuse(refusal);
         };
+        let screened = addr.is_some();
+        if screened {
+            match plan.lists.screen(&key, addr) {
+                Listed::Denied => return Prepared::Refuse(forbidden(&key)),
+                Listed::Allowed => return Prepared::Pass,
+                Listed::No => {}
+            }
+        }
         // A computed cost is asked of the request once, for shadow and enforced policies alike.
         let cost = match &set.cost {
             Cost::PolicyDefault => None,
@@ -150,7 +149,7 @@ impl<S: Store> Limiter<S> {
             set,
             Screen {
                 lists: &plan.lists,
-                networks: by_addr.is_none(),
+                networks: !screened,
             },
             &key,
             cost,

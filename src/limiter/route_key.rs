@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use super::decide::Listed;
+use std::net::IpAddr;
+
+use super::access::key_net;
+use super::decide::{screen_lists, Listed};
 use super::{Lists, MissingKey, PolicySet};
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, RequestView};
@@ -75,23 +78,45 @@ impl Lists {
         }
     }
 
-    /// What the client networks make of a request of `set` by its client address, whatever
-    /// key it gets; `None` when no network is listed or the set's extractor reads no
-    /// address (an IP key is then screened against them as a key).
+    /// The client address of a request of `set`, when client networks are listed and an
+    /// extractor reads one: the set's own key's extractor, else the limiter's (a route keyed
+    /// by API key still comes from an address).
     #[inline]
-    pub(crate) fn screen_addr(&self, set: &PolicySet, request: &RequestView<'_>) -> Option<Listed> {
+    pub(crate) fn client_addr(&self, set: &PolicySet, request: &RequestView<'_>) -> Option<IpAddr> {
         if !self.deny.has_networks() && !self.allow.has_networks() {
             return None;
         }
-        let extractor = set.key.as_deref().unwrap_or(&*self.extractor);
-        let ip = extractor.client_addr(request)?;
-        Some(if self.deny.contains_addr(ip) {
+        set.key
+            .as_deref()
+            .and_then(|own| own.client_addr(request))
+            .or_else(|| self.extractor.client_addr(request))
+    }
+
+    /// Where a request keyed `key` from the client address `addr` stands on the lists.
+    ///
+    /// A key of another kind than `ip` (an API key, a user) is screened by the address
+    /// against the networks, so that a client in a denied network cannot step out of it
+    /// with a key of its choosing. An `ip` key that names the address (its prefix holds
+    /// it) is screened by the address too, exactly, not by the /56 it names. An `ip` key of
+    /// another address (read from a header by an extractor of your own, while the address
+    /// is the load balancer's) is the client: it is screened as a key, and the address is
+    /// not used.
+    pub(crate) fn screen(&self, key: &Key, addr: Option<IpAddr>) -> Listed {
+        let by_addr = match (addr, key_net(key)) {
+            (Some(ip), Some(net)) if net.contains(&crate::key::canonical_ip(ip)) => Some(ip),
+            (Some(ip), None) => Some(ip),
+            _ => None,
+        };
+        let Some(ip) = by_addr else {
+            return screen_lists(self, key);
+        };
+        if self.deny.lists_key(key) || self.deny.contains_addr(ip) {
             Listed::Denied
-        } else if self.allow.contains_addr(ip) {
+        } else if self.allow.lists_key(key) || self.allow.contains_addr(ip) {
             Listed::Allowed
         } else {
             Listed::No
-        })
+        }
     }
 
     /// How `set`'s requests are keyed, as the extractor's `Debug` shows it (which shows no
