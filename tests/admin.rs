@@ -494,3 +494,22 @@ async fn the_admin_api_covers_limits_attached_with_for_route() {
         "{plan}"
     );
 }
+
+/// A limiter made with `for_route` and dropped leaves nothing in the one it was made from.
+#[test]
+fn limiters_made_with_for_route_and_dropped_are_forgotten() {
+    use tollgate::route::Route;
+    use tollgate::{Limiter, Policy, Rate};
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let route = || Route::new().policy(Policy::new("search", Rate::per_minute(2)).unwrap());
+    let kept = limiter.for_route(route()).unwrap();
+    for _ in 0..1_000 {
+        drop(limiter.for_route(route()).unwrap());
+    }
+    assert_eq!(limiter.effective_plan().routes.len(), 2);
+    drop(kept);
+    assert_eq!(limiter.effective_plan().routes.len(), 1);
+}

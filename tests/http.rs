@@ -558,4 +558,5 @@ async fn a_cost_above_a_sensitive_policys_capacity_names_neither() {
         !body.contains("login-secret") && !body.contains('5'),
         "{body}"
     );
+    assert!(body.contains("rate_limit_exceeded"), "{body}");
 }

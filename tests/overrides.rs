@@ -519,3 +519,27 @@ async fn a_refund_within_an_overrides_capacity_gives_the_units_back() {
         );
     }
 }
+
+/// A cost that a lowered override refused charged nothing, and its refund gives nothing back
+/// (it took the units of the charges that stand).
+#[tokio::test]
+async fn a_refund_of_a_cost_a_lowered_override_refused_gives_nothing_back() {
+    let limiter = Limiter::builder()
+        .policy(
+            Policy::builder("api", Rate::per_minute(10))
+                .algorithm(Algorithm::SlidingWindowLog)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "small");
+    limiter
+        .set_override(&key, Override::new("api", 5))
+        .await
+        .unwrap();
+    assert_eq!(limiter.check(&key, 3).await.unwrap().remaining(), 2);
+    assert!(limiter.check(&key, 8).await.is_err());
+    limiter.refund(&key, 8).await.unwrap();
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 1);
+}

@@ -118,9 +118,10 @@ impl ApiKey {
     /// The header and the bearer token are both tried, so a decoy in one cannot hide a
     /// real key in the other.
     ///
-    /// `known` sees the raw key (trimmed) on every request: make it a constant-time lookup
-    /// in what you issued (a set of hashes, a bloom filter, a cache of your key store), not a
-    /// call over the network.
+    /// `known` sees the raw key (trimmed) on every request: make it a fast local lookup in
+    /// what you issued (a hash set, a cache of your key store), not a call over the network.
+    /// A request carrying two issued keys (in the header and as a bearer token) is keyed by
+    /// the header's.
     ///
     /// ```
     /// use std::collections::HashSet;

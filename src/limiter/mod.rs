@@ -133,7 +133,8 @@ pub(crate) struct Common<S> {
     pub(crate) source: Mutex<Option<PlanSource>>,
     /// The policy sets of the limiters made with [`Limiter::for_route`]: resets and
     /// overrides through any limiter sharing this store reach their policies too.
-    attached: Mutex<Vec<(Option<String>, Arc<PolicySet>)>>,
+    /// Held weakly: a limiter made and dropped leaves nothing behind.
+    attached: Mutex<Vec<(Option<String>, std::sync::Weak<PolicySet>)>>,
 }
 
 impl<S> Common<S> {
@@ -141,12 +142,17 @@ impl<S> Common<S> {
     /// route's untiered set).
     fn register_attached(&self, route: &CompiledRoute, sets: &[Arc<PolicySet>]) {
         let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
-        attached.extend(route.default_set.map(|id| (None, Arc::clone(&sets[id]))));
+        attached.retain(|(_, set)| set.strong_count() > 0);
+        attached.extend(
+            route
+                .default_set
+                .map(|id| (None, Arc::downgrade(&sets[id]))),
+        );
         attached.extend(
             route
                 .tiers
                 .iter()
-                .map(|(tier, id)| (Some(tier.clone()), Arc::clone(&sets[*id]))),
+                .map(|(tier, id)| (Some(tier.clone()), Arc::downgrade(&sets[*id]))),
         );
     }
 
@@ -155,12 +161,14 @@ impl<S> Common<S> {
         self.attached_tiers().into_iter().map(|(_, s)| s).collect()
     }
 
-    /// The sets of the limiters made with [`Limiter::for_route`] so far, by tier.
+    /// The sets of the limiters made with [`Limiter::for_route`] and still alive, by tier.
     pub(crate) fn attached_tiers(&self) -> Vec<(Option<String>, Arc<PolicySet>)> {
         self.attached
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .iter()
+            .filter_map(|(tier, set)| Some((tier.clone(), set.upgrade()?)))
+            .collect()
     }
 }
 
@@ -596,8 +604,8 @@ impl<S: Store> Limiter<S> {
         cost: u64,
         fallback: bool,
     ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {
-        // The store call starts here, not at the first poll: a future dropped unpolled
-        // still refunds.
+        // The store call is made here and driven even if the future is dropped unpolled: a
+        // refund asked for applies, once.
         let call = self.refund_call_now(key, cost, fallback);
         async move {
             if let Some(call) = call {
@@ -615,13 +623,14 @@ impl<S: Store> Limiter<S> {
             return None;
         }
         // A cost above a policy's capacity in force was refused, and charged nothing to
-        // refund. The plan's capacity decides unless an override may have raised it: then
-        // the key's overrides are read first.
+        // refund. An override may have raised or lowered that capacity, so the key's
+        // overrides are read first where the store keeps them. A refund of a charge the
+        // local fallback took (its store is down) goes by the plan's capacities.
         let above_plan = set
             .enforced
             .iter()
             .any(|p| !p.is_in_flight() && cost > p.capacity());
-        let overrides = above_plan && self.inner.common.store.override_store().is_some();
+        let overrides = !fallback && self.inner.common.store.override_store().is_some();
         if !overrides {
             let (policies, costs) = refund_parts(&set, cost, |_| !above_plan);
             if policies.is_empty() {
@@ -720,6 +729,11 @@ impl<S: Store> Limiter<S> {
     /// [own key](crate::route::Route::key) if it names one. Its decisions are labelled in
     /// metrics with the path pattern axum matched (`/reports/{id}`), or `for_route` when
     /// the request carries none (tonic, a direct [`decide`](Self::decide)).
+    ///
+    /// The limiter made stays known to this one while it lives: a
+    /// [`reset`](Self::reset), an [override](Self::set_override) and the
+    /// [effective plan](Self::effective_plan) reach its policies. Make it once per route, when
+    /// the router is built.
     ///
     /// See [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) for the layer and
     /// an example.

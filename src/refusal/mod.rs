@@ -388,11 +388,21 @@ impl Refusal {
         self.inner.kind.grpc_code()
     }
 
-    /// The stable machine error code (the JSON body's `error` field).
+    /// The stable machine error code (the JSON body's `error` field). A cost above a
+    /// [sensitive](crate::PolicyBuilder::sensitive) policy's capacity answers
+    /// `rate_limit_exceeded`, as its other refusals do: a client that chooses its cost would
+    /// otherwise find the capacity by bisection. (It can still tell the two apart by the
+    /// missing `Retry-After`, since waiting does not help such a cost: keep costs a client
+    /// chooses off sensitive policies.)
     ///
     /// See the [module docs](self) for an example.
     pub fn error_code(&self) -> &'static str {
-        self.inner.kind.error_code()
+        match self.inner.kind {
+            RefusalKind::CostExceedsCapacity if self.is_sensitive() => {
+                RefusalKind::RateLimited.error_code()
+            }
+            kind => kind.error_code(),
+        }
     }
 
     /// The store's decision, for refusals that came from one (rate limited, login refused,
