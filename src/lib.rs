@@ -247,6 +247,7 @@
 //! │   ├── shadow.rs          policies counted but never refusing
 //! │   ├── hold.rs            what an admitted request holds: slots, settlements
 //! │   ├── permit.rs          Permit and Reservation: acquire and reserve
+//! │   ├── refund.rs          units given back for a request that did not count
 //! │   ├── reload.rs          a new plan in force without losing counters
 //! │   ├── resets.rs          which keys were reset when: give-backs a reset overtook
 //! │   ├── overrides.rs       set_override, overrides, remove_override
