@@ -369,7 +369,7 @@ pub(crate) fn grpc_status(headers: &http::HeaderMap) -> Option<i32> {
 }
 
 /// The HTTP status a gRPC status code stands for, as the gRPC gateways map them.
-fn grpc_http_equivalent(code: i32) -> StatusCode {
+pub(crate) fn grpc_http_equivalent(code: i32) -> StatusCode {
     let status = match code {
         0 => 200,
         3 | 9 | 11 => 400,

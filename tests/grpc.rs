@@ -436,6 +436,16 @@ async fn a_stream_cut_before_its_status_keeps_its_charge() {
 /// `service`: the status, from the response head (trailers-only) or the trailers frame at
 /// the end of the body.
 async fn grpc_web_check(client: &reqwest::Client, addr: SocketAddr, service: &str) -> String {
+    grpc_web_check_as(client, addr, service, None).await
+}
+
+/// [`grpc_web_check`] with a username in `x-username`.
+async fn grpc_web_check_as(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    service: &str,
+    user: Option<&str>,
+) -> String {
     // The request message: field 1, the service name.
     let mut message = vec![];
     if !service.is_empty() {
@@ -445,14 +455,14 @@ async fn grpc_web_check(client: &reqwest::Client, addr: SocketAddr, service: &st
     let mut body = vec![0];
     body.extend((message.len() as u32).to_be_bytes());
     body.extend(message);
-    let res = client
+    let mut request = client
         .post(format!("http://{addr}/grpc.health.v1.Health/Check"))
         .header("content-type", "application/grpc-web+proto")
-        .header("x-grpc-web", "1")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+        .header("x-grpc-web", "1");
+    if let Some(user) = user {
+        request = request.header("x-username", user);
+    }
+    let res = request.body(body).send().await.unwrap();
     if let Some(status) = res.headers().get("grpc-status") {
         return status.to_str().unwrap().to_owned();
     }
@@ -510,4 +520,108 @@ async fn counting_reads_the_status_in_a_grpc_web_body() {
         "8",
         "RESOURCE_EXHAUSTED"
     );
+}
+
+/// The login layer on a tonic server: the username comes from metadata, the outcome from the
+/// call's gRPC status (the health service's: `OK` for the server as a whole — in the
+/// trailers, after the body — and `NOT_FOUND`, here a wrong password, for an unknown service).
+/// tonic's request body is not built from bytes, so the request is mapped to axum's body first.
+/// With `web`, gRPC-Web is translated inside the layer: the status travels in the body.
+async fn serve_login(guard: tollgate::login::LoginGuard, web: bool) -> SocketAddr {
+    use tollgate::login::{LoginLayer, LoginOutcome};
+    let login =
+        LoginLayer::header(guard, http::HeaderName::from_static("x-username")).classify(|status| {
+            match status {
+                http::StatusCode::NOT_FOUND => LoginOutcome::Failure,
+                other => LoginOutcome::from_status(other),
+            }
+        });
+    let layers = tower::ServiceBuilder::new()
+        .map_request(|req: http::Request<tonic::body::Body>| req.map(axum::body::Body::new))
+        .layer(login)
+        .option_layer(web.then(tonic_web::GrpcWebLayer::new));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        Server::builder()
+            .accept_http1(web)
+            .layer(layers)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn log_in(
+    client: &mut HealthClient<tonic::transport::Channel>,
+    user: &str,
+    right_password: bool,
+) -> Code {
+    let service = if right_password {
+        ""
+    } else {
+        "no.such.Service"
+    };
+    let mut request = tonic::Request::new(check_of(service));
+    request
+        .metadata_mut()
+        .insert("x-username", user.parse().unwrap());
+    match client.check(request).await {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+// Every gRPC call is HTTP 200: a login layer that read only the HTTP status counted each
+// wrong password as a success, cleared the user's failures, and never locked anyone out.
+#[tokio::test]
+async fn the_login_layer_reads_a_grpc_calls_outcome_from_its_status() {
+    let guard = tollgate::login::LoginGuard::builder()
+        .ip_user_rate(Rate::per_hour(3))
+        .build()
+        .unwrap();
+    let addr = serve_login(guard, false).await;
+    let mut client = client(addr, None).await;
+    for _ in 0..2 {
+        assert_eq!(log_in(&mut client, "alice", false).await, Code::NotFound);
+    }
+    // The right password (its `OK` comes in the trailers) clears alice's failures from here…
+    assert_eq!(log_in(&mut client, "alice", true).await, Code::Ok);
+    for _ in 0..3 {
+        assert_eq!(log_in(&mut client, "alice", false).await, Code::NotFound);
+    }
+    // …and three wrong ones since lock her out of this address, the right password too.
+    assert_eq!(
+        log_in(&mut client, "alice", true).await,
+        Code::ResourceExhausted
+    );
+    // Another user from the same address is not locked out.
+    assert_eq!(log_in(&mut client, "bob", true).await, Code::Ok);
+}
+
+// The same over gRPC-Web, translated inside the layer: a success's status is in the trailers
+// frame at the end of the body.
+#[tokio::test]
+async fn the_login_layer_reads_a_grpc_web_calls_outcome_from_its_body() {
+    let guard = tollgate::login::LoginGuard::builder()
+        .ip_user_rate(Rate::per_hour(3))
+        .build()
+        .unwrap();
+    let addr = serve_login(guard, true).await;
+    let client = reqwest::Client::new();
+    let log_in = |right: bool| {
+        let service = if right { "" } else { "no.such.Service" };
+        grpc_web_check_as(&client, addr, service, Some("alice"))
+    };
+    for _ in 0..2 {
+        assert_eq!(log_in(false).await, "5");
+    }
+    assert_eq!(log_in(true).await, "0");
+    for _ in 0..3 {
+        assert_eq!(log_in(false).await, "5");
+    }
+    assert_eq!(log_in(true).await, "8", "RESOURCE_EXHAUSTED");
 }

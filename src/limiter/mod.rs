@@ -33,7 +33,7 @@ pub(crate) use finish::{Admitted, Asker};
 #[cfg(feature = "admin")]
 pub(crate) use heavy_hitters::shown as shown_key;
 pub use heavy_hitters::{RefusedKey, DEFAULT_TOP_REFUSED_SLOTS, DEFAULT_TOP_REFUSED_WINDOW};
-pub(crate) use hold::{Charge, Counting, Held, SettleFn, Slots};
+pub(crate) use hold::{drive, Charge, Counting, Held, SettleFn, Slots};
 pub use inspect::{EffectivePlan, KeyState, PolicyState, PolicyView, RouteView};
 pub use permit::{Permit, Reservation};
 use resets::ResetLog;

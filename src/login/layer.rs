@@ -12,11 +12,11 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::LoginGuard;
+use super::{LoginAttempt, LoginGuard};
 use crate::error::{CheckError, ConfigError, StoreError};
 use crate::key::RequestView;
 use crate::limiter::RouteTable;
-use crate::middleware::{read_capped, RateLimitBody};
+use crate::middleware::{read_capped, RateLimitBody, TrailersWatch};
 use crate::refusal::{Refusal, RefusalKind, Rendering};
 use crate::response::HeaderStyle;
 use crate::store::{MemoryStore, Store};
@@ -70,7 +70,8 @@ enum Username {
 
 /// Guards a login route with a [`LoginGuard`]: checks before the handler runs, then records
 /// the outcome from the response status ([`LoginOutcome::from_status`] by default: 2xx
-/// success, 401/403 failure).
+/// success, 401/403 failure), or from a gRPC call's `grpc-status` (see
+/// [`classify`](Self::classify)).
 ///
 /// The username comes from a header, a JSON body field, or a closure. Reading the body means
 /// buffering it: the layer reads at most [`max_body_bytes`](Self::max_body_bytes) (default
@@ -331,6 +332,12 @@ impl<St> LoginLayer<St> {
 
     /// How a response status maps to an outcome (default [`LoginOutcome::from_status`]).
     ///
+    /// A gRPC call's HTTP status is 200 whatever its outcome, so for a gRPC response `f`
+    /// sees the HTTP status its `grpc-status` stands for instead (`OK` 200,
+    /// `UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, …), read from the
+    /// head of a trailers-only answer or from the trailers as they pass; a call cut short
+    /// before its trailers records nothing (the attempt keeps its charge).
+    ///
     /// See the type docs for an example.
     pub fn classify<F>(self, f: F) -> Self
     where
@@ -546,24 +553,62 @@ where
                     return early(Refusal::of_kind(RefusalKind::Forbidden), None);
                 }
                 Err(error) => {
-                    let error = match error {
-                        CheckError::Store(e) => e,
-                        other => StoreError::Backend(crate::error::Cause::from(other.to_string())),
-                    };
+                    let error = store_error(error);
                     return early(Refusal::store_unavailable(Some(error), None), None);
                 }
             }
             let res = inner.call(req).await?;
-            let recorded = match (shared.classify)(res.status()) {
-                LoginOutcome::Success => guard.record_success(&attempt).await,
-                LoginOutcome::Failure => guard.record_failure(&attempt).await,
-                LoginOutcome::Unknown => Ok(()),
+            let Some(status) = answered_status(&res) else {
+                // A gRPC call's status comes in the trailers, after the body: the outcome is
+                // recorded as they pass (a call cut short records nothing, and keeps its charge).
+                let watch = TrailersWatch::new(res.headers(), move |trailers| {
+                    let Some(code) = crate::count::grpc_status(trailers) else {
+                        return;
+                    };
+                    let outcome = (shared.classify)(crate::count::grpc_http_equivalent(code));
+                    let record = async move {
+                        record(&shared.guard, &attempt, outcome)
+                            .await
+                            .map_err(store_error)
+                    };
+                    crate::limiter::drive("record a login outcome", Box::pin(record));
+                });
+                return Ok(res.map(|body| RateLimitBody::watched(body, watch)));
             };
-            if let Err(error) = recorded {
+            if let Err(error) = record(guard, &attempt, (shared.classify)(status)).await {
                 tracing::warn!(%error, "tollgate: could not record a login outcome");
             }
             Ok(res.map(RateLimitBody::inner))
         })
+    }
+}
+
+/// The status a login route answered with: the HTTP status, or for a gRPC call the HTTP
+/// status its `grpc-status` stands for (`OK` 200, `UNAUTHENTICATED` 401, `PERMISSION_DENIED`
+/// 403, …). `None` while a gRPC call's status is still to come in its trailers.
+fn answered_status<B>(res: &Response<B>) -> Option<StatusCode> {
+    if res.status() != StatusCode::OK || crate::grpc::content_type(res.headers()).is_none() {
+        return Some(res.status());
+    }
+    crate::count::grpc_status(res.headers()).map(crate::count::grpc_http_equivalent)
+}
+
+async fn record<St: Store>(
+    guard: &LoginGuard<St>,
+    attempt: &LoginAttempt,
+    outcome: LoginOutcome,
+) -> Result<(), CheckError> {
+    match outcome {
+        LoginOutcome::Success => guard.record_success(attempt).await,
+        LoginOutcome::Failure => guard.record_failure(attempt).await,
+        LoginOutcome::Unknown => Ok(()),
+    }
+}
+
+fn store_error(error: CheckError) -> StoreError {
+    match error {
+        CheckError::Store(e) => e,
+        other => StoreError::Backend(crate::error::Cause::from(other.to_string())),
     }
 }
 

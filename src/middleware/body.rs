@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::grpc_web::WebTrailers;
 use super::held::BodyHold;
 use crate::refusal::RefusalKind;
 
@@ -30,6 +31,57 @@ pin_project! {
         // The inner body, and what the request holds until it ends: in-flight slots (given
         // back when this is dropped), frames to count for a settlement.
         Held { #[pin] body: B, hold: Box<BodyHold> },
+        // The inner body of a gRPC response whose status is still to come in its trailers.
+        Watched { #[pin] body: B, watch: Box<TrailersWatch> },
+    }
+}
+
+/// What to do with a gRPC response's trailers (HTTP/2 trailers, or a binary gRPC-Web body's
+/// trailers frame) once they pass: `then` runs once with them, and never for a body that
+/// ends or is dropped without them.
+pub(crate) struct TrailersWatch {
+    web: Option<WebTrailers>,
+    then: Option<Box<OnTrailers>>,
+}
+
+type OnTrailers = dyn FnOnce(&http::HeaderMap) + Send + Sync;
+
+impl TrailersWatch {
+    /// A watch on the response with these `headers`.
+    pub(crate) fn new(
+        headers: &http::HeaderMap,
+        then: impl FnOnce(&http::HeaderMap) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            web: WebTrailers::for_response(headers),
+            then: Some(Box::new(then)),
+        }
+    }
+
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(trailers) = frame.trailers_ref() {
+            self.trailers(trailers);
+        } else if let Some(data) = frame.data_ref() {
+            if let Some(trailers) = self.web.as_mut().and_then(|web| web.feed(data)) {
+                self.web = None;
+                self.trailers(&trailers);
+            }
+        }
+    }
+
+    fn trailers(&mut self, trailers: &http::HeaderMap) {
+        if let Some(then) = self.then.take() {
+            then(trailers);
+        }
+    }
+}
+
+impl std::fmt::Debug for TrailersWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrailersWatch")
+            .field("grpc_web", &self.web.is_some())
+            .field("waiting", &self.then.is_some())
+            .finish()
     }
 }
 
@@ -51,6 +103,16 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Held {
                 body,
                 hold: Box::new(hold),
+            },
+        }
+    }
+
+    /// `body`, whose trailers go to `watch` as they pass.
+    pub(crate) fn watched(body: B, watch: TrailersWatch) -> Self {
+        Self {
+            kind: Kind::Watched {
+                body,
+                watch: Box::new(watch),
             },
         }
     }
@@ -96,19 +158,30 @@ where
                 }
                 Poll::Ready(frame)
             }
+            KindProj::Watched { body, watch } => {
+                let frame = ready!(body.poll_frame(cx));
+                if let Some(Ok(f)) = &frame {
+                    watch.frame(f);
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } | Kind::Held { body, .. } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Held { body, .. } | Kind::Watched { body, .. } => {
+                body.is_end_stream()
+            }
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } | Kind::Held { body, .. } => body.size_hint(),
+            Kind::Inner { body } | Kind::Held { body, .. } | Kind::Watched { body, .. } => {
+                body.size_hint()
+            }
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

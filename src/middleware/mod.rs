@@ -46,8 +46,8 @@ mod rendering;
 mod service;
 mod shared;
 
-pub(crate) use body::read_capped;
 pub use body::RateLimitBody;
+pub(crate) use body::{read_capped, TrailersWatch};
 pub use estimate::{EstimateFromJson, EstimateFromJsonLayer, DEFAULT_MAX_ESTIMATE_BODY};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
