@@ -67,7 +67,7 @@ impl<S: Store> Limiter<S> {
     /// Cancel-safe: a refund whose future is dropped before it answers still applies, once.
     ///
     /// Refund only a charge the store took: not one whose decision a failure mode made
-    /// ([`Decision::decided_by`] other than [`DecidedBy::Decided`](crate::DecidedBy)) — the
+    /// ([`Decision::decided_by`](crate::Decision::decided_by) other than [`DecidedBy::Decided`](crate::DecidedBy)) — the
     /// store never charged it, and the refund, applied once the store is back, comes off
     /// other requests' units — nor one made before a [`reset`](Self::reset) of the key.
     /// [`Reservation`](crate::Reservation)s, the layer and the login guard keep to this by
