@@ -334,3 +334,79 @@ username = "login"
         .reload_plan(&plan(peer, own))
         .expect("the guard has a key of its own");
 }
+
+/// A fresh directory under the system's temporary one, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("tollgate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Publishes `text` the way the kubelet updates a ConfigMap volume: a new timestamped
+/// directory, a `..data_tmp` symlink to it renamed over `..data`, the old directory removed.
+/// The plan's own name (`plan.toml -> ..data/plan.toml`) is never touched.
+#[cfg(unix)]
+fn publish_config_map(dir: &std::path::Path, version: u32, text: &str) {
+    use std::os::unix::fs::symlink;
+    let versioned = format!("..2026_12_07_{version:02}");
+    std::fs::create_dir(dir.join(&versioned)).unwrap();
+    std::fs::write(dir.join(&versioned).join("plan.toml"), text).unwrap();
+    symlink(&versioned, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    if version > 1 {
+        let old = format!("..2026_12_07_{:02}", version - 1);
+        std::fs::remove_dir_all(dir.join(old)).unwrap();
+    } else {
+        symlink("..data/plan.toml", dir.join("plan.toml")).unwrap();
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_map_update_reloads_the_plan() {
+    let dir = TempDir::new("configmap");
+    publish_config_map(&dir.0, 1, &toml(3));
+    let path = dir.0.join("plan.toml");
+    let limiter = Limiter::from_config(&Plan::from_file(&path).unwrap()).unwrap();
+    let watcher = PlanWatcher::spawn(&path, limiter.clone()).unwrap();
+    publish_config_map(&dir.0, 2, &toml(7));
+    wait_for("the ConfigMap's new plan", || {
+        limiter.policies()[0].limit() == 7
+    });
+    publish_config_map(&dir.0, 3, &toml(9));
+    wait_for("the next one", || limiter.policies()[0].limit() == 9);
+    assert_eq!(watcher.reloaded(), 2);
+    assert_eq!(watcher.refused(), 0);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlinked_plan_reloads_when_its_target_is_edited() {
+    let served = TempDir::new("symlinked-served");
+    let kept = TempDir::new("symlinked-kept");
+    let target = kept.0.join("limits.toml");
+    std::fs::write(&target, toml(3)).unwrap();
+    let path = served.0.join("plan.toml");
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let limiter = Limiter::from_config(&Plan::from_file(&path).unwrap()).unwrap();
+    let watcher = PlanWatcher::spawn(&path, limiter.clone()).unwrap();
+    std::fs::write(&target, toml(6)).unwrap();
+    wait_for("the edited target", || limiter.policies()[0].limit() == 6);
+    // Other files changing beside the plan reload nothing.
+    for i in 0..3 {
+        std::fs::write(served.0.join(format!("other-{i}")), "x").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(watcher.reloaded(), 1);
+}

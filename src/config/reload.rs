@@ -207,10 +207,10 @@ pub use watcher::PlanWatcher;
 mod watcher {
     use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{mpsc, Arc, Mutex};
+    use std::sync::{mpsc, Arc, Mutex, Weak};
     use std::time::Duration;
 
-    use notify::{RecursiveMode, Watcher};
+    use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 
     use crate::config::Plan;
     use crate::error::ConfigError;
@@ -225,8 +225,13 @@ mod watcher {
     /// [`Limiter::reload_plan`]: a plan file that does not parse, build or pass the audit is
     /// refused and the plan in force stays. Watching stops when this is dropped.
     ///
-    /// The directory holding the file is watched (not the file alone), so a file replaced by
-    /// a rename — how editors and configuration tools usually write — is seen too.
+    /// The directory holding the file is watched (not the file alone), and after any change
+    /// there the file is read again and reloaded if what it says changed. So a file replaced
+    /// by a rename — how editors and configuration tools usually write — is seen, and so is
+    /// a Kubernetes ConfigMap volume, whose update swaps a `..data` symlink beside the file
+    /// without touching the file's own name. When the path is a symlink, the directory of
+    /// the file it points to is watched too (followed again after each change), so edits to
+    /// the target are seen wherever it lives.
     ///
     /// ```no_run
     /// use tollgate::config::{Plan, PlanWatcher};
@@ -238,7 +243,7 @@ mod watcher {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub struct PlanWatcher {
-        _watcher: notify::RecommendedWatcher,
+        _watcher: Arc<Mutex<RecommendedWatcher>>,
         counts: Arc<Counts>,
     }
 
@@ -258,6 +263,79 @@ mod watcher {
         }
     }
 
+    /// What the watcher thread keeps between changes.
+    struct Follow<S> {
+        path: PathBuf,
+        /// The directory of the file the path points to, when it is a symlink out of its own
+        /// directory, as last watched.
+        target_dir: Option<PathBuf>,
+        /// The path's own directory, canonical (the target's is not watched twice).
+        own_dir: Option<PathBuf>,
+        /// What the file said when last read (its text, applied or refused, or why it could
+        /// not be read): a change elsewhere in the directory that leaves it as it was reloads
+        /// nothing.
+        last: Option<Result<String, String>>,
+        limiter: Limiter<S>,
+        counts: Arc<Counts>,
+    }
+
+    impl<S: Store + Clone> Follow<S> {
+        /// Watches the directory the path's target is in, if it moved (a symlink swapped).
+        fn follow_target(&mut self, watcher: &Mutex<RecommendedWatcher>) {
+            let target = std::fs::canonicalize(&self.path)
+                .ok()
+                .and_then(|t| t.parent().map(Path::to_path_buf))
+                .filter(|t| Some(t) != self.own_dir.as_ref());
+            if target == self.target_dir {
+                return;
+            }
+            let mut watcher = watcher.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(old) = self.target_dir.take() {
+                // Gone already when a swap deleted it; nothing to undo then.
+                let _ = watcher.unwatch(&old);
+            }
+            if let Some(dir) = target {
+                if watcher.watch(&dir, RecursiveMode::NonRecursive).is_ok() {
+                    self.target_dir = Some(dir);
+                }
+            }
+        }
+
+        /// Reads the file and puts its plan in force if its text changed.
+        fn reload(&mut self) {
+            let read = std::fs::read_to_string(&self.path).map_err(|e| e.to_string());
+            if self.last.as_ref() == Some(&read) {
+                return;
+            }
+            self.last = Some(read.clone());
+            let result = match read {
+                Ok(text) => Plan::from_file_text(&self.path, &text)
+                    .and_then(|plan| self.limiter.reload_plan(&plan)),
+                Err(e) => Err(ConfigError::new(
+                    "(file)",
+                    self.path.display(),
+                    format!("cannot be read: {e}"),
+                )),
+            };
+            let counts = &self.counts;
+            match result {
+                Ok(()) => {
+                    counts.reloaded.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    counts.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        target: "tollgate::reload",
+                        file = %self.path.display(),
+                        %error,
+                        "the plan file was refused; the plan in force stays"
+                    );
+                    *counts.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                }
+            }
+        }
+    }
+
     impl PlanWatcher {
         /// Watches `path` and reloads `limiter` from it on every change.
         ///
@@ -270,10 +348,12 @@ mod watcher {
         ) -> Result<Self, ConfigError> {
             let path = path.as_ref().to_path_buf();
             let shown = path.display().to_string();
-            let file = path
-                .file_name()
-                .map(|f| f.to_os_string())
-                .ok_or_else(|| ConfigError::new("path", &shown, "names no file"))?;
+            let cannot = |e: &dyn std::fmt::Display| {
+                ConfigError::new("path", &shown, format!("cannot be watched: {e}"))
+            };
+            if path.file_name().is_none() {
+                return Err(ConfigError::new("path", &shown, "names no file"));
+            }
             let dir = match path.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
                 _ => PathBuf::from("."),
@@ -281,22 +361,26 @@ mod watcher {
             let (tx, rx) = mpsc::channel::<()>();
             let mut watcher =
                 notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                    if let Ok(event) = event {
-                        let ours = event
-                            .paths
-                            .iter()
-                            .any(|p| p.file_name() == Some(file.as_os_str()));
-                        if ours && !event.kind.is_access() {
-                            let _ = tx.send(());
-                        }
+                    if event.is_ok_and(|event| !event.kind.is_access()) {
+                        let _ = tx.send(());
                     }
                 })
-                .map_err(|e| ConfigError::new("path", &shown, format!("cannot be watched: {e}")))?;
+                .map_err(|e| cannot(&e))?;
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
-                .map_err(|e| ConfigError::new("path", &shown, format!("cannot be watched: {e}")))?;
+                .map_err(|e| cannot(&e))?;
+            let watcher = Arc::new(Mutex::new(watcher));
             let counts = Arc::new(Counts::default());
-            let shared = Arc::clone(&counts);
+            let mut follow = Follow {
+                last: Some(std::fs::read_to_string(&path).map_err(|e| e.to_string())),
+                own_dir: std::fs::canonicalize(&dir).ok(),
+                path,
+                target_dir: None,
+                limiter,
+                counts: Arc::clone(&counts),
+            };
+            follow.follow_target(&watcher);
+            let weak: Weak<Mutex<RecommendedWatcher>> = Arc::downgrade(&watcher);
             std::thread::Builder::new()
                 .name("tollgate-plan-watcher".into())
                 .spawn(move || {
@@ -304,24 +388,10 @@ mod watcher {
                     while rx.recv().is_ok() {
                         std::thread::sleep(SETTLE);
                         while rx.try_recv().is_ok() {}
-                        let result =
-                            Plan::from_file(&path).and_then(|plan| limiter.reload_plan(&plan));
-                        match result {
-                            Ok(()) => {
-                                shared.reloaded.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(error) => {
-                                shared.refused.fetch_add(1, Ordering::Relaxed);
-                                tracing::error!(
-                                    target: "tollgate::reload",
-                                    file = %path.display(),
-                                    %error,
-                                    "the plan file was refused; the plan in force stays"
-                                );
-                                *shared.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(error);
-                            }
-                        }
+                        let Some(watcher) = weak.upgrade() else { break };
+                        follow.follow_target(&watcher);
+                        drop(watcher);
+                        follow.reload();
                     }
                 })
                 .map_err(|e| ConfigError::new("path", &shown, format!("no watcher thread: {e}")))?;

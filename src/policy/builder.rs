@@ -31,7 +31,12 @@ impl PolicyBuilder {
         self
     }
 
-    /// The cost of one request (default 1). It must not exceed the capacity.
+    /// The cost of one request (default 1) when nothing else names it. It must not exceed the
+    /// capacity. A route's [`cost`](crate::route::Route::cost) or
+    /// [`cost_fn`](crate::route::Route::cost_fn) replaces it, and so does the cost given to
+    /// [`Limiter::check`](crate::Limiter::check) and its kin (`check(&key, 1)` charges one
+    /// unit, not this cost); the layer, [`Limiter::decide`](crate::Limiter::decide) and the
+    /// login guard charge it.
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self

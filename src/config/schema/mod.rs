@@ -666,12 +666,17 @@ impl Plan {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("(file)", path.display(), format!("cannot be read: {e}"))
         })?;
+        Self::from_file_text(path, &text)
+    }
+
+    /// Parses `text`, read from the plan file at `path` (whose name says the format).
+    pub(crate) fn from_file_text(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
         if path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"))
         {
-            return Self::from_json(&text);
+            return Self::from_json(text);
         }
-        Self::from_toml(&text)
+        Self::from_toml(text)
     }
 }
