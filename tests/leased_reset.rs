@@ -108,3 +108,72 @@ async fn an_over_refund_leaves_other_instances_at_most_their_blocks() {
         .unwrap();
     over_refund_across_instances(redis, "redis").await;
 }
+
+/// A refusal this instance remembers (it answers the key's next requests without asking the
+/// ledger) is forgotten when units come back through it: after a refund the limiter admits
+/// again at once, as the exact stores do, not a lease time later.
+async fn a_give_back_ends_the_remembered_refusal<L: LeaseBackend + Clone>(ledger: L, label: &str) {
+    let store = LeasedStore::new(ledger);
+    let limiter = tollgate::Limiter::builder()
+        .store(store.clone())
+        .policy(Policy::new("exports", Rate::per_hour(3)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", format!("give-back-{label}"));
+    for _ in 0..3 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    for _ in 0..3 {
+        assert!(
+            !limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{label}"
+        );
+    }
+    limiter.refund(&key, 1).await.unwrap();
+    let peeked = limiter.peek(&key).await.unwrap();
+    assert!(peeked.is_allowed(), "{label}: a peek after the refund");
+    assert!(
+        limiter.check(&key, 1).await.unwrap().is_allowed(),
+        "{label}: the refunded unit is admitted at once"
+    );
+    assert!(
+        !limiter.check(&key, 1).await.unwrap().is_allowed(),
+        "{label}"
+    );
+
+    // The same for a reservation settled below what it reserved.
+    let key = Key::new("tenant", format!("settle-{label}"));
+    let reservation = limiter.reserve(&key, 3).await.unwrap();
+    assert!(reservation.decision().is_allowed(), "{label}");
+    assert!(
+        !limiter.check(&key, 1).await.unwrap().is_allowed(),
+        "{label}"
+    );
+    reservation.settle(1).await.unwrap();
+    for _ in 0..2 {
+        assert!(
+            limiter.check(&key, 1).await.unwrap().is_allowed(),
+            "{label}: a unit the settlement gave back is admitted at once"
+        );
+    }
+    assert!(
+        !limiter.check(&key, 1).await.unwrap().is_allowed(),
+        "{label}"
+    );
+    store.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refund_ends_a_remembered_refusal_on_a_memory_ledger() {
+    a_give_back_ends_the_remembered_refusal(MemoryLedger::new(), "memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_ends_a_remembered_refusal_on_a_redis_ledger() {
+    let server = RedisServer::start();
+    let ledger = RedisStore::builder()
+        .prefix("give-back")
+        .build_with_url(&server.url())
+        .unwrap();
+    a_give_back_ends_the_remembered_refusal(ledger, "redis").await;
+}

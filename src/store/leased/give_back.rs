@@ -90,6 +90,16 @@ impl<S: LeaseBackend> Shared<S> {
             self.to_ledger(key, policies, &rest, self.next_id(), now)
                 .await;
         }
+        self.forget_refusal(key, policies);
+    }
+
+    /// Forgets the ledger's refusal this instance keeps for `key`'s `policies`: units just
+    /// came back through it, and the next request asks the ledger (which may admit it, as
+    /// the exact stores would) instead of being refused for up to a lease time more.
+    fn forget_refusal(&self, key: &Key, policies: &[Policy]) {
+        if let Some(e) = self.existing(key, policies) {
+            e.st.lock().denied = None;
+        }
     }
 
     /// Gives `costs` back to the ledger as charged by call `id` at `at` (a call it does not
@@ -144,5 +154,6 @@ impl<S: LeaseBackend> Shared<S> {
                 self.to_ledger(key, policies, costs, id, at).await;
             }
         }
+        self.forget_refusal(key, policies);
     }
 }

@@ -9,7 +9,11 @@
 //! limit is small, stay exact: one ledger call per decision, the block being the request's
 //! own cost, used at once. A key refused by the ledger is refused locally until the time the
 //! ledger named (`retry_after`) or for one lease time, whichever ends first: an exhausted key
-//! costs at most one call per lease time, not one per refused request.
+//! costs at most one call per lease time, not one per refused request. Units given back
+//! through the same instance (a refund, a settlement below its reservation) end that refusal
+//! at once; given back through another instance, or freed by another instance's reset, they
+//! are seen within that time (a [`peek`](crate::store::Op::Peek) asks the ledger, and sees
+//! them at once).
 //!
 //! The words (block, lease, reservation, settlement, debt, slot) are the
 //! [glossary](crate::guide::glossary)'s. One more here: a token bucket's block is also
