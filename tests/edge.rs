@@ -658,6 +658,31 @@ fn every_target_refuses_what_it_cannot_express() {
             "key.header",
             "Forwarded",
         ),
+        // nginx matches the decoded path: a percent-encoded pattern would match nothing.
+        (
+            &[
+                ("pattern = \"/other\"", "pattern = \"/caf%C3%A9\""),
+                (
+                    "routes = [\"/api/{*rest}\"]",
+                    "routes = [\"/api/{*rest}\", \"/caf%C3%A9\"]",
+                ),
+            ],
+            Nginx,
+            false,
+            "edge.rules[0].routes",
+            "decoded path",
+        ),
+        // Counts nginx cannot hold (`nginx -t` would fail).
+        (
+            &[(
+                "limit = 600\nwindow = \"1m\"",
+                "limit = 4000000000\nwindow = \"1s\"\nmax_delay = \"366d\"",
+            )],
+            Nginx,
+            false,
+            "edge.rules[0].max_delay",
+            "more than nginx holds",
+        ),
         // Envoy: one bucket per route, shared by every client.
         (
             &[],
@@ -915,6 +940,21 @@ fn nginx_accepts_every_generated_config() {
             "kind = \"peer_ip\"",
         )][..],
         &[("key = \"ip\"", "key = \"header\"\nheader = \"x-api-key\"")][..],
+        // An extension method with a `-` (its `map` variable must still be one nginx name).
+        &[
+            (
+                "pattern = \"/api/{*rest}\"",
+                "pattern = \"M-SEARCH /api/{*rest}\"",
+            ),
+            (
+                "routes = [\"/api/{*rest}\"]",
+                "routes = [\"M-SEARCH /api/{*rest}\"]",
+            ),
+        ][..],
+        &[(
+            "trusted_proxies = [\"10.0.0.0/8\"]",
+            "trusted_proxies = [\"::ffff:10.0.0.0/104\", \"::ffff:192.0.2.1\"]",
+        )][..],
     ] {
         let plan = one_rule(edits).unwrap();
         configs.push(
@@ -1172,4 +1212,35 @@ fn a_broken_edge_section_fails_the_audit() {
     assert_eq!(rules(&plan), ["TG012"]);
     let dead = one_rule(&[("limit = 100\n", "limit = 1000\n")]).unwrap();
     assert_eq!(rules(&dead), ["TG012", "TG013"]);
+}
+
+// nginx sees an IPv4 peer as IPv4: an IPv4-mapped trusted proxy, which the origin matches
+// either way, is written as the IPv4 network, or no peer matches and nginx reads every
+// client as the proxy (one key for all of them).
+#[test]
+fn nginx_trusts_an_ipv4_mapped_proxy_as_the_ipv4_network() {
+    let plan = one_rule(&[(
+        "trusted_proxies = [\"10.0.0.0/8\"]",
+        "trusted_proxies = [\"::ffff:10.0.0.0/104\", \"::ffff:192.0.2.1\", \"2001:db8::/32\"]",
+    )])
+    .unwrap();
+    let text = export(&plan, EdgeTarget::Nginx);
+    assert!(text.contains("set_real_ip_from 10.0.0.0/8;"), "{text}");
+    assert!(text.contains("set_real_ip_from 192.0.2.1;"), "{text}");
+    assert!(text.contains("set_real_ip_from 2001:db8::/32;"), "{text}");
+    assert!(!text.contains("::ffff:"), "{text}");
+}
+
+// A plan keyed by a header: the exported comment says nginx keys IP rules on the
+// connection, not that the plan reads the TCP peer.
+#[test]
+fn the_nginx_comment_names_what_the_plan_keys_by() {
+    let plan = one_rule(&[(
+        "kind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]",
+        "kind = \"api_key\"\nheader = \"x-api-key\"",
+    )])
+    .unwrap();
+    let text = export(&plan, EdgeTarget::Nginx);
+    assert!(!text.contains("reads the TCP peer"), "{text}");
+    assert!(text.contains("reads no address behind proxies"), "{text}");
 }

@@ -67,6 +67,7 @@ fn limit_req_params(
 ) -> Result<String, ConfigError> {
     // nginx's burst counts the requests beyond the first one of an instant.
     let at_once = rule.burst - 1;
+    fits_nginx(rule, "burst", "burst", at_once)?;
     let Some(delay_ms) = rule.max_delay_ms else {
         return Ok(if at_once == 0 {
             " nodelay".to_owned()
@@ -92,6 +93,7 @@ fn limit_req_params(
         )?;
     }
     let burst = at_once.saturating_add(queued);
+    fits_nginx(rule, "max_delay", "burst", burst)?;
     Ok(match (burst, at_once) {
         (0, _) => " nodelay".to_owned(),
         (b, 0) => format!(" burst={b}"),
@@ -157,9 +159,11 @@ fn route_addresses(plan: &Plan, rules: &[EdgeRule]) -> Result<(), ConfigError> {
 /// `real_ip` directives matching the plan's trusted proxies.
 fn real_ip(plan: &Plan, out: &mut String) -> Result<(), ConfigError> {
     let Some((key, path)) = client_ip_section(&plan.key, "key".to_owned()) else {
-        out.push_str(
-            "    # The plan's [key] reads the TCP peer: nginx keys on the connection's address too.\n",
-        );
+        out.push_str(if reads_peer(&plan.key) {
+            "    # The plan's [key] reads the TCP peer: nginx keys on the connection's address too.\n"
+        } else {
+            "    # The plan's [key] reads no address behind proxies: nginx keys IP rules on the connection's address.\n"
+        });
         return Ok(());
     };
     if key.trusted_proxies.is_empty() {
@@ -194,9 +198,80 @@ fn real_ip(plan: &Plan, out: &mut String) -> Result<(), ConfigError> {
         out.push_str(&format!("    real_ip_header {header};\n"));
     }
     for net in &key.trusted_proxies {
-        out.push_str(&format!("    set_real_ip_from {};\n", net.trim()));
+        out.push_str(&format!(
+            "    set_real_ip_from {};\n",
+            as_nginx_sees(net.trim())
+        ));
     }
     Ok(())
+}
+
+/// Whether a section of the `[key]` chain keys by the TCP peer's address.
+fn reads_peer(key: &KeyConfig) -> bool {
+    key.kind == KeyKind::PeerIp || key.fallback.as_deref().is_some_and(reads_peer)
+}
+
+/// A trusted proxy as nginx compares it: nginx sees an IPv4 peer as IPv4, so an
+/// IPv4-mapped (`::ffff:10.0.0.0/104`) or NAT64 entry, which the origin matches either way,
+/// is written as the IPv4 network it stands for (as written it would match no peer, and
+/// every client would be read as the proxy).
+fn as_nginx_sees(net: &str) -> String {
+    if let Ok(net) = net.parse::<ipnet::IpNet>() {
+        return crate::key::canonical_net(net).to_string();
+    }
+    if let Ok(ip) = net.parse::<std::net::IpAddr>() {
+        return crate::key::canonical_ip(ip).to_string();
+    }
+    net.to_owned()
+}
+
+/// The largest `burst` nginx takes: it keeps it in thousandths of a request in a signed
+/// 64-bit number, and refuses a larger one (`nginx -t` fails). (A rate cannot reach it: a
+/// limit is at most 2^32 - 1.)
+const NGINX_MAX_COUNT: u64 = i64::MAX as u64 / 1000;
+
+/// Refuses a count nginx cannot hold, naming the rule's `field`.
+fn fits_nginx(rule: &EdgeRule, field: &str, what: &str, count: u64) -> Result<(), ConfigError> {
+    if count <= NGINX_MAX_COUNT {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        rule.field(field),
+        count,
+        format!("nginx: a {what} of {count} requests is more than nginx holds (at most {NGINX_MAX_COUNT})"),
+    ))
+}
+
+/// Refuses a route pattern with a percent-encoded byte: nginx matches locations against the
+/// decoded path, so such a location would match no request and the rule would limit nothing.
+fn decoded_paths(rules: &[EdgeRule]) -> Result<(), ConfigError> {
+    for rule in rules {
+        if let Some(route) = rule.routes.iter().find(|r| r.pattern.contains('%')) {
+            return Err(ConfigError::new(
+                rule.field("routes"),
+                format_args!("{:?}", route.pattern),
+                "nginx: locations match the decoded path, so a pattern with a percent-encoded byte would match no request; write the character itself",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `map` variable's name for `methods`: letters and digits kept, any other byte as `_` and
+/// its hex code (`M-SEARCH` is `m_2dsearch`), so that names stay distinct and valid.
+fn methods_var(index: usize, methods: &[String]) -> String {
+    let mut var = format!("tollgate_edge_{index}");
+    for m in methods {
+        var.push('_');
+        for b in m.bytes() {
+            if b.is_ascii_alphanumeric() {
+                var.push(char::from(b.to_ascii_lowercase()));
+            } else {
+                var.push_str(&format!("_{b:02x}"));
+            }
+        }
+    }
+    var
 }
 
 /// Refuses what would not be one nginx token.
@@ -256,6 +331,7 @@ pub(super) fn export(
     plain_option("listen", &options.listen)?;
     plain_option("origin", &options.origin)?;
     route_addresses(plan, rules)?;
+    decoded_paths(rules)?;
     let zones = zones(plan, rules, options.round_stricter, notes)?;
     let locations = locations(rules);
     let (server, maps) = server(plan, rules, options, &locations, &zones.limit_lines)?;
@@ -391,10 +467,7 @@ fn server(
             let value = match methods {
                 None => key,
                 Some(methods) => {
-                    let var = format!(
-                        "tollgate_edge_{index}_{}",
-                        methods.join("_").to_ascii_lowercase()
-                    );
+                    let var = methods_var(*index, methods);
                     if declared_maps.insert(var.clone()) {
                         maps.push_str(&format!("map $request_method ${var} {{\n"));
                         for m in methods {
