@@ -1244,3 +1244,86 @@ fn the_nginx_comment_names_what_the_plan_keys_by() {
     assert!(!text.contains("reads the TCP peer"), "{text}");
     assert!(text.contains("reads no address behind proxies"), "{text}");
 }
+
+/// Routes of which the origin prefers the catch-all on some paths and the parameters on
+/// others; each edge rule allows one request on its own routes (the other rules 600).
+const PRECEDENCE: &str = r#"
+[key]
+kind = "peer_ip"
+[[policies]]
+name = "open"
+limit = 1000
+window = "1m"
+[[routes]]
+pattern = "/api/users/{*rest}"
+policies = ["open"]
+[[routes]]
+pattern = "/api/{kind}/{id}"
+policies = ["open"]
+[[routes]]
+pattern = "/v1/{*rest}"
+policies = ["open"]
+[[routes]]
+pattern = "/v1/{id}/edit"
+policies = ["open"]
+[default]
+exempt = true
+[[edge.rules]]
+name = "users"
+routes = ["/api/users/{*rest}"]
+limit = 1
+window = "1m"
+[[edge.rules]]
+name = "things"
+routes = ["/api/{kind}/{id}"]
+limit = 600
+window = "1m"
+[[edge.rules]]
+name = "v1"
+routes = ["/v1/{*rest}"]
+limit = 600
+window = "1m"
+[[edge.rules]]
+name = "edit"
+routes = ["/v1/{id}/edit"]
+limit = 1
+window = "1m"
+"#;
+
+// nginx tries regex locations before a prefix unless the prefix says `^~`, where the origin
+// prefers the more specific route: `/api/users/5` is the origin's `/api/users/{*rest}`, and
+// must be limited by that route's edge rule, not by `/api/{kind}/{id}`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_picks_the_route_the_origin_picks() {
+    let Some(nginx_bin) = nginx() else { return };
+    let plan = Plan::from_toml(PRECEDENCE).unwrap();
+    let origin: SocketAddr = support::serve(Router::new().fallback(|| async { "origin" })).await;
+    let port = support::free_port();
+    let options = ExportOptions::new()
+        .listen(format!("127.0.0.1:{port}"))
+        .origin(origin.to_string());
+    let edge = plan.export_edge(EdgeTarget::Nginx, &options).unwrap();
+    nginx_t(&nginx_bin, edge.text());
+    let _nginx = Nginx::start(&nginx_bin, edge.text(), port);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let statuses = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let mut seen = vec![];
+            for _ in 0..2 {
+                let url = format!("http://127.0.0.1:{port}{path}");
+                seen.push(client.get(url).send().await.unwrap().status().as_u16());
+            }
+            seen
+        }
+    };
+    let text = edge.text();
+    // The origin's `/api/users/{*rest}` (a static segment before a parameter): 1 allowed.
+    assert_eq!(statuses("/api/users/5").await, [200, 429], "{text}");
+    assert_eq!(statuses("/api/users/6/photos").await, [429, 429], "{text}");
+    // `/api/{kind}/{id}`: 600 allowed.
+    assert_eq!(statuses("/api/orders/5").await, [200, 200], "{text}");
+    // `/v1/{id}/edit` (a parameter before a catch-all): 1 allowed; the rest of `/v1/` 600.
+    assert_eq!(statuses("/v1/7/edit").await, [200, 429], "{text}");
+    assert_eq!(statuses("/v1/7/view").await, [200, 200], "{text}");
+}

@@ -299,9 +299,12 @@ fn key_expression(key: &Key) -> String {
     }
 }
 
-fn location_line(path: &PathMatch) -> String {
+/// The `location` line of `path`; a prefix that wins over regexes (`before_regexes`) says
+/// `^~`.
+fn location_line(path: &PathMatch, before_regexes: bool) -> String {
     match path {
         PathMatch::Exact(p) => format!("location = {p}"),
+        PathMatch::Prefix(p) if before_regexes => format!("location ^~ {p}"),
         PathMatch::Prefix(p) => format!("location {p}"),
         PathMatch::Regex(r) => format!("location ~ \"{r}\""),
     }
@@ -310,6 +313,27 @@ fn location_line(path: &PathMatch) -> String {
 /// Each location's rules: by path, the rules (by index) that limit it, with the methods
 /// they count there (`None`: every method).
 type Locations = BTreeMap<PathMatch, BTreeMap<usize, Option<Vec<String>>>>;
+
+/// How specific a route's path is, the way the origin's router (matchit, as axum's) prefers
+/// one route over another that also matches: segment by segment, a static segment before
+/// one mixing text and a parameter, before a parameter, before a catch-all. Smaller is more
+/// specific.
+fn specificity(path: &PathMatch, pattern: &str) -> Vec<u8> {
+    let path_part = crate::limiter::parse_pattern(pattern).map_or(pattern, |(_, p)| p);
+    let mut key: Vec<u8> = path_part
+        .split('/')
+        .map(|segment| match segment.find('{') {
+            None => 0,
+            Some(_) if segment.contains("{*") => 3,
+            Some(0) if segment.ends_with('}') => 2,
+            Some(_) => 1,
+        })
+        .collect();
+    if matches!(path, PathMatch::Prefix(_)) && key.last() != Some(&3) {
+        key.push(3);
+    }
+    key
+}
 
 /// What the rules declare, before any location uses them.
 #[derive(Default)]
@@ -411,10 +435,14 @@ fn zones(
 
 /// The rules by location. Each path gets one location; a rule over several methods of it
 /// counts them together.
-fn locations(rules: &[EdgeRule]) -> Locations {
+fn locations(rules: &[EdgeRule]) -> (Locations, BTreeMap<PathMatch, Vec<u8>>) {
     let mut locations = Locations::new();
+    let mut specific = BTreeMap::new();
     for rule in rules {
         for route in &rule.routes {
+            specific
+                .entry(route.path.clone())
+                .or_insert_with(|| specificity(&route.path, &route.pattern));
             let at = locations.entry(route.path.clone()).or_default();
             match at.entry(rule.index) {
                 std::collections::btree_map::Entry::Vacant(v) => {
@@ -435,19 +463,25 @@ fn locations(rules: &[EdgeRule]) -> Locations {
             }
         }
     }
-    locations
+    (locations, specific)
 }
 
 /// The upstream and the server block with one location per path, and the
 /// `map $request_method` blocks its method-limited rules read.
+///
+/// nginx picks a location its own way: an exact one, else the longest prefix, whose regexes
+/// then come first in the order written, unless the prefix says `^~`. The origin picks the
+/// most specific route ([`specificity`]). So the regex locations are written most specific
+/// first, and a prefix that must win over a less specific regex says `^~` and holds, nested,
+/// the regexes more specific than itself: for every path nginx then picks the location of
+/// the route the origin picks.
 fn server(
     plan: &Plan,
     rules: &[EdgeRule],
     options: &ExportOptions,
-    locations: &Locations,
+    (locations, specific): &(Locations, BTreeMap<PathMatch, Vec<u8>>),
     limit_lines: &BTreeMap<usize, String>,
 ) -> Result<(String, String), ConfigError> {
-    let mut maps = String::new();
     let mut server = format!(
         "upstream tollgate_origin {{\n    server {};\n}}\n\nserver {{\n    listen {};\n    limit_req_status 429;\n",
         options.origin, options.listen
@@ -456,11 +490,72 @@ fn server(
     server.push_str(
         "    proxy_set_header Host $host;\n    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n",
     );
-    let mut declared_maps = std::collections::BTreeSet::new();
+    let mut body = Body {
+        rules,
+        limit_lines,
+        maps: String::new(),
+        declared_maps: std::collections::BTreeSet::new(),
+    };
+    let key = |path: &PathMatch| specific.get(path).cloned().unwrap_or_default();
+    let mut regexes: Vec<&PathMatch> = locations
+        .keys()
+        .filter(|p| matches!(p, PathMatch::Regex(_)))
+        .collect();
+    regexes.sort_by_key(|p| (key(p), *p));
     for (path, by_rule) in locations {
-        server.push_str(&format!("\n    {} {{\n", location_line(path)));
+        match path {
+            PathMatch::Exact(_) => {
+                server.push_str(&format!("\n    {} {{\n", location_line(path, false)));
+                body.write(&mut server, by_rule, "        ");
+                server.push_str("    }\n");
+            }
+            PathMatch::Prefix(_) => {
+                let own = key(path);
+                let before_me = regexes.iter().any(|r| key(r) > own);
+                server.push_str(&format!("\n    {} {{\n", location_line(path, before_me)));
+                if before_me {
+                    for regex in regexes.iter().filter(|r| key(r) < own) {
+                        server.push_str(&format!("        {} {{\n", location_line(regex, false)));
+                        body.write(&mut server, &locations[*regex], "            ");
+                        server.push_str("        }\n");
+                    }
+                }
+                body.write(&mut server, by_rule, "        ");
+                server.push_str("    }\n");
+            }
+            PathMatch::Regex(_) => {}
+        }
+    }
+    for regex in &regexes {
+        server.push_str(&format!("\n    {} {{\n", location_line(regex, false)));
+        body.write(&mut server, &locations[*regex], "        ");
+        server.push_str("    }\n");
+    }
+    if !locations.contains_key(&PathMatch::Prefix("/".to_owned())) {
+        server.push_str("\n    location / {\n        proxy_pass http://tollgate_origin;\n    }\n");
+    }
+    server.push_str("}\n");
+    Ok((server, body.maps))
+}
+
+/// Writes locations' bodies, and the `map` blocks they read.
+struct Body<'a> {
+    rules: &'a [EdgeRule],
+    limit_lines: &'a BTreeMap<usize, String>,
+    maps: String,
+    declared_maps: std::collections::BTreeSet<String>,
+}
+
+impl Body<'_> {
+    /// The `set` and `limit_req` lines of a location's rules, then its `proxy_pass`.
+    fn write(
+        &mut self,
+        out: &mut String,
+        by_rule: &BTreeMap<usize, Option<Vec<String>>>,
+        indent: &str,
+    ) {
         for (index, methods) in by_rule {
-            let Some(rule) = rules.iter().find(|r| r.index == *index) else {
+            let Some(rule) = self.rules.iter().find(|r| r.index == *index) else {
                 continue;
             };
             let key = key_expression(&rule.key);
@@ -468,26 +563,22 @@ fn server(
                 None => key,
                 Some(methods) => {
                     let var = methods_var(*index, methods);
-                    if declared_maps.insert(var.clone()) {
-                        maps.push_str(&format!("map $request_method ${var} {{\n"));
+                    if self.declared_maps.insert(var.clone()) {
+                        self.maps
+                            .push_str(&format!("map $request_method ${var} {{\n"));
                         for m in methods {
-                            maps.push_str(&format!("    {m} {key};\n"));
+                            self.maps.push_str(&format!("    {m} {key};\n"));
                         }
-                        maps.push_str("    default \"\";\n}\n");
+                        self.maps.push_str("    default \"\";\n}\n");
                     }
                     format!("${var}")
                 }
             };
-            server.push_str(&format!(
-                "        set $tollgate_edge_{index} {value};\n        {}\n",
-                limit_lines.get(index).map_or("", String::as_str)
+            out.push_str(&format!(
+                "{indent}set $tollgate_edge_{index} {value};\n{indent}{}\n",
+                self.limit_lines.get(index).map_or("", String::as_str)
             ));
         }
-        server.push_str("        proxy_pass http://tollgate_origin;\n    }\n");
+        out.push_str(&format!("{indent}proxy_pass http://tollgate_origin;\n"));
     }
-    if !locations.contains_key(&PathMatch::Prefix("/".to_owned())) {
-        server.push_str("\n    location / {\n        proxy_pass http://tollgate_origin;\n    }\n");
-    }
-    server.push_str("}\n");
-    Ok((server, maps))
 }
