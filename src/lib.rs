@@ -292,7 +292,7 @@
 //! │   ├── schema/            Plan and its sections: plain data, parsed from TOML
 //! │   │   ├── mod.rs         Plan, its sections and the duration parser
 //! │   │   └── edge.rs        the [edge] section: EdgeConfig, EdgeRuleConfig, EdgeTarget
-//! │   ├── json.rs            the same schema as JSON
+//! │   ├── json.rs            the same schema as JSON; plan files of either format
 //! │   ├── build/             what a plan builds, through the code API's builders
 //! │   │   ├── mod.rs         BuiltPlan, Plan::build, from_config
 //! │   │   ├── key.rs         [key], its fallbacks and [login.ip_key]

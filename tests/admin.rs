@@ -427,6 +427,10 @@ fn the_cli_refuses_what_it_cannot_act_on() {
     let port = support::free_port();
     let out = tollgate(&["top", &format!("http://127.0.0.1:{port}/admin")]);
     assert_eq!(out.status.code(), Some(1));
+    // A URL that is not the admin API's kind is a usage mistake, not a failure to reach it.
+    let out = tollgate(&["top", "ftp://127.0.0.1/admin"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("http://"), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

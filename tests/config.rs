@@ -963,3 +963,32 @@ async fn settings_nothing_would_read_are_refused_naming_the_field() {
             .is_ok()
     );
 }
+
+// A JSON plan's error names the value, as a TOML plan's does; a plan in the other format
+// than its file name says is named as such, not as a parse error at its first line.
+#[test]
+fn plan_file_errors_name_the_value_and_a_misnamed_format() {
+    let dir = std::env::temp_dir().join(format!("tollgate-plan-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let json = r#"{"policies": [{"name": "api", "limit": "ten", "window": "1m"}]}"#;
+    let err = Plan::from_file(write("bad.json", json)).unwrap_err();
+    assert_eq!(err.field(), "policies[0].limit");
+    assert_eq!(err.value(), "\"ten\"", "{err}");
+
+    let toml = "[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n\n[default]\npolicies = [\"api\"]\n";
+    let err = Plan::from_file(write("toml.json", toml)).unwrap_err();
+    assert_eq!(err.field(), "(file)");
+    assert!(err.reason().contains("TOML"), "{err}");
+    let json = r#"{"policies": [{"name": "api", "limit": 5, "window": "1m"}], "default": {"policies": ["api"]}}"#;
+    let err = Plan::from_file(write("json.toml", json)).unwrap_err();
+    assert!(err.reason().contains("JSON"), "{err}");
+    // Named right, both read.
+    assert!(Plan::from_file(write("plan.toml", toml)).is_ok());
+    assert!(Plan::from_file(write("plan.json", json)).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -20,7 +20,8 @@ pub(crate) struct StoreArgs {
     /// The key: its source and material, `source:material` (`ip:203.0.113.5`, `user:42`,
     /// `apikey:<hash>`), as the application's extractor builds it.
     pub(super) key: String,
-    /// A Redis server (`redis://host:port`), instead of the plan's `store.url`.
+    /// A Redis server (`redis://host:port`), instead of the plan's `store.url` (TLS,
+    /// `rediss://`, is not built in).
     #[arg(long, conflicts_with = "cluster")]
     redis: Option<String>,
     /// Redis Cluster seed nodes, comma-separated, instead of the plan's `store.urls`.
@@ -305,6 +306,16 @@ pub(crate) fn top(args: &TopArgs) -> ExitCode {
 }
 
 fn run_top(args: &TopArgs) -> Result<(), Failure> {
+    let scheme = args
+        .url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase());
+    if !matches!(scheme.as_deref(), Some("http" | "https")) {
+        return Err(invalid(format!(
+            "URL = {:?}: the admin API's base URL, http:// or https://",
+            args.url
+        )));
+    }
     let url = format!("{}/top?n={}", args.url.trim_end_matches('/'), args.n);
     let mut headers = reqwest::header::HeaderMap::new();
     for h in &args.headers {

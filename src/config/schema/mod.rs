@@ -644,39 +644,4 @@ impl Plan {
         plan.build_policies()?;
         Ok(plan)
     }
-
-    /// Reads and parses a plan file: JSON when its name ends in `.json`, else TOML.
-    ///
-    /// # Errors
-    ///
-    /// As for [`from_toml`](Self::from_toml) (or [`from_json`](Self::from_json)), or when the
-    /// file cannot be read.
-    ///
-    /// ```
-    /// use tollgate::config::Plan;
-    ///
-    /// let plan = Plan::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/plan.toml"))?;
-    /// assert_eq!(plan.replicas, Some(3));
-    /// let err = Plan::from_file("no/such/plan.toml").unwrap_err();
-    /// assert_eq!(err.field(), "(file)");
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new("(file)", path.display(), format!("cannot be read: {e}"))
-        })?;
-        Self::from_file_text(path, &text)
-    }
-
-    /// Parses `text`, read from the plan file at `path` (whose name says the format).
-    pub(crate) fn from_file_text(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
-        if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-        {
-            return Self::from_json(text);
-        }
-        Self::from_toml(text)
-    }
 }
