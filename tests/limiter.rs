@@ -1005,3 +1005,37 @@ async fn check_now_defers_to_check_when_it_must_wait_and_charges_nothing() {
     assert_eq!(first.remaining(), 1, "the deferred checks charged nothing");
     assert_eq!(support::shadow_counts(&limiter), (1, 0));
 }
+
+// Client networks screen a request by the address its extractor reads. An extractor that
+// reads none (a closure keyed by user) leaves them to `ip` keys: said when the limiter is
+// built, not discovered when a denied network's client gets through.
+#[test]
+fn networks_with_an_extractor_that_reads_no_address_warn_when_built() {
+    let (captured, _guard) = support::Logs::capture(tracing::Level::WARN);
+    let build = |extractor: Option<Box<dyn tollgate::key::KeyExtractor>>| {
+        let mut builder = Limiter::builder()
+            .policy(Policy::new("api", Rate::per_minute(10)).unwrap())
+            .deny_cidr("203.0.113.0/24");
+        if let Some(extractor) = extractor {
+            builder = builder.extractor(extractor);
+        }
+        builder.build().unwrap()
+    };
+    let by_user = from_fn(|req: &RequestView<'_>| {
+        let user = req.headers().get("x-user")?.to_str().ok()?;
+        Some(Key::new("user", user))
+    });
+    build(None);
+    build(Some(Box::new(
+        tollgate::key::Chain::new(tollgate::key::ApiKey::new())
+            .or(tollgate::key::ClientIp::default()),
+    )));
+    assert!(
+        !captured.text().contains("client networks"),
+        "{}",
+        captured.text()
+    );
+    build(Some(Box::new(by_user)));
+    let log = captured.text();
+    assert_eq!(log.matches("reads no client address").count(), 1, "{log}");
+}

@@ -9,14 +9,7 @@ use tollgate::{Limiter, Policy, Rate, RateLimitLayer};
 
 #[tokio::test]
 async fn a_forgotten_connect_info_is_logged_once_with_the_fix() {
-    let captured = support::Logs::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = support::Logs::capture(tracing::Level::WARN);
 
     let limiter = Limiter::builder()
         .policy(Policy::new("per-ip", Rate::per_minute(100)).unwrap())

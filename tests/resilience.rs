@@ -162,13 +162,7 @@ async fn a_stalled_redis_cannot_stall_requests() {
 
 #[tokio::test]
 async fn script_errors_are_typed_and_the_mode_applies() {
-    let logs = support::Logs::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = support::Logs::capture(tracing::Level::INFO);
 
     let server = RedisServer::start();
     let limiter = limiter(

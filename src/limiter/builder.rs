@@ -218,7 +218,9 @@ impl<S> LimiterBuilder<S> {
     /// A request is matched by its client address whatever key it gets, when the
     /// extractor reads one ([`KeyExtractor::client_addr`]: [`PeerIp`], `ClientIp`,
     /// `IpUserAgent`, or a chain or composite holding one), so a client inside the network
-    /// cannot step out of it with a key of another kind. On the direct API an `ip` key is
+    /// cannot step out of it with a key of another kind (an extractor that reads no address,
+    /// such as a [`from_fn`](crate::key::from_fn) closure keyed by user, leaves the networks
+    /// to `ip` keys, and the limiter warns so when built). On the direct API an `ip` key is
     /// matched: an IPv6 key names its prefix (/56 by default), and a network narrower than
     /// that refuses the whole prefix it falls in (its addresses share one limit anyway). A
     /// [`deny_key`](Self::deny_key) of an `ip` key is a network of one address, matched the
@@ -408,6 +410,7 @@ impl<S: Store> LimiterBuilder<S> {
             allow,
             deny,
         });
+        lists.warn_if_networks_unread();
         Ok(Limiter::from_parts(
             common,
             CompiledPlan {

@@ -92,6 +92,33 @@ impl Lists {
             .or_else(|| self.extractor.client_addr(request))
     }
 
+    /// Warns, once when the limiter is built, when client networks are listed but the
+    /// limiter's extractor never reads a client address ([`KeyExtractor::client_addr`]: a
+    /// [`from_fn`](crate::key::from_fn) extractor, a wrapper of your own that does not
+    /// forward it): the networks then apply to `ip` keys alone, and a client keyed by a
+    /// user or an API key is not screened by its address.
+    pub(crate) fn warn_if_networks_unread(&self) {
+        if !self.deny.has_networks() && !self.allow.has_networks() {
+            return;
+        }
+        let mut probe = http::Request::new(());
+        probe
+            .extensions_mut()
+            .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40_000)));
+        if self
+            .extractor
+            .client_addr(&RequestView::new(&probe))
+            .is_none()
+        {
+            tracing::warn!(
+                target: "tollgate::config",
+                "client networks are listed, but the key extractor reads no client address \
+                 (KeyExtractor::client_addr): they apply to `ip` keys alone; implement \
+                 client_addr on the extractor to screen every request by its address"
+            );
+        }
+    }
+
     /// Where a request keyed `key` from the client address `addr` stands on the lists.
     ///
     /// A key of another kind than `ip` (an API key, a user) is screened by the address

@@ -30,6 +30,18 @@ pub fn serve_on(listener: tokio::net::TcpListener, app: Router) -> SocketAddr {
 pub struct Logs(pub Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
+    /// Captures what this thread logs at `level` and above until the guard is dropped.
+    pub fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
     /// Everything written so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
