@@ -155,8 +155,10 @@
 //! carried into the next windows as a debt is); in any interval that starts at
 //! `s + lease_time` or later, the sliding window log, counter, token bucket and GCRA admit at
 //! most their exact-mode bound for the override's limit and capacity. The token bucket and
-//! GCRA carry the key's deficit into the new numbers as the exact stores do (tokens taken
-//! under a higher limit still have to refill, at the override's rate), and a block gives back
+//! GCRA carry the key's deficit into the new numbers (tokens taken under a higher limit
+//! still have to refill, at the override's rate; the ledger's GCRA carries it as units where
+//! the exact stores carry a theoretical arrival time, so the wait before the next admission
+//! can differ from theirs, both within the bound above), and a block gives back
 //! the refill charged ahead at the lower of the rate it was charged at and the one in force,
 //! so raising a limit never returns more than was charged. On Redis a bucket's ledger key
 //! is kept for the slower of the plan's and the override's rate (setting one extends it), so
