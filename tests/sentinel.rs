@@ -34,6 +34,7 @@ fn sentinel_store_end_to_end() {
     let rt = support::runtime();
     rt.block_on(exact_on_the_resolved_master(&set));
     rt.block_on(a_plan_builds_a_sentinel_store(&set));
+    rt.block_on(a_silent_sentinel_first_holds_up_nothing(&set));
     demotion_is_followed(&set, &rt);
     stalled_master_is_followed(&set, &rt);
     killed_master_under_load(&mut set, &rt);
@@ -96,6 +97,35 @@ async fn exact_on_the_resolved_master(set: &SentinelSet) {
     );
     assert_eq!(store.master_switches(), 0);
     assert_eq!(store.name(), "redis-sentinel");
+}
+
+/// A sentinel that takes connections and never answers (its host gone behind a firewall, a
+/// hung process), listed first: the others' answer is taken at once. Asked in list order, the
+/// silent one held up every resolution until its timeout, and no master was ever found.
+async fn a_silent_sentinel_first_holds_up_nothing(set: &SentinelSet) {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut urls = vec![format!("redis://{}", silent.local_addr().unwrap())];
+    urls.extend(set.urls());
+    let store = RedisSentinelStore::builder()
+        .prefix("sentinel-silent")
+        .timeout(Duration::from_millis(500))
+        .build_with_sentinel(urls, MASTER_NAME)
+        .unwrap();
+    let policy = [Policy::new("api", Rate::per_minute(100)).unwrap()];
+    let key = Key::new("user", "silent-first");
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        if store.check(&key, &policy, &[1]).await.is_ok() {
+            answered += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answered >= 20,
+        "{answered} answers in 2 s with a silent first sentinel"
+    );
+    drop(silent);
 }
 
 async fn a_plan_builds_a_sentinel_store(set: &SentinelSet) {
@@ -411,6 +441,11 @@ fn config_mistakes_name_the_field_and_value() {
     assert_eq!((err.field(), err.value()), ("sentinels", "\"http://x\""));
     let err = build(&["redis://127.0.0.1:26379"], " ");
     assert_eq!((err.field(), err.value()), ("master", "\" \""));
+    for odd in [" mymaster", "mymaster\r\nPING", "my master"] {
+        let err = build(&["redis://127.0.0.1:26379"], odd);
+        assert_eq!(err.field(), "master", "{odd:?}");
+        assert!(err.reason().contains("one word"), "{err}");
+    }
     let err = RedisSentinelStore::builder()
         .resolve_interval(Duration::ZERO)
         .build_with_sentinel(["redis://127.0.0.1:26379"], "m")

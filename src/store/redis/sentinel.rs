@@ -17,7 +17,8 @@
 //!   [`LeasedStore`](crate::store::leased::LeasedStore) keeps deciding from the blocks in
 //!   hand.
 //! * **Finding the new one.** The next call asks the sentinels again (every sentinel at
-//!   once, the first valid answer in the configured order wins) and connects to the master
+//!   once, the first valid answer wins, whatever the sentinel's place in the list, so one that
+//!   does not answer holds up nothing) and connects to the master
 //!   they name. Resolutions are at least the
 //!   [resolve interval](RedisStoreBuilder::resolve_interval) apart (default
 //!   [`DEFAULT_RESOLVE_INTERVAL`], 100 ms): calls in between fail at once, so a dead sentinel
@@ -220,6 +221,18 @@ impl RedisStoreBuilder {
                 "needs the name the sentinels monitor the master by (`sentinel monitor <name> …`)",
             ));
         }
+        if master_name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            // Sentinel's configuration reads the name as one word: such a name is never
+            // monitored, and the store would only fail when first used.
+            return Err(ConfigError::new(
+                "master",
+                format_args!("{master_name:?}"),
+                "a master name is one word, without spaces or control characters, as `sentinel monitor <name> …` reads it",
+            ));
+        }
         let interval = self.resolve_interval.unwrap_or(DEFAULT_RESOLVE_INTERVAL);
         if !RESOLVE_INTERVALS.contains(&interval) {
             return Err(ConfigError::new(
@@ -228,10 +241,17 @@ impl RedisStoreBuilder {
                 "must be 10ms to 60s",
             ));
         }
-        let sentinel = redis::sentinel::Sentinel::build(infos)
-            .map_err(|e| ConfigError::new("sentinels", format_args!("{urls:?}"), e.to_string()))?;
+        let each = infos
+            .into_iter()
+            .zip(urls.iter())
+            .map(|(info, url)| {
+                redis::sentinel::Sentinel::build(vec![info]).map_err(|e| {
+                    ConfigError::new("sentinels", format_args!("{url:?}"), e.to_string())
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let timeout = self.options.timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT);
-        let link = Link::new(sentinel, urls, master_name.into(), timeout, interval);
+        let link = Link::new(each, urls, master_name.into(), timeout, interval);
         Ok(RedisSentinelStore {
             core: Arc::new(Core::new(SentinelConnector(Arc::new(link)), self.options)?),
         })

@@ -30,9 +30,15 @@ struct Master {
     unanswered_since: AtomicU64,
 }
 
+/// One sentinel, with the connection redis-rs keeps to it; locked by the lookup asking it.
+type OneSentinel = Arc<tokio::sync::Mutex<Sentinel>>;
+
 /// What a resolution attempt left behind, under the resolution lock.
 struct Resolver {
-    sentinel: Sentinel,
+    /// Each sentinel on its own, so that they are asked at once and the first valid answer
+    /// is taken: a sentinel that does not answer (its host down behind a firewall) must not
+    /// hold up the others.
+    sentinels: Box<[OneSentinel]>,
     /// When the last attempt started (successful or not).
     last_attempt: Option<Instant>,
     /// The address of the last master resolved: a different one is a switch.
@@ -96,7 +102,7 @@ fn demoted(reply: &Value) -> bool {
 
 impl Link {
     pub(crate) fn new(
-        sentinel: Sentinel,
+        each: Vec<Sentinel>,
         sentinels: Box<[String]>,
         master_name: Box<str>,
         timeout: Duration,
@@ -114,7 +120,10 @@ impl Link {
             interval,
             master: ArcSwapOption::empty(),
             resolver: tokio::sync::Mutex::new(Resolver {
-                sentinel,
+                sentinels: each
+                    .into_iter()
+                    .map(|s| Arc::new(tokio::sync::Mutex::new(s)))
+                    .collect(),
                 last_attempt: None,
                 last_address: None,
                 lost_since: None,
@@ -240,7 +249,7 @@ impl Link {
             }
         }
         resolver.last_attempt = Some(now);
-        let found = tokio::time::timeout(self.timeout, self.find(&mut resolver.sentinel)).await;
+        let found = tokio::time::timeout(self.timeout, self.find(&resolver.sentinels)).await;
         let (address, connection) = match found {
             Ok(Ok(found)) => found,
             Ok(Err(e)) => return Err(store_error(e)),
@@ -275,19 +284,50 @@ impl Link {
     }
 
     /// The master the sentinels name, checked to be a master (`ROLE`) by redis-rs, and a
-    /// connection to it.
+    /// connection to it. Every sentinel is asked at once; the first that names a master
+    /// which answers as one wins, whatever its place in the list (the others' lookups are
+    /// dropped).
     async fn find(
         &self,
-        sentinel: &mut Sentinel,
+        sentinels: &[OneSentinel],
     ) -> redis::RedisResult<(Box<str>, MultiplexedConnection)> {
-        let client = sentinel
-            .async_master_for(&self.master_name, Some(&self.node))
-            .await?;
-        let address = client.get_connection_info().addr().to_string();
-        let connection = client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        Ok((address.into_boxed_str(), connection))
+        let mut lookups = tokio::task::JoinSet::new();
+        for sentinel in sentinels {
+            let sentinel = Arc::clone(sentinel);
+            let name = self.master_name.clone();
+            let node = self.node.clone();
+            lookups.spawn(async move {
+                let mut sentinel = sentinel.lock().await;
+                sentinel.async_master_for(&name, Some(&node)).await
+            });
+        }
+        let mut failure = RedisError::from((ErrorKind::EmptySentinelList, "no sentinel to ask"));
+        while let Some(answer) = lookups.join_next().await {
+            let client = match answer {
+                Ok(Ok(client)) => client,
+                Ok(Err(e)) => {
+                    failure = e;
+                    continue;
+                }
+                Err(e) => {
+                    failure = RedisError::from((
+                        ErrorKind::Client,
+                        "a sentinel lookup failed",
+                        e.to_string(),
+                    ));
+                    continue;
+                }
+            };
+            let address = client.get_connection_info().addr().to_string();
+            match client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await
+            {
+                Ok(connection) => return Ok((address.into_boxed_str(), connection)),
+                Err(e) => failure = e,
+            }
+        }
+        Err(failure)
     }
 }
 
