@@ -670,7 +670,33 @@ fn every_target_refuses_what_it_cannot_express() {
             Nginx,
             false,
             "edge.rules[0].routes",
-            "decoded path",
+            "normalised path",
+        ),
+        (
+            &[
+                ("pattern = \"/other\"", "pattern = \"/x/../y\""),
+                (
+                    "routes = [\"/api/{*rest}\"]",
+                    "routes = [\"/api/{*rest}\", \"/x/../y\"]",
+                ),
+            ],
+            Nginx,
+            false,
+            "edge.rules[0].routes",
+            "`..` segment",
+        ),
+        (
+            &[
+                ("pattern = \"/other\"", "pattern = \"/a//b\""),
+                (
+                    "routes = [\"/api/{*rest}\"]",
+                    "routes = [\"/api/{*rest}\", \"/a//b\"]",
+                ),
+            ],
+            Nginx,
+            false,
+            "edge.rules[0].routes",
+            "empty segment",
         ),
         // Counts nginx cannot hold (`nginx -t` would fail).
         (
@@ -1245,50 +1271,39 @@ fn the_nginx_comment_names_what_the_plan_keys_by() {
     assert!(text.contains("reads no address behind proxies"), "{text}");
 }
 
-/// Routes of which the origin prefers the catch-all on some paths and the parameters on
-/// others; each edge rule allows one request on its own routes (the other rules 600).
-const PRECEDENCE: &str = r#"
-[key]
-kind = "peer_ip"
-[[policies]]
-name = "open"
-limit = 1000
-window = "1m"
-[[routes]]
-pattern = "/api/users/{*rest}"
-policies = ["open"]
-[[routes]]
-pattern = "/api/{kind}/{id}"
-policies = ["open"]
-[[routes]]
-pattern = "/v1/{*rest}"
-policies = ["open"]
-[[routes]]
-pattern = "/v1/{id}/edit"
-policies = ["open"]
-[default]
-exempt = true
-[[edge.rules]]
-name = "users"
-routes = ["/api/users/{*rest}"]
-limit = 1
-window = "1m"
-[[edge.rules]]
-name = "things"
-routes = ["/api/{kind}/{id}"]
-limit = 600
-window = "1m"
-[[edge.rules]]
-name = "v1"
-routes = ["/v1/{*rest}"]
-limit = 600
-window = "1m"
-[[edge.rules]]
-name = "edit"
-routes = ["/v1/{id}/edit"]
-limit = 1
-window = "1m"
-"#;
+/// Routes of which the origin (matchit, as axum) prefers the catch-all on some paths and the
+/// parameters on others, and patterns that mix text and parameters in a segment: each with
+/// the limit of its edge rule (per client, a minute), or none.
+const PRECEDENCE: &[(&str, Option<u64>)] = &[
+    ("/api/users/{*rest}", Some(1)),
+    ("/api/{kind}/{id}", Some(600)),
+    ("/assets/{*rest}", Some(1)),
+    ("/assets/img-{id}", None),
+    ("/docs/{page}", Some(600)),
+    ("/docs/v{*path}", Some(1)),
+    ("/f{x}", Some(600)),
+    ("/file-{id}", Some(1)),
+];
+
+/// A plan with a route and, where a limit is given, an edge rule for each of `routes`.
+fn precedence_plan(routes: &[(&str, Option<u64>)]) -> Plan {
+    let mut text = String::from(
+        "[key]\nkind = \"peer_ip\"\n[[policies]]\nname = \"open\"\nlimit = 1000\nwindow = \"1m\"\n[default]\nexempt = true\n",
+    );
+    for (pattern, _) in routes {
+        text.push_str(&format!(
+            "[[routes]]\npattern = {pattern:?}\npolicies = [\"open\"]\n"
+        ));
+    }
+    for (i, (pattern, limit)) in routes.iter().enumerate() {
+        if let Some(limit) = limit {
+            text.push_str(&format!(
+                "[[edge.rules]]\nname = \"r{i}\"\nroutes = [{pattern:?}]\nlimit = {limit}\nwindow = \"1m\"\n"
+            ));
+        }
+    }
+    Plan::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
 
 // nginx tries regex locations before a prefix unless the prefix says `^~`, where the origin
 // prefers the more specific route: `/api/users/5` is the origin's `/api/users/{*rest}`, and
@@ -1296,7 +1311,8 @@ window = "1m"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_picks_the_route_the_origin_picks() {
     let Some(nginx_bin) = nginx() else { return };
-    let plan = Plan::from_toml(PRECEDENCE).unwrap();
+    let plan = precedence_plan(PRECEDENCE);
+    plan.build().expect("a route set the origin accepts");
     let origin: SocketAddr = support::serve(Router::new().fallback(|| async { "origin" })).await;
     let port = support::free_port();
     let options = ExportOptions::new()
@@ -1321,9 +1337,16 @@ async fn nginx_picks_the_route_the_origin_picks() {
     // The origin's `/api/users/{*rest}` (a static segment before a parameter): 1 allowed.
     assert_eq!(statuses("/api/users/5").await, [200, 429], "{text}");
     assert_eq!(statuses("/api/users/6/photos").await, [429, 429], "{text}");
+    // `/assets/img-{id}`, which no edge rule limits, is not counted under the rule of
+    // `/assets/{*rest}`, which limits the rest.
+    assert_eq!(statuses("/assets/img-5").await, [200, 200], "{text}");
+    assert_eq!(statuses("/assets/app.js").await, [200, 429], "{text}");
     // `/api/{kind}/{id}`: 600 allowed.
     assert_eq!(statuses("/api/orders/5").await, [200, 200], "{text}");
-    // `/v1/{id}/edit` (a parameter before a catch-all): 1 allowed; the rest of `/v1/` 600.
-    assert_eq!(statuses("/v1/7/edit").await, [200, 429], "{text}");
-    assert_eq!(statuses("/v1/7/view").await, [200, 200], "{text}");
+    // `/docs/v{*path}` (a static `v` before `{page}`): 1 allowed; other pages 600.
+    assert_eq!(statuses("/docs/v2").await, [200, 429], "{text}");
+    assert_eq!(statuses("/docs/intro").await, [200, 200], "{text}");
+    // `/file-{id}` over `/f{x}`: 1 allowed; other `/f…` paths 600.
+    assert_eq!(statuses("/file-1").await, [200, 429], "{text}");
+    assert_eq!(statuses("/fun").await, [200, 200], "{text}");
 }

@@ -225,9 +225,9 @@ fn as_nginx_sees(net: &str) -> String {
     net.to_owned()
 }
 
-/// The largest `burst` nginx takes: it keeps it in thousandths of a request in a signed
-/// 64-bit number, and refuses a larger one (`nginx -t` fails). (A rate cannot reach it: a
-/// limit is at most 2^32 - 1.)
+/// The largest `burst` nginx keeps right: it counts in thousandths of a request in a signed
+/// 64-bit number, so a larger one overflows silently (and one past `i64::MAX` fails
+/// `nginx -t`). (A rate cannot reach it: a limit is at most 2^32 - 1.)
 const NGINX_MAX_COUNT: u64 = i64::MAX as u64 / 1000;
 
 /// Refuses a count nginx cannot hold, naming the rule's `field`.
@@ -242,15 +242,29 @@ fn fits_nginx(rule: &EdgeRule, field: &str, what: &str, count: u64) -> Result<()
     ))
 }
 
-/// Refuses a route pattern with a percent-encoded byte: nginx matches locations against the
-/// decoded path, so such a location would match no request and the rule would limit nothing.
+/// Refuses a route pattern nginx would never match: nginx matches locations against the
+/// normalised path (percent-encoded bytes decoded, `//` merged, `.` and `..` segments
+/// resolved), so such a location would match no request and the rule would limit nothing.
 fn decoded_paths(rules: &[EdgeRule]) -> Result<(), ConfigError> {
     for rule in rules {
-        if let Some(route) = rule.routes.iter().find(|r| r.pattern.contains('%')) {
+        for route in &rule.routes {
+            let path = crate::limiter::parse_pattern(&route.pattern)
+                .map_or(route.pattern.as_str(), |(_, p)| p);
+            let why = if path.contains('%') {
+                "a pattern with a percent-encoded byte; write the character itself"
+            } else if path.contains("//") {
+                "a pattern with an empty segment (`//`), which nginx merges"
+            } else if path.split('/').any(|s| s == "." || s == "..") {
+                "a pattern with a `.` or `..` segment, which nginx resolves"
+            } else {
+                continue;
+            };
             return Err(ConfigError::new(
                 rule.field("routes"),
                 format_args!("{:?}", route.pattern),
-                "nginx: locations match the decoded path, so a pattern with a percent-encoded byte would match no request; write the character itself",
+                format!(
+                    "nginx: locations match the normalised path, so {why} would match no request"
+                ),
             ));
         }
     }
@@ -315,23 +329,22 @@ fn location_line(path: &PathMatch, before_regexes: bool) -> String {
 type Locations = BTreeMap<PathMatch, BTreeMap<usize, Option<Vec<String>>>>;
 
 /// How specific a route's path is, the way the origin's router (matchit, as axum's) prefers
-/// one route over another that also matches: segment by segment, a static segment before
-/// one mixing text and a parameter, before a parameter, before a catch-all. Smaller is more
-/// specific.
-fn specificity(path: &PathMatch, pattern: &str) -> Vec<u8> {
-    let path_part = crate::limiter::parse_pattern(pattern).map_or(pattern, |(_, p)| p);
-    let mut key: Vec<u8> = path_part
-        .split('/')
-        .map(|segment| match segment.find('{') {
-            None => 0,
-            Some(_) if segment.contains("{*") => 3,
-            Some(0) if segment.ends_with('}') => 2,
-            Some(_) => 1,
-        })
-        .collect();
-    if matches!(path, PathMatch::Prefix(_)) && key.last() != Some(&3) {
-        key.push(3);
+/// one route over another that also matches a path: along the pattern, at the first place
+/// they differ, a static character before a parameter, before a catch-all. One element per
+/// static character (0), parameter (1) or catch-all (2); smaller is more specific. Two
+/// patterns that differ first by their static characters never match the same path.
+fn specificity(pattern: &str) -> Vec<u8> {
+    let path = crate::limiter::parse_pattern(pattern).map_or(pattern, |(_, p)| p);
+    let mut key = Vec::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        key.extend(std::iter::repeat_n(0, open));
+        let after = &rest[open..];
+        let close = after.find('}').unwrap_or(after.len() - 1);
+        key.push(if after[1..].starts_with('*') { 2 } else { 1 });
+        rest = &after[close + 1..];
     }
+    key.extend(std::iter::repeat_n(0, rest.len()));
     key
 }
 
@@ -357,7 +370,8 @@ pub(super) fn export(
     route_addresses(plan, rules)?;
     decoded_paths(rules)?;
     let zones = zones(plan, rules, options.round_stricter, notes)?;
-    let locations = locations(rules);
+    let mut locations = locations(rules);
+    unlimited_routes(plan, &mut locations);
     let (server, maps) = server(plan, rules, options, &locations, &zones.limit_lines)?;
     let mut out = zones.header;
     out.push('\n');
@@ -442,7 +456,7 @@ fn locations(rules: &[EdgeRule]) -> (Locations, BTreeMap<PathMatch, Vec<u8>>) {
         for route in &rule.routes {
             specific
                 .entry(route.path.clone())
-                .or_insert_with(|| specificity(&route.path, &route.pattern));
+                .or_insert_with(|| specificity(&route.pattern));
             let at = locations.entry(route.path.clone()).or_default();
             match at.entry(rule.index) {
                 std::collections::btree_map::Entry::Vacant(v) => {
@@ -464,6 +478,46 @@ fn locations(rules: &[EdgeRule]) -> (Locations, BTreeMap<PathMatch, Vec<u8>>) {
         }
     }
     (locations, specific)
+}
+
+/// Adds a plain location (no limit, only `proxy_pass`) for each of the plan's routes that no
+/// rule names but that the origin prefers over a limited location's route: without one,
+/// nginx would count its requests under the less specific route's rule. A route whose
+/// pattern the edge cannot write is left out.
+fn unlimited_routes(
+    plan: &Plan,
+    (locations, specific): &mut (Locations, BTreeMap<PathMatch, Vec<u8>>),
+) {
+    // What a limited location's paths start with (the text before its first parameter),
+    // and how specific its route is.
+    let limited: Vec<(String, Vec<u8>)> = locations
+        .keys()
+        .filter_map(|p| match p {
+            PathMatch::Exact(_) => None,
+            PathMatch::Prefix(text) => Some((text.clone(), specific.get(p)?.clone())),
+            PathMatch::Regex(regex) => {
+                let text = regex.trim_start_matches('^').replace("\\.", ".");
+                let text = text.split(['[', '.', '$']).next().unwrap_or("").to_owned();
+                Some((text, specific.get(p)?.clone()))
+            }
+        })
+        .collect();
+    for (i, route) in plan.routes.iter().enumerate() {
+        let Ok(route) = super::resolve::route_match(&format!("routes[{i}]"), &route.pattern) else {
+            continue;
+        };
+        if locations.contains_key(&route.path) {
+            continue;
+        }
+        let key = specificity(&route.pattern);
+        let path = crate::limiter::parse_pattern(&route.pattern).map_or("", |(_, p)| p);
+        let text = path.split('{').next().unwrap_or("");
+        let overlaps = |start: &str| text.starts_with(start) || start.starts_with(text);
+        if limited.iter().any(|(start, l)| *l > key && overlaps(start)) {
+            specific.insert(route.path.clone(), key);
+            locations.insert(route.path, BTreeMap::new());
+        }
+    }
 }
 
 /// The upstream and the server block with one location per path, and the
