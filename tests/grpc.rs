@@ -526,9 +526,14 @@ async fn counting_reads_the_status_in_a_grpc_web_body() {
 /// call's gRPC status (the health service's: `OK` for the server as a whole — in the
 /// trailers, after the body — and `NOT_FOUND`, here a wrong password, for an unknown service).
 /// tonic's request body is not built from bytes, so the request is mapped to axum's body first.
-/// With `web`, gRPC-Web is translated inside the layer: the status travels in the body.
-async fn serve_login(guard: tollgate::login::LoginGuard, web: bool) -> SocketAddr {
+/// With `web`, gRPC-Web is translated inside the layer: the status travels in the body. The
+/// guard allows 3 attempts an hour per (IP, user).
+async fn serve_login(web: bool) -> SocketAddr {
     use tollgate::login::{LoginLayer, LoginOutcome};
+    let guard = tollgate::login::LoginGuard::builder()
+        .ip_user_rate(Rate::per_hour(3))
+        .build()
+        .unwrap();
     let login =
         LoginLayer::header(guard, http::HeaderName::from_static("x-username")).classify(|status| {
             match status {
@@ -579,11 +584,7 @@ async fn log_in(
 // wrong password as a success, cleared the user's failures, and never locked anyone out.
 #[tokio::test]
 async fn the_login_layer_reads_a_grpc_calls_outcome_from_its_status() {
-    let guard = tollgate::login::LoginGuard::builder()
-        .ip_user_rate(Rate::per_hour(3))
-        .build()
-        .unwrap();
-    let addr = serve_login(guard, false).await;
+    let addr = serve_login(false).await;
     let mut client = client(addr, None).await;
     for _ in 0..2 {
         assert_eq!(log_in(&mut client, "alice", false).await, Code::NotFound);
@@ -602,20 +603,14 @@ async fn the_login_layer_reads_a_grpc_calls_outcome_from_its_status() {
     assert_eq!(log_in(&mut client, "bob", true).await, Code::Ok);
 }
 
-// The same over gRPC-Web, translated inside the layer: a success's status is in the trailers
-// frame at the end of the body.
-#[tokio::test]
-async fn the_login_layer_reads_a_grpc_web_calls_outcome_from_its_body() {
-    let guard = tollgate::login::LoginGuard::builder()
-        .ip_user_rate(Rate::per_hour(3))
-        .build()
-        .unwrap();
-    let addr = serve_login(guard, true).await;
-    let client = reqwest::Client::new();
-    let log_in = |right: bool| {
-        let service = if right { "" } else { "no.such.Service" };
-        grpc_web_check_as(&client, addr, service, Some("alice"))
-    };
+/// Two wrong passwords, the right one, three wrong ones, the right one: the success clears
+/// the failures before it, so only the last attempt is refused (`RESOURCE_EXHAUSTED`), under a
+/// limit of 3 attempts per (IP, user). `log_in(right)` answers the call's gRPC status code.
+async fn lockout_after_a_success<F, Fut>(log_in: F)
+where
+    F: Fn(bool) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
     for _ in 0..2 {
         assert_eq!(log_in(false).await, "5");
     }
@@ -624,4 +619,52 @@ async fn the_login_layer_reads_a_grpc_web_calls_outcome_from_its_body() {
         assert_eq!(log_in(false).await, "5");
     }
     assert_eq!(log_in(true).await, "8", "RESOURCE_EXHAUSTED");
+}
+
+// The same over gRPC-Web, translated inside the layer: a success's status is in the trailers
+// frame at the end of the body.
+#[tokio::test]
+async fn the_login_layer_reads_a_grpc_web_calls_outcome_from_its_body() {
+    let addr = serve_login(true).await;
+    let client = reqwest::Client::new();
+    let log_in = |right: bool| {
+        let service = if right { "" } else { "no.such.Service" };
+        grpc_web_check_as(&client, addr, service, Some("alice"))
+    };
+    lockout_after_a_success(log_in).await;
+}
+
+// The text form (base64, grpc-web's JavaScript default): a success's status is in a base64
+// trailers frame. Unread, each right password counted as a failure and locked the user out.
+#[tokio::test]
+async fn the_login_layer_reads_a_grpc_web_text_calls_outcome() {
+    let addr = serve_login(true).await;
+    let client = reqwest::Client::new();
+    // The request frames, base64: the server as a whole (`OK`) or `no.such.Service`.
+    let log_in = |right: bool| {
+        let body = if right {
+            "AAAAAAA="
+        } else {
+            "AAAAABEKD25vLnN1Y2guU2VydmljZQ=="
+        };
+        let request = client
+            .post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+            .header("content-type", "application/grpc-web-text")
+            .header("accept", "application/grpc-web-text")
+            .header("x-grpc-web", "1")
+            .header("x-username", "alice")
+            .body(body);
+        async move {
+            let res = request.send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            // A failure or a refusal is trailers-only; a success's status is in the body.
+            let status = res
+                .headers()
+                .get("grpc-status")
+                .map(|s| s.to_str().unwrap().to_owned());
+            let _ = res.bytes().await.unwrap();
+            status.unwrap_or_else(|| "0".to_owned())
+        }
+    };
+    lockout_after_a_success(log_in).await;
 }

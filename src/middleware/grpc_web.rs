@@ -1,7 +1,8 @@
 //! The trailers of a gRPC-Web response, which travel at the end of its body (a frame whose
 //! flag has its high bit set, holding `name:value` lines), read as the body passes, so that
-//! a counting rule can judge the call's `grpc-status` when the gRPC-Web translation runs
-//! inside the layer.
+//! a counting rule or the login layer can judge the call's `grpc-status` when the gRPC-Web
+//! translation runs inside the layer. Both forms are read: binary, and the base64 text form
+//! (`application/grpc-web-text`, the default of grpc-web's JavaScript client).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -20,22 +21,94 @@ pub(crate) struct WebTrailers {
     trailers: bool,
     buf: Vec<u8>,
     done: bool,
+    /// For the text form: the base64 being decoded.
+    text: Option<Base64Stream>,
+}
+
+/// Base64 decoded as it arrives. A gRPC-Web text body encodes each frame on its own, so
+/// padding may end any group of four characters, not only the last.
+#[derive(Debug, Default)]
+struct Base64Stream {
+    group: [u8; 4],
+    have: usize,
+}
+
+impl Base64Stream {
+    /// Decodes `data` onto `out`; `false` for a character that is not base64.
+    fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        const PAD: u8 = 64;
+        for &c in data {
+            let value = match c {
+                b'A'..=b'Z' => c - b'A',
+                b'a'..=b'z' => c - b'a' + 26,
+                b'0'..=b'9' => c - b'0' + 52,
+                b'+' | b'-' => 62,
+                b'/' | b'_' => 63,
+                b'=' => PAD,
+                b'\r' | b'\n' | b' ' | b'\t' => continue,
+                _ => return false,
+            };
+            self.group[self.have] = value;
+            self.have += 1;
+            if self.have < 4 {
+                continue;
+            }
+            self.have = 0;
+            let [a, b, c, d] = self.group;
+            if a == PAD || b == PAD || (c == PAD && d != PAD) {
+                return false;
+            }
+            out.push((a << 2) | (b >> 4));
+            if c != PAD {
+                out.push((b << 4) | (c >> 2));
+                if d != PAD {
+                    out.push((c << 6) | d);
+                }
+            }
+        }
+        true
+    }
 }
 
 impl WebTrailers {
-    /// A reader for a response with these `headers` when it is binary gRPC-Web (a gRPC
-    /// content type, [`grpc::content_type`](crate::grpc::content_type), of the `-web` form);
-    /// the text form (`application/grpc-web-text`, base64) is not read.
+    /// A reader for a response with these `headers` when it is gRPC-Web (a gRPC content
+    /// type, [`grpc::content_type`](crate::grpc::content_type), of the `-web` or `-web-text`
+    /// form).
     pub(crate) fn for_response(headers: &HeaderMap) -> Option<Self> {
         let form = &crate::grpc::content_type(headers)?.as_bytes()["application/grpc".len()..];
-        let web = form.len() >= 4
-            && form[..4].eq_ignore_ascii_case(b"-web")
-            && form[4..].first().is_none_or(|&b| b != b'-');
-        web.then(Self::default)
+        let starts = |prefix: &[u8]| {
+            form.len() >= prefix.len()
+                && form[..prefix.len()].eq_ignore_ascii_case(prefix)
+                && form[prefix.len()..].first().is_none_or(|&b| b != b'-')
+        };
+        if starts(b"-web-text") {
+            return Some(Self {
+                text: Some(Base64Stream::default()),
+                ..Self::default()
+            });
+        }
+        starts(b"-web").then(Self::default)
     }
 
     /// Reads `data`, the next bytes of the body: the trailers, once their frame has ended.
-    pub(crate) fn feed(&mut self, mut data: &[u8]) -> Option<HeaderMap> {
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Option<HeaderMap> {
+        let Some(text) = &mut self.text else {
+            return self.read(data);
+        };
+        if self.done {
+            return None;
+        }
+        let mut decoded = Vec::with_capacity(data.len() / 4 * 3 + 3);
+        if !text.feed(data, &mut decoded) {
+            // Not base64: nothing more is read (the call keeps its charge).
+            self.done = true;
+            return None;
+        }
+        self.read(&decoded)
+    }
+
+    /// Reads the next bytes of the frames (decoded, for the text form).
+    fn read(&mut self, mut data: &[u8]) -> Option<HeaderMap> {
         while !data.is_empty() && !self.done {
             if self.have < self.header.len() {
                 let n = (self.header.len() - self.have).min(data.len());
@@ -138,16 +211,20 @@ mod tests {
     }
 
     #[test]
-    fn what_is_not_binary_grpc_web_or_too_large_is_not_read() {
+    fn what_is_not_grpc_web_or_too_large_is_not_read() {
         for ct in [
-            "application/grpc-web-text",
-            "application/grpc-web-text+proto",
             "application/grpc",
             "application/grpc-webx",
+            "application/grpc-web-textual",
         ] {
             assert!(WebTrailers::for_response(&headers(ct)).is_none(), "{ct}");
         }
-        for ct in ["application/grpc-web", "Application/GRPC-Web;charset=x"] {
+        for ct in [
+            "application/grpc-web",
+            "Application/GRPC-Web;charset=x",
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ] {
             assert!(WebTrailers::for_response(&headers(ct)).is_some(), "{ct}");
         }
         let mut r = reader();
@@ -158,5 +235,45 @@ mod tests {
         // A body of data frames alone has no trailers.
         let mut r = reader();
         assert!(r.feed(&frame(0, &[7; 40])).is_none());
+    }
+
+    /// The text form as tonic-web writes it: each frame base64-encoded on its own, padded.
+    #[test]
+    fn the_text_form_is_read_however_the_body_is_cut() {
+        let encode = |bytes: &[u8]| {
+            const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            let mut out = Vec::new();
+            for chunk in bytes.chunks(3) {
+                let n = (u32::from(chunk[0]) << 16)
+                    | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+                    | u32::from(*chunk.get(2).unwrap_or(&0));
+                for i in 0..4 {
+                    out.push(if i <= chunk.len() {
+                        ABC[((n >> (18 - 6 * i)) & 63) as usize]
+                    } else {
+                        b'='
+                    });
+                }
+            }
+            out
+        };
+        let mut body = encode(&frame(0, b"\x08\x01"));
+        body.extend(encode(&frame(0x80, b"grpc-status:0\r\n")));
+        let text = WebTrailers::for_response(&headers("application/grpc-web-text")).unwrap();
+        for step in [1, 2, 3, 5, body.len()] {
+            let mut r = WebTrailers {
+                text: Some(Default::default()),
+                ..Default::default()
+            };
+            let found = body.chunks(step).find_map(|c| r.feed(c));
+            assert_eq!(found.expect("trailers")["grpc-status"], "0", "step {step}");
+        }
+        assert!(text.text.is_some());
+        let mut r = WebTrailers::for_response(&headers("application/grpc-web-text")).unwrap();
+        assert!(r.feed(b"not*base64").is_none());
+        assert!(
+            r.feed(&body).is_none(),
+            "nothing is read after bytes that are not base64"
+        );
     }
 }
