@@ -987,6 +987,17 @@ fn plan_file_errors_name_the_value_and_a_misnamed_format() {
     let json = r#"{"policies": [{"name": "api", "limit": 5, "window": "1m"}], "default": {"policies": ["api"]}}"#;
     let err = Plan::from_file(write("json.toml", json)).unwrap_err();
     assert!(err.reason().contains("JSON"), "{err}");
+    // An empty file named .json is an empty file, not a TOML plan.
+    let err = Plan::from_file(write("empty.json", "  \n")).unwrap_err();
+    assert!(!err.reason().contains("TOML"), "{err}");
+    // An unknown field is named by its key: its value may be a secret under a misspelt name.
+    let misspelt = r#"{"store": {"kind": "redis", "uri": "redis://:hunter2@db:6379"}}"#;
+    let err = Plan::from_file(write("misspelt.json", misspelt)).unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert_eq!(err.value(), "uri", "{err}");
+    let wrong_type = r#"{"store": {"kind": "redis", "url": ["redis://:hunter2@db:6379"]}}"#;
+    let err = Plan::from_file(write("wrong.json", wrong_type)).unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
     // Named right, both read.
     assert!(Plan::from_file(write("plan.toml", toml)).is_ok());
     assert!(Plan::from_file(write("plan.json", json)).is_ok());

@@ -410,3 +410,19 @@ async fn a_symlinked_plan_reloads_when_its_target_is_edited() {
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(watcher.reloaded(), 1);
 }
+
+// The file changed between the limiter's build and the watcher's start: the first change seen
+// reloads what the file says, even when it writes the same text again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_changed_before_the_watcher_started_is_reloaded_on_the_next_change() {
+    let dir = TempDir::new("changed-before-spawn");
+    let path = dir.0.join("plan.toml");
+    std::fs::write(&path, toml(3)).unwrap();
+    let limiter = Limiter::from_config(&Plan::from_file(&path).unwrap()).unwrap();
+    std::fs::write(&path, toml(7)).unwrap();
+    let _watcher = PlanWatcher::spawn(&path, limiter.clone()).unwrap();
+    std::fs::write(&path, toml(7)).unwrap();
+    wait_for("the plan written before the watcher", || {
+        limiter.policies()[0].limit() == 7
+    });
+}

@@ -41,7 +41,14 @@ impl Plan {
             if !reason.contains(&at) {
                 reason = format!("{reason} ({at})");
             }
-            let value = value_at(text, &field).unwrap_or(at);
+            // An unknown field is named by its key, as in TOML (its value may be a secret
+            // written under a misspelt name); a value of the wrong type is shown, without a
+            // URL's credentials.
+            let value = if reason.starts_with("unknown field") {
+                field.rsplit('.').next().unwrap_or(&field).to_owned()
+            } else {
+                value_at(text, &field).map_or(at, |v| without_credentials(&v))
+            };
             ConfigError::new(field, value, reason)
         })?;
         de.end().map_err(|e| {
@@ -97,8 +104,19 @@ impl Plan {
             )
         };
         // A plan in the other format than its name says: say so, not where the parse failed.
+        // Only a text that holds one (a JSON object, or TOML with a key or a table): an empty
+        // or half-written file is a plan of neither.
+        let holds_other = if json {
+            let toml_content = text
+                .lines()
+                .map(str::trim)
+                .any(|l| !l.starts_with('#') && (l.starts_with('[') || l.contains('=')));
+            !text.trim_start().starts_with('{') && toml_content
+        } else {
+            text.trim_start().starts_with('{')
+        };
         match read {
-            Err(_) if other(text).is_ok() => Err(ConfigError::new(
+            Err(_) if holds_other && other(text).is_ok() => Err(ConfigError::new(
                 "(file)",
                 path.display(),
                 if json {
@@ -132,4 +150,25 @@ fn value_at(text: &str, field: &str) -> Option<String> {
         shown.push('…');
     }
     Some(shown)
+}
+
+/// `value` with the user and password of any URL in it (`redis://:secret@host`) replaced by
+/// `***`.
+fn without_credentials(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(scheme) = rest.find("://") {
+        let (head, tail) = rest.split_at(scheme + 3);
+        out.push_str(head);
+        let authority_end = tail.find(['/', '"', ' ', ',']).unwrap_or(tail.len());
+        match tail[..authority_end].rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                rest = &tail[at..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
 }

@@ -231,7 +231,9 @@ mod watcher {
     /// a Kubernetes ConfigMap volume, whose update swaps a `..data` symlink beside the file
     /// without touching the file's own name. When the path is a symlink, the directory of
     /// the file it points to is watched too (followed again after each change), so edits to
-    /// the target are seen wherever it lives.
+    /// the target are seen wherever it lives. A directory on the path that is itself a
+    /// symlink swapped for another (`current -> v2`) is not followed: watch a path through
+    /// the swapped link's own directory, or the file behind it.
     ///
     /// ```no_run
     /// use tollgate::config::{Plan, PlanWatcher};
@@ -372,7 +374,9 @@ mod watcher {
             let watcher = Arc::new(Mutex::new(watcher));
             let counts = Arc::new(Counts::default());
             let mut follow = Follow {
-                last: Some(std::fs::read_to_string(&path).map_err(|e| e.to_string())),
+                // Not the text at spawn: the file may have changed since the limiter was
+                // built from it, and the first change seen must reload whatever it says.
+                last: None,
                 own_dir: std::fs::canonicalize(&dir).ok(),
                 path,
                 target_dir: None,
