@@ -669,3 +669,51 @@ async fn a_reset_in_one_region_leaves_another_at_most_what_it_holds() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+// A home that restarts forgets every deposit it granted. A region that gave one back after
+// the restart took its unused units off what the fresh home had counted since, and another
+// region admitted them again: 130 of a limit of 100. They are dropped now, and counted so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposits_granted_before_the_home_restarted_are_not_given_back() {
+    let mut home = RedisServer::start();
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let region = |name: &str, server: &RedisServer, home: &RedisServer| {
+        RegionalLedger::builder(name, local_store(&server.url()), home_store(&home.url()))
+            .home_lease(Duration::from_millis(500))
+            .max_deposit_fraction(1.0)
+            .build()
+            .unwrap()
+    };
+    let ledger_a = region("eu", &eu, &home);
+    let a = LeasedStore::new(ledger_a.clone());
+    let policy = [Policy::builder("api", Rate::per_hour(100))
+        .algorithm(tollgate::Algorithm::FixedWindow)
+        .build()
+        .unwrap()];
+    let key = Key::new("user", "restarted-home");
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
+    assert!(a.check(&key, &policy, &[10]).await.unwrap().is_allowed());
+    home.kill();
+    home.restart();
+    // The region's connection to the home finds the new server (its generation moves).
+    let other = Key::new("user", "restarted-home-other");
+    for _ in 0..20 {
+        let _ = a.check(&other, &policy, &[1]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = LeasedStore::new(region("us", &us, &home));
+    let mut admitted = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        if b.check(&key, &policy, &[1]).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let stats = ledger_a.stats();
+    eprintln!("after the home's restart: {admitted} admitted; eu {stats:?}");
+    assert!(admitted <= 100, "{admitted} admitted of 100 after the restart");
+    assert!(stats.units_dropped > 0, "{stats:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}

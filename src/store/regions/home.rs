@@ -27,17 +27,35 @@ pub(super) const CLOCK_SLACK_MS: u64 = 2;
 const ORIGINS: usize = 16_384;
 
 /// Where the units of a request decided exactly came from: a refund goes back there.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 enum Origin {
+    #[default]
     Deposit,
-    /// The home decided it, at this time on its clock.
-    Home(u64),
+    /// The home decided it, at this time on its clock, in this generation of its store (a
+    /// restarted home never counted it).
+    Home(u64, u64),
 }
 
+/// Values by id, the oldest forgotten past [`ORIGINS`].
 #[derive(Debug, Default)]
-struct Origins {
-    by_id: HashMap<u64, Origin>,
+struct Ids<T> {
+    by_id: HashMap<u64, T>,
     order: VecDeque<u64>,
+}
+
+impl<T> Ids<T> {
+    fn remember(&mut self, id: u64, value: T) {
+        while self.by_id.len() >= ORIGINS || self.order.len() >= 2 * ORIGINS {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.by_id.remove(&old);
+                }
+                None => break,
+            }
+        }
+        self.by_id.insert(id, value);
+        self.order.push_back(id);
+    }
 }
 
 /// One region: its Redis, the home, and what it counts.
@@ -48,7 +66,11 @@ pub(super) struct Region<H> {
     pub(super) home: H,
     pub(super) home_lease_ms: u64,
     fraction: f64,
-    origins: parking_lot::Mutex<Origins>,
+    origins: parking_lot::Mutex<Ids<Origin>>,
+    /// The home's generation when it granted each deposit this instance installed: one
+    /// granted before the home restarted is not given back (the fresh home never counted
+    /// it, and its unused units would come off other regions' charges).
+    grants: parking_lot::Mutex<Ids<u64>>,
     next_block: AtomicU64,
     pub(super) counters: Counters,
 }
@@ -114,27 +136,31 @@ impl<H: LeaseBackend> Region<H> {
             home_lease_ms,
             fraction,
             origins: parking_lot::Mutex::default(),
+            grants: parking_lot::Mutex::default(),
             next_block: AtomicU64::new(seed.max(1)),
             counters: Counters::default(),
         }
     }
 
     fn remember(&self, id: u64, origin: Origin) {
-        let mut o = self.origins.lock();
-        while o.by_id.len() >= ORIGINS || o.order.len() >= 2 * ORIGINS {
-            match o.order.pop_front() {
-                Some(old) => {
-                    o.by_id.remove(&old);
-                }
-                None => break,
-            }
-        }
-        o.by_id.insert(id, origin);
-        o.order.push_back(id);
+        self.origins.lock().remember(id, origin);
+    }
+
+    /// Decided at the home now, at `at` on its clock.
+    fn at_home(&self, at: u64) -> Origin {
+        Origin::Home(at, self.home.generation())
     }
 
     fn forget(&self, id: u64) -> Option<Origin> {
         self.origins.lock().by_id.remove(&id)
+    }
+
+    /// Whether the deposit of home block `block` was granted by the home as it is now: not
+    /// when this instance installed it before the home restarted (one another instance
+    /// installed is not known here, and goes home as before).
+    pub(super) fn granted_by_this_home(&self, block: u64) -> bool {
+        let granted = self.grants.lock().by_id.remove(&block);
+        granted.is_none_or(|g| g == self.home.generation())
     }
 
     pub(super) fn home_call(&self, call: &'static str) {
@@ -352,7 +378,7 @@ impl<H: LeaseBackend> Region<H> {
         bump(&self.counters.exact_at_home, 1);
         self.home_call("exact");
         if reply.granted {
-            self.remember(id, Origin::Home(reply.now_ms));
+            self.remember(id, self.at_home(reply.now_ms));
         }
         Ok(LedgerReply {
             now_ms: region_now,
@@ -434,7 +460,7 @@ impl<H: LeaseBackend> Region<H> {
             let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
             return Ok(match costs {
                 Some((request, _)) => {
-                    self.remember(request, Origin::Home(reply.now_ms));
+                    self.remember(request, self.at_home(reply.now_ms));
                     Some(LedgerReply {
                         now_ms: took.now,
                         ..reply
@@ -463,6 +489,7 @@ impl<H: LeaseBackend> Region<H> {
             }
         };
         if done.installed {
+            self.grants.lock().remember(id, self.home.generation());
             bump(&self.counters.deposits, 1);
             bump(&self.counters.units_deposited, deposited);
             self.units("deposited", deposited);
@@ -496,7 +523,7 @@ impl<H: LeaseBackend> Region<H> {
         if let (Some((request, _)), true) = (&costs, done.installed) {
             // The waiting request's units were charged at the home with the block: a give-back
             // of them (capped by the instance at what it was charged) goes home.
-            self.remember(*request, Origin::Home(reply.now_ms));
+            self.remember(*request, self.at_home(reply.now_ms));
         }
         Ok(costs.map(|(_, c)| waiting_request(&reply, &new, &c, done.installed, took.now)))
     }
@@ -569,7 +596,14 @@ impl<H: LeaseBackend> Region<H> {
                     self.units("dropped", dropped);
                 }
             }
-            Some(Origin::Home(at)) => {
+            Some(Origin::Home(_, generation)) if generation != self.home.generation() => {
+                // Decided by the home before it restarted: the fresh home never counted it.
+                let units = call.parts.iter().map(|p| p.returned.unused).max();
+                let units = units.unwrap_or(0);
+                bump(&self.counters.units_dropped, units);
+                self.units("dropped", units);
+            }
+            Some(Origin::Home(at, _)) => {
                 let mut call = call;
                 for p in &mut call.parts {
                     p.returned.granted_at = at;

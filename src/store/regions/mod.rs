@@ -115,7 +115,13 @@
 //! * An instance killed: at most its blocks stay charged. A region's Redis lost: its deposits
 //!   stay charged at the home until their windows roll over or their buckets refill.
 //! * The home restarted (its state lost): deposits granted before the restart are spent out
-//!   (each at most one home lease), as blocks in hand are after a single Redis's restart.
+//!   (each at most one home lease), as blocks in hand are after a single Redis's restart,
+//!   and their unused units are not given back to the fresh home (they would come off what
+//!   other regions were charged since): they are dropped and counted in
+//!   [`RegionStats::units_dropped`], as are refunds of requests the old home decided. A
+//!   deposit installed by another instance of the region before the restart and ended by
+//!   this one is not known here and still goes home (its unused units, at most one deposit
+//!   per key, are the bound).
 //!
 //! # Observability
 //!

@@ -117,6 +117,14 @@ impl<H: LeaseBackend> Region<H> {
         let Some(block) = old.iter().find(|d| d.holds_block()).map(|d| d.block) else {
             return;
         };
+        if !self.granted_by_this_home(block) {
+            // Granted before the home restarted: given back, its unused units would come
+            // off what the fresh home counted since.
+            let unused = old.iter().map(|d| d.left).max().unwrap_or(0);
+            bump(&self.counters.units_dropped, unused);
+            self.units("dropped", unused);
+            return;
+        }
         let worth = old.iter().zip(kinds).any(|(d, k)| {
             d.holds_block()
                 && (d.left > 0 || (matches!(k, Kind::Bucket | Kind::Log) && d.ends > now))
