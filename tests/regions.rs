@@ -46,6 +46,19 @@ fn local_store(url: &str) -> RedisStore {
         .unwrap()
 }
 
+/// An instance of region `name`, whose Redis is `server`, over `home`, with the defaults.
+fn regional(
+    name: &str,
+    server: &RedisServer,
+    home: &RedisServer,
+) -> LeasedStore<RegionalLedger<RedisStore>> {
+    LeasedStore::new(
+        RegionalLedger::builder(name, local_store(&server.url()), home_store(&home.url()))
+            .build()
+            .unwrap(),
+    )
+}
+
 fn instance<S: tollgate::store::leased::LeaseBackend>(
     backend: S,
     policy: &Policy,
@@ -635,13 +648,7 @@ async fn a_reset_in_one_region_leaves_another_at_most_what_it_holds() {
     const LIMIT: u64 = 1_000;
     let home = RedisServer::start();
     let (eu, us) = (RedisServer::start(), RedisServer::start());
-    let region = |name: &str, server: &RedisServer| {
-        LeasedStore::new(
-            RegionalLedger::builder(name, local_store(&server.url()), home_store(&home.url()))
-                .build()
-                .unwrap(),
-        )
-    };
+    let region = |name: &str, server: &RedisServer| regional(name, server, &home);
     let (a, b) = (region("eu", &eu), region("us", &us));
     let policy = [Policy::new("api", Rate::per_hour(LIMIT)).unwrap()];
     let key = Key::new("user", "reset-across-regions");
@@ -712,8 +719,53 @@ async fn deposits_granted_before_the_home_restarted_are_not_given_back() {
     }
     let stats = ledger_a.stats();
     eprintln!("after the home's restart: {admitted} admitted; eu {stats:?}");
-    assert!(admitted <= 100, "{admitted} admitted of 100 after the restart");
+    assert!(
+        admitted <= 100,
+        "{admitted} admitted of 100 after the restart"
+    );
     assert!(stats.units_dropped > 0, "{stats:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+// The home refusing one request for its size must not refuse the smaller ones after it: a
+// region kept the refusal for the key, so one oversized request a lease blocked the key for
+// the whole region, with errors and a limit of 0 in the answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_its_size_does_not_block_the_key_in_the_region() {
+    let home = RedisServer::start();
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let region = |name: &str, server: &RedisServer| regional(name, server, &home);
+    let (a, b) = (region("eu", &eu), region("us", &us));
+    let fixed = |n: u64| {
+        [Policy::builder("api", Rate::per_hour(n))
+            .algorithm(tollgate::Algorithm::FixedWindow)
+            .build()
+            .unwrap()]
+    };
+    support::clear_of_a_window_end(Duration::from_secs(3_600), Duration::from_secs(60)).await;
+    let policy = fixed(100);
+    let key = Key::new("user", "oversized");
+    assert!(b.check(&key, &policy, &[10]).await.unwrap().is_allowed());
+    let big = a.check(&key, &policy, &[95]).await.unwrap();
+    assert!(!big.is_allowed(), "90 are left");
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if a.check(&key, &policy, &[1]).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 20, "smaller requests fit what is left");
+
+    // A key the home has nothing left of is refused, with the policy's numbers.
+    let policy = fixed(20);
+    let key = Key::new("user", "spent-elsewhere");
+    assert!(b.check(&key, &policy, &[20]).await.unwrap().is_allowed());
+    for _ in 0..4 {
+        let d = a.check(&key, &policy, &[1]).await.unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.policies()[0].limit(), 20, "{d:?}");
+    }
     a.shutdown().await;
     b.shutdown().await;
 }

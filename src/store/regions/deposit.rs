@@ -5,6 +5,7 @@
 use smallvec::SmallVec;
 
 use crate::error::{Cause, StoreError};
+use crate::store::leased::{Answer, LedgerReply};
 use crate::store::redis::{RegionMode, DEPOSIT_BYTES};
 use crate::store::RedisStore;
 
@@ -397,6 +398,28 @@ pub(super) async fn deny(
         .deposits(RegionMode::Deny, keys, &[&blob])
         .await
         .map(drop)
+}
+
+/// A reply that decided nothing (a give-back's).
+pub(super) fn done(now_ms: u64) -> LedgerReply {
+    LedgerReply {
+        granted: true,
+        lease_ms: 0,
+        now_ms,
+        answers: SmallVec::new(),
+    }
+}
+
+/// A request's answer from deposit `d` (its units, the home's view of the rest).
+pub(super) fn answer(granted: u64, d: &Deposit, now: u64, retry_after_ms: u64) -> Answer {
+    Answer {
+        granted,
+        remaining: d.left.saturating_add(d.home_remaining),
+        reset_after_ms: d.reset_at.saturating_sub(now),
+        retry_after_ms,
+        limit: d.limit,
+        capacity: d.capacity,
+    }
 }
 
 #[cfg(test)]

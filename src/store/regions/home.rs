@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::deposit::{self, Ask, Deposit, Next, Took};
+use super::deposit::{self, answer, done, Ask, Deposit, Next, Took};
 use super::returns::Gone;
 use super::stats::{bump, Counters};
 use crate::error::{Cause, StoreError};
@@ -89,27 +89,6 @@ fn kinds(policies: &[Policy]) -> Result<SmallVec<[Kind; 2]>, StoreError> {
             })
         })
         .collect()
-}
-
-/// A reply that decided nothing (a give-back's).
-fn done(now_ms: u64) -> LedgerReply {
-    LedgerReply {
-        granted: true,
-        lease_ms: 0,
-        now_ms,
-        answers: SmallVec::new(),
-    }
-}
-
-fn answer(granted: u64, d: &Deposit, now: u64, retry_after_ms: u64) -> Answer {
-    Answer {
-        granted,
-        remaining: d.left.saturating_add(d.home_remaining),
-        reset_after_ms: d.reset_at.saturating_sub(now),
-        retry_after_ms,
-        limit: d.limit,
-        capacity: d.capacity,
-    }
 }
 
 impl<H: LeaseBackend> Region<H> {
@@ -313,16 +292,18 @@ impl<H: LeaseBackend> Region<H> {
         }
         match took.next {
             Next::Denied => {
+                // A denial leaves no deposit behind it: its numbers are the policy's own.
                 let answers = took
                     .parts
                     .iter()
-                    .map(|(_, d)| {
-                        answer(
-                            0,
-                            d,
-                            took.now,
-                            d.denied_until.saturating_sub(took.now).max(1),
-                        )
+                    .zip(policies.iter())
+                    .map(|((_, d), p)| {
+                        let mut a = answer(0, d, took.now, d.denied_until.saturating_sub(took.now));
+                        a.retry_after_ms = a.retry_after_ms.max(1);
+                        if a.limit == 0 {
+                            (a.limit, a.capacity) = (p.limit(), p.capacity());
+                        }
+                        a
                     })
                     .collect();
                 Ok(LedgerReply {
@@ -437,20 +418,7 @@ impl<H: LeaseBackend> Region<H> {
             }
         };
         if !reply.granted {
-            bump(&self.counters.refusals, 1);
-            self.home_call("refused");
-            let wait = reply
-                .answers
-                .iter()
-                .map(|a| a.retry_after_ms)
-                .max()
-                .unwrap_or(0);
-            let until = took.now + wait.clamp(1, self.home_lease_ms);
-            let _ = deposit::deny(&self.local, &keys, &vec![until; keys.len()]).await;
-            return Ok(costs.map(|_| LedgerReply {
-                now_ms: took.now,
-                ..reply
-            }));
+            return Ok(self.refused(reply, &keys, took.now, costs.is_some()).await);
         }
         if reply.lease_ms == 0 {
             // The home lends this key no block (its limit too small to share): the request
@@ -526,6 +494,39 @@ impl<H: LeaseBackend> Region<H> {
             self.remember(*request, self.at_home(reply.now_ms));
         }
         Ok(costs.map(|(_, c)| waiting_request(&reply, &new, &c, done.installed, took.now)))
+    }
+
+    /// The home refused a renewal: the region keeps the refusal for the key only when the
+    /// home has nothing left for anyone; the waiting request, if any, gets the home's answer.
+    async fn refused(
+        &self,
+        reply: LedgerReply,
+        keys: &[String],
+        now: u64,
+        waiting: bool,
+    ) -> Option<LedgerReply> {
+        bump(&self.counters.refusals, 1);
+        self.home_call("refused");
+        let wait = reply
+            .answers
+            .iter()
+            .map(|a| a.retry_after_ms)
+            .max()
+            .unwrap_or(0);
+        // A request refused for its size alone (the home still has units) must not stop
+        // smaller ones, or one oversized request a lease would block the key for the whole
+        // region.
+        let exhausted = reply.answers.iter().any(|a| a.remaining == 0);
+        let until = if exhausted {
+            now + wait.clamp(1, self.home_lease_ms)
+        } else {
+            0
+        };
+        let _ = deposit::deny(&self.local, keys, &vec![until; keys.len()]).await;
+        waiting.then_some(LedgerReply {
+            now_ms: now,
+            ..reply
+        })
     }
 
     /// The home call that renews a key's deposits: a block of every policy, each sized by

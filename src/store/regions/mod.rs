@@ -69,6 +69,10 @@
 //! GCRA, the refill charged ahead (`N·T/W` per deposit, `T` the home lease), plus each
 //! region's instances' own bound (see [leased quotas](crate::store::leased)):
 //! at most `regions × 2 × (fraction × limit + N·T/W) + instances × (largest block + margin)`.
+//! When the home has nothing left of a key, the region refuses the key's requests without
+//! asking it again for the home's `retry_after` or one home lease, whichever ends first; a
+//! request the home refused for its size alone (units are left for smaller ones) leaves no
+//! such refusal behind.
 //! Unused units go back to the home when a deposit is replaced, emptied or ends (the instance
 //! that took it gives it back; if that instance is gone, its units stay charged until their
 //! window rolls over or their bucket refills). A deposit a renewal replaced, or a debt
