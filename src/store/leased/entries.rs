@@ -41,6 +41,9 @@ impl Entry {
 pub(super) struct EntryState {
     pub(super) block: Option<Block>,
     pub(super) denied: Option<Denied>,
+    /// When units last came back through this instance ([`Shared::now`]): a ledger refusal
+    /// to a call sent before then is not kept (it may predate the give-back).
+    pub(super) given_back_at: Option<u64>,
     pub(super) meter: Meter,
     pub(super) last_used: u64,
     /// Per policy, the limit and capacity the ledger last decided with (a per-key override's,

@@ -98,7 +98,9 @@ impl<S: LeaseBackend> Shared<S> {
     /// the exact stores would) instead of being refused for up to a lease time more.
     fn forget_refusal(&self, key: &Key, policies: &[Policy]) {
         if let Some(e) = self.existing(key, policies) {
-            e.st.lock().denied = None;
+            let mut st = e.st.lock();
+            st.denied = None;
+            st.given_back_at = Some(self.now());
         }
     }
 

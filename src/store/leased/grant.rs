@@ -287,6 +287,10 @@ impl<S: LeaseBackend> Shared<S> {
             return (Decision::from_policies(decisions), Taken::Nothing);
         };
         let mut st = entry.st.lock();
+        if st.given_back_at.is_some_and(|at| at >= sent) {
+            // Units came back after this call was sent: the next request asks again.
+            return (Decision::from_policies(decisions), Taken::Nothing);
+        }
         st.denied = Some(Denied {
             generation,
             sent,
