@@ -9,6 +9,10 @@ use crate::store::leased::{Answer, LedgerReply};
 use crate::store::redis::{RegionMode, DEPOSIT_BYTES};
 use crate::store::RedisStore;
 
+/// Deposits end this many ms before the home's lease, for the rounding of both clocks to
+/// whole milliseconds (as leased blocks do).
+pub(super) const CLOCK_SLACK_MS: u64 = 2;
+
 /// The doubles of one deposit.
 const FIELDS: usize = DEPOSIT_BYTES / 8;
 
@@ -419,6 +423,68 @@ pub(super) fn answer(granted: u64, d: &Deposit, now: u64, retry_after_ms: u64) -
         retry_after_ms,
         limit: d.limit,
         capacity: d.capacity,
+    }
+}
+
+/// The deposits a home grant makes, one per policy: the block less what the waiting request
+/// takes (`taken(i)`), lent until the home's lease ends as measured from `region_now`, the
+/// region's time before the home was asked.
+pub(super) fn deposits(
+    reply: &LedgerReply,
+    region_now: u64,
+    id: u64,
+    taken: impl Fn(usize) -> u64,
+) -> Vec<Deposit> {
+    reply
+        .answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Deposit {
+            left: a.granted.saturating_sub(taken(i)),
+            ends: (region_now + reply.lease_ms).saturating_sub(CLOCK_SLACK_MS),
+            block: id,
+            granted: a.granted,
+            granted_at: reply.now_ms,
+            lease: reply.lease_ms,
+            rate: a.limit,
+            limit: a.limit,
+            capacity: a.capacity,
+            home_remaining: a.remaining,
+            reset_at: region_now + a.reset_after_ms,
+            ..Deposit::default()
+        })
+        .collect()
+}
+
+/// The answer to the request that waited for a renewal: its costs granted, and what is left
+/// for it (the home's, plus the new deposit's when it was installed).
+pub(super) fn waiting_request(
+    reply: &LedgerReply,
+    new: &[Deposit],
+    costs: &[u64],
+    installed: bool,
+    region_now: u64,
+) -> LedgerReply {
+    let answers = reply
+        .answers
+        .iter()
+        .zip(new)
+        .zip(costs)
+        .map(|((a, d), &cost)| Answer {
+            granted: cost,
+            remaining: if installed {
+                d.left.saturating_add(a.remaining)
+            } else {
+                a.remaining
+            },
+            ..*a
+        })
+        .collect();
+    LedgerReply {
+        granted: true,
+        lease_ms: 0,
+        now_ms: region_now,
+        answers,
     }
 }
 

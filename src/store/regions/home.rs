@@ -8,20 +8,16 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::deposit::{self, answer, done, Ask, Deposit, Next, Took};
+use super::deposit::{self, answer, deposits, done, waiting_request, Ask, Deposit, Next, Took};
 use super::returns::Gone;
 use super::stats::{bump, Counters};
 use crate::error::{Cause, StoreError};
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::store::leased::{
-    Answer, Kind, LeaseBackend, LedgerCall, LedgerMode, LedgerReply, Part, Returned,
+    Kind, LeaseBackend, LedgerCall, LedgerMode, LedgerReply, Part, Returned,
 };
 use crate::store::{RedisStore, Store};
-
-/// Deposits end this many ms before the home's lease, for the rounding of both clocks to
-/// whole milliseconds (as leased blocks do).
-pub(super) const CLOCK_SLACK_MS: u64 = 2;
 
 /// How many exact decisions a region remembers the origin of, for their refunds.
 const ORIGINS: usize = 16_384;
@@ -76,6 +72,18 @@ pub(super) struct Region<H> {
 }
 
 pub(super) type Policies = SmallVec<[Policy; 2]>;
+
+/// Runs `work` to its end in a task of its own, whether or not its caller waits for it.
+async fn whole(
+    what: &str,
+    work: impl std::future::Future<Output = Result<LedgerReply, StoreError>> + Send + 'static,
+) -> Result<LedgerReply, StoreError> {
+    tokio::spawn(work).await.unwrap_or_else(|e| {
+        Err(StoreError::Protocol(Cause::from(format!(
+            "a region's {what} did not finish: {e}"
+        ))))
+    })
+}
 
 fn kinds(policies: &[Policy]) -> Result<SmallVec<[Kind; 2]>, StoreError> {
     policies
@@ -162,13 +170,18 @@ impl<H: LeaseBackend> Region<H> {
         match call.mode {
             LedgerMode::Grant => self.grant(key, policies, call).await,
             LedgerMode::Return => self.give_back(&key, &policies, call).await,
+            // In a task of its own: a caller that gives up after the home's answer does not
+            // skip the drain.
             LedgerMode::Force => {
-                let reply = self.forward(&key, &policies, call).await?;
-                if !reply.granted {
-                    // A debt stands: nothing charged before it may be lent after it.
-                    self.empty(&key, &policies, true).await?;
-                }
-                Ok(reply)
+                whole("settlement", async move {
+                    let reply = self.forward(&key, &policies, call).await?;
+                    if !reply.granted {
+                        // A debt stands: nothing charged before it may be lent after it.
+                        self.empty(&key, &policies, true).await?;
+                    }
+                    Ok(reply)
+                })
+                .await
             }
             LedgerMode::Reset => {
                 // Emptied before the home's reset, so that nothing is lent while it is under
@@ -176,17 +189,13 @@ impl<H: LeaseBackend> Region<H> {
                 // before this second drain, so it is not installed (`deposit::install`). In
                 // a task of its own: a caller that gives up after the home's reset does not
                 // skip the second drain.
-                let task = tokio::spawn(async move {
+                whole("reset", async move {
                     self.empty(&key, &policies, false).await?;
                     let reply = self.forward(&key, &policies, call).await?;
                     self.empty(&key, &policies, false).await?;
                     Ok(reply)
-                });
-                task.await.unwrap_or_else(|e| {
-                    Err(StoreError::Protocol(Cause::from(format!(
-                        "a region's reset did not finish: {e}"
-                    ))))
                 })
+                .await
             }
             LedgerMode::Peek | LedgerMode::Keep => self.forward(&key, &policies, call).await,
         }
@@ -629,67 +638,5 @@ impl<H: LeaseBackend> Region<H> {
             }
         }
         Ok(done(now))
-    }
-}
-
-/// The deposits a home grant makes, one per policy: the block less what the waiting request
-/// takes (`taken(i)`), lent until the home's lease ends as measured from `region_now`, the
-/// region's time before the home was asked.
-fn deposits(
-    reply: &LedgerReply,
-    region_now: u64,
-    id: u64,
-    taken: impl Fn(usize) -> u64,
-) -> Vec<Deposit> {
-    reply
-        .answers
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Deposit {
-            left: a.granted.saturating_sub(taken(i)),
-            ends: (region_now + reply.lease_ms).saturating_sub(CLOCK_SLACK_MS),
-            block: id,
-            granted: a.granted,
-            granted_at: reply.now_ms,
-            lease: reply.lease_ms,
-            rate: a.limit,
-            limit: a.limit,
-            capacity: a.capacity,
-            home_remaining: a.remaining,
-            reset_at: region_now + a.reset_after_ms,
-            ..Deposit::default()
-        })
-        .collect()
-}
-
-/// The answer to the request that waited for a renewal: its costs granted, and what is left
-/// for it (the home's, plus the new deposit's when it was installed).
-fn waiting_request(
-    reply: &LedgerReply,
-    new: &[Deposit],
-    costs: &[u64],
-    installed: bool,
-    region_now: u64,
-) -> LedgerReply {
-    let answers = reply
-        .answers
-        .iter()
-        .zip(new)
-        .zip(costs)
-        .map(|((a, d), &cost)| Answer {
-            granted: cost,
-            remaining: if installed {
-                d.left.saturating_add(a.remaining)
-            } else {
-                a.remaining
-            },
-            ..*a
-        })
-        .collect();
-    LedgerReply {
-        granted: true,
-        lease_ms: 0,
-        now_ms: region_now,
-        answers,
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::deposit::CLOCK_SLACK_MS;
 use super::deposit::{self, Deposit};
-use super::home::{Policies, Region, CLOCK_SLACK_MS};
+use super::home::{Policies, Region};
 use super::stats::bump;
 use crate::error::StoreError;
 use crate::key::Key;
