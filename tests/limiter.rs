@@ -1039,3 +1039,28 @@ fn networks_with_an_extractor_that_reads_no_address_warn_when_built() {
     let log = captured.text();
     assert_eq!(log.matches("reads no client address").count(), 1, "{log}");
 }
+
+// A limiter made with `for_route` shares its parent's store and policy names: a reset through
+// it reached its siblings' policies but left the parent's own, so a key stayed refused.
+#[tokio::test]
+async fn a_reset_through_an_attached_limiter_reaches_the_parents_policies() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let reports = limiter
+        .for_route(Route::new().policy(Policy::new("reports", Rate::per_minute(1)).unwrap()))
+        .unwrap();
+    let key = Key::new("user", "1");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    reports.reset(&key).await.unwrap();
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    // An override through it may name the parent's policy too.
+    reports
+        .set_override(&key, tollgate::Override::new("api", 5))
+        .await
+        .unwrap();
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}

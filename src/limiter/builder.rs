@@ -402,6 +402,7 @@ impl<S: Store> LimiterBuilder<S> {
             resets: ResetLog::new(),
             source: Mutex::new(None),
             attached: Mutex::new(Vec::new()),
+            root: std::sync::OnceLock::new(),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
@@ -411,7 +412,7 @@ impl<S: Store> LimiterBuilder<S> {
             deny,
         });
         lists.warn_if_networks_unread();
-        Ok(Limiter::from_parts(
+        let limiter = Limiter::from_parts(
             common,
             CompiledPlan {
                 sets: sets.into_iter().map(Arc::new).collect(),
@@ -420,7 +421,13 @@ impl<S: Store> LimiterBuilder<S> {
                 lists,
                 attached: None,
             },
-        ))
+        );
+        let _ = limiter
+            .inner
+            .common
+            .root
+            .set(Arc::downgrade(&limiter.inner));
+        Ok(limiter)
     }
 }
 

@@ -136,6 +136,9 @@ pub(crate) struct Common<S> {
     /// overrides through any limiter sharing this store reach their policies too.
     /// Held weakly: a limiter made and dropped leaves nothing behind.
     attached: Mutex<Vec<(Option<String>, std::sync::Weak<PolicySet>)>>,
+    /// The limiter the builder made (the others come from it by [`Limiter::for_route`]): a
+    /// reset or an override through any of them reaches its plan in force too.
+    root: std::sync::OnceLock<std::sync::Weak<LimiterInner<S>>>,
 }
 
 impl<S> Common<S> {
@@ -157,9 +160,20 @@ impl<S> Common<S> {
         );
     }
 
-    /// The sets of the limiters made with [`Limiter::for_route`] so far.
+    /// The sets of the limiters made with [`Limiter::for_route`] so far, and those of the
+    /// plan in force of the limiter they were made from.
     pub(crate) fn attached_sets(&self) -> Vec<Arc<PolicySet>> {
-        self.attached_tiers().into_iter().map(|(_, s)| s).collect()
+        let mut sets: Vec<Arc<PolicySet>> =
+            self.attached_tiers().into_iter().map(|(_, s)| s).collect();
+        if let Some(root) = self.root.get().and_then(std::sync::Weak::upgrade) {
+            let plan = if root.reloaded.load(Ordering::Relaxed) {
+                root.plan.load_full()
+            } else {
+                Arc::clone(&root.built)
+            };
+            sets.extend(plan.sets.iter().cloned());
+        }
+        sets
     }
 
     /// The sets of the limiters made with [`Limiter::for_route`] and still alive, by tier.
@@ -523,8 +537,9 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
-    /// penalties and shadow policies included) and of the limiters made from it with
-    /// [`for_route`](Self::for_route).
+    /// penalties and shadow policies included), of the limiters made from it with
+    /// [`for_route`](Self::for_route), and, for one made that way, of the limiter it was
+    /// made from.
     ///
     /// # Errors
     ///
@@ -585,7 +600,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// The limiter made stays known to this one while it lives: a
     /// [`reset`](Self::reset), an [override](Self::set_override) and the
-    /// [effective plan](Self::effective_plan) reach its policies. Make it once per route, when
+    /// [effective plan](Self::effective_plan) reach its policies; a reset or an override
+    /// through it reaches this one's (and its siblings'). Make it once per route, when
     /// the router is built.
     ///
     /// See [`RateLimitLayer::for_route`](crate::RateLimitLayer::for_route) for the layer and
