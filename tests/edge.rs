@@ -1337,6 +1337,8 @@ async fn nginx_picks_the_route_the_origin_picks() {
     // The origin's `/api/users/{*rest}` (a static segment before a parameter): 1 allowed.
     assert_eq!(statuses("/api/users/5").await, [200, 429], "{text}");
     assert_eq!(statuses("/api/users/6/photos").await, [429, 429], "{text}");
+    // The catch-all needs a character after its prefix: `/api/users/` is no route of the rule.
+    assert_eq!(statuses("/api/users/").await, [200, 200], "{text}");
     // `/assets/img-{id}`, which no edge rule limits, is not counted under the rule of
     // `/assets/{*rest}`, which limits the rest.
     assert_eq!(statuses("/assets/img-5").await, [200, 200], "{text}");

@@ -563,7 +563,14 @@ fn server(
                 body.write(&mut server, by_rule, "        ");
                 server.push_str("    }\n");
             }
-            PathMatch::Prefix(_) => {
+            PathMatch::Prefix(text) => {
+                // A catch-all matches at least one character after its prefix (`/api/{*rest}`
+                // is not `/api/`): the prefix itself is no route of the rule's.
+                if !locations.contains_key(&PathMatch::Exact(text.clone())) {
+                    server.push_str(&format!(
+                        "\n    location = {text} {{\n        proxy_pass http://tollgate_origin;\n    }}\n"
+                    ));
+                }
                 let own = key(path);
                 let before_me = regexes.iter().any(|r| key(r) > own);
                 server.push_str(&format!("\n    {} {{\n", location_line(path, before_me)));
