@@ -139,12 +139,25 @@ impl<S: Store> Admin<S> {
         }
     }
 
-    /// Shows `plan` in `GET /plan`, next to what the limiter enforces.
+    /// Shows `plan` in `GET /plan`, next to what the limiter enforces (any URL in it without
+    /// its user and password).
     ///
     /// See the [module docs](self) for an example.
     #[cfg(feature = "config")]
     pub fn plan(mut self, plan: &crate::config::Plan) -> Self {
-        self.plan = serde_json::to_value(plan).ok();
+        // The store's URLs may carry passwords: `GET /plan` shows them without.
+        fn redact(value: &mut serde_json::Value) {
+            match value {
+                serde_json::Value::String(s) => *s = crate::error::without_credentials(s),
+                serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+                serde_json::Value::Object(map) => map.values_mut().for_each(redact),
+                _ => {}
+            }
+        }
+        self.plan = serde_json::to_value(plan).ok().map(|mut v| {
+            redact(&mut v);
+            v
+        });
         self
     }
 

@@ -30,10 +30,12 @@ impl ConfigError {
         value: impl fmt::Display,
         reason: impl Into<String>,
     ) -> Self {
+        // Plans and builders hold URLs with passwords (`redis://:secret@host`), and errors
+        // reach logs and consoles: no error repeats a URL's credentials.
         Self {
             field: field.into(),
-            value: value.to_string(),
-            reason: reason.into(),
+            value: without_credentials(&value.to_string()),
+            reason: without_credentials(&reason.into()),
         }
     }
 
@@ -255,4 +257,25 @@ impl From<StoreError> for CheckError {
     fn from(e: StoreError) -> Self {
         CheckError::Store(e)
     }
+}
+
+/// `value` with the user and password of any URL in it (`redis://:secret@host`) replaced by
+/// `***`.
+pub(crate) fn without_credentials(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(scheme) = rest.find("://") {
+        let (head, tail) = rest.split_at(scheme + 3);
+        out.push_str(head);
+        let authority_end = tail.find(['/', '"', ' ', ',']).unwrap_or(tail.len());
+        match tail[..authority_end].rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                rest = &tail[at..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
 }

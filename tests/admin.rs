@@ -517,3 +517,25 @@ fn limiters_made_with_for_route_and_dropped_are_forgotten() {
     drop(kept);
     assert_eq!(limiter.effective_plan().routes.len(), 1);
 }
+
+// `GET /plan` shows the plan it was given: without the password of its store's URL, which
+// would hand whoever reads the admin API the whole store.
+#[tokio::test]
+async fn the_plan_is_shown_without_the_stores_password() {
+    let plan = Plan::from_toml(
+        "[store]\nkind = \"redis\"\nurl = \"redis://:hunter2@127.0.0.1:1\"\n\
+         [[policies]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let limiter = tollgate::Limiter::builder()
+        .policy(tollgate::Policy::new("api", tollgate::Rate::per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let addr = support::serve(Admin::new(limiter).plan(&plan).router()).await;
+    let shown = get_json(&reqwest::Client::new(), format!("http://{addr}/plan")).await;
+    assert_eq!(
+        shown["plan"]["store"]["url"], "redis://***@127.0.0.1:1",
+        "{shown}"
+    );
+    assert!(!shown.to_string().contains("hunter2"), "{shown}");
+}

@@ -198,8 +198,27 @@ impl Bench {
                     tokio::task::yield_now().await;
                 }
             }
-            Bench::Redis { .. } => {
-                tokio::time::sleep(REPLY_DELAY * 4 + Duration::from_millis(10)).await
+            Bench::Redis { server, .. } => {
+                // A store call finished in the background (a dropped refund's, a release)
+                // must land before the state is read: wait until the server has processed
+                // nothing but these queries for a while (2 s at most, on a busy machine).
+                let processed = || {
+                    let info: String = server.query(&["INFO", "stats"]).unwrap_or_default();
+                    info.lines()
+                        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                        .and_then(|n| n.trim().parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                let deadline = std::time::Instant::now() + Duration::from_secs(2);
+                let mut last = processed();
+                loop {
+                    tokio::time::sleep(REPLY_DELAY * 4 + Duration::from_millis(10)).await;
+                    let now = processed();
+                    if now <= last + 1 || std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    last = now;
+                }
             }
         }
     }

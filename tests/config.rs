@@ -1003,3 +1003,37 @@ fn plan_file_errors_name_the_value_and_a_misnamed_format() {
     assert!(Plan::from_file(write("plan.json", json)).is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// Plans hold Redis URLs with passwords, and their errors reach logs and consoles: no error
+// repeats the password, whatever the mistake.
+#[test]
+fn config_errors_never_repeat_a_urls_password() {
+    let plan = |store: &str| {
+        format!(
+            "[store]\n{store}\n[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]\n"
+        )
+    };
+    let cases = [
+        // A string where a list belongs.
+        "kind = \"redis_cluster\"\nurls = \"redis://:hunter2@10.0.0.1:6379\"",
+        // A setting of another kind of store.
+        "kind = \"redis_cluster\"\nurls = [\"redis://10.0.0.1:6379\"]\nurl = \"redis://:hunter2@10.0.0.1:6379\"",
+        // A URL that does not parse (an unencoded `#` in the password).
+        "kind = \"redis\"\nurl = \"redis://:hun#ter2@10.0.0.1:6379\"",
+    ];
+    for store in cases {
+        let text = plan(store);
+        let err = match Plan::from_toml(&text) {
+            Err(e) => e,
+            Ok(plan) => tollgate::Limiter::from_config(&plan).expect_err(&text),
+        };
+        let shown = err.to_string();
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("hun#ter2"),
+            "{shown}"
+        );
+    }
+    let json = r#"{"store": {"kind": "redis_cluster", "urls": "redis://:hunter2@10.0.0.1:6379"}}"#;
+    let err = Plan::from_json(json).unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}

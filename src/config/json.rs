@@ -42,12 +42,12 @@ impl Plan {
                 reason = format!("{reason} ({at})");
             }
             // An unknown field is named by its key, as in TOML (its value may be a secret
-            // written under a misspelt name); a value of the wrong type is shown, without a
-            // URL's credentials.
+            // written under a misspelt name); a value of the wrong type is shown (without a
+            // URL's credentials, as every `ConfigError` shows it).
             let value = if reason.starts_with("unknown field") {
                 field.rsplit('.').next().unwrap_or(&field).to_owned()
             } else {
-                value_at(text, &field).map_or(at, |v| without_credentials(&v))
+                value_at(text, &field).unwrap_or(at)
             };
             ConfigError::new(field, value, reason)
         })?;
@@ -150,25 +150,4 @@ fn value_at(text: &str, field: &str) -> Option<String> {
         shown.push('…');
     }
     Some(shown)
-}
-
-/// `value` with the user and password of any URL in it (`redis://:secret@host`) replaced by
-/// `***`.
-fn without_credentials(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(scheme) = rest.find("://") {
-        let (head, tail) = rest.split_at(scheme + 3);
-        out.push_str(head);
-        let authority_end = tail.find(['/', '"', ' ', ',']).unwrap_or(tail.len());
-        match tail[..authority_end].rfind('@') {
-            Some(at) => {
-                out.push_str("***");
-                rest = &tail[at..];
-            }
-            None => rest = tail,
-        }
-    }
-    out.push_str(rest);
-    out
 }
