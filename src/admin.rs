@@ -21,7 +21,7 @@
 //! makes. The material may contain `/`; each byte of it that is not a letter, a digit or one
 //! of `- . _ ~ : / @ + = ,` is written `%XX`, as a key shows it (`GET /top` lists
 //! `header:acme%FF` for material that is not UTF-8, reached at `/keys/header/acme%FF`).
-//! A query parameter given twice is a 400. Keys are shown back only as a short prefix and a
+//! A query parameter given twice, or one the endpoint does not read, is a 400. Keys are shown back only as a short prefix and a
 //! digest, as in logs and spans. Errors are JSON `{"error": code, "message": text}`: 400 for
 //! a bad parameter (naming it and its value), 503 when the store fails. A reset is logged at
 //! `INFO` on target `tollgate::admin` with the key's digest.
@@ -283,11 +283,31 @@ impl<S: Send + Sync> FromRequestParts<S> for Params {
     }
 }
 
+/// Refuses a parameter the endpoint does not read (a misspelt `ttl_ms` would otherwise make
+/// an override permanent without a word).
+fn only(params: &HashMap<String, String>, known: &[&str]) -> Result<(), Failure> {
+    match params
+        .iter()
+        .find(|(name, _)| !known.contains(&name.as_str()))
+    {
+        Some((name, value)) => Err(Failure::bad(
+            name,
+            value,
+            &format!(
+                "not a parameter of this endpoint (it reads {})",
+                known.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 async fn key_state<S: Store>(
     State(admin): Shared<S>,
     KeyInPath(key): KeyInPath,
     Params(params): Params,
 ) -> Result<Json<KeyState>, Failure> {
+    only(&params, &["method", "route"])?;
     let method = params.get("method").map_or("GET", String::as_str);
     let path = params.get("route").map_or("/", String::as_str);
     let method: axum::http::Method = method
@@ -384,6 +404,7 @@ async fn set_override<S: Store>(
     KeyInPath(key): KeyInPath,
     Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
+    only(&params, &["policy", "limit", "burst", "ttl_ms"])?;
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy to override is missing"))?;
@@ -405,6 +426,7 @@ async fn remove_override<S: Store>(
     KeyInPath(key): KeyInPath,
     Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
+    only(&params, &["policy"])?;
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy whose override goes is missing"))?;
@@ -421,6 +443,7 @@ async fn top<S: Store>(
     State(admin): Shared<S>,
     Params(params): Params,
 ) -> Result<Json<Top>, Failure> {
+    only(&params, &["n"])?;
     let n = match params.get("n") {
         None => DEFAULT_TOP,
         Some(text) => match text.parse::<usize>() {

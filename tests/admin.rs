@@ -281,6 +281,12 @@ async fn the_admin_api_names_bad_parameters() {
     let client = reqwest::Client::new();
     for (url, parameter) in [
         (format!("http://{addr}/top?n=0"), "n = \"0\""),
+        // A parameter the endpoint does not read (a misspelt one) is refused, not ignored.
+        (format!("http://{addr}/top?count=5"), "count = \"5\""),
+        (
+            format!("http://{addr}/keys/ip/1.2.3.4?path=/search"),
+            "path = \"/search\"",
+        ),
         (format!("http://{addr}/top?n=lots"), "n = \"lots\""),
         (
             format!("http://{addr}/keys/ip/1.2.3.4?method=G%20T"),
@@ -300,6 +306,15 @@ async fn the_admin_api_names_bad_parameters() {
             "{body}"
         );
     }
+    // A misspelt expiry on an override is refused: ignored, the override would never end.
+    let res = client
+        .put(format!(
+            "http://{addr}/overrides/user/1?policy=api&limit=5&ttl=60000"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     // Material may hold slashes and anything else: it is escaped into the key.
     let res = client
         .get(format!("http://{addr}/keys/user/a%2Fb/c%20d"))

@@ -258,6 +258,16 @@ async fn headers_show_the_effective_limit() {
     assert_eq!(res.headers()["ratelimit-policy"], "\"api\";q=500;w=60");
     let res = get("other").await.unwrap();
     assert_eq!(res.headers()["x-ratelimit-limit"], "10");
+    // The refusal's message says the limit in force too, not the plan's.
+    limiter
+        .set_override(&Key::new("tenant", "small"), Override::new("api", 1))
+        .await
+        .unwrap();
+    assert_eq!(get("small").await.unwrap().status(), 200);
+    let res = get("small").await.unwrap();
+    assert_eq!(res.status(), 429);
+    let body = res.text().await.unwrap();
+    assert!(body.contains("1 per minute"), "{body}");
 }
 
 #[cfg(feature = "admin")]

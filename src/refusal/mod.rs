@@ -503,18 +503,32 @@ impl Refusal {
                     return Cow::Borrowed(SENSITIVE_MESSAGE);
                 }
                 let retry = self.retry_after_secs().unwrap_or(1);
+                // The limit in force, which a per-key override may have changed: the
+                // decision's, where it counts requests per window as the rate does.
+                let limit = self.decision().map(Decision::limit).filter(|&l| l > 0);
                 Cow::Owned(match self.policy() {
                     // An in-flight limit is a number at once; its window is the slot lease.
                     Some(p) if p.is_in_flight() => format!(
                         "Too many requests in progress: at most {} at once ({}). Retry in {retry} s.",
-                        p.limit(),
+                        limit.unwrap_or(p.limit()),
                         p.name()
                     ),
-                    Some(p) => format!(
-                        "Rate limit exceeded: {} ({}). Retry in {retry} s.",
-                        p.rate(),
-                        p.name()
-                    ),
+                    Some(p) => {
+                        let windowed = matches!(
+                            p.algorithm(),
+                            crate::Algorithm::FixedWindow
+                                | crate::Algorithm::SlidingWindowCounter
+                                | crate::Algorithm::SlidingWindowLog
+                        );
+                        let rate = match limit {
+                            Some(l) if windowed => crate::Rate::new(l, p.rate().window()),
+                            _ => p.rate(),
+                        };
+                        format!(
+                            "Rate limit exceeded: {rate} ({}). Retry in {retry} s.",
+                            p.name()
+                        )
+                    }
                     None => format!("Rate limit exceeded. Retry in {retry} s."),
                 })
             }
