@@ -309,9 +309,8 @@ mod watcher {
             if self.last.as_ref() == Some(&read) {
                 return;
             }
-            self.last = Some(read.clone());
-            let result = match read {
-                Ok(text) => Plan::from_file_text(&self.path, &text)
+            let result = match &read {
+                Ok(text) => Plan::from_file_text(&self.path, text)
                     .and_then(|plan| self.limiter.reload_plan(&plan)),
                 Err(e) => Err(ConfigError::new(
                     "(file)",
@@ -319,6 +318,7 @@ mod watcher {
                     format!("cannot be read: {e}"),
                 )),
             };
+            self.last = Some(read);
             let counts = &self.counts;
             match result {
                 Ok(()) => {

@@ -496,8 +496,12 @@ fn unlimited_routes(
             PathMatch::Exact(_) => None,
             PathMatch::Prefix(text) => Some((text.clone(), specific.get(p)?.clone())),
             PathMatch::Regex(regex) => {
-                let text = regex.trim_start_matches('^').replace("\\.", ".");
-                let text = text.split(['[', '.', '$']).next().unwrap_or("").to_owned();
+                let text = regex.trim_start_matches('^');
+                let text = text
+                    .split(['[', '\\', '.', '$'])
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
                 Some((text, specific.get(p)?.clone()))
             }
         })
