@@ -8,6 +8,8 @@
 //! curl -s -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/top
 //! curl -s -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/plan
 //! curl -s -XDELETE -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/keys/header/acme
+//! # Any key top lists, by the digest it shows (tuples and long keys too):
+//! curl -s -XDELETE -H 'authorization: Bearer let-me-in' 'http://127.0.0.1:3000/admin/ratelimit/keys?digest=e1b68882a3e75b77'
 //!
 //! # The same from the command line (feature cli):
 //! cargo run --features cli --bin tollgate -- inspect examples/admin.toml header:acme --route /search

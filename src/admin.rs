@@ -8,22 +8,34 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /keys/{source}/{material}?route=/search&method=GET` | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would (a route attached with [`Limiter::for_route`] is axum's to match, not the table's: its policies are not shown here) |
-//! | `DELETE /keys/{source}/{material}` | forgets the key's state under every policy of the limiter and of the limiters made from it with [`Limiter::for_route`] ([`Limiter::reset`]): its next request starts afresh |
+//! | `GET /keys/{source}/{material}?route=/search&method=GET` (or `/keys?key=…&route=…`) | the key's state under each policy of the request's route ([`KeyState`]); nothing is charged. `route` (a request path, default `/`) and `method` (default `GET`) pick the route and its policies as the route table would (a route attached with [`Limiter::for_route`] is axum's to match, not the table's: its policies are not shown here) |
+//! | `DELETE /keys/{source}/{material}` (or `?key=…`, `?digest=…`) | forgets the key's state under every policy of the limiter and of the limiters made from it with [`Limiter::for_route`] ([`Limiter::reset`]): its next request starts afresh |
 //! | `GET /overrides/{source}/{material}` | the key's per-key [overrides](crate::overrides) in force: `{"overrides": [{"policy", "limit", "capacity", "expires_in_ms"}, …]}` |
 //! | `PUT /overrides/{source}/{material}?policy=api&limit=5000[&burst=…][&ttl_ms=…]` | sets an override ([`Limiter::set_override`]), answering the overrides in force; an invalid one is a 400 naming the field |
 //! | `DELETE /overrides/{source}/{material}?policy=api` | removes it: the plan's limit applies again |
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
 //! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]; the routes of limiters made with [`Limiter::for_route`] under their metrics label, `for_route`), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
 //!
-//! A key is its source and raw material, as [`Key::new`] builds it: `/keys/ip/203.0.113.5`,
-//! `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key that [`ApiKey`](crate::key::ApiKey)
-//! makes. The material may contain `/`; each byte of it that is not a letter, a digit or one
-//! of `- . _ ~ : / @ + = ,` is written `%XX`, as a key shows it (`GET /top` lists
-//! `header:acme%FF` for material that is not UTF-8, reached at `/keys/header/acme%FF`).
+//! Every `/keys` and `/overrides` endpoint names its key one of three ways:
+//!
+//! - **In the path**, its source and raw material, as [`Key::new`] builds it:
+//!   `/keys/ip/203.0.113.5`, `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key
+//!   that [`ApiKey`](crate::key::ApiKey) makes. The material may contain `/`; each byte of it
+//!   that is not a letter, a digit or one of `- . _ ~ : / @ + = ,` is written `%XX`, as a key
+//!   shows it (`header:acme%FF`, material that is not UTF-8, is reached at
+//!   `/keys/header/acme%FF`).
+//! - **As the key is shown**, `?key=source:material` (percent-encoded as any query value; a
+//!   `+` stays a `+`): the one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
+//!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts) or a digested key
+//!   (`user:#<32 hex digits>`, `#` written `%23` in a URL). See [`Key`]'s `FromStr`.
+//! - **By the digest `GET /top` shows**, `?digest=<16 hex digits>`, for a key counted among
+//!   the refused keys still (404 otherwise): `GET /top` shows a key only as a prefix and a
+//!   digest, and this reaches it whatever its length.
+//!
 //! A query parameter given twice, or one the endpoint does not read, is a 400. Keys are shown back only as a short prefix and a
 //! digest, as in logs and spans. Errors are JSON `{"error": code, "message": text}`: 400 for
-//! a bad parameter (naming it and its value), 503 when the store fails. A reset is logged at
+//! a bad parameter (naming it and its value), 404 for a digest no refused key has, 503 when
+//! the store fails. A reset is logged at
 //! `INFO` on target `tollgate::admin` with the key's digest.
 //!
 //! The data lives where the limiter runs: `top` counts the refusals of this process only
@@ -167,9 +179,16 @@ impl<S: Store> Admin<S> {
     pub fn router(self) -> Router {
         let state = Arc::new(self);
         Router::new()
+            .route("/keys", get(key_state::<S>).delete(reset::<S>))
             .route(
                 "/keys/{source}/{*material}",
                 get(key_state::<S>).delete(reset::<S>),
+            )
+            .route(
+                "/overrides",
+                get(list_overrides::<S>)
+                    .put(set_override::<S>)
+                    .delete(remove_override::<S>),
             )
             .route(
                 "/overrides/{source}/{*material}",
@@ -200,10 +219,16 @@ impl Failure {
     }
 }
 
+impl Failure {
+    fn from_config(e: crate::ConfigError) -> Self {
+        Self::bad(e.field(), e.value(), e.reason())
+    }
+}
+
 impl From<CheckError> for Failure {
     fn from(e: CheckError) -> Self {
         match e {
-            CheckError::Invalid(e) => Self::bad(e.field(), e.value(), e.reason()),
+            CheckError::Invalid(e) => Self::from_config(e),
             e => Self {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 code: "store_unavailable",
@@ -230,23 +255,61 @@ impl IntoResponse for Failure {
 
 type Shared<S> = State<Arc<Admin<S>>>;
 
-/// The key a request's path names, `/{route}/{source}/{material}` (the material may hold
-/// `/`), each part percent-decoded to bytes, as [`Key::new`] takes them: a key whose material
-/// is not UTF-8 (shown as `header:acme%FF`) is reached at `/keys/header/acme%FF`.
-struct KeyInPath(Key);
+/// The key a request names: in its path, `/{route}/{source}/{material}` (the material may
+/// hold `/`), each part percent-decoded to bytes as [`Key::new`] takes them (a key whose
+/// material is not UTF-8, shown as `header:acme%FF`, is reached at `/keys/header/acme%FF`);
+/// at `/{route}?key=…`, the key as it is shown ([`Key`]'s `FromStr`), which also reaches
+/// tuples (`ip+ua:10.0.0.1|curl/8.0`) and digested keys (`user:#…`); or at
+/// `/{route}?digest=…`, a key `GET /top` lists, by the digest it shows.
+struct AddressedKey(Key);
 
-impl<S: Send + Sync> FromRequestParts<S> for KeyInPath {
+impl<S: Store> FromRequestParts<Arc<Admin<S>>> for AddressedKey {
     type Rejection = Failure;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+    async fn from_request_parts(parts: &mut Parts, admin: &Arc<Admin<S>>) -> Result<Self, Failure> {
+        let query = parts.uri.query().unwrap_or("");
+        let shown = raw_param(query, "key")?;
+        let digest = raw_param(query, "digest")?;
+        // Nested (as `Admin::router` says to mount it), this router sees its own path:
+        // `/keys…` or `/overrides…`.
+        let in_path = parts.uri.path().trim_start_matches('/').contains('/');
+        match (in_path, shown, digest) {
+            (false, Some(text), None) => text.parse().map(Self).map_err(Failure::from_config),
+            (false, None, Some(digest)) => admin.limiter.refused_key(&digest).map(Self).ok_or_else(|| Failure {
+                status: StatusCode::NOT_FOUND,
+                code: "not_found",
+                message: format!(
+                    "digest = {digest:?}: no key with this digest among the keys refused lately (GET /top lists them)"
+                ),
+            }),
+            (false, None, None) => Err(Failure::bad(
+                "key",
+                "",
+                "name the key: in the path, /{source}/{material}; as shown, ?key=source:material; or by the digest GET /top shows, ?digest=…",
+            )),
+            (false, Some(_), Some(digest)) | (true, _, Some(digest)) => Err(Failure::bad(
+                "digest",
+                &digest,
+                "the key is named already: name it one way",
+            )),
+            (true, Some(text), None) => Err(Failure::bad(
+                "key",
+                &text,
+                "the key is named in the path already: name it one way",
+            )),
+            (true, None, None) => Self::from_path(parts, admin).await,
+        }
+    }
+}
+
+impl AddressedKey {
+    async fn from_path<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
         if let Ok(Path((source, material))) =
             Path::<(String, String)>::from_request_parts(parts, state).await
         {
             return Ok(Self(Key::new(&source, &material)));
         }
         // Material that is not UTF-8, which axum's `Path` refuses: from the path itself.
-        // Nested (as `Admin::router` says to mount it), this router sees its own path:
-        // `/keys/…` or `/overrides/…`.
         let path = parts.uri.path();
         let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
         let (Some(source), Some(material)) = (segments.next(), segments.next()) else {
@@ -259,6 +322,27 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyInPath {
         let material: Vec<u8> = percent_decode_str(material).collect();
         Ok(Self(Key::new(source, material)))
     }
+}
+
+/// The query parameter `name`, percent-decoded with `+` kept as itself (a key's source is
+/// often `ip+ua`, and no key holds a space); given twice, a 400.
+fn raw_param(query: &str, name: &str) -> Result<Option<String>, Failure> {
+    let mut found = None;
+    for pair in query.split('&') {
+        let (param, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if percent_decode_str(param).decode_utf8_lossy() != name {
+            continue;
+        }
+        let value = percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| Failure::bad(name, value, "UTF-8 text"))?
+            .into_owned();
+        if found.is_some() {
+            return Err(Failure::bad(name, &value, "given more than once"));
+        }
+        found = Some(value);
+    }
+    Ok(found)
 }
 
 /// A request's query parameters; a parameter given twice is a 400 naming it, not a silent
@@ -304,10 +388,10 @@ fn only(params: &HashMap<String, String>, known: &[&str]) -> Result<(), Failure>
 
 async fn key_state<S: Store>(
     State(admin): Shared<S>,
-    KeyInPath(key): KeyInPath,
+    AddressedKey(key): AddressedKey,
     Params(params): Params,
 ) -> Result<Json<KeyState>, Failure> {
-    only(&params, &["method", "route"])?;
+    only(&params, &["method", "route", "key", "digest"])?;
     let method = params.get("method").map_or("GET", String::as_str);
     let path = params.get("route").map_or("/", String::as_str);
     let method: axum::http::Method = method
@@ -337,8 +421,10 @@ struct Reset {
 
 async fn reset<S: Store>(
     State(admin): Shared<S>,
-    KeyInPath(key): KeyInPath,
+    AddressedKey(key): AddressedKey,
+    Params(params): Params,
 ) -> Result<Json<Reset>, Failure> {
+    only(&params, &["key", "digest"])?;
     admin.limiter.reset(&key).await?;
     let state = Reset {
         reset: true,
@@ -371,12 +457,18 @@ struct Overrides {
 
 async fn list_overrides<S: Store>(
     State(admin): Shared<S>,
-    KeyInPath(key): KeyInPath,
+    AddressedKey(key): AddressedKey,
+    Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
-    let overrides = admin.limiter.overrides(&key).await?;
+    only(&params, &["key", "digest"])?;
+    overrides_of(&admin, &key).await
+}
+
+async fn overrides_of<S: Store>(admin: &Admin<S>, key: &Key) -> Result<Json<Overrides>, Failure> {
+    let overrides = admin.limiter.overrides(key).await?;
     Ok(Json(Overrides {
-        key: crate::limiter::shown_key(&key),
-        digest: crate::key::digest(&key),
+        key: crate::limiter::shown_key(key),
+        digest: crate::key::digest(key),
         overrides: overrides
             .into_iter()
             .map(|o| OverrideView {
@@ -401,10 +493,13 @@ fn number(params: &HashMap<String, String>, name: &str) -> Result<Option<u64>, F
 
 async fn set_override<S: Store>(
     State(admin): Shared<S>,
-    KeyInPath(key): KeyInPath,
+    AddressedKey(key): AddressedKey,
     Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
-    only(&params, &["policy", "limit", "burst", "ttl_ms"])?;
+    only(
+        &params,
+        &["policy", "limit", "burst", "ttl_ms", "key", "digest"],
+    )?;
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy to override is missing"))?;
@@ -418,20 +513,20 @@ async fn set_override<S: Store>(
         over = over.expires_in(std::time::Duration::from_millis(ms));
     }
     admin.limiter.set_override(&key, over).await?;
-    list_overrides(State(admin), KeyInPath(key)).await
+    overrides_of(&admin, &key).await
 }
 
 async fn remove_override<S: Store>(
     State(admin): Shared<S>,
-    KeyInPath(key): KeyInPath,
+    AddressedKey(key): AddressedKey,
     Params(params): Params,
 ) -> Result<Json<Overrides>, Failure> {
-    only(&params, &["policy"])?;
+    only(&params, &["policy", "key", "digest"])?;
     let policy = params
         .get("policy")
         .ok_or_else(|| Failure::bad("policy", "", "the policy whose override goes is missing"))?;
     admin.limiter.remove_override(&key, policy).await?;
-    list_overrides(State(admin), KeyInPath(key)).await
+    overrides_of(&admin, &key).await
 }
 
 #[derive(Serialize)]

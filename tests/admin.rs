@@ -327,16 +327,14 @@ async fn the_admin_api_names_bad_parameters() {
 /// A key whose material is not UTF-8 (a header value with a byte above 0x7F) is reached at
 /// the path its shown form gives: `top` lists it, a reset through that path frees it, an
 /// override set through it applies to it. A query parameter given twice is refused.
-#[tokio::test]
-async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
-    // As a plan's `key = "header"` builds it: the header value's raw bytes.
-    let tenant = |req: &tollgate::key::RequestView<'_>| {
-        let value = req.headers().get("x-tenant")?;
-        Some(Key::new("header", value.as_bytes()))
-    };
+/// An app limited to one request a minute per key of `extractor`, with the admin API at
+/// `/admin`.
+async fn one_a_minute_with_admin(
+    extractor: impl tollgate::key::KeyExtractor,
+) -> (tollgate::Limiter, SocketAddr) {
     let limiter = tollgate::Limiter::builder()
         .policy(tollgate::Policy::new("api", tollgate::Rate::per_minute(1)).unwrap())
-        .extractor(tollgate::key::from_fn(tenant))
+        .extractor(extractor)
         .top_refused(100)
         .build()
         .unwrap();
@@ -344,7 +342,17 @@ async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
         .route("/", get(|| async { "ok" }))
         .layer(tollgate::RateLimitLayer::new(limiter.clone()))
         .nest("/admin", Admin::new(limiter.clone()).router());
-    let addr = support::serve(app).await;
+    (limiter.clone(), support::serve(app).await)
+}
+
+#[tokio::test]
+async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
+    // As a plan's `key = "header"` builds it: the header value's raw bytes.
+    let tenant = |req: &tollgate::key::RequestView<'_>| {
+        let value = req.headers().get("x-tenant")?;
+        Some(Key::new("header", value.as_bytes()))
+    };
+    let (limiter, addr) = one_a_minute_with_admin(tollgate::key::from_fn(tenant)).await;
     let client = reqwest::Client::new();
     let value = reqwest::header::HeaderValue::from_bytes(b"acme\xff").unwrap();
     let call = || {
@@ -404,6 +412,123 @@ async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
         body["message"].as_str().unwrap().contains("more than once"),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn tuples_and_digested_keys_are_reached_as_shown_or_by_their_digest() {
+    let extractor = tollgate::key::IpUserAgent::new(tollgate::key::ClientIp::default());
+    let (limiter, addr) = one_a_minute_with_admin(extractor).await;
+    let client = reqwest::Client::new();
+    let browser = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0)";
+    // Long enough that the key holds a digest of the tuple, not the tuple.
+    let long = format!("{browser}{}", " Gecko/20100101".repeat(8));
+    let status = |ua: &str| {
+        let request = client
+            .get(format!("http://{addr}/"))
+            .header("user-agent", ua.to_owned());
+        async move { request.send().await.unwrap().status() }
+    };
+    for ua in [browser, long.as_str(), "curl/8.0"] {
+        assert_eq!(status(ua).await, StatusCode::OK);
+        assert_eq!(status(ua).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let shown = Key::from_materials("ip+ua", &["127.0.0.1", browser]);
+    assert_eq!(
+        shown.as_str(),
+        "ip+ua:127.0.0.1|Mozilla/5.0%20%28X11%3B%20Linux%20x86_64%3B%20rv:128.0%29"
+    );
+    let long_key = Key::from_materials("ip+ua", &["127.0.0.1", long.as_str()]);
+    assert!(long_key.as_str().starts_with("ip+ua:!"), "{long_key}");
+
+    // As shown, through a client that form-encodes its query (`+` as %2B).
+    let by_key = reqwest::Url::parse_with_params(
+        &format!("http://{addr}/admin/keys"),
+        &[("key", shown.as_str())],
+    )
+    .unwrap();
+    assert!(by_key.as_str().contains("ip%2Bua"), "{by_key}");
+    let state = client.get(by_key.clone()).send().await.unwrap();
+    assert_eq!(state.status(), StatusCode::OK);
+    let state: KeyState = state.json().await.unwrap();
+    assert!(
+        !state.allowed,
+        "the refused tuple, not a fresh key: {state:?}"
+    );
+    answered_ok(client.delete(by_key)).await;
+    assert_eq!(status(browser).await, StatusCode::OK);
+
+    // Typed by hand: `+` and `|` as themselves.
+    answered_ok(client.delete(format!(
+        "http://{addr}/admin/keys?key=ip+ua:127.0.0.1|curl/8.0"
+    )))
+    .await;
+    assert_eq!(status("curl/8.0").await, StatusCode::OK);
+
+    // The digested tuple, by the digest `GET /top` shows.
+    let top = get_json(&client, format!("http://{addr}/admin/top")).await;
+    let digest = tollgate::key::digest(&long_key);
+    assert!(
+        top["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["digest"] == digest.as_str()),
+        "{top}"
+    );
+    assert_eq!(status(&long).await, StatusCode::TOO_MANY_REQUESTS);
+    answered_ok(client.put(format!(
+        "http://{addr}/admin/overrides?digest={digest}&policy=api&limit=3"
+    )))
+    .await;
+    assert_eq!(limiter.overrides(&long_key).await.unwrap().len(), 1);
+    answered_ok(client.delete(format!("http://{addr}/admin/keys?digest={digest}"))).await;
+    assert_eq!(status(&long).await, StatusCode::OK);
+
+    // What names no key, or names it twice, is refused and changes nothing.
+    for (url, status, field) in [
+        (
+            "keys?digest=0123456789abcdef",
+            StatusCode::NOT_FOUND,
+            "digest",
+        ),
+        (
+            "keys?key=ip+ua:127.0.0.1|x&key=user:1",
+            StatusCode::BAD_REQUEST,
+            "key",
+        ),
+        ("keys?key=user:%23abc", StatusCode::BAD_REQUEST, "key"),
+        ("keys?key=user:50%2525%25", StatusCode::BAD_REQUEST, "key"),
+        ("keys?key=nocolon", StatusCode::BAD_REQUEST, "key"),
+        ("keys", StatusCode::BAD_REQUEST, "key"),
+        ("keys/user/1?key=user:1", StatusCode::BAD_REQUEST, "key"),
+        (
+            "keys?key=user:1&digest=0123456789abcdef",
+            StatusCode::BAD_REQUEST,
+            "digest",
+        ),
+        (
+            "overrides?key=user:1&policy=api&digets=1",
+            StatusCode::BAD_REQUEST,
+            "digets",
+        ),
+    ] {
+        let res = client
+            .delete(format!("http://{addr}/admin/{url}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status, "{url}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert!(
+            body["message"].as_str().unwrap().starts_with(field),
+            "{url}: {body}"
+        );
+    }
+}
+
+async fn answered_ok(request: reqwest::RequestBuilder) {
+    let res = request.send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{:?}", res.text().await);
 }
 
 #[test]

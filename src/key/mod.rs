@@ -122,15 +122,10 @@ impl Key {
         if let Some(key) = Self::plain(source, material) {
             return key;
         }
-        let escaped = escaped_len(material);
-        let mut out = CompactString::with_capacity(source.len() + 1 + escaped.min(33));
+        let mut out =
+            CompactString::with_capacity(source.len() + 1 + escaped_len(material).min(33));
         push_source(&mut out, source);
-        if escaped > MAX_MATERIAL_LEN {
-            out.push('#');
-            push_digest(&mut out, &Sha256::digest(material));
-        } else {
-            push_material(&mut out, material);
-        }
+        push_single(&mut out, material);
         Self(out)
     }
 
@@ -158,30 +153,7 @@ impl Key {
         }
         let mut out = CompactString::default();
         push_source(&mut out, source);
-        let joined_len = parts
-            .iter()
-            .map(|p| escaped_len(p.as_ref()) + 1)
-            .sum::<usize>()
-            .saturating_sub(1);
-        if parts.is_empty() {
-            out.push('!');
-        } else if joined_len > MAX_MATERIAL_LEN {
-            let mut hasher = Sha256::new();
-            for p in parts {
-                let p = p.as_ref();
-                hasher.update((p.len() as u64).to_be_bytes());
-                hasher.update(p);
-            }
-            out.push('!');
-            push_digest(&mut out, &hasher.finalize());
-        } else {
-            for (i, p) in parts.iter().enumerate() {
-                if i > 0 {
-                    out.push('|');
-                }
-                push_material(&mut out, p.as_ref());
-            }
-        }
+        push_parts(&mut out, parts);
         Self(out)
     }
 
@@ -249,6 +221,116 @@ impl AsRef<str> for Key {
     fn as_ref(&self) -> &str {
         self.as_str()
     }
+}
+
+/// Reads a key written as [`Display`](fmt::Display) shows it, `source:material`: the text
+/// `GET /top`, the admin API and `tollgate inspect` take.
+///
+/// `%XX` is read as the byte it escapes, and a character written as itself stands for itself
+/// (`user:José` is `user:Jos%C3%A9`), so the key is the one its extractor builds however the
+/// text was escaped. In the material, `|` separates the parts of a tuple
+/// ([`Key::from_materials`]; a `|` inside a part is `%7C`), and a material that starts with
+/// `#` or `!` is a digest ([`Key::new`] and [`Key::from_materials`] replace long material by
+/// one): `#` or `!` and 32 lowercase hex digits, or `!` alone for the empty tuple. A source
+/// that starts with `#` is a digested source, in the same form.
+///
+/// # Errors
+///
+/// A [`ConfigError`](crate::ConfigError) on `key`: no `:`, a `%` not followed by two hex
+/// digits, a source that is not UTF-8, or a malformed digest.
+///
+/// ```
+/// use tollgate::key::Key;
+///
+/// let ua = Key::from_materials("ip+ua", &["10.0.0.1", "Mozilla/5.0 (X11)"]);
+/// assert_eq!(ua.as_str(), "ip+ua:10.0.0.1|Mozilla/5.0%20%28X11%29");
+/// assert_eq!(ua.as_str().parse::<Key>()?, ua);
+/// assert_eq!("ip+ua:10.0.0.1|Mozilla/5.0 (X11)".parse::<Key>()?, ua);
+///
+/// let long = Key::new("user", "x".repeat(500));
+/// assert_eq!(long.to_string().parse::<Key>()?, long);
+/// assert!("user:#123".parse::<Key>().is_err());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+impl std::str::FromStr for Key {
+    type Err = crate::ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| crate::ConfigError::new("key", text, reason);
+        let Some((source, material)) = text.split_once(':') else {
+            return Err(bad(
+                "a key is source:material, e.g. ip:203.0.113.5 or user:42",
+            ));
+        };
+        let mut out = CompactString::default();
+        if let Some(digest) = source.strip_prefix('#') {
+            if !is_hex_digest(digest) {
+                return Err(bad("a digested source is # and 32 lowercase hex digits"));
+            }
+            out.push_str(source);
+            out.push(':');
+        } else {
+            let bytes = percent_decoded(source).ok_or_else(|| bad(UNESCAPED))?;
+            let source = std::str::from_utf8(&bytes).map_err(|_| bad("a key's source is UTF-8"))?;
+            push_source(&mut out, source);
+        }
+        if let Some(digest) = material.strip_prefix('#') {
+            if !is_hex_digest(digest) {
+                return Err(bad("a digested material is # and 32 lowercase hex digits"));
+            }
+            out.push_str(material);
+        } else if let Some(digest) = material.strip_prefix('!') {
+            if !digest.is_empty() && !is_hex_digest(digest) {
+                return Err(bad(
+                    "a digested tuple is ! and 32 lowercase hex digits (! alone: the empty tuple)",
+                ));
+            }
+            out.push_str(material);
+        } else {
+            let parts = material
+                .split('|')
+                .map(percent_decoded)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad(UNESCAPED))?;
+            match parts.as_slice() {
+                [single] => push_single(&mut out, single),
+                parts => push_parts(&mut out, parts),
+            }
+        }
+        Ok(Self(out))
+    }
+}
+
+const UNESCAPED: &str = "a % in a key is followed by two hex digits (a % itself is %25)";
+
+fn is_hex_digest(text: &str) -> bool {
+    text.len() == 32
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `text` with each `%XX` read as its byte; `None` for a `%` not followed by two hex digits.
+fn percent_decoded(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            // Two ASCII hex digits: always UTF-8, always a byte.
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    Some(out)
 }
 
 /// A short, stable digest of a key for logs and spans: never the key material itself.
@@ -329,6 +411,45 @@ fn push_material(out: &mut CompactString, material: &[u8]) {
         };
         push_escaped(out, escaped);
         rest = tail;
+    }
+}
+
+/// One material: escaped, or `#` and its digest when escaped it is too long.
+fn push_single(out: &mut CompactString, material: &[u8]) {
+    if escaped_len(material) > MAX_MATERIAL_LEN {
+        out.push('#');
+        push_digest(out, &Sha256::digest(material));
+    } else {
+        push_material(out, material);
+    }
+}
+
+/// A tuple of materials (see [`Key::from_materials`]): escaped and joined by `|`, `!` when
+/// empty, or `!` and the digest of the length-prefixed parts when joined it is too long.
+fn push_parts<P: AsRef<[u8]>>(out: &mut CompactString, parts: &[P]) {
+    let joined_len = parts
+        .iter()
+        .map(|p| escaped_len(p.as_ref()) + 1)
+        .sum::<usize>()
+        .saturating_sub(1);
+    if parts.is_empty() {
+        out.push('!');
+    } else if joined_len > MAX_MATERIAL_LEN {
+        let mut hasher = Sha256::new();
+        for p in parts {
+            let p = p.as_ref();
+            hasher.update((p.len() as u64).to_be_bytes());
+            hasher.update(p);
+        }
+        out.push('!');
+        push_digest(out, &hasher.finalize());
+    } else {
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                out.push('|');
+            }
+            push_material(out, p.as_ref());
+        }
     }
 }
 
@@ -416,6 +537,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn parsing_refuses_what_no_key_shows() {
+        for bad in [
+            "user",
+            "user:%",
+            "user:%4",
+            "user:%+1",
+            "user:%zz",
+            "user:#abc",
+            "user:#0123456789ABCDEF0123456789abcdef",
+            "user:!12",
+            "#12:x",
+            "%FF:x",
+        ] {
+            let err = bad.parse::<Key>().unwrap_err();
+            assert_eq!(err.field(), "key", "{bad}");
+            assert_eq!(err.value(), bad);
+        }
+        let digest = "0123456789abcdef0123456789abcdef";
+        for good in [
+            format!("user:#{digest}"),
+            format!("t:!{digest}"),
+            "t:!".to_owned(),
+            "t:|".to_owned(),
+            ":x".to_owned(),
+            "user:".to_owned(),
+            format!("#{digest}:x"),
+        ] {
+            assert_eq!(good.parse::<Key>().unwrap().as_str(), good);
+        }
+        // Written loosely, read as the extractor builds it.
+        assert_eq!("user:%61b".parse::<Key>().unwrap(), Key::new("user", "ab"));
+        assert_eq!(
+            "user:a%7Cb".parse::<Key>().unwrap(),
+            Key::new("user", "a|b")
+        );
+        assert_eq!("User:x".parse::<Key>().unwrap(), Key::new("User", "x"));
+        assert_eq!(
+            "user:%23ab".parse::<Key>().unwrap(),
+            Key::new("user", "#ab")
+        );
+    }
+
     proptest! {
         #[test]
         fn encoding_is_injective_and_safe(
@@ -428,6 +592,17 @@ mod tests {
             for k in [&a, &b] {
                 prop_assert!(is_safe(k), "unsafe key {:?}", k);
                 prop_assert!(k.as_str().len() <= 32 * 3 + 2 + MAX_MATERIAL_LEN);
+            }
+        }
+
+        #[test]
+        fn every_key_reads_back_as_itself(
+            source in "[a-z:{}%# ]{0,6}|[a-zA-Z]{30,40}",
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
+            plain in proptest::collection::vec(any::<u8>(), 0..140),
+        ) {
+            for key in [Key::from_materials(&source, &parts), Key::new(&source, &plain)] {
+                prop_assert_eq!(key.as_str().parse::<Key>(), Ok(key.clone()));
             }
         }
 

@@ -239,9 +239,29 @@ impl HeavyHitters {
             .map(|(key, count, error)| RefusedKey::new(key, count, error))
             .collect()
     }
+
+    /// The key among those counted in the current and previous periods whose
+    /// [digest](crate::key::digest) is `digest`.
+    pub(crate) fn find(&self, digest: &str) -> Option<Key> {
+        let periods = self.state.lock();
+        periods
+            .current
+            .entries
+            .iter()
+            .chain(&periods.previous.entries)
+            .map(|e| &e.key)
+            .find(|key| crate::key::digest(key) == digest)
+            .cloned()
+    }
 }
 
 impl<S: Store> Limiter<S> {
+    /// The key listed by [`top_refused`](Self::top_refused) with `digest`, if it is counted
+    /// there still: how the admin API reaches a key it shows only as a prefix and a digest.
+    pub(crate) fn refused_key(&self, digest: &str) -> Option<Key> {
+        self.inner.common.top_refused.as_ref()?.find(digest)
+    }
+
     /// Counts a rate-limited refusal of `key` in the top refused keys (when they are kept).
     #[inline]
     pub(crate) fn note_refused(&self, key: &Key) {

@@ -18,7 +18,9 @@ pub(crate) struct StoreArgs {
     /// The plan file (TOML): its policies, routes and `store.prefix`.
     pub(super) plan: PathBuf,
     /// The key: its source and material, `source:material` (`ip:203.0.113.5`, `user:42`,
-    /// `apikey:<hash>`), as the application's extractor builds it.
+    /// `apikey:<hash>`), as the application's extractor builds it and as keys are shown:
+    /// `%XX` for a byte, `|` between a tuple's parts (`ip+ua:10.0.0.1|curl/8.0`), `#<hex>` for
+    /// a digested material.
     pub(super) key: String,
     /// A Redis server (`redis://host:port`), instead of the plan's `store.url` (TLS,
     /// `rediss://`, is not built in).
@@ -87,14 +89,20 @@ pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| (format!("cannot start the runtime: {e}"), FAIL))
 }
 
-/// `source:material` as a key.
+/// `source:material` as a key, written as keys are shown (`%XX` escapes, `|` between the
+/// parts of a tuple, `#…` for a digest).
 pub(super) fn parse_key(text: &str) -> Result<Key, Failure> {
-    match text.split_once(':') {
-        Some((source, material)) if !source.is_empty() => Ok(Key::new(source, material)),
-        _ => Err(invalid(format!(
+    if text
+        .split_once(':')
+        .is_none_or(|(source, _)| source.is_empty())
+    {
+        return Err(invalid(format!(
             "KEY = {text:?}: write the key as source:material, e.g. ip:203.0.113.5 or user:42"
-        ))),
+        )));
     }
+    text.parse().map_err(|e: tollgate::ConfigError| {
+        invalid(format!("KEY = {:?}: {}", e.value(), e.reason()))
+    })
 }
 
 /// The plan's limiter on the shared store itself (no failure mode: a store error is an
@@ -377,6 +385,15 @@ mod tests {
             parse_key("ip:2001:db8::1").unwrap(),
             Key::new("ip", "2001:db8::1")
         );
+        assert_eq!(
+            parse_key("ip+ua:10.0.0.1|curl/8.0").unwrap(),
+            Key::from_materials("ip+ua", &["10.0.0.1", "curl/8.0"])
+        );
+        assert_eq!(
+            parse_key("header:acme%FF").unwrap(),
+            Key::new("header", b"acme\xff")
+        );
+        assert_eq!(parse_key("user:50%").unwrap_err().1, INVALID);
         assert_eq!(parse_key("nokey").unwrap_err().1, INVALID);
         assert_eq!(parse_key(":x").unwrap_err().1, INVALID);
     }
