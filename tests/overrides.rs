@@ -179,6 +179,56 @@ async fn an_override_set_on_one_instance_applies_on_the_other_through_redis() {
     assert!(!a.check(&low, 1).await.unwrap().is_allowed());
 }
 
+/// With deny caches (as plans build Redis stores), an override reaches a key another instance
+/// refused lately within that instance's `deny_cache_recheck` plus a call, and the instance
+/// that sets it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_reaches_a_key_another_instances_deny_cache_holds_within_its_recheck() {
+    use tollgate::store::{FailureMode, ResilientStore};
+    let server = RedisServer::start();
+    let recheck = Duration::from_millis(250);
+    let store = || {
+        let redis = RedisStore::builder()
+            .prefix("ovr-deny")
+            .build_with_url(&server.url())
+            .unwrap();
+        ResilientStore::builder(redis, FailureMode::FailClosed)
+            .deny_cache(1_000)
+            .deny_cache_recheck(recheck)
+            .deny_cache_max_age(Duration::from_secs(600))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (
+        limiter(store(), Algorithm::FixedWindow),
+        limiter(store(), Algorithm::FixedWindow),
+    );
+    let key = Key::new("tenant", "raised");
+    for _ in 0..10 {
+        assert!(b.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert!(!b.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!a.check(&key, 1).await.unwrap().is_allowed());
+    // Set on A: A's own cached refusal goes at once.
+    a.set_override(&key, Override::new("api", 100))
+        .await
+        .unwrap();
+    assert!(a.check(&key, 1).await.unwrap().is_allowed());
+    // B answers from its cache for at most its recheck, then asks Redis and admits.
+    let set_at = std::time::Instant::now();
+    while !b.check(&key, 1).await.unwrap().is_allowed() {
+        assert!(
+            set_at.elapsed() < recheck + Duration::from_millis(500),
+            "B still refuses {:?} after the override",
+            set_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // And a removal through B ends the raise there at once.
+    b.remove_override(&key, "api").await.unwrap();
+    assert!(!b.check(&key, 1).await.unwrap().is_allowed());
+}
+
 /// The common call reads a key's override only when its state is not marked as written with
 /// none in force, and setting an override takes the mark off at once: the next decision, on
 /// any instance, reads and applies it (a lower limit refuses there and then).

@@ -17,6 +17,11 @@ impl<S: Store> Limiter<S> {
     /// it expires or is removed. The key's usage so far carries on under the new limit. See
     /// [`crate::overrides`] for an example.
     ///
+    /// Another instance that keeps a deny cache ([`ResilientStore`](crate::store::ResilientStore))
+    /// may answer a key it refused lately from that cache for at most its
+    /// `deny_cache_recheck` plus one store call (never past its `deny_cache_max_age`) before
+    /// it reads the override; this instance drops its cached refusals of the key at once.
+    ///
     /// # Errors
     ///
     /// [`CheckError::Invalid`] naming the field when the policy is not one of this

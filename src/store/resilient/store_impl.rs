@@ -340,6 +340,10 @@ impl<S: Store> OverrideStore for ResilientStore<S> {
         Box::pin(async move {
             let result = changed.await;
             inner.override_changed(&key);
+            // A refusal cached by a check that crossed the change goes too.
+            if let Some(cache) = &inner.deny_cache {
+                cache.forget(&key);
+            }
             result
         })
     }
@@ -354,6 +358,10 @@ impl<S: Store> OverrideStore for ResilientStore<S> {
         Box::pin(async move {
             let result = changed.await;
             inner.override_changed(&key);
+            // A refusal cached by a check that crossed the change goes too.
+            if let Some(cache) = &inner.deny_cache {
+                cache.forget(&key);
+            }
             result
         })
     }
