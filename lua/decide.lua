@@ -218,12 +218,14 @@ while pos <= last do
         for j = 1, m do
           local i = idx[j]
           local a, c, changed = P[i].a, costs[j], false
+          -- Nothing given back or charged changes nothing: a state seen from a later
+          -- window is not moved to it (the Rust stores leave it as it is too).
           if mode == MODE_REFUND then
-            changed = a.refund(S[i], now, P[i], c)
+            changed = c > 0 and a.refund(S[i], now, P[i], c)
           elseif mode == MODE_SETTLE and c < 0 then
             changed = a.refund(S[i], now, P[i], -c)
           elseif mode == MODE_SETTLE then
-            changed = a.overcharge(S[i], now, P[i], c)
+            changed = c > 0 and a.overcharge(S[i], now, P[i], c)
           elseif a.refresh then
             changed = a.refresh(S[i], now, P[i], c)
           end

@@ -804,6 +804,83 @@ fn redis_stores_answer_as_the_model_on_both_lua_entry_points() {
     );
 }
 
+/// Traces the random rows once found a store parting from the model on, run on Redis every
+/// time (the rows draw new cases each run).
+fn traces_found_before() -> Vec<Case> {
+    use matrix::{Actual, Back, Op, Spec, SpecGen, Step, Units};
+    let reload = |window| Op::Reload {
+        policy: 0,
+        spec: SpecGen {
+            limit: 1,
+            window,
+            burst: None,
+            max_delay_ms: None,
+            huge: false,
+            switch_to: None,
+        },
+    };
+    let step = |op| Step { dt: 0, op };
+    vec![
+        // A refund of nothing moved a counter's debt, kept under a longer window, to a
+        // shorter window's index; read under a window between the two, the index lay ahead
+        // of the clock and the debt was forgiven.
+        Case {
+            plan: vec![Spec {
+                index: 0,
+                algorithm: Algorithm::SlidingWindowCounter,
+                limit: 1,
+                window_ms: 200,
+                burst: None,
+                max_delay_ms: None,
+            }],
+            start: 1_700_000_000_000,
+            steps: vec![
+                step(reload(15)),
+                step(Op::Settle {
+                    key: 1,
+                    sel: 0,
+                    reserved: [Units::Zero; 3],
+                    actual: [Actual::Above53, Actual::Zero, Actual::Zero],
+                    fallback: false,
+                }),
+                step(reload(72)),
+                step(Op::Refund {
+                    key: 1,
+                    sel: 0,
+                    costs: [Back::Units(Units::Zero); 3],
+                    fallback: false,
+                }),
+                step(reload(49)),
+                step(Op::Check {
+                    key: 1,
+                    sel: 0,
+                    costs: [Units::Zero; 3],
+                }),
+            ],
+        },
+    ]
+}
+
+#[test]
+fn redis_answers_as_the_model_on_traces_found_before() {
+    let server = RedisServer::start();
+    let pool = server.pool(2);
+    let rt = support::runtime();
+    let (tally, timing) = (Tally::default(), Timing::default());
+    for case in traces_found_before() {
+        rt.block_on(async {
+            let clock = ManualClock::new(case.start);
+            let store = RedisStore::builder()
+                .prefix(unique("found"))
+                .clock(clock.clone())
+                .build_with_pool(pool.clone())
+                .unwrap();
+            run_row(&REDIS, &store, &clock, &case, &tally, &timing).await
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{case:#?}"));
+    }
+}
+
 /// A `LeasedStore` leasing from Redis: zero over-admission on the same traces.
 #[test]
 fn a_store_leased_from_redis_never_admits_more_than_the_model() {
