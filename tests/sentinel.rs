@@ -173,6 +173,7 @@ fn demotion_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
             assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
         }
     });
+    let generation = store.generation();
     let old = set.master_address().unwrap();
     let asked = Instant::now();
     set.failover();
@@ -219,6 +220,11 @@ fn demotion_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
     assert_eq!(remaining, 100 - 11, "the state survived the demotion");
     assert_eq!(store.master_address(), set.master_address());
     assert_eq!(store.master_switches(), 1);
+    assert_eq!(
+        store.generation(),
+        generation + 1,
+        "the promoted master's run_id is read and moves the generation"
+    );
     set.wait_settled();
     eprintln!(
         "demotion: the sentinels named the replica {} ms after SENTINEL FAILOVER; the store \
@@ -262,6 +268,7 @@ fn stalled_master_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
         })
     };
     assert!(decided(&limiter));
+    let generation = store.generation();
     signal(stopped_pid, "-STOP");
     let stopped_at = Instant::now();
     let mut resumed = None;
@@ -276,6 +283,13 @@ fn stalled_master_is_followed(set: &SentinelSet, rt: &tokio::runtime::Runtime) {
     let resumed = resumed.expect("no decision on the promoted master within 20 s");
     assert_eq!(store.master_address(), Some(other_address.clone()));
     assert_eq!(store.master_switches(), 1);
+    // The promoted master's first answer, or the one after, reads its `run_id`.
+    decided(&limiter);
+    assert_eq!(
+        store.generation(),
+        generation + 1,
+        "the promoted master's run_id is read and moves the generation"
+    );
     // The sentinels would demote the old master on their next look at it; sent now, the test
     // need not wait.
     let (_, replica_port) = other_address.split_once(':').unwrap();

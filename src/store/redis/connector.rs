@@ -56,6 +56,14 @@ pub(crate) trait Connector: Send + Sync + 'static {
     fn one_server(&self) -> bool {
         true
     }
+
+    /// How many servers the connector has moved to (a Sentinel store's masters; always 0
+    /// for a fixed address): when it moves, the next answer comes from another server,
+    /// whose `run_id` is read then, whatever ended the last one (a failure, `READONLY`, a
+    /// stall callers gave up on).
+    fn server_epoch(&self) -> u64 {
+        0
+    }
 }
 
 /// A connection from a pool, or a handle to one shared multiplexed connection.

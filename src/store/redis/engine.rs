@@ -72,6 +72,9 @@ pub(crate) struct Core<C: Connector> {
     /// Set at start and after any connection failure: the next call that gets through also
     /// reads the server's `run_id`.
     verify: AtomicBool,
+    /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
+    /// read: a connector that has moved to another server since has it read again.
+    verified_epoch: AtomicU64,
     run_id: parking_lot::Mutex<Option<Box<str>>>,
 }
 
@@ -127,6 +130,7 @@ impl<C: Connector> Core<C> {
             ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
             generation: AtomicU64::new(0),
             verify: AtomicBool::new(true),
+            verified_epoch: AtomicU64::new(0),
             run_id: parking_lot::Mutex::new(None),
         }
     }
@@ -166,8 +170,12 @@ impl<C: Connector> Core<C> {
     /// manager hands back its last failed reconnect once (starting a new one), and without the
     /// second try the first call after Redis is back would fail on that stale error and waste
     /// the circuit breaker's probe. After any connection failure, the next call that gets
-    /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)).
+    /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)),
+    /// and so does the first call after the connector moved to another server.
     pub(crate) async fn invoke(&self, inv: &ScriptCall) -> Result<Vec<u8>, StoreError> {
+        // Read before the connection: a move while it is made is then seen by this call or
+        // the next, never missed.
+        let epoch = self.connector.server_epoch();
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
             Err(e) => {
@@ -188,8 +196,13 @@ impl<C: Connector> Core<C> {
         }
         match reply {
             Ok(r) => {
-                if self.connector.one_server() && self.verify.swap(false, Ordering::AcqRel) {
-                    self.verify_server(&mut conn).await;
+                if self.connector.one_server() {
+                    let moved = self.connector.server_epoch()
+                        != self.verified_epoch.load(Ordering::Acquire);
+                    if self.verify.swap(false, Ordering::AcqRel) || moved {
+                        self.verified_epoch.store(epoch, Ordering::Release);
+                        self.verify_server(&mut conn).await;
+                    }
                 }
                 Ok(r)
             }

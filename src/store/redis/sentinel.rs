@@ -349,4 +349,8 @@ impl Connector for SentinelConnector {
     fn describe(&self) -> &'static str {
         "sentinel-resolved multiplexed connection"
     }
+
+    fn server_epoch(&self) -> u64 {
+        self.0.epoch()
+    }
 }

@@ -142,6 +142,11 @@ impl Link {
         self.master.load().as_ref().map(|m| m.address.to_string())
     }
 
+    /// How many masters the link has connected to (the epoch of the latest).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epochs.load(Ordering::Acquire)
+    }
+
     pub(crate) fn switches(&self) -> u64 {
         self.switches.load(Ordering::Relaxed)
     }
@@ -276,7 +281,7 @@ impl Link {
         let master = Arc::new(Master {
             address,
             connection,
-            epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+            epoch: self.epochs.fetch_add(1, Ordering::AcqRel) + 1,
             unanswered_since: AtomicU64::new(0),
         });
         self.master.store(Some(Arc::clone(&master)));
