@@ -1489,3 +1489,65 @@ async fn fallback_rate_drift_is_at_most_one_share() {
         "{admitted} admitted past what stands: more than one share"
     );
 }
+
+/// LocalFallback with an in-flight policy: a slot the fallback gave is named, so a request
+/// admitted before a reset frees nothing when it ends, not the slot of one admitted since.
+#[tokio::test]
+async fn a_fallback_slot_taken_before_a_reset_frees_nothing() {
+    let primary = Flaky::new(MemoryStore::new());
+    let limiter = Limiter::builder()
+        .store(resilient(
+            primary.clone(),
+            FailureMode::LocalFallback { replicas: 1 },
+        ))
+        .policy(Policy::in_flight("jobs", 1).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "fallback-slots");
+    primary.set_down(true);
+    let before = limiter.acquire(&key).await.unwrap();
+    assert_eq!(before.decided_by(), DecidedBy::Fallback);
+    assert!(before.is_allowed());
+    // The store is down: the reset fails, and still forgets the fallback's count.
+    let _ = limiter.reset(&key).await;
+    let since = limiter.acquire(&key).await.unwrap();
+    assert!(
+        since.is_allowed(),
+        "the reset freed the key in the fallback"
+    );
+    drop(before);
+    let third = limiter.acquire(&key).await.unwrap();
+    assert!(
+        !third.is_allowed(),
+        "the request from before the reset freed the slot of the one admitted since"
+    );
+}
+
+/// LocalFallback with rate units: a settlement far above its reservation is charged in full
+/// while the store is down (a debt the next windows pay), as a check's extra charge is.
+#[tokio::test]
+async fn a_fallback_settlement_above_the_capacity_is_charged_in_full() {
+    let primary = Flaky::new(MemoryStore::new());
+    let limiter = Limiter::builder()
+        .store(resilient(
+            primary.clone(),
+            FailureMode::LocalFallback { replicas: 1 },
+        ))
+        .policy(Policy::new("tokens", Rate::per_second(1_000)).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "fallback-debt");
+    primary.set_down(true);
+    let r = limiter.reserve(&key, 1).await.unwrap();
+    assert_eq!(r.decision().decided_by(), DecidedBy::Fallback);
+    // The store is down: the settlement fails there, and the fallback charges it.
+    let _ = r.settle(1_000_000).await;
+    // A thousand windows of debt: two windows on, the key is still refused.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert_eq!(d.decided_by(), DecidedBy::Fallback);
+    assert!(
+        !d.is_allowed(),
+        "the debt above one capacity was forgiven: {d:?}"
+    );
+}

@@ -489,7 +489,12 @@ impl<S: Store> Inner<S> {
             DecidedBy::FailOpen
         };
         self.warn_degraded(outcome, error);
-        let decision = Decision::from_policies(out).with_decided_by(outcome);
+        let mut decision = Decision::from_policies(out).with_decided_by(outcome);
+        // The fallback's name for the slot it gave: its release frees that slot only, and
+        // nothing once a reset has forgotten it.
+        if let Some(local) = &local {
+            decision = decision.with_slot_of(local);
+        }
         // A look is counted only when it refuses: then no check follows it (a penalty's
         // look under fail closed), and the request was decided by the failure mode.
         if charge || !decision.is_allowed() {

@@ -165,8 +165,9 @@ impl<S: Store> Store for ResilientStore<S> {
 impl<S: Store> ResilientStore<S> {
     /// The same operation for the local fallback, which was charged for every admitted
     /// request, by the store or by itself: each fallback policy's costs clamped to its
-    /// capacity, as its checks were. The memory store applies it at call time; its future
-    /// only reports success.
+    /// capacity, as its checks were, but for what a settlement charges above its reservation,
+    /// which is charged in full. The memory store applies it at call time; its future only
+    /// reports success.
     fn mirror_in_fallback(&self, key: &Key, policies: &[Policy], op: &Op) {
         let inner = &self.inner;
         let mirrored = match op {
@@ -191,10 +192,19 @@ impl<S: Store> ResilientStore<S> {
             }
             Op::Settle { reserved, actual } => {
                 let (idx, fps, r) = inner.fallback_parts(policies, reserved);
+                // What is charged above the reservation is a debt, charged in full as a
+                // check's extra charge is (`charge_above_shares`): capped at the capacity, a
+                // settlement far above its estimate would be forgiven within two windows.
                 let a: SmallVec<[u64; 2]> = idx
                     .iter()
                     .zip(&fps)
-                    .map(|(&i, fp)| actual[i].min(fp.capacity()))
+                    .zip(&r)
+                    .map(
+                        |((&i, fp), &charged)| match actual[i].checked_sub(reserved[i]) {
+                            Some(above) if above > 0 => charged.saturating_add(above),
+                            _ => actual[i].min(fp.capacity()),
+                        },
+                    )
                     .collect();
                 (fps, Op::settle(&r[..], &a[..]))
             }
