@@ -1,10 +1,10 @@
 //! gRPC rejections: `RESOURCE_EXHAUSTED` instead of an HTTP 429.
 //!
 //! gRPC clients cannot read an HTTP 429: they expect HTTP 200 with the outcome in
-//! `grpc-status`. When a request's `Content-Type` starts with `application/grpc` (gRPC, and
-//! gRPC-Web, whose clients read the same headers), [`RateLimitLayer`](crate::RateLimitLayer)
-//! answers a denial with a *trailers-only* response: HTTP 200, an empty body, and in the
-//! headers
+//! `grpc-status`. When a request is a `POST` whose `Content-Type` starts with
+//! `application/grpc` (gRPC, and gRPC-Web, whose clients read the same headers),
+//! [`RateLimitLayer`](crate::RateLimitLayer) answers a denial with a *trailers-only* response:
+//! HTTP 200, an empty body, and in the headers
 //!
 //! | header | value |
 //! |---|---|
@@ -13,6 +13,11 @@
 //! | `grpc-status-details-bin` | a `google.rpc.Status` with a `google.rpc.RetryInfo` detail |
 //! | `retry-after` | whole seconds, as for HTTP |
 //! | quota headers | as for HTTP (none for a sensitive policy) |
+//! | `cache-control` | `no-store`: a cache in front must not keep a refusal of status 200 |
+//!
+//! Any other method gets the HTTP answer whatever its `Content-Type` (gRPC calls are always
+//! `POST`): a client that put a gRPC content type on a `GET` would otherwise turn its own 429
+//! into an empty 200 that a cache could keep and serve to everyone.
 //!
 //! Store failures become `UNAVAILABLE` (14), a request without a key `INVALID_ARGUMENT` (3)
 //! and a denied client `PERMISSION_DENIED` (7), mirroring the HTTP 503, 400 and 403.
@@ -39,8 +44,7 @@
 //!         Ok::<_, Infallible>(Response::new(String::new()))
 //!     });
 //! let call = || {
-//!     Request::builder()
-//!         .uri("/grpc.health.v1.Health/Check")
+//!     Request::post("/grpc.health.v1.Health/Check")
 //!         .header("content-type", "application/grpc")
 //!         .body(String::new())
 //!         .unwrap()
@@ -58,7 +62,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -115,9 +119,21 @@ pub fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     matches!(rest.first(), None | Some(b'+' | b';')).then_some(value)
 }
 
+/// The gRPC content type of a request that is a gRPC call: a `POST` (every gRPC and gRPC-Web
+/// call is one) with a gRPC [`content_type`]. A refusal is answered in gRPC terms for these
+/// alone: a `GET` that claims a gRPC content type gets the HTTP answer, so that a client cannot
+/// turn its refusal into an empty `200` a cache in front would keep and serve to others.
+pub(crate) fn call_content_type<B>(request: &http::Request<B>) -> Option<&HeaderValue> {
+    if request.method() != http::Method::POST {
+        return None;
+    }
+    content_type(request.headers())
+}
+
 /// A trailers-only gRPC error response: HTTP 200, empty body, `grpc-status` `code`,
-/// `grpc-message` `message`, and, when `retry_after` is given, a `retry-after` header and a
-/// `google.rpc.RetryInfo` in `grpc-status-details-bin`.
+/// `grpc-message` `message`, `cache-control: no-store` (an HTTP cache must not keep an answer
+/// of status 200 that is a refusal), and, when `retry_after` is given, a `retry-after` header
+/// and a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
 ///
 /// `content_type` is echoed (use the request's, so gRPC-Web clients get theirs back).
 ///
@@ -136,6 +152,7 @@ pub fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
 /// assert_eq!(res.headers()["grpc-status"], "8");
 /// assert_eq!(res.headers()["grpc-message"], "Too many requests. Please try again later.");
 /// assert_eq!(res.headers()["retry-after"], "2");
+/// assert_eq!(res.headers()["cache-control"], "no-store");
 /// assert!(res.body().is_empty());
 /// ```
 pub fn error_response(
@@ -148,6 +165,7 @@ pub fn error_response(
     *res.status_mut() = StatusCode::OK;
     let headers = res.headers_mut();
     headers.insert(CONTENT_TYPE, content_type.clone());
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from(code));
     if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
         headers.insert(GRPC_MESSAGE.clone(), v);

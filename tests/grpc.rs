@@ -315,7 +315,8 @@ async fn per_method_policies_from_the_route_table() {
 }
 
 /// Over HTTP on a real axum server: only gRPC content types get the gRPC rendering; one that
-/// merely starts like one (`application/grpcx`) gets the HTTP 429.
+/// merely starts like one (`application/grpcx`), or a `GET` with a gRPC content type, gets
+/// the HTTP 429.
 #[tokio::test]
 async fn only_grpc_content_types_get_grpc_refusals() {
     let limiter = Limiter::builder()
@@ -324,7 +325,10 @@ async fn only_grpc_content_types_get_grpc_refusals() {
         .build()
         .unwrap();
     let app = axum::Router::new()
-        .route("/", axum::routing::post(|| async { "ok" }))
+        .route(
+            "/",
+            axum::routing::post(|| async { "ok" }).get(|| async { "home" }),
+        )
         .layer(RateLimitLayer::new(limiter));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -348,7 +352,19 @@ async fn only_grpc_content_types_get_grpc_refusals() {
         let res = send(ct).await.unwrap();
         assert_eq!(res.status(), 200, "{ct}");
         assert_eq!(res.headers()["grpc-status"], "8", "{ct}");
+        assert_eq!(res.headers()["cache-control"], "no-store", "{ct}");
     }
+    // gRPC calls are POSTs: a GET claiming to be one gets the HTTP refusal, never an empty
+    // 200 that a cache in front of the site would keep and serve to every visitor.
+    let get = client
+        .get(format!("http://{addr}/"))
+        .header("content-type", "application/grpc")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 429);
+    assert_eq!(get.headers()["cache-control"], "no-store");
+    assert!(!get.headers().contains_key("grpc-status"));
 }
 
 /// A limiter on every method whose route counts only the calls `when` accepts.

@@ -508,7 +508,7 @@ where
             return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
         }
         let shared = Arc::clone(&self.shared);
-        let grpc = crate::grpc::content_type(req.headers()).cloned();
+        let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {
             let early = |refusal: Refusal, key: Option<&crate::key::Key>| {
                 refusal.log(key);

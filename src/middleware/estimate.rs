@@ -117,7 +117,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        let grpc = crate::grpc::content_type(req.headers()).cloned();
+        let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let bytes = match super::read_capped(body, layer.max_body).await {

@@ -120,7 +120,7 @@ where
         match admitted {
             Err(refusal) => {
                 // A refusal must be in gRPC terms for a gRPC call.
-                let grpc = crate::grpc::content_type(request.headers());
+                let grpc = crate::grpc::call_content_type(&request);
                 Self::early(shared.refuse(refusal, grpc))
             }
             Ok(Admitted { decision, held }) => match shared.proceed(&set, decision, &mut request) {

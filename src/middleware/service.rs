@@ -98,7 +98,7 @@ where
         match shared.limiter.prepare(&RequestView::new(&req)) {
             Prepared::Pass => ResponseFuture::pass(self.inner.call(req)),
             Prepared::Refuse(refusal) => {
-                let grpc = crate::grpc::content_type(req.headers());
+                let grpc = crate::grpc::call_content_type(&req);
                 ResponseFuture::early(shared.refuse(refusal, grpc))
             }
             // The common path: decided without waiting, so the inner service (driven to
