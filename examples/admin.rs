@@ -4,16 +4,16 @@
 //! ```text
 //! cargo run --example admin --features admin,redis
 //! for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-tenant: acme' http://127.0.0.1:3000/search; done
-//! curl -s -H 'authorization: Bearer let-me-in' 'http://127.0.0.1:3000/admin/ratelimit/keys/header/acme?route=/search'
+//! curl -s -H 'authorization: Bearer let-me-in' 'http://127.0.0.1:3000/admin/ratelimit/keys/header.x-tenant/acme?route=/search'
 //! curl -s -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/top
 //! curl -s -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/plan
-//! curl -s -XDELETE -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/keys/header/acme
+//! curl -s -XDELETE -H 'authorization: Bearer let-me-in' http://127.0.0.1:3000/admin/ratelimit/keys/header.x-tenant/acme
 //! # Any key top lists, by the digest it shows (tuples and long keys too):
-//! curl -s -XDELETE -H 'authorization: Bearer let-me-in' 'http://127.0.0.1:3000/admin/ratelimit/keys?digest=e1b68882a3e75b77'
+//! curl -s -XDELETE -H 'authorization: Bearer let-me-in' 'http://127.0.0.1:3000/admin/ratelimit/keys?digest=4a180c52eec7664c'
 //!
 //! # The same from the command line (feature cli):
-//! cargo run --features cli --bin tollgate -- inspect examples/admin.toml header:acme --route /search
-//! cargo run --features cli --bin tollgate -- reset examples/admin.toml header:acme
+//! cargo run --features cli --bin tollgate -- inspect examples/admin.toml header.x-tenant:acme --route /search
+//! cargo run --features cli --bin tollgate -- reset examples/admin.toml header.x-tenant:acme
 //! cargo run --features cli --bin tollgate -- top http://127.0.0.1:3000/admin/ratelimit -H 'authorization: Bearer let-me-in'
 //! ```
 //!

@@ -22,8 +22,8 @@
 //!   `/keys/ip/203.0.113.5`, `/keys/user/42`, `/keys/apikey/<hash>` for the hashed API key
 //!   that [`ApiKey`](crate::key::ApiKey) makes. The material may contain `/`; each byte of it
 //!   that is not a letter, a digit or one of `- . _ ~ : / @ + = ,` is written `%XX`, as a key
-//!   shows it (`header:acme%FF`, material that is not UTF-8, is reached at
-//!   `/keys/header/acme%FF`).
+//!   shows it (`header.x-tenant:acme%FF`, material that is not UTF-8, is reached at
+//!   `/keys/header.x-tenant/acme%FF`).
 //! - **As the key is shown**, `?key=source:material` (percent-encoded as any query value; a
 //!   `+` stays a `+`): the one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
 //!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts) or a digested key
@@ -257,7 +257,8 @@ type Shared<S> = State<Arc<Admin<S>>>;
 
 /// The key a request names: in its path, `/{route}/{source}/{material}` (the material may
 /// hold `/`), each part percent-decoded to bytes as [`Key::new`] takes them (a key whose
-/// material is not UTF-8, shown as `header:acme%FF`, is reached at `/keys/header/acme%FF`);
+/// material is not UTF-8, shown as `header.x-tenant:acme%FF`, is reached at
+/// `/keys/header.x-tenant/acme%FF`);
 /// at `/{route}?key=…`, the key as it is shown ([`Key`]'s `FromStr`), which also reaches
 /// tuples (`ip+ua:10.0.0.1|curl/8.0`) and digested keys (`user:#…`); or at
 /// `/{route}?digest=…`, a key `GET /top` lists, by the digest it shows.

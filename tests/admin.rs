@@ -128,7 +128,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     let plan = Plan::from_file(&plan_path).unwrap();
     let (a, b) = (instance(&plan).await, instance(&plan).await);
     let client = reqwest::Client::new();
-    let key = Key::new("header", "acme");
+    let key = Key::new("header.x-tenant", "acme");
     let digest = tollgate::key::digest(&key);
 
     // Nothing charged yet: inspect shows the full quota and charges nothing itself.
@@ -136,7 +136,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
         let out = tollgate(&[
             "inspect",
             plan_arg,
-            "header:acme",
+            "header.x-tenant:acme",
             "--route",
             "/search",
             "--json",
@@ -178,7 +178,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     let out = tollgate(&[
         "inspect",
         plan_arg,
-        "header:acme",
+        "header.x-tenant:acme",
         "--route",
         "/search",
         "--json",
@@ -192,7 +192,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     let out = tollgate(&[
         "inspect",
         plan_arg,
-        "header:acme",
+        "header.x-tenant:acme",
         "--route",
         "/search",
         "--redis",
@@ -204,7 +204,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
         "{shown}"
     );
     // The default route's policy is untouched.
-    let out = tollgate(&["inspect", plan_arg, "header:acme", "--json"]);
+    let out = tollgate(&["inspect", plan_arg, "header.x-tenant:acme", "--json"]);
     let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
     assert!(state.allowed);
     assert_eq!(
@@ -218,7 +218,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     // The admin API agrees with the CLI.
     let state = get_json(
         &client,
-        format!("http://{a}/admin/keys/header/acme?route=/search"),
+        format!("http://{a}/admin/keys/header.x-tenant/acme?route=/search"),
     )
     .await;
     assert_eq!(state["allowed"], false);
@@ -226,14 +226,14 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     // top: each instance counts its own refusals; acme leads on A.
     let top = get_json(&client, format!("http://{a}/admin/top")).await;
     assert_eq!(top["keys"][0]["digest"], digest.as_str(), "{top}");
-    assert_eq!(top["keys"][0]["key"], "header:acme");
+    assert_eq!(top["keys"][0]["key"], "header.x-tenant:acme");
     assert_eq!(top["keys"][0]["count"], 2);
     let top_b = get_json(&client, format!("http://{b}/admin/top")).await;
     assert_eq!(top_b["keys"][0]["digest"], digest.as_str());
     let out = tollgate(&["top", &format!("http://{a}/admin"), "-n", "5"]);
     let shown = text(&out);
     assert!(
-        out.status.success() && shown.contains("header:acme") && shown.contains(&digest),
+        out.status.success() && shown.contains("header.x-tenant:acme") && shown.contains(&digest),
         "{shown}"
     );
     let out = tollgate(&["top", &format!("http://{a}/admin/"), "--json"]);
@@ -246,7 +246,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
     assert_eq!(plan_json["plan"]["store"]["prefix"], prefix.as_str());
 
     // reset from the command line, against the Redis both instances share.
-    let out = tollgate(&["reset", plan_arg, "header:acme"]);
+    let out = tollgate(&["reset", plan_arg, "header.x-tenant:acme"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains(&digest));
     // A plan-built Redis store keeps a deny cache: each instance may go on refusing a key it
@@ -261,7 +261,7 @@ async fn a_refused_key_shows_in_inspect_and_top_and_reset_frees_it_everywhere() 
 
     // reset through the admin API: this instance's deny cache goes at once.
     let res = client
-        .delete(format!("http://{b}/admin/keys/header/acme"))
+        .delete(format!("http://{b}/admin/keys/header.x-tenant/acme"))
         .send()
         .await
         .unwrap();
@@ -324,9 +324,6 @@ async fn the_admin_api_names_bad_parameters() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
-/// A key whose material is not UTF-8 (a header value with a byte above 0x7F) is reached at
-/// the path its shown form gives: `top` lists it, a reset through that path frees it, an
-/// override set through it applies to it. A query parameter given twice is refused.
 /// An app limited to one request a minute per key of `extractor`, with the admin API at
 /// `/admin`.
 async fn one_a_minute_with_admin(
@@ -345,12 +342,15 @@ async fn one_a_minute_with_admin(
     (limiter.clone(), support::serve(app).await)
 }
 
+/// A key whose material is not UTF-8 (a header value with a byte above 0x7F) is reached at
+/// the path its shown form gives: `top` lists it, a reset through that path frees it, an
+/// override set through it applies to it. A query parameter given twice is refused.
 #[tokio::test]
 async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
     // As a plan's `key = "header"` builds it: the header value's raw bytes.
     let tenant = |req: &tollgate::key::RequestView<'_>| {
         let value = req.headers().get("x-tenant")?;
-        Some(Key::new("header", value.as_bytes()))
+        Some(Key::new("header.x-tenant", value.as_bytes()))
     };
     let (limiter, addr) = one_a_minute_with_admin(tollgate::key::from_fn(tenant)).await;
     let client = reqwest::Client::new();
@@ -368,9 +368,9 @@ async fn a_key_that_is_not_utf8_is_reached_by_the_path_top_shows() {
     );
     let top = get_json(&client, format!("http://{addr}/admin/top")).await;
     let shown = top["keys"][0]["key"].as_str().unwrap().to_owned();
-    let key = Key::new("header", b"acme\xff");
+    let key = Key::new("header.x-tenant", b"acme\xff");
     assert_eq!(shown, key.as_str(), "top shows the whole key");
-    assert_eq!(shown, "header:acme%FF");
+    assert_eq!(shown, "header.x-tenant:acme%FF");
     let (source, material) = shown.split_once(':').unwrap();
     let res = client
         .delete(format!("http://{addr}/admin/keys/{source}/{material}"))

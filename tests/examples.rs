@@ -314,14 +314,15 @@ async fn admin_shows_and_resets_a_refused_tenant_behind_its_token() {
         .json()
         .await
         .unwrap();
-    assert_eq!(top["keys"][0]["key"], "header:acme");
+    assert_eq!(top["keys"][0]["key"], "header.x-tenant:acme");
     // A peek goes through the plan's ResilientStore, whose 50 ms timeout a loaded machine
     // can exceed: the admin API then answers 503 and an operator asks again.
     let mut state = serde_json::Value::Null;
     for _ in 0..5 {
-        let res = with_token(client.get(format!("{admin}/keys/header/acme?route=/search")))
-            .await
-            .unwrap();
+        let res =
+            with_token(client.get(format!("{admin}/keys/header.x-tenant/acme?route=/search")))
+                .await
+                .unwrap();
         let status = res.status();
         state = res.json().await.unwrap();
         if status != 503 {
@@ -331,7 +332,7 @@ async fn admin_shows_and_resets_a_refused_tenant_behind_its_token() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(state["allowed"], false, "{state}");
-    let reset = with_token(client.delete(format!("{admin}/keys/header/acme")))
+    let reset = with_token(client.delete(format!("{admin}/keys/header.x-tenant/acme")))
         .await
         .unwrap();
     assert_eq!(reset.status(), 200);

@@ -317,11 +317,45 @@ fn a_plan_names_a_key_per_tier() {
     req.headers_mut()
         .insert("x-partner-id", "acme".parse().unwrap());
     let key = built.limiter().key_for(&RequestView::new(&req)).unwrap();
-    assert_eq!(key.as_str(), "header:acme");
+    assert_eq!(key.as_str(), "header.x-partner-id:acme");
     // A tier key for a tier the route does not have keys nothing.
     let text = text.replace("tier_keys.partner", "tier_keys.gold");
     let err = Plan::from_toml(&text).unwrap().build().unwrap_err();
     assert_eq!(err.field(), "routes[0].tier_keys.gold");
+}
+
+/// Header keys carry the header's name: an organisation and a user that happen to share an
+/// id are two principals with a budget each, never one.
+#[tokio::test]
+async fn two_headers_with_one_value_are_two_keys() {
+    let plan = Plan::from_toml(
+        "[[policies]]\nname = \"api\"\nlimit = 1\nwindow = \"1m\"\n\
+         [default]\npolicies = [\"api\"]\n\
+         [key]\nkind = \"header\"\nheader = \"x-org-id\"\n\
+         [key.fallback]\nkind = \"header\"\nheader = \"X-User-Id\"\n",
+    )
+    .unwrap();
+    let built = plan.build().unwrap();
+    let limiter = built.limiter();
+    let org = http::Request::get("/")
+        .header("x-org-id", "42")
+        .body(())
+        .unwrap();
+    let user = http::Request::get("/")
+        .header("x-user-id", "42")
+        .body(())
+        .unwrap();
+    let (org_key, user_key) = (
+        limiter.key_for(&RequestView::new(&org)).unwrap(),
+        limiter.key_for(&RequestView::new(&user)).unwrap(),
+    );
+    assert_eq!(org_key.as_str(), "header.x-org-id:42");
+    assert_eq!(user_key.as_str(), "header.x-user-id:42");
+    for req in [&org, &user] {
+        let decision = limiter.decide(&RequestView::new(req)).await.unwrap();
+        assert!(decision.is_allowed(), "{req:?} was charged for the other");
+    }
+    assert!(limiter.decide(&RequestView::new(&org)).await.is_err());
 }
 
 /// A leased store hands out blocks per key and policy: a route's own key is just another

@@ -62,10 +62,13 @@ impl KeyConfig {
                     )
                 })?;
                 let name = header_name(&format!("{path}.header"), header)?;
+                // The header's name is part of the key: `x-org-id: 42` and `x-user-id: 42`
+                // name two principals, not one (a fallback, another route's key, a tier's).
+                let source = format!("header.{}", name.as_str());
                 Box::new(crate::key::from_fn(move |req| {
                     req.headers()
                         .get(&name)
-                        .map(|v| Key::new("header", v.as_bytes()))
+                        .map(|v| Key::new(&source, v.as_bytes()))
                 }))
             }
             KeyKind::ClientIp => Box::new(self.client_ip(path, prefix)?),

@@ -154,7 +154,8 @@ pub enum KeyKind {
     PeerIp,
     /// One key for everyone.
     Global,
-    /// A request header's value.
+    /// A request header's value, keyed with the header's name: `header.x-tenant:acme` for
+    /// `x-tenant: acme`, so that two headers with one value never share a key.
     Header,
     /// The client address behind trusted proxies.
     ClientIp,
