@@ -485,6 +485,49 @@ async fn narrow_ipv6_networks_on_the_direct_path() {
         .is_allowed());
 }
 
+/// An allowed network skips limiting whatever key the request gets, none included: a monitor
+/// on the internal network calling a route keyed by API key without one is let through, not
+/// refused for a missing key; anyone else without a key still is.
+#[tokio::test]
+async fn an_allowed_network_passes_a_request_without_a_key() {
+    use tollgate::key::{ApiKey, PeerIp, RequestView};
+    let limiter = Limiter::builder()
+        .policy(Policy::new("pages", Rate::per_minute(60)).unwrap())
+        .extractor(PeerIp::new())
+        .route(
+            "/api/{*rest}",
+            tollgate::route::Route::new()
+                .policy(Policy::new("api", Rate::per_minute(600)).unwrap())
+                .key(ApiKey::new()),
+        )
+        .allow_cidr("127.0.0.0/8")
+        .build()
+        .unwrap();
+    let request = |from: &str| {
+        let mut r = http::Request::get("/api/x").body(()).unwrap();
+        r.extensions_mut()
+            .insert(from.parse::<SocketAddr>().unwrap());
+        r
+    };
+    let internal = limiter
+        .decide(&RequestView::new(&request("127.0.0.1:4000")))
+        .await
+        .unwrap();
+    assert!(internal.is_allowed() && internal.policies().is_empty());
+    let outside = limiter
+        .decide(&RequestView::new(&request("192.0.2.1:4000")))
+        .await
+        .unwrap_err();
+    assert_eq!(outside.kind(), tollgate::RefusalKind::MissingKey);
+    // Over HTTP: the loopback client is on the allowed network.
+    let app = Router::new()
+        .route("/api/{*rest}", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter));
+    let addr = support::serve(app).await;
+    let res = reqwest::get(format!("http://{addr}/api/x")).await.unwrap();
+    assert_eq!(res.status(), 200);
+}
+
 #[tokio::test]
 async fn deny_and_allow_lists_hold_on_the_direct_path() {
     let limiter = Limiter::builder()

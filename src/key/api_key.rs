@@ -154,7 +154,12 @@ impl ApiKey {
         let headers = request.headers();
         let header = self.header.as_ref().and_then(|h| headers.get(h));
         match (&self.known, header) {
-            (None, Some(value)) => return non_empty(value.as_bytes()),
+            // An empty header names no key: the bearer token is read as if it were absent.
+            (None, Some(value)) => {
+                if let Some(raw) = non_empty(value.as_bytes()) {
+                    return Some(raw);
+                }
+            }
             (Some(known), Some(value)) => {
                 if let Some(raw) = non_empty(value.as_bytes()).filter(|raw| known(raw)) {
                     return Some(raw);
@@ -253,9 +258,14 @@ mod tests {
             Some(a.clone())
         );
         assert_ne!(extract(&ex, &[("x-api-key", "k2")]), Some(a.clone()));
-        // The header wins over the bearer token.
+        // The header wins over the bearer token; an empty one names nothing and hides
+        // nothing.
         assert_eq!(
             extract(&ex, &[("x-api-key", "k1"), ("authorization", "Bearer k2")]),
+            Some(a.clone())
+        );
+        assert_eq!(
+            extract(&ex, &[("x-api-key", " "), ("authorization", "Bearer k1")]),
             Some(a)
         );
         for missing in [

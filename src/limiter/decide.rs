@@ -119,6 +119,10 @@ impl<S: Store> Limiter<S> {
                 refusal.log(None);
                 return Prepared::Refuse(refusal);
             }
+            // Allowed networks skip limiting whatever key the request gets, none included.
+            if addr.is_some_and(|ip| plan.lists.allow.contains_addr(ip)) {
+                return Prepared::Pass;
+            }
             Refusal::warn_missing_peer(request.peer_addr().is_some());
             let refusal = Refusal::of_kind(RefusalKind::MissingKey);
             refusal.log(None);
