@@ -464,3 +464,54 @@ async fn a_plan_declares_an_in_flight_policy() {
     drop(held);
     assert!(limiter.acquire(&key).await.unwrap().is_allowed());
 }
+
+/// A reload that lengthens an in-flight lease reaches the slots already held: their next
+/// refresh takes the new lease, so a longer lease rides out a longer outage for requests
+/// already running too (`docs/operations.md`, reloads).
+#[tokio::test]
+async fn a_reload_that_lengthens_a_lease_reaches_held_slots_at_their_next_refresh() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix("lease-reload")
+        .build_with_url(&server.url())
+        .unwrap();
+    let jobs = |lease_ms| {
+        Policy::builder("jobs", Rate::new(1, Duration::from_millis(lease_ms)))
+            .algorithm(Algorithm::InFlight)
+            .build()
+            .unwrap()
+    };
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .policy(jobs(300))
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "lease-reload");
+    let held = limiter.acquire(&key).await.unwrap();
+    assert!(held.is_allowed());
+    let longest_ttl = || {
+        server
+            .scan("lease-reload*")
+            .iter()
+            .map(|k| server.query::<i64>(&["PTTL", k]).unwrap())
+            .max()
+            .unwrap_or(-2)
+    };
+    let before = longest_ttl();
+    assert!(before < 3_000, "{before} ms left on a 300 ms lease");
+    limiter.reload(
+        &Limiter::builder()
+            .store(store)
+            .policy(jobs(6_000))
+            .build()
+            .unwrap(),
+    );
+    // The next refresh comes within a third of the old lease.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ttl = longest_ttl();
+    assert!(
+        ttl > 3_000,
+        "the held slot is still refreshed for 300 ms: {ttl} ms left"
+    );
+    drop(held);
+}

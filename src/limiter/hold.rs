@@ -359,27 +359,54 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Refreshes a named slot's lease every third of the shortest lease while it is held.
+    /// Each refresh takes the leases in force: after a reload that changed a policy's lease,
+    /// the slot is refreshed with the new one, and as often as it needs.
     fn spawn_refresher(
         &self,
         key: &Key,
         policies: &Arc<[Policy]>,
         slot: u64,
     ) -> Option<tokio::task::AbortHandle> {
+        fn period(policies: &[Policy]) -> Option<Duration> {
+            let lease = policies.iter().map(Policy::window_millis).min()?;
+            Some(Duration::from_millis((lease / 3).max(1)))
+        }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let lease = policies.iter().map(Policy::window_millis).min()?;
-        let every = Duration::from_millis((lease / 3).max(1));
+        let mut every = period(policies)?;
         let limiter = self.clone();
         let key = key.clone();
-        let policies = Arc::clone(policies);
+        let mut policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
         let task = runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
+                limiter.leases_in_force(&mut policies);
+                every = period(&policies).unwrap_or(every);
                 if let Err(error) = limiter.store().refresh(&key, &policies, slot).await {
                     report("refresh", &error);
                 }
             }
         });
         Some(task.abort_handle())
+    }
+
+    /// Each of `policies` as the plan in force has it, when it still has an in-flight policy
+    /// of that name (a reload may have changed its lease); the others as they were.
+    fn leases_in_force(&self, policies: &mut [Policy]) {
+        let plan = self.plan();
+        let attached = self.inner.common.attached_sets();
+        for policy in policies.iter_mut() {
+            let current = plan
+                .sets
+                .iter()
+                .chain(&attached)
+                .flat_map(|set| set.in_flight.iter())
+                .find(|p| p.name() == policy.name());
+            if let Some(current) = current {
+                if current.window_millis() != policy.window_millis() {
+                    *policy = current.clone();
+                }
+            }
+        }
     }
 
     /// The policies a reservation under `set` settles, with the units each was charged:
