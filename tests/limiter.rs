@@ -528,6 +528,40 @@ async fn an_allowed_network_passes_a_request_without_a_key() {
     assert_eq!(res.status(), 200);
 }
 
+/// The default route's fixed cost is charged by the direct calls that take no cost, as by the
+/// layer: a job acquired under `cost(5)` takes five units, and a look asks for five.
+#[tokio::test]
+async fn acquire_and_peek_charge_the_routes_fixed_cost() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(10)).unwrap())
+        .cost(5)
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "jobs");
+    let first = limiter.acquire(&key).await.unwrap();
+    assert_eq!(first.remaining(), 5);
+    assert!(limiter.peek(&key).await.unwrap().is_allowed());
+    // The same charge as the layer's path, on one budget.
+    let mut request = http::Request::get("/").body(()).unwrap();
+    request
+        .extensions_mut()
+        .insert("192.0.2.9:1".parse::<SocketAddr>().unwrap());
+    limiter.decide(&RequestView::new(&request)).await.unwrap();
+    let by_ip = limiter.acquire(&Key::new("ip", "192.0.2.9")).await.unwrap();
+    assert_eq!(
+        by_ip.remaining(),
+        0,
+        "the layer's path and acquire charge alike"
+    );
+    let second = limiter.acquire(&key).await.unwrap();
+    assert_eq!(second.remaining(), 0);
+    assert!(
+        !limiter.peek(&key).await.unwrap().is_allowed(),
+        "a look asks for the route's five units, and none are left"
+    );
+    assert!(!limiter.acquire(&key).await.unwrap().is_allowed());
+}
+
 #[tokio::test]
 async fn deny_and_allow_lists_hold_on_the_direct_path() {
     let limiter = Limiter::builder()

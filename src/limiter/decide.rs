@@ -192,6 +192,16 @@ impl PolicySet {
     /// gives the unit back. A plain cost of 0 (`Limiter::check(key, 0)`, a computed cost)
     /// stays free: it charges nothing and is settled by nothing, so it is admitted while the
     /// key is not past its limit (a look).
+    /// The cost every request of the set is charged when it does not depend on the request
+    /// ([`Route::cost`](crate::route::Route::cost)): what the direct calls that have no
+    /// request to ask ([`Limiter::acquire`], [`Limiter::peek`]) charge, as the layer would.
+    pub(crate) fn fixed_cost(&self) -> Option<u64> {
+        match self.cost {
+            Cost::Fixed(c) => Some(c),
+            _ => None,
+        }
+    }
+
     pub(crate) fn charged_costs(
         &self,
         cost: Option<u64>,

@@ -468,8 +468,9 @@ impl<S: Store> Limiter<S> {
         plan.lists.key_for(set.as_deref().map(|s| &**s), request)
     }
 
-    /// What [`check`](Self::check) with each policy's own cost would answer now, charging
-    /// nothing (a running penalty shows as a denial; lists apply as for `check`).
+    /// What [`check`](Self::check) with each policy's own cost (or the default route's
+    /// [`cost`](crate::LimiterBuilder::cost), when it sets a fixed one) would answer now,
+    /// charging nothing (a running penalty shows as a denial; lists apply as for `check`).
     ///
     /// # Errors
     ///
@@ -486,13 +487,14 @@ impl<S: Store> Limiter<S> {
         if lists.allow.contains(key) {
             return Ok(Decision::pass());
         }
-        if let Some(blocked) = self.running_block(key, &set, &set.default_costs).await? {
+        let costs = match set.fixed_cost() {
+            Some(c) => set.charged_costs(Some(c), None),
+            None => set.default_costs.clone(),
+        };
+        if let Some(blocked) = self.running_block(key, &set, &costs).await? {
             return Ok(blocked);
         }
-        Ok(common
-            .store
-            .peek(key, &set.enforced, &set.default_costs)
-            .await?)
+        Ok(common.store.peek(key, &set.enforced, &costs).await?)
     }
 
     /// Everything the layer decides for `request`, without HTTP: the route (as the route

@@ -64,7 +64,8 @@ impl Deref for Permit {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Decides `key` like [`check`](Self::check) with each policy's own cost, and holds the
+    /// Decides `key` like [`check`](Self::check) with each policy's own cost (or the default
+    /// route's [`cost`](crate::LimiterBuilder::cost), when it sets a fixed one), and holds the
     /// slots of the default route's [in-flight](crate::Algorithm::InFlight) policies until the
     /// returned [`Permit`] is dropped. A refused request holds nothing (the permit's decision
     /// says why). Use it for work outside HTTP (jobs, websocket messages) that must not run
@@ -80,7 +81,7 @@ impl<S: Store> Limiter<S> {
                 slots: None,
             });
         };
-        let (decision, slots) = self.acquired(&set, key, None, None).await?;
+        let (decision, slots) = self.acquired(&set, key, set.fixed_cost(), None).await?;
         Ok(Permit { decision, slots })
     }
 
