@@ -264,6 +264,55 @@ async fn peer_ip_keys_tonic_calls() {
     );
 }
 
+/// Over tonic's own TLS (which records the peer as `TlsConnectInfo<TcpConnectInfo>` and, since
+/// 0.14, as `TcpConnectInfo` too), the default key, the peer address, keys each client: no
+/// call is refused for want of a key.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn peer_ip_keys_calls_over_tonics_own_tls() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let limiter = Limiter::builder()
+        .policy(Policy::new("per-ip", Rate::per_minute(1)).unwrap())
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let identity = Identity::from_pem(&cert, &key);
+    tokio::spawn(async move {
+        Server::builder()
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .unwrap()
+            .layer(RateLimitLayer::new(limiter))
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&cert))
+        .domain_name("localhost");
+    let client = |from: u8| {
+        let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls.clone())
+            .unwrap()
+            .local_address(Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, from))));
+        async move { HealthClient::new(endpoint.connect().await.unwrap()) }
+    };
+    let (mut a, mut b) = (client(2).await, client(3).await);
+    for c in [&mut a, &mut b] {
+        assert!(c.check(check()).await.is_ok(), "refused for want of a key");
+        assert_eq!(
+            c.check(check()).await.unwrap_err().code(),
+            Code::ResourceExhausted,
+            "keyed by its own address"
+        );
+    }
+}
+
 #[tokio::test]
 async fn per_method_policies_from_the_route_table() {
     let clock = ManualClock::new(T0);

@@ -242,6 +242,7 @@ impl HeavyHitters {
 
     /// The key among those counted in the current and previous periods whose
     /// [digest](crate::key::digest) is `digest`.
+    #[cfg(feature = "admin")]
     pub(crate) fn find(&self, digest: &str) -> Option<Key> {
         let periods = self.state.lock();
         periods
@@ -258,6 +259,7 @@ impl HeavyHitters {
 impl<S: Store> Limiter<S> {
     /// The key listed by [`top_refused`](Self::top_refused) with `digest`, if it is counted
     /// there still: how the admin API reaches a key it shows only as a prefix and a digest.
+    #[cfg(feature = "admin")]
     pub(crate) fn refused_key(&self, digest: &str) -> Option<Key> {
         self.inner.common.top_refused.as_ref()?.find(digest)
     }
