@@ -497,6 +497,8 @@ async fn tuples_and_digested_keys_are_reached_as_shown_or_by_their_digest() {
             "key",
         ),
         ("keys?key=user:%23abc", StatusCode::BAD_REQUEST, "key"),
+        // A shown `user:%2561cme` pasted unencoded: decoded twice it would name `user:acme`.
+        ("keys?key=user:%2561cme", StatusCode::BAD_REQUEST, "key"),
         ("keys?key=user:50%2525%25", StatusCode::BAD_REQUEST, "key"),
         ("keys?key=nocolon", StatusCode::BAD_REQUEST, "key"),
         ("keys", StatusCode::BAD_REQUEST, "key"),

@@ -227,17 +227,23 @@ impl AsRef<str> for Key {
 /// `GET /top`, the admin API and `tollgate inspect` take.
 ///
 /// `%XX` is read as the byte it escapes, and a character written as itself stands for itself
-/// (`user:José` is `user:Jos%C3%A9`), so the key is the one its extractor builds however the
-/// text was escaped. In the material, `|` separates the parts of a tuple
+/// (`user:José` is `user:Jos%C3%A9`), so the key is the one its extractor builds whether the
+/// text was escaped or not. In the material, `|` separates the parts of a tuple
 /// ([`Key::from_materials`]; a `|` inside a part is `%7C`), and a material that starts with
 /// `#` or `!` is a digest ([`Key::new`] and [`Key::from_materials`] replace long material by
 /// one): `#` or `!` and 32 lowercase hex digits, or `!` alone for the empty tuple. A source
 /// that starts with `#` is a digested source, in the same form.
 ///
+/// Only a byte a key escapes may be written `%XX`: `%61` (an `a`) is refused, because no key
+/// shows it, and it is what a key decoded once too often looks like (a shown
+/// `header.x-tenant:%2561cme` pasted into a URL unencoded arrives as `%61cme`, which would
+/// otherwise name the tenant `acme`).
+///
 /// # Errors
 ///
 /// A [`ConfigError`](crate::ConfigError) on `key`: no `:`, a `%` not followed by two hex
-/// digits, a source that is not UTF-8, or a malformed digest.
+/// digits, a `%XX` of a byte a key never escapes, a source that is not UTF-8, or a malformed
+/// digest.
 ///
 /// ```
 /// use tollgate::key::Key;
@@ -270,7 +276,7 @@ impl std::str::FromStr for Key {
             out.push_str(source);
             out.push(':');
         } else {
-            let bytes = percent_decoded(source).ok_or_else(|| bad(UNESCAPED))?;
+            let bytes = percent_decoded(source, is_source_byte).map_err(|e| bad(&e))?;
             let source = std::str::from_utf8(&bytes).map_err(|_| bad("a key's source is UTF-8"))?;
             push_source(&mut out, source);
         }
@@ -289,9 +295,9 @@ impl std::str::FromStr for Key {
         } else {
             let parts = material
                 .split('|')
-                .map(percent_decoded)
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| bad(UNESCAPED))?;
+                .map(|part| percent_decoded(part, is_material_byte))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(&e))?;
             match parts.as_slice() {
                 [single] => push_single(&mut out, single),
                 parts => push_parts(&mut out, parts),
@@ -301,8 +307,6 @@ impl std::str::FromStr for Key {
     }
 }
 
-const UNESCAPED: &str = "a % in a key is followed by two hex digits (a % itself is %25)";
-
 fn is_hex_digest(text: &str) -> bool {
     text.len() == 32
         && text
@@ -310,27 +314,35 @@ fn is_hex_digest(text: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// `text` with each `%XX` read as its byte; `None` for a `%` not followed by two hex digits.
-fn percent_decoded(text: &str) -> Option<Vec<u8>> {
+/// `text` with each `%XX` read as its byte. Refused: a `%` not followed by two hex digits, and
+/// an escape of a byte that `kept` says a key writes as itself.
+fn percent_decoded(text: &str, kept: fn(u8) -> bool) -> Result<Vec<u8>, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
-        if b == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            // Two ASCII hex digits: always UTF-8, always a byte.
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
+        if b != b'%' {
             out.push(b);
             i += 1;
+            continue;
         }
+        let escaped = bytes
+            .get(i + 1..i + 3)
+            .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok())
+            .ok_or("a % in a key is followed by two hex digits (a % itself is %25)")?;
+        if kept(escaped) {
+            return Err(format!(
+                "%{:02X} escapes {:?}, which a key never escapes: a shown key pasted into a URL \
+                 unencoded is decoded once more (write its % as %25)",
+                escaped,
+                char::from(escaped)
+            ));
+        }
+        out.push(escaped);
+        i += 3;
     }
-    Some(out)
+    Ok(out)
 }
 
 /// A short, stable digest of a key for logs and spans: never the key material itself.
@@ -567,13 +579,16 @@ mod tests {
         ] {
             assert_eq!(good.parse::<Key>().unwrap().as_str(), good);
         }
-        // Written loosely, read as the extractor builds it.
-        assert_eq!("user:%61b".parse::<Key>().unwrap(), Key::new("user", "ab"));
+        // Written loosely, read as the extractor builds it; an escape no key shows is refused.
+        assert!("user:%61b".parse::<Key>().is_err());
+        assert!("%75ser:b".parse::<Key>().is_err());
         assert_eq!(
             "user:a%7Cb".parse::<Key>().unwrap(),
             Key::new("user", "a|b")
         );
         assert_eq!("User:x".parse::<Key>().unwrap(), Key::new("User", "x"));
+        assert_eq!("%55ser:x".parse::<Key>().unwrap(), Key::new("User", "x"));
+        assert_eq!("user:a b".parse::<Key>().unwrap(), Key::new("user", "a b"));
         assert_eq!(
             "user:%23ab".parse::<Key>().unwrap(),
             Key::new("user", "#ab")

@@ -92,10 +92,7 @@ pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 /// `source:material` as a key, written as keys are shown (`%XX` escapes, `|` between the
 /// parts of a tuple, `#…` for a digest).
 pub(super) fn parse_key(text: &str) -> Result<Key, Failure> {
-    if text
-        .split_once(':')
-        .is_none_or(|(source, _)| source.is_empty())
-    {
+    if !text.contains(':') {
         return Err(invalid(format!(
             "KEY = {text:?}: write the key as source:material, e.g. ip:203.0.113.5 or user:42"
         )));
@@ -395,7 +392,8 @@ mod tests {
         );
         assert_eq!(parse_key("user:50%").unwrap_err().1, INVALID);
         assert_eq!(parse_key("nokey").unwrap_err().1, INVALID);
-        assert_eq!(parse_key(":x").unwrap_err().1, INVALID);
+        assert_eq!(parse_key(":x").unwrap(), Key::new("", "x"));
+        assert_eq!(parse_key("user:%61").unwrap_err().1, INVALID);
     }
 
     #[test]
