@@ -610,7 +610,10 @@ local function call(mode, asked, block_id, previous_block, P, count)
       charge(p, granted[i], lease, block_id)
     elseif p.kind == KIND_LOG then
       p.used = p.used + granted[i]
-      p.entries[#p.entries + 1] = { now, granted[i] }
+      -- An entry of nothing would count for a whole window (run.rs adds none either).
+      if granted[i] > 0 then
+        p.entries[#p.entries + 1] = { now, granted[i] }
+      end
     elseif p.kind == KIND_BUCKET then
       p.deficit = p.deficit + granted[i] * p.window
     else

@@ -7,7 +7,14 @@
 -- ARGV[1]: the override's value (limit and capacity, little-endian doubles), or "" to remove
 -- the override; ARGV[2]: its TTL in ms, or "" for none; ARGV[3]: for a token bucket the
 -- plan's limit (tokens refilled per window, N, the deficit shrinking by N per ms), "" for
--- the other algorithms; ARGV[4]: now in ms, or "" to read the server clock.
+-- the other algorithms; ARGV[4]: now in ms, or "" to read the server clock; ARGV[5]: for a
+-- fixed window or a sliding window counter, "fixed" or "counter", and ARGV[6] and ARGV[7]
+-- the plan's limit and window (ms); "" otherwise.
+--
+-- A window's count past a lower override's limit is a debt paid at that limit per window
+-- (as the memory store keeps it, `expires_at`): the state key's TTL, set under the plan's
+-- limit, is lengthened to what the slower of the two needs. A refused request writes
+-- nothing, so no later call would; without it the key would expire, forgiving the debt.
 --
 -- The override mark comes off in the same call that sets the override: the common call in
 -- single.lua reads no override for a marked state.
@@ -51,6 +58,35 @@ local marked = #v % 8 == 1
 if not plan or plan <= 0 or not before or before <= 0 or #v ~= 16 and #v ~= 17 then
   if marked and ARGV[1] ~= '' then
     redis.call('SET', KEYS[1], v:sub(1, #v - 1), 'KEEPTTL')
+  end
+  local kind, n, w = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+  local size = ({ fixed = 16, counter = 24 })[kind]
+  if ARGV[1] == '' or not size or not n or not w or n <= 0 or w <= 0 or #v ~= size and #v ~= size + 1 then
+    return 0
+  end
+  -- {window, count, ...}: the window of the last charge and the units counted in it. A
+  -- window ahead of the clock was counted under a shorter window: nothing of it is carried.
+  local window, count = struct.unpack('<dd', v)
+  if window > math.floor(now / w) then
+    return 0
+  end
+  local slow = math.min(after, n)
+  -- ceil(count / slow), at least 1 (count < 2^53).
+  local windows = math.max(math.floor(count / slow), 1)
+  if windows * slow < count then
+    windows = windows + 1
+  end
+  if kind == 'counter' then
+    windows = windows + 1
+  end
+  local t = math.max((window + windows) * w, now) + TTL_MARGIN_MS
+  local target = t + (-t) % TTL_GRID_MS
+  -- Past 2^52 ms (a count from a shorter window, read under this one) is forever enough,
+  -- and a larger number would reach Redis in exponent form.
+  local ttl = math.min(target - now, MAX_USAGE_WINDOW_PRODUCT)
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
   end
   return 0
 end

@@ -86,9 +86,14 @@ async fn a_request_holds_one_slot_whatever_its_cost() {
 async fn a_settlement_keeps_the_slot<S: Store>(store: S) -> (bool, bool) {
     let p = [slots(1, Duration::from_secs(30))];
     let key = Key::new("t", "settle");
-    let (taken, _) = admitted(&store, &key, &p).await;
+    let (taken, slot) = admitted(&store, &key, &p).await;
     assert!(taken);
     store.settle(&key, &p, &[5], &[0]).await.unwrap();
+    // Even when what it gives back happens to be the slot's name.
+    store
+        .settle(&key, &p, &[slot.saturating_add(1)], &[1])
+        .await
+        .unwrap();
     let after_below = admitted(&store, &key, &p).await.0;
     store.settle(&key, &p, &[0], &[5]).await.unwrap();
     store.refund(&key, &p, &[1]).await.unwrap();

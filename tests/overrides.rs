@@ -229,6 +229,58 @@ async fn an_override_reaches_a_key_another_instances_deny_cache_holds_within_its
     assert!(!b.check(&key, 1).await.unwrap().is_allowed());
 }
 
+/// A lower override turns what is counted past its limit into a debt paid at that limit per
+/// window, on Redis as in memory: the key's state outlives the window it would have expired
+/// in under the plan's limit (a refused request writes nothing that would keep it).
+async fn a_lowered_limit_keeps_the_debt_past_the_plans_expiry<S: Store>(
+    store: impl Fn() -> S,
+    tag: &str,
+) {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let limiter = Limiter::builder()
+            .store(store())
+            .policy(
+                Policy::builder("api", Rate::new(50, Duration::from_secs(1)))
+                    .algorithm(algorithm)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap();
+        let key = Key::new("tenant", format!("{tag}-lowered-{algorithm}"));
+        assert!(limiter.check(&key, 50).await.unwrap().is_allowed());
+        limiter
+            .set_override(&key, Override::new("api", 5))
+            .await
+            .unwrap();
+        // 45 units past the new limit of 5 a second: nine more windows. Under the plan's
+        // 50 a second they would have been paid by now, and the key expired.
+        tokio::time::sleep(Duration::from_millis(3_200)).await;
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(
+            !d.is_allowed(),
+            "{tag} {algorithm}: the debt under the lowered limit was forgiven: {d:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_lowered_limit_keeps_the_debt_past_the_plans_expiry_memory() {
+    a_lowered_limit_keeps_the_debt_past_the_plans_expiry(MemoryStore::new, "memory").await;
+}
+
+#[tokio::test]
+async fn a_lowered_limit_keeps_the_debt_past_the_plans_expiry_redis() {
+    let server = RedisServer::start();
+    let store = || {
+        RedisStore::builder()
+            .prefix("ovr-debt")
+            .build_with_url(&server.url())
+            .unwrap()
+    };
+    a_lowered_limit_keeps_the_debt_past_the_plans_expiry(store, "redis").await;
+}
+
 /// The common call reads a key's override only when its state is not marked as written with
 /// none in force, and setting an override takes the mark off at once: the next decision, on
 /// any instance, reads and applies it (a lower limit refuses there and then).

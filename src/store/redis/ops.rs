@@ -100,11 +100,13 @@ impl<C: Connector> Core<C> {
         actual: &[u64],
     ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
         // A policy settled at what it reserved changes nothing (as in the memory store): it
-        // is not sent, so the script neither writes its state nor logs an entry of 0.
+        // is not sent, so the script neither writes its state nor logs an entry of 0. Nor is
+        // an in-flight one: units are not slots, and the script's refund of an in-flight
+        // state reads the amount as a slot's name (the memory store settles none either).
         let (policies, amounts): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
             .iter()
             .zip(reserved.iter().zip(actual))
-            .filter(|(_, (r, a))| r != a)
+            .filter(|(p, (r, a))| r != a && !p.is_in_flight())
             .map(|(p, (&reserved, &actual))| (p.clone(), Amount::Settled { reserved, actual }))
             .unzip();
         (!policies.is_empty()).then(|| self.decide(key, &policies, amounts, Mode::Settle))

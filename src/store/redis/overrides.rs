@@ -21,7 +21,8 @@ impl<C: Connector> Core<C> {
     /// expires, and takes the override mark off the key's state (the common call reads no
     /// override for a marked state; see `lua/prelude.lua`); for a token bucket it also brings
     /// the bucket up to date under the rate in force until now and keeps its state key as long
-    /// as the override's refill rate needs.
+    /// as the override's refill rate needs, and for a fixed window or a sliding window counter
+    /// it keeps the state key as long as a count past a lower limit takes to be paid.
     pub(crate) fn set_override(
         self: &Arc<Self>,
         key: &Key,
@@ -76,6 +77,15 @@ impl<C: Connector> Core<C> {
         } else {
             String::new() // the script reads TIME
         });
+        // Windows whose debt a lower override stretches: the key's TTL follows.
+        let windowed = match policy.algorithm() {
+            crate::policy::Algorithm::FixedWindow => "fixed",
+            crate::policy::Algorithm::SlidingWindowCounter => "counter",
+            _ => "",
+        };
+        call.arg(windowed)
+            .arg(policy.plan_limits().limit())
+            .arg(policy.window_millis());
         Box::pin(async move {
             let mut conn = core.connector.connection().await?;
             let _: i64 = call.invoke_async(&mut conn).await.map_err(store_error)?;
