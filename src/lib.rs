@@ -277,6 +277,7 @@
 //! │   ├── builder.rs         LoginGuardBuilder
 //! │   ├── decision.rs        LoginDecision and its generic refusal
 //! │   ├── layer.rs           LoginLayer and LoginService
+//! │   ├── body_fields.rs     the username in a JSON or form body
 //! │   ├── username.rs        username normalisation
 //! │   └── username/
 //! │       └── tables.rs      Unicode data for it, generated from ICU4X by a test

@@ -370,36 +370,10 @@ async fn the_ip_source_can_read_the_client_behind_a_trusted_proxy() {
 /// limiter's layer (the login layer rendered every refusal with the defaults).
 #[tokio::test]
 async fn a_plans_response_settings_hold_on_the_login_layer() {
-    let plan = tollgate::config::Plan::from_toml(
-        r#"
-retry_after = false
-header_style = "structured"
-[[policies]]
-name = "login-ip-user"
-limit = 1
-window = "15m"
-[[policies]]
-name = "login-ip"
-limit = 50
-window = "15m"
-[[policies]]
-name = "login-user"
-limit = 20
-window = "1h"
-[[policies]]
-name = "api"
-limit = 100
-window = "1m"
-[default]
-policies = ["api"]
-[login]
-routes = ["POST /login"]
-username_header = "x-user"
-ip_username = "login-ip-user"
-ip = "login-ip"
-username = "login-user"
-"#,
-    )
+    let plan = tollgate::config::Plan::from_toml(&format!(
+        "retry_after = false\nheader_style = \"structured\"\n{}",
+        login_plan("username_header = \"x-user\"", 1, 20)
+    ))
     .unwrap();
     let built = plan.build().unwrap();
     let app = axum::Router::new()
@@ -463,4 +437,113 @@ async fn a_username_header_given_twice_is_refused() {
         .await
         .unwrap();
     assert_eq!(once.status(), 401);
+}
+
+/// A form login: the layer reads the username as axum's `Form` does, so every percent-encoded
+/// spelling of one username is that username's attempt, and a field given twice is refused.
+#[tokio::test]
+async fn a_form_login_counts_every_encoding_of_a_username_as_one() {
+    use axum::routing::post;
+    use tollgate::login::LoginLayer;
+
+    #[derive(serde::Deserialize)]
+    struct Credentials {
+        username: String,
+        #[allow(dead_code)]
+        password: String,
+    }
+    let clock = ManualClock::new(T0);
+    let app = axum::Router::new()
+        .route(
+            "/login",
+            post(|axum::Form(c): axum::Form<Credentials>| async move {
+                // One account, however the client spelled it.
+                if c.username.eq_ignore_ascii_case("alice") {
+                    StatusCode::UNAUTHORIZED
+                } else {
+                    StatusCode::IM_A_TEAPOT
+                }
+            }),
+        )
+        .layer(LoginLayer::form_field(guard(&clock), "username"));
+    let addr = serve(app).await;
+    let attempt = |from: u8, body: &'static str| {
+        client_from(from)
+            .post(format!("http://{addr}/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    // Six failures per username, each spelling from its own address.
+    let spellings = [
+        "username=alice&password=a",
+        "username=%61lice&password=b",
+        "username=%61%6Cice&password=c",
+        "password=d&username=al%69ce",
+        "user%6Eame=alic%65&password=e",
+        "username=ALICE&password=f",
+    ];
+    for (i, body) in spellings.into_iter().enumerate() {
+        let res = attempt(100 + i as u8, body).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{body}");
+    }
+    assert_generic_429(attempt(120, "username=%41lice&password=g").await.unwrap()).await;
+    let twice = attempt(121, "username=bob&password=x&username=alice")
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), StatusCode::BAD_REQUEST);
+}
+
+/// A plan with a `[login]` reading the username as `source` says, `ip_user` failures per
+/// (IP, username) a quarter hour and `user` per username an hour.
+fn login_plan(source: &str, ip_user: u64, user: u64) -> String {
+    format!(
+        "[[policies]]\nname = \"login-ip-user\"\nlimit = {ip_user}\nwindow = \"15m\"\n\
+         [[policies]]\nname = \"login-ip\"\nlimit = 50\nwindow = \"15m\"\n\
+         [[policies]]\nname = \"login-user\"\nlimit = {user}\nwindow = \"1h\"\n\
+         [[policies]]\nname = \"api\"\nlimit = 100\nwindow = \"1m\"\n\
+         [default]\npolicies = [\"api\"]\n\
+         [login]\nroutes = [\"POST /login\"]\n{source}\n\
+         ip_username = \"login-ip-user\"\nip = \"login-ip\"\nusername = \"login-user\"\n"
+    )
+}
+
+/// A plan reads a form login's username with `username_form_field`, decoded as a form is; a
+/// plan naming two sources of the username is refused, naming the field.
+#[tokio::test]
+async fn a_plan_reads_the_username_of_a_form_login() {
+    let text = login_plan("username_form_field = \"username\"", 5, 1);
+    let built = tollgate::config::Plan::from_toml(&text)
+        .unwrap()
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/login",
+            axum::routing::post(|| async { http::StatusCode::UNAUTHORIZED }),
+        )
+        .layer(built.login_layer().unwrap());
+    let addr = serve(app).await;
+    let send = |from: u8, body: &'static str| {
+        client_from(from)
+            .post(format!("http://{addr}/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    let first = send(130, "username=alice&password=x").await.unwrap();
+    assert_eq!(first.status(), StatusCode::UNAUTHORIZED);
+    let again = send(131, "username=%61lice&password=y").await.unwrap();
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    let both = text.replace(
+        "username_form_field = \"username\"",
+        "username_form_field = \"username\"\nusername_field = \"username\"",
+    );
+    let err = tollgate::config::Plan::from_toml(&both)
+        .unwrap()
+        .build()
+        .expect_err("two sources of the username");
+    assert_eq!(err.field(), "login.username_header");
+    assert!(err.reason().contains("username_form_field"), "{err}");
 }

@@ -242,18 +242,49 @@ impl<St> LoginLayer<St> {
         Self::with(
             guard,
             Username::Body(Arc::new(move |_req: &RequestView<'_>, body: &[u8]| {
-                json_string_field(body, &field)
+                super::body_fields::json_string_field(body, &field)
             })),
         )
     }
 
-    /// Reads the username with a closure over the request head (no body buffering).
+    /// Reads the username from the field `field` of an `application/x-www-form-urlencoded`
+    /// body (buffered, see the type docs), decoded as a form is (`%XX`, and `+` for a space),
+    /// so that the guard counts the username the handler's `Form` reads: `username=%61lice`
+    /// is `alice`'s attempt, not a fresh username.
+    ///
+    /// A body that has `field` more than once is refused with `400`
+    /// ([`RefusalKind::LoginUsernameAmbiguous`]), as for [`json_field`](Self::json_field).
     ///
     /// ```
     /// use tollgate::login::{LoginGuard, LoginLayer};
     ///
+    /// let layer = LoginLayer::form_field(LoginGuard::builder().build()?, "username")
+    ///     .max_body_bytes(4096);
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn form_field(guard: LoginGuard<St>, field: impl Into<String>) -> Self {
+        let field = field.into();
+        Self::with(
+            guard,
+            Username::Body(Arc::new(move |_req: &RequestView<'_>, body: &[u8]| {
+                super::body_fields::form_field(body, &field)
+            })),
+        )
+    }
+
+    /// Reads the username with a closure over the request head (no body buffering). Decode
+    /// what you read as your handler does: a username read one way and checked another gets
+    /// a fresh budget for every spelling.
+    ///
+    /// ```
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    ///
+    /// // `?user=…`, decoded as a query string is (`%61lice` is `alice`).
     /// let layer = LoginLayer::from_fn(LoginGuard::builder().build()?, |req| {
-    ///     req.uri().query()?.strip_prefix("user=").map(str::to_owned)
+    ///     form_urlencoded::parse(req.uri().query()?.as_bytes())
+    ///         .find(|(name, _)| name == "user")
+    ///         .map(|(_, value)| value.into_owned())
     /// });
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
@@ -267,17 +298,17 @@ impl<St> LoginLayer<St> {
         )
     }
 
-    /// Reads the username with a closure over the request head and the buffered body (e.g. a
-    /// form-encoded body).
+    /// Reads the username with a closure over the request head and the buffered body, for a
+    /// body neither [`json_field`](Self::json_field) nor [`form_field`](Self::form_field)
+    /// reads. Decode it as your handler does (see [`from_fn`](Self::from_fn)).
     ///
     /// ```
     /// use tollgate::login::{LoginGuard, LoginLayer};
     ///
+    /// // A body of `user:password`.
     /// let layer = LoginLayer::from_body_fn(LoginGuard::builder().build()?, |_req, body| {
-    ///     std::str::from_utf8(body).ok()?
-    ///         .split('&')
-    ///         .find_map(|kv| kv.strip_prefix("username="))
-    ///         .map(str::to_owned)
+    ///     let text = std::str::from_utf8(body).ok()?;
+    ///     text.split_once(':').map(|(user, _)| user.to_owned())
     /// })
     /// .max_body_bytes(4096);
     /// # Ok::<(), tollgate::ConfigError>(())
@@ -609,80 +640,5 @@ fn store_error(error: CheckError) -> StoreError {
     match error {
         CheckError::Store(e) => e,
         other => StoreError::Backend(crate::error::Cause::from(other.to_string())),
-    }
-}
-
-/// The string value of `field` in a JSON object body: `Ok(None)` when the body is not a JSON
-/// object or has no such string field, `Err` when the field appears more than once.
-fn json_string_field(body: &[u8], field: &str) -> Result<Option<String>, RefusalKind> {
-    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
-
-    enum Found {
-        Once(Option<String>),
-        Twice,
-    }
-    struct Field<'f>(&'f str);
-    impl<'de> Visitor<'de> for Field<'_> {
-        type Value = Found;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-            let mut found: Option<Option<String>> = None;
-            while let Some(key) = map.next_key::<String>()? {
-                if key != self.0 {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-                let value: serde_json::Value = map.next_value()?;
-                if found.is_some() {
-                    return Ok(Found::Twice);
-                }
-                found = Some(value.as_str().map(str::to_owned));
-            }
-            Ok(Found::Once(found.flatten()))
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    match de.deserialize_map(Field(field)) {
-        Ok(Found::Twice) => Err(RefusalKind::LoginUsernameAmbiguous),
-        Ok(Found::Once(username)) if de.end().is_ok() => Ok(username),
-        _ => Ok(None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_duplicated_username_field_is_refused() {
-        let read = |body: &str| json_string_field(body.as_bytes(), "username");
-        assert_eq!(
-            read(r#"{"username":"alice","password":"x"}"#),
-            Ok(Some("alice".into()))
-        );
-        assert_eq!(
-            read(r#"{"username":"decoy","password":"x","username":"victim"}"#),
-            Err(RefusalKind::LoginUsernameAmbiguous)
-        );
-        // Escapes do not hide a duplicate.
-        assert_eq!(
-            read(r#"{"username":"decoy","user\u006eame":"victim"}"#),
-            Err(RefusalKind::LoginUsernameAmbiguous)
-        );
-        // Other fields may repeat; nested objects are not the username.
-        assert_eq!(
-            read(r#"{"a":1,"a":2,"username":"bob"}"#),
-            Ok(Some("bob".into()))
-        );
-        assert_eq!(
-            read(r#"{"x":{"username":"a"},"username":"bob"}"#),
-            Ok(Some("bob".into()))
-        );
-        assert_eq!(read("[1,2]"), Ok(None));
-        assert_eq!(read("not json"), Ok(None));
-        assert_eq!(read(r#"{"username":7}"#), Ok(None));
-        assert_eq!(read(r#"{"username":"a"} trailing"#), Ok(None));
     }
 }

@@ -89,6 +89,7 @@
 //! # }).unwrap();
 //! ```
 
+mod body_fields;
 mod builder;
 mod decision;
 mod guard;

@@ -165,19 +165,29 @@ fn guard_error(e: ConfigError, limits: &[LoginLimit; 3]) -> ConfigError {
     ConfigError::new(field, e.value(), e.reason())
 }
 
-/// The layer applying `guard`, reading the username from `login.username_header` or
-/// `login.username_field` (exactly one of them).
+/// The layer applying `guard`, reading the username from `login.username_header`,
+/// `login.username_field` or `login.username_form_field` (exactly one of them).
 fn login_layer<S: Store + Clone>(
     l: &LoginConfig,
     guard: LoginGuard<S>,
 ) -> Result<LoginLayer<S>, ConfigError> {
-    match (&l.username_header, &l.username_field) {
-        (Some(header), None) => {
+    let body = |layer: LoginLayer<S>| match l.max_body_bytes {
+        Some(0) => Err(ConfigError::new(
+            "login.max_body_bytes",
+            0,
+            "no body fits in 0 bytes: every login would be refused (413); give the \
+             largest login body to read (the default is 16384)",
+        )),
+        Some(max) => Ok(layer.max_body_bytes(max)),
+        None => Ok(layer),
+    };
+    match (&l.username_header, &l.username_field, &l.username_form_field) {
+        (Some(header), None, None) => {
             if let Some(max) = l.max_body_bytes {
                 return Err(ConfigError::new(
                     "login.max_body_bytes",
                     max,
-                    "only username_field reads the body: delete this setting",
+                    "only username_field and username_form_field read the body: delete this setting",
                 ));
             }
             Ok(LoginLayer::header(
@@ -185,25 +195,12 @@ fn login_layer<S: Store + Clone>(
                 header_name("login.username_header", header)?,
             ))
         }
-        (None, Some(field)) => {
-            if l.max_body_bytes == Some(0) {
-                return Err(ConfigError::new(
-                    "login.max_body_bytes",
-                    0,
-                    "no body fits in 0 bytes: every login would be refused (413); give the \
-                     largest login body to read (the default is 16384)",
-                ));
-            }
-            let layer = LoginLayer::json_field(guard, field.clone());
-            Ok(match l.max_body_bytes {
-                Some(max) => layer.max_body_bytes(max),
-                None => layer,
-            })
-        }
-        (header, _) => Err(ConfigError::new(
+        (None, Some(field), None) => body(LoginLayer::json_field(guard, field.clone())),
+        (None, None, Some(field)) => body(LoginLayer::form_field(guard, field.clone())),
+        (header, ..) => Err(ConfigError::new(
             "login.username_header",
             format_args!("{header:?}"),
-            "set exactly one of username_header (a request header) and username_field (a field of a JSON body)",
+            "set exactly one of username_header (a request header), username_field (a field of a JSON body) and username_form_field (a field of a form body)",
         )),
     }
 }

@@ -484,12 +484,18 @@ pub struct LoginConfig {
     /// `[[routes]]`); other requests pass through untouched.
     #[serde(default)]
     pub routes: Vec<String>,
-    /// Read the username from this request header. Set this or `username_field`.
+    /// Read the username from this request header. Set one of `username_header`,
+    /// `username_field` and `username_form_field`.
     pub username_header: Option<String>,
     /// Read the username from this string field of a JSON object body (buffered, at most
-    /// `max_body_bytes`). Set this or `username_header`.
+    /// `max_body_bytes`).
     pub username_field: Option<String>,
-    /// The largest login body buffered to read `username_field` (default 16 KiB).
+    /// Read the username from this field of a form body
+    /// (`application/x-www-form-urlencoded`, buffered, at most `max_body_bytes`), decoded as
+    /// a form is: see [`LoginLayer::form_field`](crate::login::LoginLayer::form_field).
+    pub username_form_field: Option<String>,
+    /// The largest login body buffered to read `username_field` or `username_form_field`
+    /// (default 16 KiB).
     pub max_body_bytes: Option<usize>,
     /// The policy limiting attempts per (client IP, username).
     pub ip_username: Option<String>,
