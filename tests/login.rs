@@ -547,3 +547,60 @@ async fn a_plan_reads_the_username_of_a_form_login() {
     assert_eq!(err.field(), "login.username_header");
     assert!(err.reason().contains("username_form_field"), "{err}");
 }
+
+/// A plan that fails open keeps its login limits closed through an outage (its layer answers
+/// 503, and no guess reaches the handler) unless `[login] failure_mode` says otherwise; a
+/// memory-store plan has no outage to choose for.
+#[tokio::test]
+async fn a_plan_that_fails_open_keeps_logins_closed_through_an_outage() {
+    // A Redis nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let plan = |login_mode: &str| {
+        let text = format!(
+            "failure_mode = \"fail_open\"\n[store]\nkind = \"redis\"\nurl = \"{url}\"\n\
+             {}{login_mode}\n",
+            login_plan("username_header = \"x-user\"", 3, 6)
+        );
+        tollgate::config::Plan::from_toml(&text)
+            .unwrap()
+            .build()
+            .unwrap()
+    };
+    let statuses = |built: tollgate::config::BuiltPlan| async move {
+        let app = axum::Router::new()
+            .route(
+                "/login",
+                axum::routing::post(|| async { StatusCode::UNAUTHORIZED }),
+            )
+            .layer(built.login_layer().unwrap());
+        let addr = serve(app).await;
+        let mut seen = vec![];
+        for _ in 0..3 {
+            let res = reqwest::Client::new()
+                .post(format!("http://{addr}/login"))
+                .header("x-user", "alice")
+                .send()
+                .await
+                .unwrap();
+            seen.push(res.status().as_u16());
+        }
+        seen
+    };
+    assert_eq!(statuses(plan("")).await, [503, 503, 503]);
+    assert_eq!(
+        statuses(plan("failure_mode = \"fail_open\"")).await,
+        [401, 401, 401],
+        "chosen in the plan: open"
+    );
+    let memory = format!(
+        "{}failure_mode = \"fail_closed\"\n",
+        login_plan("username_header = \"x-user\"", 3, 6)
+    );
+    let err = tollgate::config::Plan::from_toml(&memory)
+        .unwrap()
+        .build()
+        .expect_err("a memory store has no outage");
+    assert_eq!(err.field(), "login.failure_mode");
+}

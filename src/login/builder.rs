@@ -10,7 +10,7 @@ use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
 use crate::policy::{Algorithm, Policy, Rate};
 use crate::route::Route;
-use crate::store::Store;
+use crate::store::{FailureMode, Store};
 
 /// Builds a [`LoginGuard`]; see [`LoginGuard::builder`].
 #[must_use]
@@ -23,6 +23,7 @@ pub struct LoginGuardBuilder<S> {
     pub(super) mode: LoginMode,
     pub(super) ip_source: Option<Box<dyn KeyExtractor>>,
     pub(super) username_secret: Option<Box<[u8]>>,
+    pub(super) failure_mode: Option<FailureMode>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for LoginGuardBuilder<S> {
@@ -35,6 +36,7 @@ impl<S: fmt::Debug> fmt::Debug for LoginGuardBuilder<S> {
             .field("mode", &self.mode)
             .field("ip_source", &self.ip_source)
             .field("username_secret", &self.username_secret.is_some())
+            .field("failure_mode", &self.failure_mode)
             .finish()
     }
 }
@@ -60,6 +62,7 @@ impl<S> LoginGuardBuilder<S> {
             mode: self.mode,
             ip_source: self.ip_source,
             username_secret: self.username_secret,
+            failure_mode: self.failure_mode,
         }
     }
 
@@ -191,6 +194,29 @@ impl<S> LoginGuardBuilder<S> {
 }
 
 impl<S: Store> LoginGuardBuilder<S> {
+    /// What the three limits do while a [`ResilientStore`](crate::store::ResilientStore)'s
+    /// store is unavailable, whatever that store's own mode (default: the store's). A guard
+    /// that must not open to brute force during an outage sets
+    /// [`FailureMode::FailClosed`] (its layer then answers `503`) or
+    /// [`FailureMode::LocalFallback`] on a store that fails open. Only a store that answers
+    /// by failure modes reads it: on another, [`build`](Self::build) refuses it.
+    ///
+    /// ```
+    /// use tollgate::{login::LoginGuard, store::{FailureMode, MemoryStore, ResilientStore}};
+    ///
+    /// let store = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen).build()?;
+    /// let guard = LoginGuard::builder()
+    ///     .store(store)
+    ///     .failure_mode(FailureMode::FailClosed)
+    ///     .build()?;
+    /// # let _ = guard;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.failure_mode = Some(mode);
+        self
+    }
+
     /// Builds the guard.
     ///
     /// # Errors
@@ -237,11 +263,13 @@ impl<S: Store> LoginGuardBuilder<S> {
             ));
         }
         let build = |suffix: &str, field: &str, rate: Rate| {
-            Policy::builder(format!("{}.{suffix}", self.name), rate)
+            let mut policy = Policy::builder(format!("{}.{suffix}", self.name), rate)
                 .algorithm(self.algorithm)
-                .sensitive(true)
-                .build()
-                .map_err(|e| e.within(field))
+                .sensitive(true);
+            if let Some(mode) = self.failure_mode {
+                policy = policy.failure_mode(mode);
+            }
+            policy.build().map_err(|e| e.within(field))
         };
         let policies = [
             build("ip-user", "ip_user_rate", self.rates[IP_USER])?,

@@ -91,6 +91,7 @@ impl LoginGuard<MemoryStore> {
             mode: LoginMode::default(),
             ip_source: None,
             username_secret: None,
+            failure_mode: None,
         }
     }
 }

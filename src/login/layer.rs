@@ -83,7 +83,10 @@ enum Username {
 ///
 /// A refused attempt gets the generic 429 of [`LoginDecision`](super::LoginDecision) (for a
 /// gRPC call: `RESOURCE_EXHAUSTED`, see [`crate::grpc`]); a request without a client address
-/// `400`, and a failing store `503` (fail closed). The check reserves the attempt's place
+/// `400`, and a failing store `503` (fail closed; on a
+/// [`ResilientStore`](crate::store::ResilientStore), the guard's failure mode decides:
+/// [`LoginGuardBuilder::failure_mode`](super::LoginGuardBuilder::failure_mode), and a plan's
+/// login fails closed where the plan fails open). The check reserves the attempt's place
 /// before the handler runs, so concurrent attempts beyond a limit never reach the handler; a
 /// success is recorded (refunded, in the default mode) before the response is returned.
 ///

@@ -33,6 +33,7 @@ impl Plan {
             ));
         }
         let (limits, algorithm) = self.login_limits(l)?;
+        let store_fails_by_mode = store.applies_failure_modes();
         let mut b = LoginGuard::builder()
             .store(store)
             .ip_user_rate(limits[0].rate)
@@ -46,6 +47,9 @@ impl Plan {
         if let Some(var) = &l.username_secret_env {
             b = b.username_secret(env_secret("login.username_secret_env", var)?);
         }
+        if let Some(mode) = self.login_failure_mode(l, store_fails_by_mode)? {
+            b = b.failure_mode(mode);
+        }
         let (ip_key, path) = self.login_ip_key(l)?;
         b = b.ip_source(ip_key.build(path)?);
         let guard = b.build().map_err(|e| guard_error(e, &limits))?;
@@ -56,6 +60,37 @@ impl Plan {
             .routes(l.routes.iter().cloned())
             .map_err(|e| e.within("login"))?;
         Ok(Some((guard, layer)))
+    }
+
+    /// The failure mode of the login limits: `login.failure_mode`, else fail closed where the
+    /// plan fails open (an outage must not open logins to brute force), else the store's.
+    fn login_failure_mode(
+        &self,
+        l: &LoginConfig,
+        store_fails_by_mode: bool,
+    ) -> Result<Option<crate::store::FailureMode>, ConfigError> {
+        use crate::config::schema::FailureModeName;
+        use crate::store::FailureMode;
+        if !store_fails_by_mode {
+            return match l.failure_mode {
+                Some(mode) => Err(ConfigError::new(
+                    "login.failure_mode",
+                    format_args!("{mode:?}"),
+                    "only a shared store can be unavailable: delete this setting",
+                )),
+                None => Ok(None),
+            };
+        }
+        Ok(match (l.failure_mode, self.failure_mode) {
+            (Some(FailureModeName::FailOpen), _) => Some(FailureMode::FailOpen),
+            (Some(FailureModeName::FailClosed), _) | (None, Some(FailureModeName::FailOpen)) => {
+                Some(FailureMode::FailClosed)
+            }
+            (Some(FailureModeName::LocalFallback), _) => Some(FailureMode::LocalFallback {
+                replicas: self.replicas.unwrap_or(1),
+            }),
+            (None, _) => None,
+        })
     }
 
     /// The three limits `login.ip_username`, `login.ip` and `login.username` name, and the

@@ -497,6 +497,11 @@ pub struct LoginConfig {
     /// The largest login body buffered to read `username_field` or `username_form_field`
     /// (default 16 KiB).
     pub max_body_bytes: Option<usize>,
+    /// What the login limits do while the shared store is unavailable: `fail_closed`,
+    /// `local_fallback` (with the plan's `replicas`) or `fail_open`. Default: `fail_closed`
+    /// when the plan's `failure_mode` is `fail_open` (an outage must not open logins to
+    /// brute force), the plan's mode otherwise. Only for a shared store.
+    pub failure_mode: Option<FailureModeName>,
     /// The policy limiting attempts per (client IP, username).
     pub ip_username: Option<String>,
     /// The policy limiting attempts per client IP.
