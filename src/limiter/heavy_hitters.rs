@@ -276,7 +276,8 @@ impl<S: Store> Limiter<S> {
     /// most `n` of them: for finding who is being rate limited (the admin API's `GET /top`).
     ///
     /// Every rate-limited refusal counts — from the layer, [`decide`](Self::decide),
-    /// [`check`](Self::check) and so the login guard — including those of a deny cache;
+    /// [`check`](Self::check) — including those of a deny cache (a login guard counts its
+    /// own: [`LoginGuard::top_refused`](crate::login::LoginGuard::top_refused));
     /// failure modes, access lists and missing keys do not. Counts cover the current period
     /// and the previous one ([`LimiterBuilder::top_refused_window`], default 5 minutes) and
     /// are shared with every limiter made by [`for_route`](Self::for_route). Each key is

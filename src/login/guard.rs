@@ -182,6 +182,33 @@ impl<S: Store> LoginGuard<S> {
         self.inner.limiters[IP_USER].store()
     }
 
+    /// The login keys refused most often lately, the most refused first, at most `n`: the
+    /// guard's own count, kept as [`Limiter::top_refused`](crate::Limiter::top_refused) keeps
+    /// a limiter's (the guard's limits are not a limiter's, so its refusals are not in that
+    /// limiter's list, nor in the admin API's `GET /top`). Each key is shown as a prefix and a
+    /// digest: `login-user:…` is a username under attack, `login-ip:…` a client guessing.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, login::LoginGuard, Rate};
+    ///
+    /// let guard = LoginGuard::builder().user_rate(Rate::per_hour(1)).build()?;
+    /// for from in ["192.0.2.1", "192.0.2.2"] {
+    ///     let attempt = guard.attempt_with_ip_key(Key::new("ip", from), "alice");
+    ///     let decision = guard.check(&attempt).await?;
+    ///     if decision.is_allowed() {
+    ///         guard.record_failure(&attempt).await?;
+    ///     }
+    /// }
+    /// let top = guard.top_refused(10);
+    /// assert!(top[0].key.starts_with("login-user:"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn top_refused(&self, n: usize) -> Vec<crate::RefusedKey> {
+        self.inner.limiters[IP_USER].top_refused(n)
+    }
+
     /// The attempt of `username` from the client of `request`, or `None` when the IP source
     /// finds no client address (with [`PeerIp`](crate::key::PeerIp) and axum: serve the app with
     /// `into_make_service_with_connect_info::<SocketAddr>()`).
