@@ -25,7 +25,7 @@
 //!   shows it (`header.x-tenant:acme%FF`, material that is not UTF-8, is reached at
 //!   `/keys/header.x-tenant/acme%FF`).
 //! - **As the key is shown**, `?key=source:material` (percent-encoded as any query value; a
-//!   `+` stays a `+`): the one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
+//!   `+` stays a `+`, a shown `%` is `%25`, and an escape no key shows is refused): the one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
 //!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts) or a digested key
 //!   (`user:#<32 hex digits>`, `#` written `%23` in a URL). See [`Key`]'s `FromStr`.
 //! - **By the digest `GET /top` shows**, `?digest=<16 hex digits>`, for a key counted among
