@@ -495,14 +495,28 @@ local function call(mode, asked, block_id, previous_block, P, count)
   if mode == LEDGER_KEEP then
     for i = 1, count do
       local p = P[i]
+      local ttl = nil
       if p.kind == KIND_BUCKET then
         load(p)
         if p.deficit > 0 then
-          local ttl = ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS
-          local pttl = redis.call('PTTL', p.key)
-          if pttl >= 0 and pttl < ttl then
-            redis.call('PEXPIRE', p.key, ttl)
+          ttl = ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS
+        end
+      elseif p.kind == KIND_COUNTER or p.kind == KIND_FIXED then
+        -- A count past a lower limit is a debt paid at that limit per window: kept as long
+        -- as `store` would keep it (a refused grant writes nothing that would).
+        load(p)
+        if p.cur > 0 then
+          local windows = max(ceil_div(p.cur, min(p.limit, p.plan_limit)), 1)
+          if p.kind == KIND_COUNTER then
+            windows = windows + 1
           end
+          ttl = min((p.idx + windows) * p.window - now + TTL_MARGIN_MS, MAX_USAGE_WINDOW_PRODUCT)
+        end
+      end
+      if ttl then
+        local pttl = redis.call('PTTL', p.key)
+        if pttl >= 0 and pttl < ttl then
+          redis.call('PEXPIRE', p.key, ttl)
         end
       end
     end

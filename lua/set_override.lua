@@ -7,9 +7,9 @@
 -- ARGV[1]: the override's value (limit and capacity, little-endian doubles), or "" to remove
 -- the override; ARGV[2]: its TTL in ms, or "" for none; ARGV[3]: for a token bucket the
 -- plan's limit (tokens refilled per window, N, the deficit shrinking by N per ms), "" for
--- the other algorithms; ARGV[4]: now in ms, or "" to read the server clock; ARGV[5]: for a
--- fixed window or a sliding window counter, "fixed" or "counter", and ARGV[6] and ARGV[7]
--- the plan's limit and window (ms); "" otherwise.
+-- the other algorithms; ARGV[4]: now in ms, or "" to read the server clock; ARGV[5]: the
+-- policy's algorithm (its number in ALG), ARGV[6] and ARGV[7] the plan's limit and window
+-- (ms).
 --
 -- A window's count past a lower override's limit is a debt paid at that limit per window
 -- (as the memory store keeps it, `expires_at`): the state key's TTL, set under the plan's
@@ -59,8 +59,9 @@ if not plan or plan <= 0 or not before or before <= 0 or #v ~= 16 and #v ~= 17 t
   if marked and ARGV[1] ~= '' then
     redis.call('SET', KEYS[1], v:sub(1, #v - 1), 'KEEPTTL')
   end
-  local kind, n, w = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-  local size = ({ fixed = 16, counter = 24 })[kind]
+  local alg, n, w = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  -- The two window algorithms' states: {window, count} and {window, current, previous}.
+  local size = ({ [ALG_FIXED_WINDOW] = 16, [ALG_SLIDING_WINDOW_COUNTER] = 24 })[alg]
   if ARGV[1] == '' or not size or not n or not w or n <= 0 or w <= 0 or #v ~= size and #v ~= size + 1 then
     return 0
   end
@@ -76,7 +77,7 @@ if not plan or plan <= 0 or not before or before <= 0 or #v ~= 16 and #v ~= 17 t
   if windows * slow < count then
     windows = windows + 1
   end
-  if kind == 'counter' then
+  if alg == ALG_SLIDING_WINDOW_COUNTER then
     windows = windows + 1
   end
   local t = math.max((window + windows) * w, now) + TTL_MARGIN_MS

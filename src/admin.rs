@@ -24,10 +24,12 @@
 //!   that is not a letter, a digit or one of `- . _ ~ : / @ + = ,` is written `%XX`, as a key
 //!   shows it (`header.x-tenant:acme%FF`, material that is not UTF-8, is reached at
 //!   `/keys/header.x-tenant/acme%FF`).
-//! - **As the key is shown**, `?key=source:material` (percent-encoded as any query value; a
-//!   `+` stays a `+`, a shown `%` is `%25`, and an escape no key shows is refused): the one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
+//! - **As the key is shown**, `?key=source:material`, pasted as it stands (a `#` as `%23`) or
+//!   percent-encoded by a client library (its `:` arriving as `%3A`, the value is decoded
+//!   once); the key's own `%XX` escapes are read once either way (see [`Key`]'s `FromStr`).
+//!   The one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
 //!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts) or a digested key
-//!   (`user:#<32 hex digits>`, `#` written `%23` in a URL). See [`Key`]'s `FromStr`.
+//!   (`user:%23<32 hex digits>`).
 //! - **By the digest `GET /top` shows**, `?digest=<16 hex digits>`, for a key counted among
 //!   the refused keys still (404 otherwise): `GET /top` shows a key only as a prefix and a
 //!   digest, and this reaches it whatever its length.
@@ -326,7 +328,8 @@ impl AddressedKey {
 }
 
 /// The query parameter `name`, percent-decoded with `+` kept as itself (a key's source is
-/// often `ip+ua`, and no key holds a space); given twice, a 400.
+/// often `ip+ua`, and no key holds a space), `key` as [`shown_key_text`] reads it; given
+/// twice, a 400.
 fn raw_param(query: &str, name: &str) -> Result<Option<String>, Failure> {
     let mut found = None;
     for pair in query.split('&') {
@@ -334,16 +337,57 @@ fn raw_param(query: &str, name: &str) -> Result<Option<String>, Failure> {
         if percent_decode_str(param).decode_utf8_lossy() != name {
             continue;
         }
-        let value = percent_decode_str(value)
-            .decode_utf8()
-            .map_err(|_| Failure::bad(name, value, "UTF-8 text"))?
-            .into_owned();
+        let value = if name == "key" {
+            shown_key_text(value)?
+        } else {
+            percent_decode_str(value)
+                .decode_utf8()
+                .map_err(|_| Failure::bad(name, value, "UTF-8 text"))?
+                .into_owned()
+        };
         if found.is_some() {
             return Err(Failure::bad(name, &value, "given more than once"));
         }
         found = Some(value);
     }
     Ok(found)
+}
+
+/// The text of a `?key=` value, read once whichever way it was sent. A key's text carries
+/// `%XX` escapes of its own, so decoding the URL's escapes and then the key's would read a
+/// shown `50%2520off` as `50 off`, another key. Pasted as shown, the value holds its `:`:
+/// it is the key's text as it stands (a `#`, which a URL cannot carry, is written `%23`:
+/// `%23` and 32 hex digits opening the source or the material is a digest). Encoded by a
+/// client library, its `:` is `%3A`: it is decoded once.
+fn shown_key_text(raw: &str) -> Result<String, Failure> {
+    let text = if raw.contains(':') {
+        let undigested = |part: &str| match part.strip_prefix("%23") {
+            Some(hex)
+                if hex.len() == 32
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+            {
+                format!("#{hex}")
+            }
+            _ => part.to_owned(),
+        };
+        let (source, material) = raw.split_once(':').unwrap_or((raw, ""));
+        format!("{}:{}", undigested(source), undigested(material))
+    } else {
+        percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| Failure::bad("key", raw, "UTF-8 text"))?
+            .into_owned()
+    };
+    if text.ends_with(':') {
+        return Err(Failure::bad(
+            "key",
+            &text,
+            "a key with no material: was a # left unencoded? (a URL cannot carry it: write %23)",
+        ));
+    }
+    Ok(text)
 }
 
 /// A request's query parameters; a parameter given twice is a 400 naming it, not a silent

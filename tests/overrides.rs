@@ -281,6 +281,22 @@ async fn a_lowered_limit_keeps_the_debt_past_the_plans_expiry_redis() {
     a_lowered_limit_keeps_the_debt_past_the_plans_expiry(store, "redis").await;
 }
 
+#[tokio::test]
+async fn a_lowered_limit_keeps_the_debt_past_the_plans_expiry_leased_redis() {
+    let server = RedisServer::start();
+    let store = || {
+        let redis = RedisStore::builder()
+            .prefix("ovr-debt-leased")
+            .build_with_url(&server.url())
+            .unwrap();
+        tollgate::store::leased::LeasedStore::builder(redis)
+            .lease_time(Duration::from_millis(100))
+            .build()
+            .unwrap()
+    };
+    a_lowered_limit_keeps_the_debt_past_the_plans_expiry(store, "leased").await;
+}
+
 /// The common call reads a key's override only when its state is not marked as written with
 /// none in force, and setting an override takes the mark off at once: the next decision, on
 /// any instance, reads and applies it (a lower limit refuses there and then).

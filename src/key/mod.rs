@@ -224,7 +224,7 @@ impl AsRef<str> for Key {
 }
 
 /// Reads a key written as [`Display`](fmt::Display) shows it, `source:material`: the text
-/// `GET /top`, the admin API and `tollgate inspect` take.
+/// the admin API's `?key=` and `tollgate inspect` take.
 ///
 /// `%XX` is read as the byte it escapes, and a character written as itself stands for itself
 /// (`user:José` is `user:Jos%C3%A9`), so the key is the one its extractor builds whether the
@@ -235,9 +235,8 @@ impl AsRef<str> for Key {
 /// that starts with `#` is a digested source, in the same form.
 ///
 /// Only a byte a key escapes may be written `%XX`: `%61` (an `a`) is refused, because no key
-/// shows it, and it is what a key decoded once too often looks like (a shown
-/// `header.x-tenant:%2561cme` pasted into a URL unencoded arrives as `%61cme`, which would
-/// otherwise name the tenant `acme`).
+/// shows it, and it is what a key decoded once too often looks like (the material
+/// `%61cme`, shown `%2561cme`, read twice would name the tenant `acme`).
 ///
 /// # Errors
 ///

@@ -182,16 +182,6 @@ impl<S: Store> Limiter<S> {
 }
 
 impl PolicySet {
-    /// The units a request charges each enforced policy: its own cost, or the given `cost`,
-    /// or a metered policy's estimate, at least one unit; an in-flight policy always one
-    /// slot.
-    ///
-    /// A reservation reserves at least one unit whatever its estimate, so that it is
-    /// admitted only with room for one more unit: an estimate of 0 would fit a spent budget,
-    /// and its settlement would then be charged to a key with nothing left. Settling at 0
-    /// gives the unit back. A plain cost of 0 (`Limiter::check(key, 0)`, a computed cost)
-    /// stays free: it charges nothing and is settled by nothing, so it is admitted while the
-    /// key is not past its limit (a look).
     /// The cost every request of the set is charged when it does not depend on the request
     /// ([`Route::cost`](crate::route::Route::cost)): what the direct calls that have no
     /// request to ask ([`Limiter::acquire`], [`Limiter::peek`]) charge, as the layer would.
@@ -202,6 +192,30 @@ impl PolicySet {
         }
     }
 
+    /// What a look at a key asks of each enforced policy: the route's cost when it is fixed
+    /// (or, given a `request`, computed from it), each policy's own otherwise.
+    pub(crate) fn look_costs(&self, request: Option<&RequestView<'_>>) -> SmallVec<[u64; 2]> {
+        let cost = match (&self.cost, request) {
+            (Cost::Fixed(c), _) => Some(*c),
+            (Cost::Computed(f), Some(request)) => Some(f(request)),
+            _ => None,
+        };
+        match cost {
+            Some(c) => self.charged_costs(Some(c), None),
+            None => self.default_costs.clone(),
+        }
+    }
+
+    /// The units a request charges each enforced policy: its own cost, or the given `cost`,
+    /// or a metered policy's estimate, at least one unit; an in-flight policy always one
+    /// slot.
+    ///
+    /// A reservation reserves at least one unit whatever its estimate, so that it is
+    /// admitted only with room for one more unit: an estimate of 0 would fit a spent budget,
+    /// and its settlement would then be charged to a key with nothing left. Settling at 0
+    /// gives the unit back. A plain cost of 0 (`Limiter::check(key, 0)`, a computed cost)
+    /// stays free: it charges nothing and is settled by nothing, so it is admitted while the
+    /// key is not past its limit (a look).
     pub(crate) fn charged_costs(
         &self,
         cost: Option<u64>,

@@ -194,12 +194,18 @@ impl<S: Store> Limiter<S> {
             .slot_expires()
             .then(|| self.spawn_refresher(key, policies, slot))
             .flatten();
+        // A slot the local fallback gave is its to take back: the store never held it.
+        let fallback = decision.decided_by() == DecidedBy::Fallback;
         let limiter = self.clone();
         let key = key.clone();
         let policies = Arc::clone(policies);
         Some(Slots {
             release: Some(Box::new(move || {
-                drive("release", limiter.store().release(&key, &policies, slot));
+                let release = Op::Release { slot };
+                drive(
+                    "release",
+                    limiter.give_back(&key, &policies, release, fallback),
+                );
             })),
             refresher,
         })

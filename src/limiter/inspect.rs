@@ -210,16 +210,13 @@ impl<S: Store> Limiter<S> {
             state.list = Some("allow".to_owned());
         }
         if !set.enforced.is_empty() {
-            let block = self.running_block(key, set, &set.default_costs).await?;
+            // What the request would be charged: the route's cost, fixed or computed from it.
+            let costs = set.look_costs(Some(request));
+            let block = self.running_block(key, set, &costs).await?;
             state.blocked = block.is_some();
             let decision = match block {
                 Some(blocked) => blocked,
-                None => {
-                    common
-                        .store
-                        .peek(key, &set.enforced, &set.default_costs)
-                        .await?
-                }
+                None => common.store.peek(key, &set.enforced, &costs).await?,
             };
             if state.list.is_none() {
                 state.allowed = decision.is_allowed();
@@ -228,7 +225,7 @@ impl<S: Store> Limiter<S> {
                 set.enforced
                     .iter()
                     .zip(decision.policies())
-                    .zip(set.default_costs.iter())
+                    .zip(costs.iter())
                     .map(|((p, d), &cost)| PolicyState::new(p, false, d, cost)),
             );
         }

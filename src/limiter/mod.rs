@@ -487,10 +487,7 @@ impl<S: Store> Limiter<S> {
         if lists.allow.contains(key) {
             return Ok(Decision::pass());
         }
-        let costs = match set.fixed_cost() {
-            Some(c) => set.charged_costs(Some(c), None),
-            None => set.default_costs.clone(),
-        };
+        let costs = set.look_costs(None);
         if let Some(blocked) = self.running_block(key, &set, &costs).await? {
             return Ok(blocked);
         }

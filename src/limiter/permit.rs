@@ -88,7 +88,8 @@ impl<S: Store> Limiter<S> {
     /// Reserves `estimate` units for `key` on the default route and returns the
     /// [`Reservation`] to [`settle`](Reservation::settle) once the actual cost is known. The
     /// estimate goes to the route's [metered](crate::route::Route::metered) policies (every
-    /// other policy takes its own cost), or, when it has none, to every rate policy. In-flight
+    /// other policy takes the route's fixed [`cost`](crate::route::Route::cost), or its own),
+    /// or, when it has none, to every rate policy. In-flight
     /// slots are held until the reservation is dropped or settled.
     ///
     /// At least one unit is reserved, whatever the estimate: a reservation is admitted only
@@ -123,10 +124,15 @@ impl<S: Store> Limiter<S> {
         };
         // At least one unit, so that a spent budget refuses (see `PolicySet::charged_costs`).
         let estimate = estimate.max(1);
+        // The other policies of a metered route take the route's fixed cost, as the layer
+        // charges them.
         let (cost, estimates): (Option<u64>, SmallVec<[u64; 2]>) = if set.meters.is_empty() {
             (Some(estimate), SmallVec::new())
         } else {
-            (None, set.meters.iter().map(|_| estimate).collect())
+            (
+                set.fixed_cost(),
+                set.meters.iter().map(|_| estimate).collect(),
+            )
         };
         let reserved = set.charged_costs(cost, Some(&estimates));
         // Read before the charge: see `Reservation::settle`.

@@ -312,7 +312,8 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let Some(kind) = Kind::of(policy) else {
             return self.shared.inner.set_override(key, policy, ttl);
         };
-        let keep = kind == Kind::Bucket;
+        // Kept as long as a slower rate needs: a bucket's refill, a window's debt.
+        let keep = matches!(kind, Kind::Bucket | Kind::Counter | Kind::Fixed);
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();

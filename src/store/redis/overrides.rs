@@ -77,13 +77,8 @@ impl<C: Connector> Core<C> {
         } else {
             String::new() // the script reads TIME
         });
-        // Windows whose debt a lower override stretches: the key's TTL follows.
-        let windowed = match policy.algorithm() {
-            crate::policy::Algorithm::FixedWindow => "fixed",
-            crate::policy::Algorithm::SlidingWindowCounter => "counter",
-            _ => "",
-        };
-        call.arg(windowed)
+        // For the windows whose debt a lower override stretches: the key's TTL follows.
+        call.arg(crate::algorithm::registration(policy.algorithm()).script_id)
             .arg(policy.plan_limits().limit())
             .arg(policy.window_millis());
         Box::pin(async move {
