@@ -122,10 +122,15 @@ impl Key {
         if let Some(key) = Self::plain(source, material) {
             return key;
         }
-        let mut out =
-            CompactString::with_capacity(source.len() + 1 + escaped_len(material).min(33));
+        let escaped = escaped_len(material);
+        let mut out = CompactString::with_capacity(source.len() + 1 + escaped.min(33));
         push_source(&mut out, source);
-        push_single(&mut out, material);
+        if escaped > MAX_MATERIAL_LEN {
+            out.push('#');
+            push_digest(&mut out, &Sha256::digest(material));
+        } else {
+            push_material(&mut out, material);
+        }
         Self(out)
     }
 
