@@ -21,8 +21,7 @@ impl<S: Store> Limiter<S> {
     /// may answer a key it refused lately from that cache for at most its
     /// `deny_cache_recheck` plus one store call (never past its `deny_cache_max_age`) before
     /// it reads the override; this instance drops its cached refusals of the key when the
-    /// override lands (a check that crossed the change may still keep one refusal for up to
-    /// its `deny_cache_recheck`).
+    /// override lands, and caches none from a check that crossed the change.
     ///
     /// # Errors
     ///

@@ -28,6 +28,9 @@ pub(super) struct DenyCache {
     entries: Mutex<HashMap<u64, Cached>>,
     /// The store's generation the entries were cached under.
     generation: AtomicU64,
+    /// Bumped, under the entries' lock, by every [`forget`](Self::forget): a denial the store
+    /// gave a check that began before (a reset or an override crossed it) is not cached.
+    forgotten: AtomicU64,
 }
 
 struct Cached {
@@ -67,6 +70,7 @@ impl DenyCache {
             hasher: foldhash::fast::RandomState::default(),
             entries: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
         }
     }
 
@@ -176,6 +180,7 @@ impl DenyCache {
         decision: Decision,
         now: u64,
         generation: u64,
+        forgotten: u64,
     ) {
         if self.generation.load(Ordering::Acquire) != generation {
             return;
@@ -192,6 +197,9 @@ impl DenyCache {
         let store_until = now.saturating_add(decision.retry_after_millis());
         let until = store_until.min(now.saturating_add(self.max_age_ms));
         let mut entries = self.entries.lock();
+        if self.forgotten.load(Ordering::Acquire) != forgotten {
+            return;
+        }
         if entries.len() >= self.capacity {
             entries.retain(|_, c| c.until > now && c.generation == generation);
             if entries.len() >= self.capacity {
@@ -216,7 +224,15 @@ impl DenyCache {
     }
 
     pub(super) fn forget(&self, key: &Key) {
-        self.entries.lock().retain(|_, c| c.key != *key);
+        let mut entries = self.entries.lock();
+        entries.retain(|_, c| c.key != *key);
+        self.forgotten.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many times keys were forgotten: read when a check begins, and given to
+    /// [`insert`](Self::insert).
+    pub(super) fn forgotten(&self) -> u64 {
+        self.forgotten.load(Ordering::Acquire)
     }
 }
 
@@ -252,20 +268,62 @@ mod tests {
     }
 
     #[test]
+    fn a_denial_from_a_check_a_forget_crossed_is_not_cached() {
+        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
+        let key = Key::new("user", "1");
+        let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
+        let entry = cache.entry_of(&key, &policies, &[1]);
+        // The check began; a reset or an override of a key landed; then the store said no.
+        let began = cache.forgotten();
+        cache.forget(&key);
+        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0, began);
+        assert!(cache.get(entry, &key, 1_001, 0).is_none());
+        cache.insert(
+            entry,
+            &key,
+            &policies,
+            &[1],
+            denied(),
+            1_000,
+            0,
+            cache.forgotten(),
+        );
+        assert!(cache.get(entry, &key, 1_001, 0).is_some());
+    }
+
+    #[test]
     fn a_denial_is_never_answered_under_another_generation() {
         let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
         let entry = cache.entry_of(&key, &policies, &[1]);
         cache.sync(3);
-        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 3);
+        cache.insert(
+            entry,
+            &key,
+            &policies,
+            &[1],
+            denied(),
+            1_000,
+            3,
+            cache.forgotten(),
+        );
         assert!(cache.get(entry, &key, 1_001, 3).is_some());
         // The store noticed it lost its state: the entry is gone, not merely skipped.
         assert!(cache.get(entry, &key, 1_002, 4).is_none());
         assert!(cache.get(entry, &key, 1_003, 3).is_none());
         // A denial learned under a generation the cache has left is not kept.
         cache.sync(5);
-        cache.insert(entry, &key, &policies, &[1], denied(), 1_004, 4);
+        cache.insert(
+            entry,
+            &key,
+            &policies,
+            &[1],
+            denied(),
+            1_004,
+            4,
+            cache.forgotten(),
+        );
         assert!(cache.get(entry, &key, 1_005, 4).is_none());
         assert!(cache.get(entry, &key, 1_005, 5).is_none());
     }
@@ -276,7 +334,16 @@ mod tests {
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
         let entry = cache.entry_of(&key, &policies, &[1]);
-        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0);
+        cache.insert(
+            entry,
+            &key,
+            &policies,
+            &[1],
+            denied(),
+            1_000,
+            0,
+            cache.forgotten(),
+        );
         assert!(cache.get(entry, &key, 1_099, 0).unwrap().1.is_none());
         let (_, job) = cache.get(entry, &key, 1_100, 0).unwrap();
         let job = job.expect("a recheck is due");
@@ -296,7 +363,16 @@ mod tests {
         cache.rechecked(&job.unwrap(), Some((true, 0)), 1_270, 0);
         assert!(cache.get(entry, &key, 1_271, 0).is_none());
         // A store that did not answer leaves the entry, to be asked again at the next hit.
-        cache.insert(entry, &key, &policies, &[1], denied(), 2_000, 0);
+        cache.insert(
+            entry,
+            &key,
+            &policies,
+            &[1],
+            denied(),
+            2_000,
+            0,
+            cache.forgotten(),
+        );
         let (_, job) = cache.get(entry, &key, 2_100, 0).unwrap();
         cache.rechecked(&job.unwrap(), None, 2_150, 0);
         let (_, job) = cache.get(entry, &key, 2_151, 0).unwrap();

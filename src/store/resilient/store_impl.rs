@@ -28,9 +28,9 @@ impl<S: Store> Store for ResilientStore<S> {
         let generation = inner.primary.generation();
         let entry = inner.deny_cache.as_ref().map(|c| {
             c.sync(generation);
-            c.entry_of(key, policies, costs)
+            (c.entry_of(key, policies, costs), c.forgotten())
         });
-        if let (Some(cache), Some(entry)) = (&inner.deny_cache, entry) {
+        if let (Some(cache), Some((entry, _))) = (&inner.deny_cache, entry) {
             if let Some((d, recheck)) = cache.get(entry, key, now, generation) {
                 if let Some(job) = recheck {
                     inner.recheck(job);
@@ -66,7 +66,7 @@ impl<S: Store> Store for ResilientStore<S> {
                 Ok(decision) => {
                     this.breaker.success();
                     if !decision.is_allowed() {
-                        if let (Some(cache), Some(entry)) = (&this.deny_cache, entry) {
+                        if let (Some(cache), Some((entry, forgotten))) = (&this.deny_cache, entry) {
                             let now = this.clock.now_millis();
                             cache.insert(
                                 entry,
@@ -76,6 +76,7 @@ impl<S: Store> Store for ResilientStore<S> {
                                 decision.clone(),
                                 now,
                                 generation,
+                                forgotten,
                             );
                         }
                     }
