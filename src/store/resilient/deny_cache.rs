@@ -267,83 +267,69 @@ mod tests {
         Decision::single(PolicyDecision::from_parts(false, 5, 0, 90_000, 90_000, 0))
     }
 
-    #[test]
-    fn a_denial_from_a_check_a_forget_crossed_is_not_cached() {
-        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
+    /// Caches a denial of `key` given at `now` under `generation`, by a check no forget crossed.
+    fn cache_denial(
+        cache: &DenyCache,
+        entry: u64,
+        key: &Key,
+        policies: &[Policy],
+        now: u64,
+        generation: u64,
+    ) {
+        let forgotten = cache.forgotten();
+        cache.insert(
+            entry,
+            key,
+            policies,
+            &[1],
+            denied(),
+            now,
+            generation,
+            forgotten,
+        );
+    }
+
+    /// A cache that rechecks every `recheck`, a key, its one policy and its entry.
+    fn one_entry(recheck: Duration) -> (DenyCache, Key, [Policy; 1], u64) {
+        let cache = DenyCache::new(10, Duration::from_secs(600), recheck);
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
         let entry = cache.entry_of(&key, &policies, &[1]);
+        (cache, key, policies, entry)
+    }
+
+    #[test]
+    fn a_denial_from_a_check_a_forget_crossed_is_not_cached() {
+        let (cache, key, policies, entry) = one_entry(Duration::from_secs(600));
         // The check began; a reset or an override of a key landed; then the store said no.
         let began = cache.forgotten();
         cache.forget(&key);
         cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0, began);
         assert!(cache.get(entry, &key, 1_001, 0).is_none());
-        cache.insert(
-            entry,
-            &key,
-            &policies,
-            &[1],
-            denied(),
-            1_000,
-            0,
-            cache.forgotten(),
-        );
+        cache_denial(&cache, entry, &key, &policies, 1_000, 0);
         assert!(cache.get(entry, &key, 1_001, 0).is_some());
     }
 
     #[test]
     fn a_denial_is_never_answered_under_another_generation() {
-        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_secs(600));
-        let key = Key::new("user", "1");
-        let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
-        let entry = cache.entry_of(&key, &policies, &[1]);
+        let (cache, key, policies, entry) = one_entry(Duration::from_secs(600));
         cache.sync(3);
-        cache.insert(
-            entry,
-            &key,
-            &policies,
-            &[1],
-            denied(),
-            1_000,
-            3,
-            cache.forgotten(),
-        );
+        cache_denial(&cache, entry, &key, &policies, 1_000, 3);
         assert!(cache.get(entry, &key, 1_001, 3).is_some());
         // The store noticed it lost its state: the entry is gone, not merely skipped.
         assert!(cache.get(entry, &key, 1_002, 4).is_none());
         assert!(cache.get(entry, &key, 1_003, 3).is_none());
         // A denial learned under a generation the cache has left is not kept.
         cache.sync(5);
-        cache.insert(
-            entry,
-            &key,
-            &policies,
-            &[1],
-            denied(),
-            1_004,
-            4,
-            cache.forgotten(),
-        );
+        cache_denial(&cache, entry, &key, &policies, 1_004, 4);
         assert!(cache.get(entry, &key, 1_005, 4).is_none());
         assert!(cache.get(entry, &key, 1_005, 5).is_none());
     }
 
     #[test]
     fn a_denial_is_confirmed_by_the_store_every_recheck() {
-        let cache = DenyCache::new(10, Duration::from_secs(600), Duration::from_millis(100));
-        let key = Key::new("user", "1");
-        let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
-        let entry = cache.entry_of(&key, &policies, &[1]);
-        cache.insert(
-            entry,
-            &key,
-            &policies,
-            &[1],
-            denied(),
-            1_000,
-            0,
-            cache.forgotten(),
-        );
+        let (cache, key, policies, entry) = one_entry(Duration::from_millis(100));
+        cache_denial(&cache, entry, &key, &policies, 1_000, 0);
         assert!(cache.get(entry, &key, 1_099, 0).unwrap().1.is_none());
         let (_, job) = cache.get(entry, &key, 1_100, 0).unwrap();
         let job = job.expect("a recheck is due");
@@ -363,16 +349,7 @@ mod tests {
         cache.rechecked(&job.unwrap(), Some((true, 0)), 1_270, 0);
         assert!(cache.get(entry, &key, 1_271, 0).is_none());
         // A store that did not answer leaves the entry, to be asked again at the next hit.
-        cache.insert(
-            entry,
-            &key,
-            &policies,
-            &[1],
-            denied(),
-            2_000,
-            0,
-            cache.forgotten(),
-        );
+        cache_denial(&cache, entry, &key, &policies, 2_000, 0);
         let (_, job) = cache.get(entry, &key, 2_100, 0).unwrap();
         cache.rechecked(&job.unwrap(), None, 2_150, 0);
         let (_, job) = cache.get(entry, &key, 2_151, 0).unwrap();
