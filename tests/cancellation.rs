@@ -368,6 +368,50 @@ async fn check_cancelled_anywhere_is_charged_at_most_once_redis() {
     check_charges_at_most_once(&Bench::redis().await).await;
 }
 
+/// A check on an in-flight policy takes a slot and answers once it is given back: dropped
+/// anywhere, before its store call, while it waits for the answer, or while the release is
+/// under way, it leaves no slot held.
+async fn in_flight_check_holds_no_slot(bench: &Bench) {
+    let mut findings = Findings::default();
+    for moment in MOMENTS {
+        let mut points = Points::new(
+            format!("Limiter::check on an in-flight policy on {}", bench.name()),
+            moment,
+        );
+        while let Some(k) = points.next_k() {
+            let limiter = slot_limiter(bench.store());
+            let key = key("in-flight-check", k, moment);
+            bench.flush_scripts();
+            let run = points.drive(limiter.check(&key, 1)).await;
+            if let Some(decision) = run.output() {
+                assert!(
+                    decision.unwrap().is_allowed(),
+                    "{points}: refused on a fresh key"
+                );
+            }
+            bench.quiesce().await;
+            findings.add(no_slot_held(bench, &limiter, &key, &points.to_string()).await);
+        }
+        // The check's call, then, on Redis, the release's reply (a gate's stop before the
+        // release is passed by the first poll the check gives it before it waits).
+        let release = usize::from(matches!(bench, Bench::Redis { .. }));
+        points.assert_visited(bench.call_points(1, true) + release);
+    }
+    findings.assert_none();
+}
+
+#[tokio::test]
+async fn in_flight_check_cancelled_anywhere_holds_no_slot_memory() {
+    // As for `acquire`: a store that took a slot owns giving it back when its charge is
+    // dropped unanswered (the Redis store does), so the gate stops only before the call.
+    in_flight_check_holds_no_slot(&Bench::memory(Stops::Before)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_check_cancelled_anywhere_holds_no_slot_redis() {
+    in_flight_check_holds_no_slot(&Bench::redis().await).await;
+}
+
 // ----------------------------------------------------------------------------------------
 // Limiter::acquire
 

@@ -1394,6 +1394,81 @@ async fn sequential_checks_in_flight_stores() {
     sequential_checks_in_flight(c, "cluster").await;
 }
 
+/// A store whose releases reach it late, as a release sent on another connection can reach
+/// Redis after a check sent later on the first.
+#[derive(Debug, Clone)]
+struct LateRelease<S>(S);
+
+impl<S: Store + Clone> Store for LateRelease<S> {
+    type CheckFuture = S::CheckFuture;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        self.0.check(key, policies, costs)
+    }
+
+    fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
+        if !matches!(op, Op::Release { .. }) {
+            return self.0.apply(key, policies, op);
+        }
+        let (inner, key, policies) = (self.0.clone(), key.clone(), policies.to_vec());
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            inner.apply(&key, &policies, op).await
+        })
+    }
+
+    fn override_store(&self) -> Option<&dyn OverrideStore> {
+        self.0.override_store()
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "late-release"
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+}
+
+/// `check` and `decide` answer only once the slot they took is back, so the caller's next
+/// check finds it free even when the release reaches the store late: a release left to
+/// finish on its own arrived after the next check, which was refused for a slot nobody held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_answers_after_its_slot_is_back() {
+    let store = LateRelease(MemoryStore::new());
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .policy(Policy::in_flight("running", 1).unwrap())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "late");
+    for i in 0..10 {
+        let decision = limiter.check(&key, 1).await.unwrap();
+        assert!(
+            decision.is_allowed(),
+            "check {i} refused for a slot nobody holds"
+        );
+    }
+    for i in 0..10 {
+        let request = http::Request::get("/").body(()).unwrap();
+        let view = tollgate::key::RequestView::new(&request);
+        assert!(
+            limiter.decide(&view).await.is_ok(),
+            "decide {i} refused for a slot nobody holds"
+        );
+    }
+    // Dropped while its release is under way, a check still gives the slot back.
+    let check = limiter.check(&key, 1);
+    let _ = tokio::time::timeout(Duration::from_millis(1), check).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+}
+
 /// In-flight leases at the small end of what a policy accepts: one shorter than the
 /// shortest a renewal can keep up with is refused when built (with leases of a few ms a
 /// held slot expired between renewals and the limit stopped holding); from it up, a held

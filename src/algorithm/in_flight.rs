@@ -6,6 +6,13 @@
 //! Stripe's concurrent-requests limiter, nginx's `limit_conn` and Traefik's `inFlightReq`
 //! work the same way.
 //!
+//! [`Limiter::check`](crate::Limiter::check) and [`Limiter::decide`](crate::Limiter::decide)
+//! keep no slot: they answer once the slot they took is back in the store, so a caller's
+//! next check never finds its own. The layer gives a slot back when the response body ends
+//! and does not wait for the store: on Redis, a client that sends its next request the
+//! moment the last byte arrives can find its previous slot still held for one store round
+//! trip (in memory the slot is back before the body ends).
+//!
 //! * `remaining`: the slots still free after this decision.
 //! * `reset_after`: 0 (there is no window: a slot comes back when a request ends).
 //! * `retry_after`: [`RETRY_AFTER_MS`] when refused. When a slot frees up cannot be known

@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use super::decide::{self, Listed, PreparedKey, Screen};
 use super::finish::Asker;
+use super::hold::Completing;
 use super::{Limiter, PolicySet};
 use crate::decision::Decision;
 use crate::error::CheckError;
@@ -48,7 +49,7 @@ impl<S: Store> Limiter<S> {
         cost: u64,
     ) -> Result<Decision, CheckError> {
         // One load of the plan for the set and the lists, released before any await.
-        let (set, future) = {
+        let asked = {
             let guard = self.plan();
             let plan = &*guard;
             let Some(set) = plan.default_set() else {
@@ -71,12 +72,41 @@ impl<S: Store> Limiter<S> {
             // future, no set or key copied. (Not through `check_now`: handing its answer
             // on would move the decision once more.)
             if let Some(outcome) = self.answer_now(set, key, costs) {
-                return self.finish(asker, set, key, outcome, None);
+                let result = self.finish(asker, set, key, outcome, None);
+                match self.given_back(set, key, &result) {
+                    None => return result,
+                    Some(release) => Asked::Answered(result, release),
+                }
+            } else {
+                Asked::Later(Arc::clone(set), self.answer_later(set, key, costs))
             }
-            (Arc::clone(set), self.answer_later(set, key, costs))
         };
-        let outcome = future.await;
-        self.finish(asker, &set, key, outcome, None)
+        let (result, release) = match asked {
+            Asked::Answered(result, release) => (result, Some(release)),
+            Asked::Later(set, future) => {
+                let result = self.finish(asker, &set, key, future.await, None);
+                let release = self.given_back(&set, key, &result);
+                (result, release)
+            }
+        };
+        if let Some(release) = release {
+            release.reported().await;
+        }
+        result
+    }
+
+    /// Gives back the slots a check took ([`give_back_at_once`](Self::give_back_at_once)).
+    #[inline(always)]
+    fn given_back(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        result: &Result<Decision, CheckError>,
+    ) -> Option<Completing> {
+        if set.in_flight.is_empty() {
+            return None;
+        }
+        self.give_back_at_once(set, key, result.as_ref().ok()?)
     }
 
     /// [`check`](Self::check) without waiting: the decision, or `None` when it needs a wait
@@ -139,7 +169,11 @@ impl<S: Store> Limiter<S> {
         match self.inner.common.store.check_now(key, &set.enforced, costs) {
             Some(outcome) => {
                 self.check_shadow(key, set, cost);
-                Some(self.finish(Asker::Check, set, key, outcome, None))
+                let result = self.finish(Asker::Check, set, key, outcome, None);
+                // Nothing here can wait: a release the store did not finish at once
+                // finishes on its own.
+                drop(self.given_back(set, key, &result));
+                Some(result)
             }
             None => None,
         }
@@ -151,4 +185,10 @@ impl<S: Store> Limiter<S> {
             self.spawn_shadow_check(key, set, Some(cost));
         }
     }
+}
+
+/// A check's store answer: given at once (with a release still to wait for), or to await.
+enum Asked<F> {
+    Answered(Result<Decision, CheckError>, Completing),
+    Later(Arc<PolicySet>, F),
 }

@@ -5,7 +5,8 @@
 //! refusing into the [`Refusal`] (counting a rate-limited key among the top refused), and
 //! keeps what an admitted request holds: in-flight slots and a settlement for the layer, the
 //! slots of a [`Permit`](super::Permit) or [`Reservation`](super::Reservation), nothing for
-//! [`check`](Limiter::check) and [`decide`](Limiter::decide), whose slots go back at once.
+//! [`check`](Limiter::check) and [`decide`](Limiter::decide), whose slots their callers
+//! give back at once and wait for ([`Limiter::give_back_at_once`]).
 //! The layer, the direct API, the login guard (through `check`) and gRPC calls (through the
 //! layer) all finish here.
 
@@ -151,11 +152,6 @@ impl<S: Store> Limiter<S> {
                 span_decision(&span, key, &decision, &set.enforced);
             }
         }
-        if matches!(asker, Asker::Decide | Asker::Check | Asker::Guard) && !set.in_flight.is_empty()
-        {
-            // Nothing would give the slot back: it goes back at once.
-            self.give_back_slots(set, key, &decision);
-        }
         R::admitted(decision, |decision| match asker {
             Asker::Layer if !set.in_flight.is_empty() || reserved.is_some() => {
                 self.held(set, key, decision, reserved)
@@ -202,11 +198,6 @@ impl<S: Store> Limiter<S> {
             refusal.log(Some(key));
         }
         refusal
-    }
-
-    #[inline(never)]
-    fn give_back_slots(&self, set: &PolicySet, key: &Key, decision: &Decision) {
-        drop(self.hold_slots(set, key, decision));
     }
 
     /// Records the store's answer: metrics, and a trace event when `key` is given.

@@ -144,6 +144,30 @@ impl Completing {
             call: Some(call),
         }
     }
+
+    /// `call`, polled once at once: `None` when it is done then (the memory store always
+    /// is; a failure is reported), otherwise what is left to await.
+    fn started(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) -> Option<Self> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match call.as_mut().poll(&mut cx) {
+            Poll::Ready(outcome) => {
+                if let Err(error) = outcome {
+                    report(what, &error);
+                }
+                None
+            }
+            Poll::Pending => Some(Self::new(what, call)),
+        }
+    }
+
+    /// Awaits the call, reporting a failure: for a caller whose answer does not depend on
+    /// it (a decision already made).
+    pub(crate) async fn reported(self) {
+        let what = self.what;
+        if let Err(error) = self.await {
+            report(what, &error);
+        }
+    }
 }
 
 impl std::future::Future for Completing {
@@ -167,6 +191,16 @@ impl Drop for Completing {
     }
 }
 
+/// Whether a decision under set `set` took slots: an allowed one whose set has in-flight
+/// policies and whose store (or local fallback) took them. A failure mode that let the
+/// request through without a store took none.
+fn took_slots(set: &PolicySet, decision: &Decision) -> bool {
+    !set.in_flight.is_empty()
+        && decision.is_allowed()
+        && !decision.policies().is_empty()
+        && decision.decided_by() != DecidedBy::FailOpen
+}
+
 fn report(what: &'static str, error: &StoreError) {
     tracing::warn!(target: "tollgate::store", what, %error, "a store call after the response failed");
 }
@@ -182,11 +216,7 @@ impl<S: Store> Limiter<S> {
         decision: &Decision,
     ) -> Option<Slots> {
         let policies = &set.in_flight;
-        if policies.is_empty()
-            || !decision.is_allowed()
-            || decision.policies().is_empty()
-            || decision.decided_by() == DecidedBy::FailOpen
-        {
+        if !took_slots(set, decision) {
             return None;
         }
         let slot = decision.slot();
@@ -209,6 +239,29 @@ impl<S: Store> Limiter<S> {
             })),
             refresher,
         })
+    }
+
+    /// Gives back the slots a decision that keeps nothing ([`check`](Self::check),
+    /// [`decide`](Self::decide), the login guard) took: `None` when it took none or the
+    /// store has them back already (the memory store at once), otherwise the release, for
+    /// the caller to await before it answers. So a caller's next check finds the slot free
+    /// on every store: a release left to run on its own can reach Redis after that check.
+    /// Dropped unawaited, the release still finishes ([`Completing`]).
+    pub(crate) fn give_back_at_once(
+        &self,
+        set: &PolicySet,
+        key: &Key,
+        decision: &Decision,
+    ) -> Option<Completing> {
+        if !took_slots(set, decision) {
+            return None;
+        }
+        let fallback = decision.decided_by() == DecidedBy::Fallback;
+        let release = Op::Release {
+            slot: decision.slot(),
+        };
+        let call = self.give_back(key, &set.in_flight, release, fallback);
+        Completing::started("release", call)
     }
 
     /// What a request of set `set` admitted by the layer keeps until its response ends, if

@@ -532,7 +532,11 @@ impl<S: Store> Limiter<S> {
         let Pending { set, key, reserved } = pending;
         let admitted: Result<Admitted, Refusal> =
             self.finish(Asker::Decide, &set, &key, outcome, reserved);
-        Ok(admitted?.decision)
+        let decision = admitted?.decision;
+        if let Some(release) = self.give_back_at_once(&set, &key, &decision) {
+            release.reported().await;
+        }
+        Ok(decision)
     }
 
     /// Forgets `key`'s state for every policy of this limiter (all routes and tiers,
