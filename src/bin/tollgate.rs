@@ -2,7 +2,8 @@
 //! plan and reviews it; `tollgate edge nginx|cloudflare|aws-waf|envoy plan.toml` exports its
 //! `[edge]` rules; `tollgate inspect` and `tollgate reset` look at and reset a key in the
 //! shared store, `tollgate override set|list|remove` manages per-key overrides there,
-//! `tollgate top` asks an application's admin API for the keys refused most;
+//! `tollgate unlock` clears a login limit of a username or a client, `tollgate top` asks an
+//! application's admin API for the keys refused most;
 //! `tollgate --help` lists the commands, the audit rules and the exit codes.
 
 #[path = "tollgate/ops.rs"]
@@ -36,7 +37,7 @@ fn after_help() -> String {
         "\nExit codes:\n  {PASS}  the plan builds and passes the audit; --help, --version\n  {FAIL}  the plan does not build or fails the audit (FAIL); edge: the rules cannot be exported\n  {INVALID}  the arguments, the file or its TOML are unreadable or invalid\n"
     ));
     out.push_str(&format!(
-        "\ninspect, reset and top exit with {PASS} when done, {FAIL} when the store or the admin API fails,\n{INVALID} for invalid arguments or plans.\n"
+        "\ninspect, reset, unlock and top exit with {PASS} when done, {FAIL} when the store or the admin API fails,\n{INVALID} for invalid arguments or plans.\n"
     ));
     out
 }
@@ -91,6 +92,10 @@ enum Command {
     /// Forget a key's state under every policy of the plan, in the shared store (Redis): its
     /// next request starts afresh on every instance.
     Reset(ops::StoreArgs),
+    /// Clear a login limit of the plan's [login] guard in the shared store (Redis): a
+    /// username's (`--user alice`, the account locked by failed guesses) or a client's
+    /// (`--ip ip:192.0.2.7`).
+    Unlock(ops::UnlockArgs),
     /// List the keys an application refused most often lately, through its admin API
     /// (feature `admin`): `tollgate top http://127.0.0.1:3000/admin/ratelimit`.
     Top(ops::TopArgs),
@@ -134,6 +139,7 @@ fn main() -> ExitCode {
         } => edge(&target, &plan, round_stricter, listen, origin),
         Command::Inspect(args) => ops::inspect(&args),
         Command::Reset(args) => ops::reset(&args),
+        Command::Unlock(args) => ops::unlock(&args),
         Command::Top(args) => ops::top(&args),
         Command::Override(command) => overrides::run(&command),
     }

@@ -311,7 +311,8 @@ impl std::str::FromStr for Key {
     }
 }
 
-fn is_hex_digest(text: &str) -> bool {
+/// Whether `text` is a digest as keys show it: 32 lowercase hex digits.
+pub(crate) fn is_hex_digest(text: &str) -> bool {
     text.len() == 32
         && text
             .bytes()

@@ -245,7 +245,7 @@ impl<S: Store> LoginGuard<S> {
         LoginAttempt {
             keys: [
                 Key::new("login-ip+user", &ip_user),
-                Key::new("login-ip", ip.as_str()),
+                client_key(&ip),
                 Key::new("login-user", user),
             ],
             charges: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
@@ -458,8 +458,45 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails.
     pub async fn unlock_user(&self, username: &str) -> Result<(), CheckError> {
-        let key = Key::new("login-user", self.username_digest(username));
-        self.inner.limiters[USER].reset(&key).await
+        self.inner.limiters[USER]
+            .reset(&self.user_key(username))
+            .await
+    }
+
+    /// The key of `username`'s own limit.
+    pub(crate) fn user_key(&self, username: &str) -> Key {
+        Key::new("login-user", self.username_digest(username))
+    }
+
+    /// Clears the IP limit of the client whose IP key is `ip` (an administrator unblocking
+    /// an office or a NAT that many users share), in the key form of the IP source, as
+    /// [`attempt_with_ip_key`](Self::attempt_with_ip_key) takes it: `Key::new("ip",
+    /// "192.0.2.7")` for [`PeerIp`](crate::key::PeerIp). The (IP, username) limits of that
+    /// client stay: each is cleared by that username's next successful login, or where it
+    /// expires.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tollgate::{key::Key, login::LoginGuard, Rate};
+    ///
+    /// let guard = LoginGuard::builder().ip_rate(Rate::per_hour(1)).build()?;
+    /// let office = Key::new("ip", "192.0.2.1");
+    /// let attempt = guard.attempt_with_ip_key(office.clone(), "bob");
+    /// assert!(guard.check(&attempt).await?.is_allowed());
+    /// guard.record_failure(&attempt).await?;
+    /// let other = guard.attempt_with_ip_key(office.clone(), "carol");
+    /// assert!(!guard.check(&other).await?.is_allowed());
+    /// guard.unlock_ip(&office).await?;
+    /// assert!(guard.check(&other).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::Store`] when the store fails.
+    pub async fn unlock_ip(&self, ip: &Key) -> Result<(), CheckError> {
+        self.inner.limiters[IP].reset(&client_key(ip)).await
     }
 
     fn decision(&self, decision: Decision) -> LoginDecision {
@@ -469,6 +506,11 @@ impl<S: Store> LoginGuard<S> {
             now_millis: self.store().now_millis(),
         }
     }
+}
+
+/// The key of the IP limit of the client whose IP key is `ip`.
+pub(crate) fn client_key(ip: &Key) -> Key {
+    Key::new("login-ip", ip.as_str())
 }
 
 /// The outcome of an attempt decided by `a` for some limits and `b` for another: a failure

@@ -98,6 +98,8 @@ mod username;
 
 pub use builder::LoginGuardBuilder;
 pub use decision::LoginDecision;
+#[cfg(feature = "admin")]
+pub(crate) use guard::client_key;
 pub use guard::{LoginAttempt, LoginGuard};
 pub use layer::{LoginLayer, LoginOutcome, LoginService};
 pub use username::normalise_username;

@@ -48,6 +48,28 @@ pub(crate) struct InspectArgs {
     method: String,
 }
 
+/// `tollgate unlock`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct UnlockArgs {
+    /// The plan file (TOML), with its `[login]` section.
+    plan: PathBuf,
+    /// The username to unlock (read as the login guard reads it: `Alice` is `alice`).
+    #[arg(long, required_unless_present = "ip", conflicts_with = "ip")]
+    user: Option<String>,
+    /// The client to unblock, by its IP key as the IP source builds it (`ip:192.0.2.7`).
+    #[arg(long)]
+    ip: Option<String>,
+    /// A Redis server (`redis://host:port`), instead of the plan's `store.url`.
+    #[arg(long, conflicts_with = "cluster")]
+    redis: Option<String>,
+    /// Redis Cluster seed nodes, comma-separated, instead of the plan's `store.urls`.
+    #[arg(long, value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 /// `tollgate top`'s arguments.
 #[derive(Debug, Args)]
 pub(crate) struct TopArgs {
@@ -106,6 +128,22 @@ pub(super) fn parse_key(text: &str) -> Result<Key, Failure> {
 /// error here).
 pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Failure> {
     let path: &Path = &args.plan;
+    let (plan, store) = shared_store(path, args.redis.as_deref(), &args.cluster)?;
+    let built = |e: tollgate::ConfigError| invalid(format!("{}: {e}", path.display()));
+    let limiter = plan
+        .builder_with_store(store)
+        .and_then(|b| b.build())
+        .map_err(built)?;
+    Ok((plan, limiter))
+}
+
+/// The plan at `path` and the shared store its application uses: its `[store]`, unless
+/// `redis` or `cluster` names another.
+fn shared_store(
+    path: &Path,
+    redis: Option<&str>,
+    cluster: &[String],
+) -> Result<(Plan, DynStore), Failure> {
     let plan = Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     let prefix = plan
         .store
@@ -116,11 +154,10 @@ pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Fai
     // A leased plan keeps its leasable policies' state in the lease ledger: inspect, reset
     // and overrides go through it as the application's store does.
     let leased = plan.store.lease_time.is_some();
-    let store = if let Some(url) = &args.redis {
+    let store = if let Some(url) = redis {
         redis_store(url, &prefix, leased).map_err(|e| invalid(format!("--redis: {e}")))?
-    } else if !args.cluster.is_empty() {
-        cluster_store(&args.cluster, &prefix, leased)
-            .map_err(|e| invalid(format!("--cluster: {e}")))?
+    } else if !cluster.is_empty() {
+        cluster_store(cluster, &prefix, leased).map_err(|e| invalid(format!("--cluster: {e}")))?
     } else {
         match plan.store.kind {
             StoreKind::Redis => {
@@ -147,11 +184,7 @@ pub(super) fn limiter(args: &StoreArgs) -> Result<(Plan, Limiter<DynStore>), Fai
             }
         }
     };
-    let limiter = plan
-        .builder_with_store(store)
-        .and_then(|b| b.build())
-        .map_err(built)?;
-    Ok((plan, limiter))
+    Ok((plan, store))
 }
 
 fn redis_store(url: &str, prefix: &str, leased: bool) -> Result<DynStore, tollgate::ConfigError> {
@@ -302,6 +335,50 @@ fn run_reset(args: &StoreArgs) -> Result<(), Failure> {
             "reset key with digest {digest} under {}",
             policies.join(", ")
         );
+        Ok(())
+    }
+}
+
+pub(crate) fn unlock(args: &UnlockArgs) -> ExitCode {
+    finish(run_unlock(args))
+}
+
+fn run_unlock(args: &UnlockArgs) -> Result<(), Failure> {
+    let path: &Path = &args.plan;
+    let ip = args.ip.as_deref().map(parse_key).transpose()?;
+    let (plan, store) = shared_store(path, args.redis.as_deref(), &args.cluster)?;
+    let guard = plan
+        .login_guard_with_store(store)
+        .map_err(|e| invalid(format!("{}: {e}", path.display())))?
+        .ok_or_else(|| {
+            invalid(format!(
+                "{}: the plan has no [login] section: nothing to unlock",
+                path.display()
+            ))
+        })?;
+    let runtime = runtime()?;
+    let unlocked = match (&args.user, ip) {
+        (Some(user), _) => {
+            if user.trim().is_empty() {
+                return Err(invalid("--user = \"\": name the username to unlock"));
+            }
+            runtime
+                .block_on(guard.unlock_user(user))
+                .map_err(store_failed)?;
+            "user"
+        }
+        (None, Some(ip)) => {
+            runtime
+                .block_on(guard.unlock_ip(&ip))
+                .map_err(store_failed)?;
+            "ip"
+        }
+        (None, None) => return Err(invalid("give --user or --ip")),
+    };
+    if args.json {
+        print_json(&serde_json::json!({ "unlocked": unlocked }))
+    } else {
+        println!("unlocked the {unlocked} limit of the plan's login guard");
         Ok(())
     }
 }

@@ -17,6 +17,48 @@ struct LoginLimit {
 }
 
 impl Plan {
+    /// The login guard that `[login]` describes, on `store` (`None` without `[login]`): for
+    /// a tool that shares the application's store, such as an operator unlocking a username
+    /// ([`LoginGuard::unlock_user`]) from outside the application.
+    ///
+    /// ```
+    /// use tollgate::{config::Plan, store::MemoryStore};
+    ///
+    /// let plan = Plan::from_toml(r#"
+    ///     [[policies]]
+    ///     name = "login-pair"
+    ///     limit = 5
+    ///     window = "15m"
+    ///     [[policies]]
+    ///     name = "login-ip"
+    ///     limit = 50
+    ///     window = "15m"
+    ///     [[policies]]
+    ///     name = "login-user"
+    ///     limit = 20
+    ///     window = "1h"
+    ///     [login]
+    ///     routes = ["POST /login"]
+    ///     username_form_field = "username"
+    ///     ip_username = "login-pair"
+    ///     ip = "login-ip"
+    ///     username = "login-user"
+    /// "#)?;
+    /// let guard = plan.login_guard_with_store(MemoryStore::new())?.expect("[login] is there");
+    /// assert_eq!(guard.policies()[2].limit(), 20); // per username
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when `[login]` does not build.
+    pub fn login_guard_with_store<S: Store + Clone>(
+        &self,
+        store: S,
+    ) -> Result<Option<LoginGuard<S>>, ConfigError> {
+        Ok(self.login(store)?.map(|(guard, _)| guard))
+    }
+
     /// The login guard and its layer that `[login]` describes, on `store`.
     pub(crate) fn login<S: Store + Clone>(
         &self,

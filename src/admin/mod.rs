@@ -16,6 +16,10 @@
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
 //! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]; the routes of limiters made with [`Limiter::for_route`] under their metrics label, `for_route`), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
 //!
+//! With a login guard ([`Admin::login`]), `DELETE /login/users?username=…` and `DELETE
+//! /login/ips?key=…` clear a username's or a client's login limit, and `GET /login/top` lists
+//! the login keys refused most often.
+//!
 //! Every `/keys` and `/overrides` endpoint names its key one of three ways:
 //!
 //! - **In the path**, its source and raw material, as [`Key::new`] builds it:
@@ -102,6 +106,8 @@
 //! # fn main() {}
 //! ```
 
+mod login;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -130,6 +136,7 @@ const MAX_TOP: usize = 1000;
 pub struct Admin<S> {
     limiter: Limiter<S>,
     plan: Option<serde_json::Value>,
+    login: Option<crate::login::LoginGuard<S>>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for Admin<S> {
@@ -137,6 +144,7 @@ impl<S: fmt::Debug> fmt::Debug for Admin<S> {
         f.debug_struct("Admin")
             .field("limiter", &self.limiter)
             .field("plan", &self.plan.is_some())
+            .field("login", &self.login.is_some())
             .finish()
     }
 }
@@ -150,6 +158,7 @@ impl<S: Store> Admin<S> {
         Self {
             limiter,
             plan: None,
+            login: None,
         }
     }
 
@@ -180,7 +189,7 @@ impl<S: Store> Admin<S> {
     /// See the [module docs](self) for an example.
     pub fn router(self) -> Router {
         let state = Arc::new(self);
-        Router::new()
+        let router = Router::new()
             .route("/keys", get(key_state::<S>).delete(reset::<S>))
             .route(
                 "/keys/{source}/{*material}",
@@ -199,8 +208,8 @@ impl<S: Store> Admin<S> {
                     .delete(remove_override::<S>),
             )
             .route("/top", get(top::<S>))
-            .route("/plan", get(plan::<S>))
-            .with_state(state)
+            .route("/plan", get(plan::<S>));
+        login::routes(router).with_state(state)
     }
 }
 
@@ -362,14 +371,7 @@ fn raw_param(query: &str, name: &str) -> Result<Option<String>, Failure> {
 fn shown_key_text(raw: &str) -> Result<String, Failure> {
     let text = if raw.contains(':') {
         let undigested = |part: &str| match part.strip_prefix("%23") {
-            Some(hex)
-                if hex.len() == 32
-                    && hex
-                        .bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
-            {
-                format!("#{hex}")
-            }
+            Some(hex) if crate::key::is_hex_digest(hex) => format!("#{hex}"),
             _ => part.to_owned(),
         };
         let (source, material) = raw.split_once(':').unwrap_or((raw, ""));
@@ -583,7 +585,15 @@ async fn top<S: Store>(
     State(admin): Shared<S>,
     Params(params): Params,
 ) -> Result<Json<Top>, Failure> {
-    only(&params, &["n"])?;
+    top_answer(&params, |n| admin.limiter.top_refused(n))
+}
+
+/// The `?n=` keys (20 unless asked, at most 1000) that `refused` lists.
+fn top_answer(
+    params: &HashMap<String, String>,
+    refused: impl FnOnce(usize) -> Vec<RefusedKey>,
+) -> Result<Json<Top>, Failure> {
+    only(params, &["n"])?;
     let n = match params.get("n") {
         None => DEFAULT_TOP,
         Some(text) => match text.parse::<usize>() {
@@ -591,9 +601,7 @@ async fn top<S: Store>(
             _ => return Err(Failure::bad("n", text, "a number from 1 to 1000")),
         },
     };
-    Ok(Json(Top {
-        keys: admin.limiter.top_refused(n),
-    }))
+    Ok(Json(Top { keys: refused(n) }))
 }
 
 #[derive(Serialize)]
