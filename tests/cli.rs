@@ -212,3 +212,34 @@ fn the_cli_exports_the_edge_and_names_what_a_target_cannot_express() {
         assert!(stdout(&out).contains(word), "{word}: {}", stdout(&out));
     }
 }
+
+/// A secret read from an environment variable that is set but empty (a secret missing from
+/// a deployment) fails the build, naming the field: an empty HMAC key is public, and keys
+/// hashed under it are as guessable as unkeyed ones.
+#[test]
+fn an_empty_secret_variable_fails_the_build() {
+    let text = "[key]\nkind = \"api_key\"\nsecret_env = \"TOLLGATE_TEST_EMPTY_SECRET\"\n\
+                [[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n\
+                [default]\npolicies = [\"api\"]\n";
+    let path = plan_file("empty-secret.toml", text);
+    let run = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["audit", path.to_str().unwrap(), "--json"])
+            .env("TOLLGATE_TEST_EMPTY_SECRET", value)
+            .output()
+            .unwrap()
+    };
+    let out = run("");
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["findings"][0]["field"], "key.secret_env", "{report}");
+    assert!(
+        report["findings"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("empty")),
+        "{report}"
+    );
+    let out = run("a-secret-of-some-length-0123456789");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(report["findings"][0]["rule"], "TG000", "{report}");
+}

@@ -439,6 +439,21 @@ fn settings_out_of_range_are_refused_naming_the_setting() {
     .contains("circuit_breaker.failures"));
     assert!(err(resilient().circuit_breaker(3, Duration::ZERO).build())
         .contains("circuit_breaker.cooldown"));
+    // A cooldown the clock cannot add (it once overflowed at the first failure).
+    for huge in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(86_401),
+    ] {
+        assert!(
+            err(resilient().circuit_breaker(3, huge).build()).contains("circuit_breaker.cooldown")
+        );
+        assert!(err(resilient().timeout(huge).build()).contains("timeout"));
+    }
+    assert!(resilient()
+        .circuit_breaker(3, Duration::from_secs(86_400))
+        .build()
+        .is_ok());
     assert!(err(resilient()
         .deny_cache_max_age(Duration::from_micros(10))
         .build())

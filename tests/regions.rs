@@ -479,8 +479,13 @@ async fn a_plan_shares_a_limit_across_regions() {
     assert_eq!(e.field(), "store.region", "{e}");
     let e = fails(plan("eu", &eu.url(), "deposit_max_percent = 0"));
     assert_eq!(e.field(), "store.deposit_max_percent", "{e}");
-    let e = fails(plan("eu", &eu.url(), "").replace("home_lease = \"2s\"", "home_lease = \"5ms\""));
-    assert_eq!(e.field(), "store.home_lease", "{e}");
+    for lease in ["5ms", "0s"] {
+        let text = plan("eu", &eu.url(), "")
+            .replace("home_lease = \"2s\"", &format!("home_lease = \"{lease}\""));
+        let e = fails(text);
+        assert_eq!(e.field(), "store.home_lease", "{e}");
+        assert_eq!(e.value(), lease, "{e}");
+    }
     let e = fails(plan("eu", &eu.url(), "").replace(&format!("home = \"{}\"\n", home.url()), ""));
     assert_eq!(e.field(), "store.home", "{e}");
     let e = fails(
@@ -768,4 +773,81 @@ async fn a_request_refused_for_its_size_does_not_block_the_key_in_the_region() {
     }
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The operator tools act where a regional plan's instances read: `tollgate override set`
+/// and `reset` on a plan with `region` and `home` reach the home ledger (they once went to
+/// the region's Redis as a plain store, where nothing reads overrides and no regional state
+/// lives, and still said they were done).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_overrides_and_resets_a_regional_plan_at_home() {
+    use tollgate::config::Plan;
+    let home = RedisServer::start();
+    let eu = RedisServer::start();
+    let text = format!(
+        "failure_mode = \"fail_closed\"\n\
+         [[policies]]\nname = \"api\"\nlimit = 40\nwindow = \"1h\"\n\
+         [default]\npolicies = [\"api\"]\n\
+         [store]\nkind = \"redis\"\nurl = \"{}\"\nregion = \"eu\"\n\
+         home = \"{}\"\nhome_lease = \"200ms\"\n",
+        eu.url(),
+        home.url()
+    );
+    let dir = std::env::temp_dir().join(format!("tollgate-region-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.toml");
+    std::fs::write(&path, &text).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    let tollgate = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .output()
+            .unwrap();
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {shown}");
+        shown
+    };
+    let app = Limiter::from_config(&Plan::from_toml(&text).unwrap()).unwrap();
+    let key = Key::new("user", "cli");
+
+    tollgate(&["override", "set", &path, "user:cli", "api", "5"]);
+    let seen = app.overrides(&key).await.unwrap();
+    assert_eq!(
+        seen.len(),
+        1,
+        "the application reads the override: {seen:?}"
+    );
+    assert_eq!(seen[0].limit(), 5);
+    let listed = tollgate(&["override", "list", &path, "user:cli"]);
+    assert!(listed.contains("api"), "{listed}");
+
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if app.check(&key, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= 5, "{admitted} admitted under an override of 5");
+    tollgate(&["reset", &path, "user:cli"]);
+    tollgate(&["override", "remove", &path, "user:cli", "api"]);
+    // The reset and the removal reach this instance within its leases.
+    let mut after = 0;
+    for _ in 0..40 {
+        if app.check(&key, 1).await.unwrap().is_allowed() {
+            after += 1;
+        }
+        if after >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        after >= 10,
+        "{after} admitted after the reset and the removal"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -103,7 +103,8 @@ impl ApiKey {
 
     /// Hashes with HMAC-SHA256 under `secret` instead of plain SHA-256. Use a stable secret
     /// of at least 32 random bytes, shared by every instance that shares a store; changing
-    /// it gives every API key a fresh limit.
+    /// it gives every API key a fresh limit. An empty secret is public: anyone can compute
+    /// the hashes (a plan's `secret_env` naming an empty variable fails to build).
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.mac = Some(
             <Hmac<Sha256> as Mac>::new_from_slice(secret.as_ref())

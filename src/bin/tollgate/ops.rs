@@ -23,7 +23,7 @@ pub(crate) struct StoreArgs {
     /// a digested material.
     pub(super) key: String,
     /// A Redis server (`redis://host:port`), instead of the plan's `store.url` (TLS,
-    /// `rediss://`, is not built in).
+    /// `rediss://`, is not built in; a regional plan's home stays the plan's).
     #[arg(long, conflicts_with = "cluster")]
     redis: Option<String>,
     /// Redis Cluster seed nodes, comma-separated, instead of the plan's `store.urls`.
@@ -144,75 +144,36 @@ fn shared_store(
     redis: Option<&str>,
     cluster: &[String],
 ) -> Result<(Plan, DynStore), Failure> {
-    let plan = Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
-    let prefix = plan
-        .store
-        .prefix
-        .clone()
-        .unwrap_or_else(|| "tollgate".to_owned());
-    let built = |e: tollgate::ConfigError| invalid(format!("{}: {e}", path.display()));
-    // A leased plan keeps its leasable policies' state in the lease ledger: inspect, reset
-    // and overrides go through it as the application's store does.
-    let leased = plan.store.lease_time.is_some();
-    let store = if let Some(url) = redis {
-        redis_store(url, &prefix, leased).map_err(|e| invalid(format!("--redis: {e}")))?
+    let mut plan =
+        Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    if let Some(url) = redis {
+        plan.store.kind = StoreKind::Redis;
+        plan.store.url = Some(url.to_owned());
     } else if !cluster.is_empty() {
-        cluster_store(cluster, &prefix, leased).map_err(|e| invalid(format!("--cluster: {e}")))?
-    } else {
-        match plan.store.kind {
-            StoreKind::Redis => {
-                let url = plan.store.url.as_deref().unwrap_or_default();
-                redis_store(url, &prefix, leased).map_err(built)?
-            }
-            StoreKind::RedisCluster => {
-                cluster_store(&plan.store.urls, &prefix, leased).map_err(built)?
-            }
-            StoreKind::Sentinel => {
-                let master = plan.store.master.as_deref().unwrap_or_default();
-                let store = tollgate::store::RedisSentinelStore::builder()
-                    .prefix(prefix.as_str())
-                    .build_with_sentinel(&plan.store.sentinels, master)
-                    .map_err(|e| built(e.within("store")))?;
-                erase(store, leased)
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "{}: store.kind = \"memory\": the state lives in each process; give --redis or \
-                     --cluster, or ask the application's admin API",
-                    path.display()
-                )))
-            }
-        }
-    };
-    Ok((plan, store))
-}
-
-fn redis_store(url: &str, prefix: &str, leased: bool) -> Result<DynStore, tollgate::ConfigError> {
-    let store = tollgate::store::RedisStore::builder()
-        .prefix(prefix)
-        .build_with_url(url)?;
-    Ok(erase(store, leased))
-}
-
-fn cluster_store(
-    urls: &[String],
-    prefix: &str,
-    leased: bool,
-) -> Result<DynStore, tollgate::ConfigError> {
-    let store = tollgate::store::RedisClusterStore::builder()
-        .prefix(prefix)
-        .build_cluster_with_urls(urls.iter().map(String::as_str))?;
-    Ok(erase(store, leased))
-}
-
-/// `store`, through a lease ledger when the plan leases (a one-shot command leases nothing:
-/// every decision is exact, but the state it reads, resets or overrides is the ledger's).
-fn erase<S: tollgate::store::leased::LeaseBackend>(store: S, leased: bool) -> DynStore {
-    if leased {
-        DynStore::new(tollgate::store::leased::LeasedStore::new(store))
-    } else {
-        DynStore::new(store)
+        plan.store.kind = StoreKind::RedisCluster;
+        plan.store.urls = cluster.to_vec();
+    } else if plan.store.kind == StoreKind::Memory {
+        return Err(invalid(format!(
+            "{}: store.kind = \"memory\": the state lives in each process; give --redis or \
+             --cluster, or ask the application's admin API",
+            path.display()
+        )));
     }
+    // The store as the application's instances reach it (its lease ledger, its region's
+    // home ledger), without a failure mode: a store error is an error here, so neither the
+    // plan's nor its login section's failure mode applies.
+    if let Some(login) = &mut plan.login {
+        login.failure_mode = None;
+    }
+    let store = plan.operator_store().map_err(|e| {
+        let flag = match e.field() {
+            "store.url" if redis.is_some() => "--redis",
+            "store.urls" if !cluster.is_empty() => "--cluster",
+            _ => return invalid(format!("{}: {e}", path.display())),
+        };
+        invalid(format!("{flag}: {}", e.reason()))
+    })?;
+    Ok((plan, store))
 }
 
 pub(super) fn store_failed(e: impl std::fmt::Display) -> Failure {

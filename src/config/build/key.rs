@@ -14,13 +14,19 @@ pub(super) fn header_name(field: &str, value: &str) -> Result<HeaderName, Config
 
 /// The value of the environment variable `var`, or an error on `field`.
 pub(super) fn env_secret(field: &str, var: &str) -> Result<String, ConfigError> {
-    std::env::var(var).map_err(|_| {
-        ConfigError::new(
+    match std::env::var(var) {
+        Ok(secret) if secret.is_empty() => Err(ConfigError::new(
+            field,
+            format_args!("{var:?}"),
+            "the environment variable is empty: an empty secret keys nothing (is the secret missing from the deployment?)",
+        )),
+        Ok(secret) => Ok(secret),
+        Err(_) => Err(ConfigError::new(
             field,
             format_args!("{var:?}"),
             "the environment variable is not set",
-        )
-    })
+        )),
+    }
 }
 
 impl KeyConfig {

@@ -113,6 +113,36 @@ impl Plan {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn store(&self) -> Result<DynStore, ConfigError> {
+        self.shared_store(true)
+    }
+
+    /// The store the plan names as operator tools reach it: the same Redis (Cluster, through
+    /// Sentinel), lease ledger and regional ledger as [`store`](Self::store), but no failure
+    /// mode, so a store error is an error rather than a decision, and no deny cache. What
+    /// `tollgate inspect`, `reset`, `override` and `unlock` act on: a reset or an override
+    /// lands where the application's instances read it.
+    ///
+    /// ```
+    /// let plan = tollgate::config::Plan::from_toml(
+    ///     "failure_mode = \"fail_open\"\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6390\"",
+    /// )?;
+    /// let store = plan.operator_store()?; // connects on its first call
+    /// # let _ = store;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`store`](Self::store).
+    pub fn operator_store(&self) -> Result<DynStore, ConfigError> {
+        self.shared_store(false)
+    }
+
+    /// The plan's store, in its failure mode when `failure_mode` says so.
+    fn shared_store(&self, failure_mode: bool) -> Result<DynStore, ConfigError> {
+        // Only a shared store has a failure mode.
+        #[cfg(not(feature = "redis"))]
+        let _ = failure_mode;
         self.store_settings()?;
         match self.store.kind {
             StoreKind::Memory => {
@@ -133,12 +163,9 @@ impl Plan {
                 }
                 let store = b.build_with_url(&url).map_err(|e| e.within("store"))?;
                 if self.store.region.is_some() {
-                    return self.regional(store);
+                    return self.regional(store, failure_mode);
                 }
-                match self.leased(store.clone())? {
-                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
-                    None => Ok(DynStore::new(self.resilient(store)?)),
-                }
+                self.leased_and_resilient(store, failure_mode)
             }
             #[cfg(feature = "cluster")]
             StoreKind::RedisCluster => {
@@ -156,10 +183,7 @@ impl Plan {
                 let store = b
                     .build_cluster_with_urls(self.store.urls.iter().map(String::as_str))
                     .map_err(|e| e.within("store"))?;
-                match self.leased(store.clone())? {
-                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
-                    None => Ok(DynStore::new(self.resilient(store)?)),
-                }
+                self.leased_and_resilient(store, failure_mode)
             }
             #[cfg(feature = "sentinel")]
             StoreKind::Sentinel => {
@@ -177,10 +201,7 @@ impl Plan {
                 let store = b
                     .build_with_sentinel(&self.store.sentinels, master)
                     .map_err(|e| e.within("store"))?;
-                match self.leased(store.clone())? {
-                    Some(leased) => Ok(DynStore::new(self.resilient(leased)?)),
-                    None => Ok(DynStore::new(self.resilient(store)?)),
-                }
+                self.leased_and_resilient(store, failure_mode)
             }
             #[allow(unreachable_patterns)]
             other => Err(ConfigError::new(
@@ -249,10 +270,14 @@ impl Plan {
     /// [`RegionalLedger`](crate::store::regions::RegionalLedger), in the failure mode, whose
     /// timeout is the home lease (a call that needs the home waits for its round trip).
     #[cfg(feature = "redis")]
-    fn regional(&self, local: crate::store::RedisStore) -> Result<DynStore, ConfigError> {
+    fn regional(
+        &self,
+        local: crate::store::RedisStore,
+        failure_mode: bool,
+    ) -> Result<DynStore, ConfigError> {
         #[cfg(not(feature = "regions"))]
         {
-            let _ = local;
+            let _ = (local, failure_mode);
             Err(ConfigError::new(
                 "store.region",
                 format_args!("{:?}", self.store.region.as_deref().unwrap_or_default()),
@@ -271,8 +296,14 @@ impl Plan {
             if let Some(p) = &self.store.prefix {
                 hb = hb.prefix(p.clone());
             }
-            let home = hb.build_with_url(home_url).map_err(|e| {
-                ConfigError::new("store.home", format_args!("{home_url:?}"), e.reason())
+            let home = hb.build_with_url(home_url).map_err(|e| match e.field() {
+                // The home store's timeout is the home lease.
+                "timeout" => ConfigError::new(
+                    "store.home_lease",
+                    self.store.home_lease.as_deref().unwrap_or_default(),
+                    e.reason(),
+                ),
+                _ => ConfigError::new("store.home", format_args!("{home_url:?}"), e.reason()),
             })?;
             let region = self.store.region.clone().unwrap_or_default();
             let mut rb = RegionalLedger::builder(region, local, home).home_lease(lease);
@@ -298,12 +329,34 @@ impl Plan {
                 Some(leased) => leased,
                 None => crate::store::leased::LeasedStore::new(ledger),
             };
+            if !failure_mode {
+                return Ok(DynStore::new(leased));
+            }
             let store = crate::store::ResilientStore::builder(leased, self.failure_mode()?)
                 .timeout(lease)
                 .deny_cache(10_000)
                 .build()
                 .map_err(|e| e.within("store"))?;
             Ok(DynStore::new(store))
+        }
+    }
+
+    /// `store` through the plan's lease ledger (if it leases), in its failure mode when
+    /// `failure_mode` says so.
+    #[cfg(feature = "redis")]
+    fn leased_and_resilient<S: crate::store::leased::LeaseBackend + Clone>(
+        &self,
+        store: S,
+        failure_mode: bool,
+    ) -> Result<DynStore, ConfigError> {
+        let store = match self.leased(store.clone())? {
+            Some(leased) => DynStore::new(leased),
+            None => DynStore::new(store),
+        };
+        if failure_mode {
+            Ok(DynStore::new(self.resilient(store)?))
+        } else {
+            Ok(store)
         }
     }
 

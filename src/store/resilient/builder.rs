@@ -16,6 +16,10 @@ use crate::error::ConfigError;
 use crate::policy::FailureMode;
 use crate::store::{MemoryStore, Store};
 
+/// The longest a duration setting may be: a longer one is a unit mistake, and a breaker's
+/// cooldown is added to the clock.
+const MAX_SETTING: Duration = Duration::from_secs(86_400);
+
 /// How long a cached denial is answered before the store is asked whether it still stands,
 /// by default: see [`ResilientStoreBuilder::deny_cache_recheck`].
 pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(250);
@@ -122,7 +126,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the setting when `timeout`, the breaker's `cooldown`,
-    /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms, the breaker's
+    /// `deny_cache_max_age` or `deny_cache_recheck` is under 1 ms or over a day, the breaker's
     /// `failures` is 0, the failure mode is a local fallback of 0 replicas, or
     /// `deny_cache_max_age` or `deny_cache_recheck` is set without a deny cache.
     pub fn build(self) -> Result<ResilientStore<S>, ConfigError> {
@@ -132,11 +136,11 @@ impl<S: Store> ResilientStoreBuilder<S> {
             ("deny_cache_max_age", self.deny_cache_max_age),
             ("deny_cache_recheck", self.deny_cache_recheck),
         ] {
-            if value < Duration::from_millis(1) {
+            if value < Duration::from_millis(1) || value > MAX_SETTING {
                 return Err(ConfigError::new(
                     field,
                     format_args!("{value:?}"),
-                    "at least 1 ms",
+                    "from 1 ms to 1 day",
                 ));
             }
         }
@@ -169,7 +173,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 timeout: self.timeout,
                 breaker: Breaker {
                     threshold: self.threshold,
-                    cooldown_ms: self.cooldown.as_millis() as u64,
+                    cooldown_ms: self.cooldown.as_millis().try_into().unwrap_or(u64::MAX),
                     failures: AtomicU32::new(0),
                     open_until: AtomicU64::new(0),
                     probing: AtomicBool::new(false),
