@@ -68,8 +68,11 @@ pub enum HeaderStyle {
     All,
 }
 
-/// Which allowed responses carry the quota headers. A 429 always carries the full set its
-/// [`HeaderStyle`] names, and `Retry-After`, whatever this says.
+/// Which allowed responses carry the quota headers. A rate-limited 429 always carries the
+/// full set its [`HeaderStyle`] names, and `Retry-After`, whatever this says; a refusal
+/// that waiting cannot cure (a cost above the capacity) carries neither, and a login
+/// refusal or one by a [sensitive](crate::PolicyBuilder::sensitive) policy no quota
+/// headers.
 ///
 /// ```
 /// use tollgate::{Limiter, Policy, QuotaHeaders, Rate, RateLimitLayer};
@@ -163,6 +166,12 @@ fn reset_secs(decision: &Decision) -> u64 {
         secs.max(1)
     }
 }
+
+/// Marks a response as a refusal tollgate answered (in its extensions): a layer further out,
+/// which admitted the request, leaves such a response as it is, so a 429 never carries
+/// another policy's quota headers (`RateLimit-Remaining: 118` beside `Retry-After`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refused;
 
 /// Writes the quota headers for `decision` in `style`.
 pub fn write_quota_headers(

@@ -311,3 +311,54 @@ async fn patterns_with_the_nest_prefix_guard_routes_inside_a_nested_router() {
     }
     assert_eq!(statuses, [401, 429, 429]);
 }
+
+/// A route's own policy attached with `for_route` inside the service-wide layer: the route's
+/// 429 carries the route's numbers, not the outer policy's that admitted the request (the
+/// outer layer wrote its own quota headers over the refusal's: `Retry-After` from the login
+/// policy beside `RateLimit-Remaining: 118` from the pages policy). An allowed response
+/// still carries the outer layer's headers.
+#[tokio::test]
+async fn an_inner_refusal_keeps_its_own_quota_headers_under_an_outer_layer() {
+    let limits = RateLimitLayer::new(
+        Limiter::builder()
+            .policy(fixed("pages", Rate::per_minute(120)))
+            .extractor(tollgate::key::Global::new())
+            .build()
+            .unwrap(),
+    );
+    let login = Route::new().policy(fixed("login", Rate::per_minute(1)));
+    let app = Router::new()
+        .route(
+            "/login",
+            axum::routing::post(|| async { "welcome" })
+                .route_layer(limits.for_route(login).unwrap()),
+        )
+        .route("/", get(|| async { "home" }))
+        .layer(limits);
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let post = || client.post(format!("http://{addr}/login")).send();
+    assert_eq!(post().await.unwrap().status(), 200);
+    let refused = post().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let header = |name: &str| {
+        refused
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        header("x-ratelimit-limit").as_deref(),
+        Some("1"),
+        "{:?}",
+        refused.headers()
+    );
+    assert_eq!(header("x-ratelimit-remaining").as_deref(), Some("0"));
+    assert!(header("retry-after").is_some());
+    let home = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(
+        home.headers().get("x-ratelimit-limit").unwrap(),
+        "120",
+        "an allowed response carries the outer layer's headers"
+    );
+}

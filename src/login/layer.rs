@@ -18,7 +18,6 @@ use crate::key::RequestView;
 use crate::limiter::RouteTable;
 use crate::middleware::{read_capped, RateLimitBody, TrailersWatch};
 use crate::refusal::{Refusal, RefusalKind, Rendering};
-use crate::response::HeaderStyle;
 use crate::store::{MemoryStore, Store};
 
 /// What a login route's response says about the attempt; see [`LoginLayer::classify`].
@@ -142,7 +141,7 @@ struct Shared<St> {
     classify: Arc<dyn Fn(StatusCode) -> LoginOutcome + Send + Sync>,
     /// Only these routes are guarded; `None`: every request.
     routes: Option<Arc<RouteTable>>,
-    /// How refusals look: the header style and whether 429s carry `Retry-After`.
+    /// How refusals look: whether 429s carry `Retry-After`.
     rendering: Rendering,
 }
 
@@ -328,30 +327,21 @@ impl<St> LoginLayer<St> {
         )
     }
 
-    /// Which quota headers a refusal carries (default [`HeaderStyle::Classic`]), as
-    /// [`RateLimitLayer::header_style`](crate::RateLimitLayer::header_style). A plan's
-    /// `header_style` sets both layers'.
+    /// Whether a 429 carries `Retry-After` (default `true`), as
+    /// [`RateLimitLayer::retry_after_header`](crate::RateLimitLayer::retry_after_header). A
+    /// plan's `retry_after` sets both layers'. A login refusal carries no quota headers
+    /// (it says nothing of which limit refused, or how much is left), so it has no header
+    /// style to choose.
     ///
     /// ```
     /// use tollgate::login::{LoginGuard, LoginLayer};
-    /// use tollgate::HeaderStyle;
     ///
     /// let guard = LoginGuard::builder().build()?;
     /// let layer = LoginLayer::header(guard, http::HeaderName::from_static("x-user"))
-    ///     .header_style(HeaderStyle::Structured)
-    ///     .retry_after_header(true);
+    ///     .retry_after_header(false);
     /// # let _ = layer;
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    pub fn header_style(self, style: HeaderStyle) -> Self {
-        self.edit(|s| s.rendering.style = style)
-    }
-
-    /// Whether a 429 carries `Retry-After` (default `true`), as
-    /// [`RateLimitLayer::retry_after_header`](crate::RateLimitLayer::retry_after_header). A
-    /// plan's `retry_after` sets both layers'.
-    ///
-    /// See [`header_style`](Self::header_style) for an example.
     pub fn retry_after_header(self, enabled: bool) -> Self {
         self.edit(|s| s.rendering.retry_after = enabled)
     }

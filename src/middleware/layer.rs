@@ -93,8 +93,9 @@ impl<St> RateLimitLayer<St> {
     }
 
     /// Which allowed responses carry the quota headers (default
-    /// [`QuotaHeaders::Always`]). A 429 always carries them (unless its policy is
-    /// [sensitive](crate::PolicyBuilder::sensitive)).
+    /// [`QuotaHeaders::Always`]). A rate-limited 429 always carries them (unless its policy
+    /// is [sensitive](crate::PolicyBuilder::sensitive)); a cost above the capacity, which no
+    /// wait cures, is refused without them and without `Retry-After`.
     ///
     /// [`QuotaHeaders::NearLimit`] sends them only once the client has at most a tenth of
     /// its quota left, which the IETF draft allows and which spares most responses the

@@ -12,7 +12,7 @@ use super::rendering::ResponseConfig;
 use crate::decision::Decision;
 use crate::limiter::{Limiter, PolicySet};
 use crate::refusal::Refusal;
-use crate::response::{write_quota_headers, HeaderStyle};
+use crate::response::{write_quota_headers, HeaderStyle, Refused};
 use crate::store::Store;
 
 /// What every service made by one layer shares: the limiter and how responses look.
@@ -50,6 +50,8 @@ impl<St: Store> Shared<St> {
             .info
             .then(|| RateLimitInfo::from_refusal(&refusal));
         let mut res = self.response.render(refusal, grpc);
+        // An `on_refusal` hook's response is as much a refusal as tollgate's own.
+        res.extensions_mut().insert(Refused);
         if let Some(info) = info {
             res.extensions_mut().insert(info);
         }
@@ -81,6 +83,11 @@ impl<St: Store> Shared<St> {
     /// Finishes the response of a request that went ahead: the quota headers of the decision
     /// (made with policy set `set`), and its [`RateLimitInfo`].
     pub(crate) fn decorate<B>(&self, set: &PolicySet, kept: Kept, res: &mut Response<B>) {
+        if res.extensions().get::<Refused>().is_some() {
+            // Refused further in (a route's own layer, the login layer): its quota headers
+            // and information are the refusal's, not this layer's policies'.
+            return;
+        }
         let policies = &set.enforced;
         if kept.headers {
             let style = self.response.style;

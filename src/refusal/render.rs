@@ -6,7 +6,7 @@ use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::Response;
 
 use super::{Refusal, RefusalKind};
-use crate::response::write_quota_headers;
+use crate::response::{write_quota_headers, Refused};
 
 impl Refusal {
     /// The response tollgate sends by default: [`http_response`](Self::http_response), or
@@ -43,6 +43,7 @@ impl Refusal {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry));
         }
         self.write_quota_headers(&mut res);
+        res.extensions_mut().insert(Refused);
         res
     }
 
@@ -63,6 +64,7 @@ impl Refusal {
             self.inner.rendering.grpc.as_ref().unwrap_or(&GRPC),
         );
         self.write_quota_headers(&mut res);
+        res.extensions_mut().insert(Refused);
         res
     }
 

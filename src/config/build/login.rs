@@ -97,7 +97,6 @@ impl Plan {
         let guard = b.build().map_err(|e| guard_error(e, &limits))?;
         // The plan's response settings hold on the login layer's refusals too.
         let layer = login_layer(l, guard.clone())?
-            .header_style(self.header_style)
             .retry_after_header(self.retry_after.unwrap_or(true))
             .routes(l.routes.iter().cloned())
             .map_err(|e| e.within("login"))?;

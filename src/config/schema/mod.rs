@@ -528,7 +528,8 @@ pub struct Plan {
     pub replicas: Option<u32>,
     /// What to do when the shared store fails.
     pub failure_mode: Option<FailureModeName>,
-    /// Quota header style, of the limiter's layer and the login layer alike.
+    /// Quota header style of the limiter's layer (the login layer's refusals carry no quota
+    /// headers).
     #[serde(default)]
     pub header_style: HeaderStyle,
     /// Whether 429s carry `Retry-After` (default true), the limiter's layer's and the login
