@@ -1146,3 +1146,52 @@ async fn a_reset_through_an_attached_limiter_reaches_the_parents_policies() {
         .unwrap();
     assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
 }
+
+/// A shaping GCRA policy admits a cost above its burst by making it wait: such a request,
+/// refused now, is refused for the rate (a `Retry-After`, a penalty's strike), not as a cost
+/// that could never pass. Only a cost above what even the longest wait admits is that. The
+/// memory store and Redis alike.
+#[tokio::test]
+async fn a_shaped_policy_refuses_a_cost_its_wait_admits_for_the_rate() {
+    let server = support::RedisServer::start();
+    let redis = tollgate::store::RedisStore::builder()
+        .build_with_url(&server.url())
+        .unwrap();
+    // Burst 1 at 2 a second; a wait of up to 1.2 s admits 2.4 more units: costs up to 3.
+    let shaped = || {
+        Policy::builder("shaped", Rate::per_second(2).with_burst(1))
+            .algorithm(Algorithm::Gcra)
+            .shape(Duration::from_millis(1_200))
+            .build()
+            .unwrap()
+    };
+    async fn run<S: tollgate::store::Store>(limiter: Limiter<S>, store: &str) {
+        let key = Key::new("user", format!("shaped-{store}"));
+        let first = limiter.check(&key, 2).await.unwrap();
+        assert!(first.is_allowed(), "{store}");
+        assert!(
+            first.delay() > Duration::ZERO,
+            "{store}: admitted after a wait"
+        );
+        match limiter.check(&key, 2).await {
+            Ok(d) => {
+                assert!(!d.is_allowed(), "{store}");
+                let retry = d.retry_after().expect("a refusal for the rate says when");
+                assert!(retry <= Duration::from_millis(300), "{store}: {retry:?}");
+            }
+            Err(e) => panic!("{store}: a cost of 2 that a wait admits refused as {e}"),
+        }
+        match limiter.check(&key, 4).await {
+            Err(CheckError::CostExceedsCapacity { cost: 4, .. }) => {}
+            other => panic!("{store}: a cost no wait admits: {other:?}"),
+        }
+    }
+    let memory = Limiter::builder().policy(shaped()).build().unwrap();
+    run(memory, "memory").await;
+    let redis = Limiter::builder()
+        .store(redis)
+        .policy(shaped())
+        .build()
+        .unwrap();
+    run(redis, "redis").await;
+}

@@ -139,11 +139,12 @@ impl PolicyDecision {
     }
 
     /// The decision for a request of `cost`, marked when it was denied for a cost above the
-    /// capacity in force ([`limit`](Self::limit)), which no wait would cure. The stores mark
-    /// every decision they answer (the memory store and the Redis stores alike).
+    /// capacity in force ([`limit`](Self::limit)) and the `slack` a shaping policy adds to
+    /// it ([`Limits::shaping_slack`](crate::policy::Limits)), which no wait would cure. The
+    /// stores mark every decision they answer (the memory store and the Redis stores alike).
     #[inline]
-    pub(crate) fn for_cost(mut self, cost: u64) -> Self {
-        if !self.allowed && cost > self.limit {
+    pub(crate) fn for_cost(mut self, cost: u64, slack: u64) -> Self {
+        if !self.allowed && cost > self.limit.saturating_add(slack) {
             self.delay_ms = cost;
         }
         self
@@ -506,7 +507,7 @@ macro_rules! algorithms {
                 match self {
                     $(AnyState::$variant(s) => <$alg>::evaluate(s, now, limits, cost),)*
                 }
-                .for_cost(cost)
+                .for_cost(cost, limits.shaping_slack())
             }
 
             /// See [`LimitAlgorithm::commit`].
@@ -557,7 +558,7 @@ macro_rules! algorithms {
                         (d, expires, asked)
                     })*
                 };
-                (d.for_cost(asked), expires)
+                (d.for_cost(asked, limits.shaping_slack()), expires)
             }
 
             /// See [`LimitAlgorithm::expires_at`].

@@ -57,4 +57,22 @@ impl Limits {
     pub fn max_delay_millis(&self) -> u64 {
         self.max_delay_ms
     }
+
+    /// The units a shaping policy admits beyond its capacity by making a request wait its
+    /// longest delay (0 without shaping): a cost up to `capacity + shaping_slack` can pass.
+    #[inline]
+    pub(crate) fn shaping_slack(&self) -> u64 {
+        shaping_slack(self.limit, self.window_ms, self.max_delay_ms)
+    }
+}
+
+/// The units `max_delay_ms` of waiting admits at `limit` per `window_ms`: what a shaping
+/// policy's largest cost has beyond its capacity.
+#[inline]
+pub(crate) fn shaping_slack(limit: u64, window_ms: u64, max_delay_ms: u64) -> u64 {
+    if max_delay_ms == 0 || window_ms == 0 {
+        return 0;
+    }
+    let units = u128::from(max_delay_ms) * u128::from(limit) / u128::from(window_ms);
+    u64::try_from(units).unwrap_or(u64::MAX)
 }

@@ -41,6 +41,8 @@ mod limits;
 mod rate;
 
 pub use builder::PolicyBuilder;
+#[cfg(feature = "redis")]
+pub(crate) use limits::shaping_slack;
 pub use limits::Limits;
 pub use rate::Rate;
 

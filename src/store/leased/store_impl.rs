@@ -178,7 +178,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                             a.retry_after_ms,
                             0,
                         )
-                        .for_cost(cost)
+                        .for_cost(cost, p.limits().shaping_slack())
                     },
                 ))
             };

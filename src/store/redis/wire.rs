@@ -447,7 +447,9 @@ impl<'a> Reader<'a> {
                 delay,
             );
             decisions.push(match amount.units() {
-                Some(cost) if asked && p[0] != IN_FLIGHT_SCRIPT_ID => d.for_cost(cost),
+                Some(cost) if asked && p[0] != IN_FLIGHT_SCRIPT_ID => {
+                    d.for_cost(cost, crate::policy::shaping_slack(p[1], p[2], p[4]))
+                }
                 _ => d,
             });
         }
