@@ -12,6 +12,7 @@
 //! | `grpc-message` | the same message as the HTTP body's, percent-encoded |
 //! | `grpc-status-details-bin` | a `google.rpc.Status` with a `google.rpc.RetryInfo` detail |
 //! | `retry-after` | whole seconds, as for HTTP |
+//! | `grpc-retry-pushback-ms` | the same wait in milliseconds, which gRPC's own retry policy reads (it reads neither of the above); `-1`, "do not retry", for a cost above the capacity, which no wait cures |
 //! | quota headers | as for HTTP (none for a sensitive policy) |
 //! | `cache-control` | `no-store`: a cache in front must not keep a refusal of status 200 |
 //!
@@ -68,6 +69,10 @@ use http::{HeaderMap, Response, StatusCode};
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+/// Server pushback: how long a client's built-in retry policy waits before it retries (gRPC
+/// proposal A6); negative means do not retry.
+pub(crate) static GRPC_RETRY_PUSHBACK: HeaderName =
+    HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// `RESOURCE_EXHAUSTED`: the gRPC status of a rate-limited call.
 pub const RESOURCE_EXHAUSTED: i32 = 8;
@@ -152,6 +157,7 @@ pub(crate) fn call_content_type<B>(request: &http::Request<B>) -> Option<&Header
 /// assert_eq!(res.headers()["grpc-status"], "8");
 /// assert_eq!(res.headers()["grpc-message"], "Too many requests. Please try again later.");
 /// assert_eq!(res.headers()["retry-after"], "2");
+/// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1500");
 /// assert_eq!(res.headers()["cache-control"], "no-store");
 /// assert!(res.body().is_empty());
 /// ```
@@ -175,8 +181,9 @@ pub fn error_response(
         headers.insert(GRPC_STATUS_DETAILS.clone(), v);
     }
     if let Some(retry) = retry_after {
-        let secs = (retry.as_millis() as u64).div_ceil(1000).max(1);
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        let millis = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX);
+        headers.insert(RETRY_AFTER, HeaderValue::from(millis.div_ceil(1000).max(1)));
+        headers.insert(GRPC_RETRY_PUSHBACK.clone(), HeaderValue::from(millis));
     }
     res
 }

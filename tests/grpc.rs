@@ -103,6 +103,11 @@ async fn a_denied_call_is_resource_exhausted_with_retry_info() {
         "Rate limit exceeded: 2 per 10 seconds (health). Retry in 7 s."
     );
     assert_eq!(status.metadata().get("retry-after").unwrap(), "7");
+    // What gRPC's own retry policy reads (it reads neither `retry-after` nor RetryInfo).
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "6750"
+    );
     assert_eq!(status.metadata().get("ratelimit-remaining").unwrap(), "0");
     let details = status.get_error_details();
     let retry = details.retry_info().expect("RetryInfo detail");
@@ -732,4 +737,30 @@ async fn the_login_layer_reads_a_grpc_web_text_calls_outcome() {
         }
     };
     lockout_after_a_success(log_in).await;
+}
+
+/// A call whose cost is above the capacity can never pass: its refusal tells gRPC's own
+/// retry policy not to retry (`grpc-retry-pushback-ms: -1`) and carries no wait.
+#[tokio::test]
+async fn a_call_no_wait_admits_tells_the_client_not_to_retry() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .default_route(
+            tollgate::route::Route::new()
+                .policy(fixed("health", 2).build().unwrap())
+                .cost_fn(|_| 5),
+        )
+        .extractor(per_method())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut c = client(addr, None).await;
+    let status = c.check(check()).await.expect_err("a cost of 5 against 2");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "-1"
+    );
+    assert!(status.metadata().get("retry-after").is_none());
 }

@@ -63,6 +63,13 @@ impl Refusal {
             retry,
             self.inner.rendering.grpc.as_ref().unwrap_or(&GRPC),
         );
+        if self.inner.kind == RefusalKind::CostExceedsCapacity {
+            // No wait cures it: a client's retry policy must not try again.
+            res.headers_mut().insert(
+                crate::grpc::GRPC_RETRY_PUSHBACK.clone(),
+                HeaderValue::from_static("-1"),
+            );
+        }
         self.write_quota_headers(&mut res);
         res.extensions_mut().insert(Refused);
         res
@@ -89,11 +96,27 @@ impl Refusal {
     #[cfg(feature = "tonic")]
     pub fn to_status(&self) -> tonic::Status {
         let message = self.message();
-        let details = crate::grpc::status_details(self.grpc_code(), &message, self.retry_after());
-        tonic::Status::with_details(
+        let retry = self.retry_after();
+        let details = crate::grpc::status_details(self.grpc_code(), &message, retry);
+        // The wait in the metadata too, where gRPC's own retry policy reads it.
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        let pushback = match retry {
+            Some(wait) => Some(
+                u64::try_from(wait.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .to_string(),
+            ),
+            None if self.inner.kind == RefusalKind::CostExceedsCapacity => Some("-1".to_owned()),
+            None => None,
+        };
+        if let Some(value) = pushback.and_then(|v| v.parse().ok()) {
+            metadata.insert("grpc-retry-pushback-ms", value);
+        }
+        tonic::Status::with_details_and_metadata(
             tonic::Code::from_i32(self.grpc_code()),
             message,
             Bytes::from(details),
+            metadata,
         )
     }
 
