@@ -426,3 +426,71 @@ async fn a_plan_changed_before_the_watcher_started_is_reloaded_on_the_next_chang
         limiter.policies()[0].limit() == 7
     });
 }
+
+/// A reload reaches the limiters made with `for_route` (the policies of routes attached
+/// through axum's router): a key denied under attack is denied on those routes too, over
+/// HTTP and through the direct API, while each keeps its route's policies. They once kept
+/// the lists they were made with, so a deny list added by a reload left them open.
+#[tokio::test]
+async fn a_reload_reaches_the_lists_of_limiters_made_for_routes() {
+    use tollgate::route::Route;
+    let store = tollgate::store::MemoryStore::new();
+    let tenant = || {
+        tollgate::key::from_fn(|req: &tollgate::key::RequestView<'_>| {
+            req.headers()
+                .get("x-tenant")
+                .map(|v| Key::new("tenant", v.as_bytes()))
+        })
+    };
+    let base = Limiter::builder()
+        .store(store.clone())
+        .default_route(Route::exempt())
+        .extractor(tenant())
+        .build()
+        .unwrap();
+    let uploads = || Route::new().policy(Policy::new("uploads", Rate::per_minute(3)).unwrap());
+    let attached = base.for_route(uploads()).unwrap();
+    let layer = tollgate::RateLimitLayer::new(base.clone());
+    let app = Router::new().route(
+        "/upload",
+        axum::routing::post(|| async { "stored" }).route_layer(layer.for_route(uploads()).unwrap()),
+    );
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let upload = |tenant: &'static str| {
+        client
+            .post(format!("http://{addr}/upload"))
+            .header("x-tenant", tenant)
+            .send()
+    };
+    let mallory = Key::new("tenant", "mallory");
+    assert!(attached.check(&mallory, 1).await.unwrap().is_allowed());
+    assert_eq!(upload("mallory").await.unwrap().status(), 200);
+
+    base.reload(
+        &Limiter::builder()
+            .store(store.clone())
+            .default_route(Route::exempt())
+            .extractor(tenant())
+            .deny_key(mallory.clone())
+            .build()
+            .unwrap(),
+    );
+    assert!(matches!(
+        attached.check(&mallory, 1).await,
+        Err(tollgate::CheckError::Forbidden)
+    ));
+    assert_eq!(upload("mallory").await.unwrap().status(), 403);
+    // Others keep the route's own policy.
+    let alice = Key::new("tenant", "alice");
+    for _ in 0..3 {
+        assert!(attached.check(&alice, 1).await.unwrap().is_allowed());
+    }
+    let d = attached.check(&alice, 1).await.unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(
+        d.limit(),
+        3,
+        "the route's policy stays the one it was made with"
+    );
+}

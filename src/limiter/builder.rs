@@ -403,6 +403,7 @@ impl<S: Store> LimiterBuilder<S> {
             source: Mutex::new(None),
             attached: Mutex::new(Vec::new()),
             root: std::sync::OnceLock::new(),
+            attached_limiters: Mutex::new(Vec::new()),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),
@@ -490,14 +491,16 @@ pub(super) fn attach<S: Store>(
     *names = trial;
     let sets: Vec<Arc<super::PolicySet>> = sets.into_iter().map(Arc::new).collect();
     common.register_attached(&compiled, &sets);
-    Ok(Limiter::from_parts(
+    let limiter = Limiter::from_parts(
         Arc::clone(common),
         CompiledPlan {
             sets,
             routes: vec![compiled],
             table: None,
             lists: Arc::clone(lists),
-            attached: Some(Box::default()),
+            attached: Some(Arc::default()),
         },
-    ))
+    );
+    common.register_attached_limiter(&limiter.inner);
+    Ok(limiter)
 }

@@ -139,6 +139,9 @@ pub(crate) struct Common<S> {
     /// The limiter the builder made (the others come from it by [`Limiter::for_route`]): a
     /// reset or an override through any of them reaches its plan in force too.
     root: std::sync::OnceLock<std::sync::Weak<LimiterInner<S>>>,
+    /// The limiters made with [`Limiter::for_route`], held weakly: a reload of the limiter
+    /// they were made from gives them its lists, key extractor and tier function.
+    attached_limiters: Mutex<Vec<std::sync::Weak<LimiterInner<S>>>>,
 }
 
 impl<S> Common<S> {
@@ -158,6 +161,26 @@ impl<S> Common<S> {
                 .iter()
                 .map(|(tier, id)| (Some(tier.clone()), Arc::downgrade(&sets[*id]))),
         );
+    }
+
+    /// Keeps a limiter made with [`Limiter::for_route`], for a reload to reach.
+    fn register_attached_limiter(&self, limiter: &Arc<LimiterInner<S>>) {
+        let mut live = self
+            .attached_limiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        live.retain(|l| l.strong_count() > 0);
+        live.push(Arc::downgrade(limiter));
+    }
+
+    /// The limiters made with [`Limiter::for_route`] that live.
+    fn attached_limiters(&self) -> Vec<Arc<LimiterInner<S>>> {
+        self.attached_limiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
     }
 
     /// The sets of the limiters made with [`Limiter::for_route`] so far, and those of the
@@ -253,10 +276,17 @@ impl<S> Limiter<S> {
 
     /// The plan in force, kept (see [`plan`](Self::plan)).
     fn plan_full(&self) -> Arc<CompiledPlan> {
-        if self.inner.reloaded.load(Ordering::Relaxed) {
-            self.inner.plan.load_full()
+        self.inner.plan_in_force()
+    }
+}
+
+impl<S> LimiterInner<S> {
+    /// The plan in force, kept.
+    fn plan_in_force(&self) -> Arc<CompiledPlan> {
+        if self.reloaded.load(Ordering::Relaxed) {
+            self.plan.load_full()
         } else {
-            Arc::clone(&self.inner.built)
+            Arc::clone(&self.built)
         }
     }
 }
@@ -270,7 +300,7 @@ pub(crate) struct CompiledPlan {
     lists: Arc<Lists>,
     /// For a limiter made by [`Limiter::for_route`]: its sets labelled by the pattern axum
     /// matched.
-    attached: Option<Box<attached::Labels>>,
+    attached: Option<Arc<attached::Labels>>,
 }
 
 /// How a request becomes a key, and the keys that skip the policies.
@@ -360,6 +390,7 @@ pub(crate) const DEFAULT_ROUTE: &str = "default";
 /// which pattern it matched (see [`attached`]).
 pub(crate) const ATTACHED_ROUTE: &str = "for_route";
 
+#[derive(Clone)]
 struct CompiledRoute {
     exempt: bool,
     default_set: Option<usize>,

@@ -1,6 +1,8 @@
 //! [`Limiter::reload`]: a new plan in force while requests are in flight, no counter lost.
 
-use super::Limiter;
+use std::sync::Arc;
+
+use super::{CompiledPlan, Limiter};
 #[cfg(feature = "config")]
 use crate::error::ConfigError;
 use crate::store::Store;
@@ -29,7 +31,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// A policy renamed, or given another algorithm, starts afresh (its state is kept under
     /// another name); a removed policy's state expires by itself. Limiters made earlier with
-    /// [`for_route`](Self::for_route) keep the plan they were made with.
+    /// [`for_route`](Self::for_route) keep the route's policies they were made with and take
+    /// the new allow and deny lists, key extractor and tier function.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -70,12 +73,31 @@ impl<S: Store> Limiter<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = names;
         self.set_source(next.source());
-        self.inner.plan.store(plan);
+        self.inner.plan.store(Arc::clone(&plan));
         // After the store, so that the swap holds the new plan by the time the flag sends
         // readers to it.
         self.inner
             .reloaded
             .store(true, std::sync::atomic::Ordering::Release);
+        // The limiters made with `for_route` keep their route's policies and take the new
+        // lists, key extractor and tier function: a key denied under attack is denied on
+        // every route.
+        for attached in self.inner.common.attached_limiters() {
+            if Arc::ptr_eq(&attached, &self.inner) {
+                continue;
+            }
+            let made = attached.plan_in_force();
+            attached.plan.store(Arc::new(CompiledPlan {
+                sets: made.sets.clone(),
+                routes: made.routes.clone(),
+                table: None,
+                lists: Arc::clone(&plan.lists),
+                attached: made.attached.clone(),
+            }));
+            attached
+                .reloaded
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         telemetry::plan_reload(true);
         tracing::info!(target: "tollgate::reload", "a new rate-limit plan is in force");
     }
