@@ -167,6 +167,16 @@ fn reset_secs(decision: &Decision) -> u64 {
     }
 }
 
+/// The response settings a limiter built from a plan brings to the layers made from it
+/// (`header_style`, `quota_headers`, `retry_after`), so that `RateLimitLayer::new` honours
+/// them as `BuiltPlan::layer` does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerHeaders {
+    pub(crate) style: HeaderStyle,
+    pub(crate) quota_headers: QuotaHeaders,
+    pub(crate) retry_after: bool,
+}
+
 /// Marks a response as a refusal tollgate answered (in its extensions): a layer further out,
 /// which admitted the request, leaves such a response as it is, so a 429 never carries
 /// another policy's quota headers (`RateLimit-Remaining: 118` beside `Retry-After`).

@@ -1037,3 +1037,42 @@ fn config_errors_never_repeat_a_urls_password() {
     let err = Plan::from_json(json).unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }
+
+/// A limiter built from a plan brings the plan's response settings to the layers made from
+/// it with `RateLimitLayer::new`, as `PlanWatcher`'s docs show serving it: `quota_headers`,
+/// `retry_after` and `header_style` once went unread on that path (and a reload refused to
+/// change them as settings "read at start").
+#[tokio::test]
+async fn a_layer_made_from_a_plans_limiter_keeps_the_plans_response_settings() {
+    let plan = Plan::from_toml(
+        "quota_headers = \"never\"\nretry_after = false\nheader_style = \"structured\"\n\
+         [key]\nkind = \"global\"\n\
+         [[policies]]\nname = \"api\"\nlimit = 1\nwindow = \"1m\"\n\
+         [default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(Limiter::from_config(&plan).unwrap()));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let first = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("ratelimit-remaining").is_none());
+    assert!(first.headers().get("ratelimit").is_none());
+    let second = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(second.status(), 429);
+    assert!(
+        second.headers().get("retry-after").is_none(),
+        "{:?}",
+        second.headers()
+    );
+    assert!(
+        second.headers().get("ratelimit-policy").is_some(),
+        "structured"
+    );
+    assert!(
+        second.headers().get("x-ratelimit-limit").is_none(),
+        "not classic"
+    );
+}

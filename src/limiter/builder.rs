@@ -404,6 +404,7 @@ impl<S: Store> LimiterBuilder<S> {
             attached: Mutex::new(Vec::new()),
             root: std::sync::OnceLock::new(),
             attached_limiters: Mutex::new(Vec::new()),
+            layer_headers: std::sync::OnceLock::new(),
         });
         let lists = Arc::new(Lists {
             extractor: self.extractor.unwrap_or_else(|| Box::new(PeerIp::new())),

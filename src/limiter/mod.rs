@@ -142,6 +142,8 @@ pub(crate) struct Common<S> {
     /// The limiters made with [`Limiter::for_route`], held weakly: a reload of the limiter
     /// they were made from gives them its lists, key extractor and tier function.
     attached_limiters: Mutex<Vec<std::sync::Weak<LimiterInner<S>>>>,
+    /// The response settings of the plan the limiter was built from, for its layers.
+    pub(crate) layer_headers: std::sync::OnceLock<crate::response::LayerHeaders>,
 }
 
 impl<S> Common<S> {

@@ -112,6 +112,12 @@ impl<S: Store> Limiter<S> {
             .clone()
     }
 
+    /// Records the response settings of the plan this limiter was built from.
+    #[cfg(feature = "config")]
+    pub(crate) fn set_layer_headers(&self, headers: crate::response::LayerHeaders) {
+        let _ = self.inner.common.layer_headers.set(headers);
+    }
+
     /// Records what the plan in force was described by.
     pub(crate) fn set_source(&self, source: Option<super::PlanSource>) {
         *self
@@ -146,5 +152,12 @@ impl<S: Store> Limiter<S> {
                 Err(error)
             }
         }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// The response settings of the plan this limiter was built from, if any.
+    pub(crate) fn layer_headers(&self) -> Option<crate::response::LayerHeaders> {
+        self.inner.common.layer_headers.get().copied()
     }
 }

@@ -73,6 +73,9 @@ impl<St> RateLimitLayer<St> {
     /// A layer deciding with `limiter`, with the default responses: the classic quota
     /// headers on every response, and on a 429 also `Retry-After` and a JSON body (see
     /// [`quota_headers`](Self::quota_headers) for sending them on fewer allowed responses).
+    /// A limiter built from a plan ([`Limiter::from_config`]) brings the plan's
+    /// `header_style`, `quota_headers` and `retry_after` instead; this layer's own setters
+    /// change them.
     pub fn new(limiter: Limiter<St>) -> Self {
         Self {
             shared: Arc::new(Shared::new(limiter)),

@@ -33,10 +33,14 @@ impl<St> Clone for Shared<St> {
 impl<St> Shared<St> {
     /// `limiter`, with the default responses.
     pub(crate) fn new(limiter: Limiter<St>) -> Self {
-        Self {
-            limiter,
-            response: ResponseConfig::default(),
+        let mut response = ResponseConfig::default();
+        // A limiter built from a plan brings the plan's response settings.
+        if let Some(plan) = limiter.layer_headers() {
+            response.style = plan.style;
+            response.quota_on_success = plan.quota_headers;
+            response.retry_after = plan.retry_after;
         }
+        Self { limiter, response }
     }
 }
 

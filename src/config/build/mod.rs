@@ -123,6 +123,12 @@ impl Plan {
         let limiter = builder.build().map_err(plan_field)?;
         // Kept for `reload_plan`, which compares what a reload cannot change with it.
         limiter.set_source(Some(std::sync::Arc::new(self.clone())));
+        // For the layers made from the limiter alone (`RateLimitLayer::new`).
+        limiter.set_layer_headers(crate::response::LayerHeaders {
+            style: self.header_style,
+            quota_headers: self.quota_headers.unwrap_or_default(),
+            retry_after: self.retry_after.unwrap_or(true),
+        });
         Ok(BuiltPlan {
             store,
             limiter,
