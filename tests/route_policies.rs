@@ -273,6 +273,35 @@ async fn config_mistakes_name_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "allow_cidrs[1]");
+
+    // An exempt route charges and counts nothing: a cost or a counting rule on one is a
+    // setting nothing reads, refused as the plan refuses it.
+    let exempt_with = |route: Route| {
+        Limiter::builder()
+            .policy(fixed("x", Rate::per_minute(3)))
+            .route("/health", route)
+            .build()
+            .map(|_| ())
+            .unwrap_err()
+    };
+    assert_eq!(
+        exempt_with(Route::exempt().cost(5)).field(),
+        "routes[0].cost"
+    );
+    assert_eq!(
+        exempt_with(Route::exempt().cost_fn(|_| 2)).field(),
+        "routes[0].cost"
+    );
+    assert_eq!(
+        exempt_with(Route::exempt().count_when(tollgate::route::CountWhen::failures())).field(),
+        "routes[0].count"
+    );
+    let err = Limiter::builder()
+        .default_route(Route::exempt().cost(3))
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.field().ends_with("cost"), "{err}");
 }
 
 #[tokio::test]

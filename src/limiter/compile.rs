@@ -38,6 +38,32 @@ pub(super) fn compile_route(
                 format!("{here} is exempt and also has policies; it can be one or the other"),
             ));
         }
+        // What only a limited route reads: on an exempt one it would be a setting nothing
+        // reads.
+        let unread = match &route.cost {
+            Cost::Fixed(c) => Some(("cost", c.to_string())),
+            Cost::Computed(_) => Some(("cost", "(a function)".to_owned())),
+            Cost::PolicyDefault => None,
+        }
+        .or_else(|| {
+            route
+                .count
+                .as_ref()
+                .map(|_| ("count", "(a counting rule)".to_owned()))
+        })
+        .or_else(|| {
+            route
+                .meters
+                .first()
+                .map(|(name, _)| ("meters", format!("{name:?}")))
+        });
+        if let Some((setting, value)) = unread {
+            return Err(ConfigError::new(
+                join(field, setting),
+                value,
+                format!("{here} is exempt: nothing is charged or counted there, so nothing reads this; delete it or give the route policies"),
+            ));
+        }
         return Ok(CompiledRoute {
             exempt: true,
             default_set: None,
