@@ -91,7 +91,7 @@ pub enum QuotaHeaders {
     /// APIs with per-user or per-plan quotas) read the remaining quota from any response.
     #[default]
     Always,
-    /// Only allowed responses whose governing policy has at most a tenth of its quota left,
+    /// Only allowed responses where some policy has at most a tenth of its quota left,
     /// rounded up (with a limit of 100: from the 90th request of a window on; of 5: the last
     /// two allowed). The IETF ratelimit-headers draft lets a server send the fields only
     /// when the quota is nearly used up, which is when a client can act on them; it saves
@@ -108,7 +108,13 @@ impl QuotaHeaders {
     pub(crate) fn wants(self, decision: &Decision) -> bool {
         match self {
             Self::Always => true,
-            Self::NearLimit => decision.remaining() <= decision.limit().div_ceil(10),
+            // Every policy, not only the governing one (the fewest units left): with 10 a
+            // second and 1 000 an hour, the hour's quota nears its end while the second's
+            // still has more units left than the hour's tenth.
+            Self::NearLimit => decision
+                .policies()
+                .iter()
+                .any(|p| p.remaining() <= p.limit().div_ceil(10)),
             Self::Never => false,
         }
     }

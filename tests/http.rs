@@ -502,6 +502,41 @@ async fn near_limit_quota_headers_come_only_with_the_last_tenth_of_the_quota() {
     }
 }
 
+/// With several policies, the headers come once any of them nears its end, not only the
+/// one with the fewest units left: a burst limit of 10 a second keeps 9 left at one request
+/// a second (the fewest), while 300 an hour runs down to its last tenth, 30 left; the
+/// headers once came only when the hour had fewer than 9 left.
+#[tokio::test]
+async fn near_limit_quota_headers_come_when_any_policy_nears_its_end() {
+    let clock = ManualClock::new(T0);
+    let fixed = |name: &str, rate: Rate| {
+        Policy::builder(name, rate)
+            .algorithm(Algorithm::FixedWindow)
+            .build()
+            .unwrap()
+    };
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .policy(fixed("burst", Rate::per_second(10)))
+        .policy(fixed("hourly", Rate::per_hour(300)))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit);
+    let addr = support::serve(hello().layer(layer)).await;
+    let client = reqwest::Client::new();
+    let mut first_with_headers = None;
+    for i in 1..=280u64 {
+        let res = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {i}");
+        if first_with_headers.is_none() && res.headers().get("ratelimit-remaining").is_some() {
+            first_with_headers = Some(i);
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    // The 270th leaves 30 of the hour's 300: its last tenth.
+    assert_eq!(first_with_headers, Some(270));
+}
+
 #[test]
 fn a_plan_names_which_allowed_responses_carry_quota_headers() {
     use tollgate::config::Plan;
