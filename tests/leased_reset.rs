@@ -177,3 +177,54 @@ async fn a_refund_ends_a_remembered_refusal_on_a_redis_ledger() {
         .unwrap();
     a_give_back_ends_the_remembered_refusal(ledger, "redis").await;
 }
+
+/// A mixed request (a leasable policy beside one the exact store decides) admitted from the
+/// block in hand, then refused by the exact store, gives its units back to that block only.
+/// When this instance reset the key and took a new block meanwhile, the units once went into
+/// the new block: the key got its limit and the refused request's units more.
+#[tokio::test]
+async fn a_refused_mixed_request_gives_back_to_its_own_block_only() {
+    use std::future::Future;
+    use std::task::Poll;
+    use support::gated::{Gated, Stops};
+    let store = LeasedStore::new(Gated::new(MemoryLedger::new(), Stops::Before));
+    let api = Policy::new("api", Rate::per_hour(LIMIT)).unwrap();
+    let slots = Policy::in_flight("slots", 1).unwrap();
+    let key = Key::new("user", "mixed-refused");
+    let rate = std::slice::from_ref(&api);
+    for _ in 0..200 {
+        assert!(store.check(&key, rate, &[1]).await.unwrap().is_allowed());
+    }
+    assert!(store.stats().units_held >= 10, "{:?}", store.stats());
+    // The one slot, held: the exact store refuses the mixed request.
+    let slot = store
+        .check(&key, std::slice::from_ref(&slots), &[1])
+        .await
+        .unwrap();
+    assert!(slot.is_allowed());
+    let mut mixed = Box::pin(store.check(&key, &[api.clone(), slots.clone()], &[10, 1]));
+    // One poll: admitted from the block, now waiting for the exact store.
+    std::future::poll_fn(|cx| {
+        assert!(mixed.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    })
+    .await;
+    store.apply(&key, rate, Op::Reset).await.unwrap();
+    let mut admitted = 0;
+    for _ in 0..50 {
+        assert!(store.check(&key, rate, &[1]).await.unwrap().is_allowed());
+        admitted += 1;
+    }
+    assert!(
+        store.stats().units_held > 0,
+        "a new block: {:?}",
+        store.stats()
+    );
+    assert!(!mixed.await.unwrap().is_allowed(), "the slot is held");
+    admitted += admit_until_refused(&store, &key, rate).await;
+    assert!(
+        admitted <= LIMIT,
+        "{admitted} admitted after the reset, more than the limit of {LIMIT}"
+    );
+    store.shutdown().await;
+}

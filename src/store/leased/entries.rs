@@ -194,14 +194,16 @@ impl<S: LeaseBackend> Shared<S> {
         self.entries.get(hash, key, policies)
     }
 
-    /// The answer from what this instance holds, if it has one.
+    /// The answer from what this instance holds, if it has one, and where its units came
+    /// from: the block in hand (named, so that giving them back reaches that block only,
+    /// never one granted after it), or nowhere (a refusal remembered).
     pub(super) fn local(
         &self,
         entry: &Entry,
         costs: &[u64],
         now: u64,
         meter: bool,
-    ) -> Option<Decision> {
+    ) -> Option<(Decision, Taken)> {
         let generation = self.inner.generation();
         let mut st = entry.st.lock();
         st.last_used = now;
@@ -211,6 +213,7 @@ impl<S: LeaseBackend> Shared<S> {
                 && b.parts.iter().zip(costs).all(|(p, c)| p.left >= *c)
             {
                 let elapsed = now.saturating_sub(b.sent);
+                let block = b.id;
                 let d = Decision::from_policies(b.parts.iter_mut().zip(costs).map(|(p, c)| {
                     p.left -= c;
                     PolicyDecision::from_parts(
@@ -226,7 +229,7 @@ impl<S: LeaseBackend> Shared<S> {
                     st.meter.add(now, self.lease_ms, costs);
                 }
                 bump(&self.counters.local_admits, 1);
-                return Some(d);
+                return Some((d, Taken::Block(block)));
             }
         }
         if let Some(d) = &st.denied {
@@ -249,7 +252,7 @@ impl<S: LeaseBackend> Shared<S> {
                     st.meter.add(now, self.lease_ms, costs);
                 }
                 bump(&self.counters.local_refusals, 1);
-                return Some(decision);
+                return Some((decision, Taken::Nothing));
             }
         }
         None

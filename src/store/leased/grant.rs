@@ -44,8 +44,8 @@ impl<S: LeaseBackend> Shared<S> {
             return self.exact(None, key, policies, costs).await;
         };
         let now = self.now();
-        if let Some(d) = self.local(&entry, costs, now, true) {
-            return Ok((d, Taken::Nothing));
+        if let Some(answer) = self.local(&entry, costs, now, true) {
+            return Ok(answer);
         }
         self.start_sweeper();
         let plan = {
@@ -89,8 +89,8 @@ impl<S: LeaseBackend> Shared<S> {
         let entry = &entry;
         let _refill = entry.refill.lock().await;
         let now = self.now();
-        if let Some(d) = self.local(entry, costs, now, false) {
-            return Ok((d, Taken::Nothing));
+        if let Some(answer) = self.local(entry, costs, now, false) {
+            return Ok(answer);
         }
         let id = self.next_id();
         let mut call = self.call(LedgerMode::Grant, lease_ms, id, policies);

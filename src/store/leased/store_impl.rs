@@ -106,7 +106,9 @@ impl<S: LeaseBackend> Store for LeasedStore<S> {
         }
         let entry = self.shared.existing(key, policies)?;
         let now = self.shared.now();
-        self.shared.local(&entry, costs, now, true).map(Ok)
+        self.shared
+            .local(&entry, costs, now, true)
+            .map(|(d, _)| Ok(d))
     }
 
     fn apply(&self, key: &Key, policies: &[Policy], op: Op) -> ApplyFuture {
