@@ -533,6 +533,13 @@ impl<S: Store> Limiter<S> {
     /// allow-listed key gives an allowed decision with no policies), or the [`Refusal`] the
     /// layer would answer with.
     ///
+    /// What the layer does after the response is not done here, since there is none: an
+    /// admitted request stays charged whatever a route's counting rule
+    /// ([`Route::count_when`](crate::route::Route::count_when)) or meter would say of its
+    /// response, and an in-flight slot is given back at once. For those, use
+    /// [`reserve`](Self::reserve) and tell its [`Reservation`] how the request ended
+    /// ([`count`](Reservation::count), [`settle`](Reservation::settle)).
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use tollgate::{key::{Global, RequestView}, route::Route, Limiter, Policy, Rate};
