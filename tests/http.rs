@@ -595,3 +595,36 @@ async fn a_cost_above_a_sensitive_policys_capacity_names_neither() {
     );
     assert!(body.contains("rate_limit_exceeded"), "{body}");
 }
+
+/// `X-RateLimit-Reset` is the moment the window resets, counted from the decision: a slow
+/// handler does not move it (the clock was read when the response was written, after the
+/// handler, and the wait, measured at the decision, added to it).
+#[tokio::test]
+async fn the_reset_moment_does_not_move_with_the_handlers_time() {
+    let clock = ManualClock::new(T0);
+    let limiter = fixed_window_per_ip(&clock, 20);
+    let slow_clock = clock.clone();
+    let app = Router::new()
+        .route("/", get(|| async { "quick" }))
+        .route(
+            "/slow",
+            get(move || {
+                slow_clock.advance(Duration::from_secs(3));
+                async { "slow" }
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let quick = client.get(format!("http://{addr}/")).send().await.unwrap();
+    let slow = client
+        .get(format!("http://{addr}/slow"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&slow, "x-ratelimit-reset"),
+        header(&quick, "x-ratelimit-reset"),
+        "one window, one reset moment"
+    );
+}

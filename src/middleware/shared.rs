@@ -81,7 +81,25 @@ impl<St: Store> Shared<St> {
         } else if !headers {
             return (delay, None);
         }
-        (delay, Some(Kept { decision, headers }))
+        // `X-RateLimit-Reset` is a moment: the decision's `reset_after` counts from now, not
+        // from when the handler is done.
+        let decided_at = if headers
+            && !matches!(
+                self.response.style,
+                HeaderStyle::Compact | HeaderStyle::Structured
+            ) {
+            self.limiter.store().now_millis()
+        } else {
+            0
+        };
+        (
+            delay,
+            Some(Kept {
+                decision,
+                headers,
+                decided_at,
+            }),
+        )
     }
 
     /// Finishes the response of a request that went ahead: the quota headers of the decision
@@ -95,13 +113,13 @@ impl<St: Store> Shared<St> {
         let policies = &set.enforced;
         if kept.headers {
             let style = self.response.style;
-            // Only `X-RateLimit-Reset` (a moment, not a duration) needs the clock.
-            let now = if matches!(style, HeaderStyle::Compact | HeaderStyle::Structured) {
-                0
-            } else {
-                self.limiter.store().now_millis()
-            };
-            write_quota_headers(res.headers_mut(), &kept.decision, policies, now, style);
+            write_quota_headers(
+                res.headers_mut(),
+                &kept.decision,
+                policies,
+                kept.decided_at,
+                style,
+            );
         }
         if self.response.info {
             let info = RateLimitInfo::from_decision(&kept.decision, policies);
@@ -115,4 +133,7 @@ pub(crate) struct Kept {
     pub(crate) decision: Decision,
     /// Whether the response gets quota headers.
     headers: bool,
+    /// The store's clock at the decision, for `X-RateLimit-Reset` (0 when no header reads
+    /// it).
+    decided_at: u64,
 }
