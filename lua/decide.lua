@@ -194,7 +194,10 @@ while pos <= last do
         end
       end
       r = r + 1
-      if p.overridden then
+      if p.overridden and p.max_delay > 0 then
+        -- A shaping policy's override sends its limit too: what the longest wait admits.
+        replies[r] = pack('<bbdddddd', allowed, allowed + 2, remaining, reset_after, retry_after, delay, p.capacity, p.limit)
+      elseif p.overridden then
         replies[r] = pack('<bbddddd', allowed, allowed + 2, remaining, reset_after, retry_after, delay, p.capacity)
       else
         replies[r] = pack('<bbdddd', allowed, allowed, remaining, reset_after, retry_after, delay)
@@ -273,7 +276,9 @@ while pos <= last do
         local o = (j - 1) * 5
         local p = P[idx[j]]
         r = r + 1
-        if p.overridden then
+        if p.overridden and p.max_delay > 0 then
+          replies[r] = pack('<bdddddd', out[o + 1] + 2, out[o + 2], out[o + 3], out[o + 4], out[o + 5], p.capacity, p.limit)
+        elseif p.overridden then
           replies[r] = pack('<bddddd', out[o + 1] + 2, out[o + 2], out[o + 3], out[o + 4], out[o + 5], p.capacity)
         else
           replies[r] = pack('<bdddd', out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5])

@@ -360,6 +360,10 @@ repeat
   end
   local a = allowed and 1 or 0
   if overridden then
+    if max_delay > 0 then
+      -- A shaping policy's override sends its limit too: what the longest wait admits.
+      return pack('<bbdddddd', a, a + 2, remaining, reset_after, retry_after, delay, capacity, n)
+    end
     return pack('<bbddddd', a, a + 2, remaining, reset_after, retry_after, delay, capacity)
   end
   return pack('<bbdddd', a, a, remaining, reset_after, retry_after, delay)

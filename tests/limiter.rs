@@ -1185,6 +1185,26 @@ async fn a_shaped_policy_refuses_a_cost_its_wait_admits_for_the_rate() {
             Err(CheckError::CostExceedsCapacity { cost: 4, .. }) => {}
             other => panic!("{store}: a cost no wait admits: {other:?}"),
         }
+        // Under an override the override's rate says what the wait admits: 1 a second,
+        // burst 1, waiting up to 1.2 s: costs up to 2.
+        let over = Key::new("user", format!("shaped-over-{store}"));
+        limiter
+            .set_override(&over, tollgate::Override::new("shaped", 1))
+            .await
+            .unwrap();
+        assert!(
+            limiter.check(&over, 2).await.unwrap().is_allowed(),
+            "{store}"
+        );
+        let refused = limiter.check(&over, 2).await;
+        assert!(
+            matches!(&refused, Ok(d) if !d.is_allowed()),
+            "{store}: a cost of 2 under the override: {refused:?}"
+        );
+        match limiter.check(&over, 3).await {
+            Err(CheckError::CostExceedsCapacity { cost: 3, .. }) => {}
+            other => panic!("{store}: a cost no wait admits under the override: {other:?}"),
+        }
     }
     let memory = Limiter::builder().policy(shaped()).build().unwrap();
     run(memory, "memory").await;

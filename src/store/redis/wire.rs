@@ -432,11 +432,18 @@ impl<'a> Reader<'a> {
             let retry_after = unsigned(self.number()?);
             let delay = unsigned(self.number()?);
             // The decision's limit is the policy's capacity, or a per-key override's (sent
-            // after the numbers, flagged by `allowed + 2`).
-            let (allowed, capacity) = if flag >= 2 {
-                (flag - 2, unsigned(self.number()?))
+            // after the numbers, flagged by `allowed + 2`; for a shaping policy the
+            // override's limit follows, which the longest wait's room depends on).
+            let (allowed, capacity, limit) = if flag >= 2 {
+                let capacity = unsigned(self.number()?);
+                let limit = if p[4] > 0 {
+                    unsigned(self.number()?)
+                } else {
+                    p[1]
+                };
+                (flag - 2, capacity, limit)
             } else {
-                (flag, p[3])
+                (flag, p[3], p[1])
             };
             let d = PolicyDecision::from_parts(
                 allowed == 1,
@@ -448,7 +455,7 @@ impl<'a> Reader<'a> {
             );
             decisions.push(match amount.units() {
                 Some(cost) if asked && p[0] != IN_FLIGHT_SCRIPT_ID => {
-                    d.for_cost(cost, crate::policy::shaping_slack(p[1], p[2], p[4]))
+                    d.for_cost(cost, crate::policy::shaping_slack(limit, p[2], p[4]))
                 }
                 _ => d,
             });
