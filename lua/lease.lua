@@ -497,9 +497,13 @@ local function call(mode, asked, block_id, previous_block, P, count)
       local p = P[i]
       local ttl = nil
       if p.kind == KIND_BUCKET then
+        -- The refill until now at the rate in force until now (an override about to
+        -- change): from now on the new rate refills, never the time before it.
         load(p)
         if p.deficit > 0 then
-          ttl = ceil_div(p.deficit, min(p.limit, p.plan_limit)) + TTL_MARGIN_MS
+          store(p)
+        elseif p.updated > 0 then
+          redis.call('DEL', p.key)
         end
       elseif p.kind == KIND_COUNTER or p.kind == KIND_FIXED then
         -- A count past a lower limit is a debt paid at that limit per window: kept as long

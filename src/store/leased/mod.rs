@@ -156,9 +156,13 @@
 //! `s + lease_time` or later, the sliding window log, counter, token bucket and GCRA admit at
 //! most their exact-mode bound for the override's limit and capacity. The token bucket and
 //! GCRA carry the key's deficit into the new numbers (tokens taken under a higher limit
-//! still have to refill, at the override's rate; the ledger's GCRA carries it as units where
-//! the exact stores carry a theoretical arrival time, so the wait before the next admission
-//! can differ from theirs, both within the bound above), and a block gives back
+//! still have to refill, at the override's rate; the token bucket's refill until the
+//! override is set or removed is taken at the rate in force until then, as the memory store
+//! takes it; the ledger's GCRA carries it as units where the exact stores carry a theoretical
+//! arrival time, so the time before the change refills at the new rate and the wait before
+//! the next admission can differ from theirs — a raised override can admit up to one
+//! capacity sooner than the memory store would, a lowered one later — both within the bound
+//! above from `s + lease_time`), and a block gives back
 //! the refill charged ahead at the lower of the rate it was charged at and the one in force,
 //! so raising a limit never returns more than was charged. On Redis a bucket's ledger key
 //! is kept for the slower of the plan's and the override's rate (setting one extends it), so

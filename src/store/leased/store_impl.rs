@@ -13,7 +13,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::ActiveOverride;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 use crate::store::op::refused_misfit;
 use crate::store::{
     check_applied, AnswerNow, Applied, ApplyFuture, BoxFuture, Op, OverrideStore, Store, StoreExt,
@@ -321,16 +321,27 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let policy = policy.clone();
         Box::pin(async move {
             let policies = std::slice::from_ref(&policy);
-            let keep_state = || {
+            let keep_state = |policies: &[Policy]| {
                 let call = shared.call(LedgerMode::Keep, 0, 0, policies);
                 shared.inner.ledger(&key, policies, call)
             };
             if keep {
-                keep_state().await?;
+                // A token bucket's under the limits in force until now: the plan's (or an
+                // override set before, which the ledger reads), so that its refill until now
+                // is at the old rate, as the memory store takes it. (GCRA keeps the time until
+                // its TAT instead, which the new rate reads.)
+                let plan = policy.plan_limits();
+                let before =
+                    if policy.algorithm() != Algorithm::TokenBucket || plan == *policy.limits() {
+                        None
+                    } else {
+                        policy.with_limit(plan.limit(), Some(plan.capacity())).ok()
+                    };
+                keep_state(std::slice::from_ref(before.as_ref().unwrap_or(&policy))).await?;
             }
             shared.inner.set_override(&key, &policy, ttl).await?;
             if keep {
-                keep_state().await?;
+                keep_state(policies).await?;
             }
             // Blocks and refusals of this instance were decided under the old limit.
             shared.forget(&key);
@@ -339,16 +350,23 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
     }
 
     /// Removes the override from the wrapped store and gives back this instance's blocks of
-    /// the key: the plan's limit applies on every instance within one lease time.
+    /// the key: the plan's limit applies on every instance within one lease time. A token
+    /// bucket's refill until the removal is taken at the override's rate first, as the memory
+    /// store takes it: the plan's rate refills from the removal on only.
     fn remove(&self, key: &Key, policy: &Policy) -> BoxFuture<Result<(), StoreError>> {
-        let remove = self.shared.inner.remove_override(key, policy);
-        if Kind::of(policy).is_none() {
-            return remove;
-        }
+        let Some(kind) = Kind::of(policy) else {
+            return self.shared.inner.remove_override(key, policy);
+        };
         let shared = self.shared.clone();
         let key = key.clone();
+        let policy = policy.clone();
         Box::pin(async move {
-            remove.await?;
+            let policies = std::slice::from_ref(&policy);
+            if kind == Kind::Bucket && policy.algorithm() == Algorithm::TokenBucket {
+                let call = shared.call(LedgerMode::Keep, 0, 0, policies);
+                shared.inner.ledger(&key, policies, call).await?;
+            }
+            shared.inner.remove_override(&key, &policy).await?;
             shared.forget(&key);
             Ok(())
         })

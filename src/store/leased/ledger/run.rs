@@ -162,8 +162,22 @@ pub(super) fn run(call: &LedgerCall, states: &mut [Option<LState>], now: u64) ->
             }
             done(true)
         }
-        // Nothing expires in process memory.
-        LedgerMode::Keep => done(true),
+        // Nothing expires in process memory. A bucket's refill until now is taken at the
+        // rate in force until now (an override about to change): from now on the new rate
+        // refills, never the time before it.
+        LedgerMode::Keep => {
+            for (part, state) in call.parts.iter().zip(states.iter_mut()) {
+                if let Some(LState::Bucket { d, u }) = state {
+                    let elapsed = now.saturating_sub(*u);
+                    *d = d.saturating_sub(elapsed.saturating_mul(part.limit));
+                    *u = (*u).max(now);
+                    if *d == 0 {
+                        *state = None;
+                    }
+                }
+            }
+            done(true)
+        }
         LedgerMode::Grant | LedgerMode::Peek => grant_or_peek(call, states, now),
     }
 }
