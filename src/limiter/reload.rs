@@ -30,7 +30,11 @@ impl<S: Store> Limiter<S> {
     /// | in flight | held slots stay; a lower maximum refuses new requests until enough end | the new lease applies from the next refresh |
     ///
     /// A policy renamed, or given another algorithm, starts afresh (its state is kept under
-    /// another name); a removed policy's state expires by itself. Limiters made earlier with
+    /// another name); a removed policy's state expires by itself. On a
+    /// [`LeasedStore`](crate::store::leased::LeasedStore), blocks granted under the old
+    /// limits are spent until their lease ends (at most one block per instance and key, as
+    /// for an override), and a GCRA policy that gains or loses shaping starts afresh (a
+    /// shaping GCRA is decided exactly, its state apart from the ledger's). Limiters made earlier with
     /// [`for_route`](Self::for_route) keep the route's policies they were made with and take
     /// the new allow and deny lists, key extractor and tier function.
     ///

@@ -197,7 +197,12 @@ impl Plan {
         errors
     }
 
-    /// A limiter builder configured from the plan, on `store`.
+    /// A limiter builder configured from the plan, on `store`: the policies, routes, tiers,
+    /// key and lists. The store is yours, so what the plan says of a store is not read here:
+    /// `[store]`, `failure_mode` and `replicas` (wrap `store` in a
+    /// [`ResilientStore`](crate::store::ResilientStore) for a failure mode), and neither are
+    /// `[login]` ([`login_guard_with_store`](Self::login_guard_with_store)) nor the response
+    /// settings ([`build`](Self::build) gives a limiter that brings them to its layers).
     ///
     /// # Errors
     ///
