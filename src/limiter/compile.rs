@@ -31,39 +31,7 @@ pub(super) fn compile_route(
     let (field, here, label) = at;
     super::route_key::check(|rest| join(field, rest), here, route)?;
     if route.exempt {
-        if !route.policies.is_empty() || !route.tiers.is_empty() {
-            return Err(ConfigError::new(
-                join(field, "exempt"),
-                "true",
-                format!("{here} is exempt and also has policies; it can be one or the other"),
-            ));
-        }
-        // What only a limited route reads: on an exempt one it would be a setting nothing
-        // reads.
-        let unread = match &route.cost {
-            Cost::Fixed(c) => Some(("cost", c.to_string())),
-            Cost::Computed(_) => Some(("cost", "(a function)".to_owned())),
-            Cost::PolicyDefault => None,
-        }
-        .or_else(|| {
-            route
-                .count
-                .as_ref()
-                .map(|_| ("count", "(a counting rule)".to_owned()))
-        })
-        .or_else(|| {
-            route
-                .meters
-                .first()
-                .map(|(name, _)| ("meters", format!("{name:?}")))
-        });
-        if let Some((setting, value)) = unread {
-            return Err(ConfigError::new(
-                join(field, setting),
-                value,
-                format!("{here} is exempt: nothing is charged or counted there, so nothing reads this; delete it or give the route policies"),
-            ));
-        }
+        exempt_settings(field, here, route)?;
         return Ok(CompiledRoute {
             exempt: true,
             default_set: None,
@@ -153,6 +121,43 @@ pub(super) fn compile_route(
         default_set: Some(default_set),
         tiers,
     })
+}
+
+/// Refuses on an exempt route what only a limited one reads: policies, a cost, a counting
+/// rule, a meter (on an exempt route it would be a setting nothing reads).
+fn exempt_settings(field: &str, here: &str, route: &Route) -> Result<(), ConfigError> {
+    if !route.policies.is_empty() || !route.tiers.is_empty() {
+        return Err(ConfigError::new(
+            join(field, "exempt"),
+            "true",
+            format!("{here} is exempt and also has policies; it can be one or the other"),
+        ));
+    }
+    let unread = match &route.cost {
+        Cost::Fixed(c) => Some(("cost", c.to_string())),
+        Cost::Computed(_) => Some(("cost", "(a function)".to_owned())),
+        Cost::PolicyDefault => None,
+    }
+    .or_else(|| {
+        route
+            .count
+            .as_ref()
+            .map(|_| ("count", "(a counting rule)".to_owned()))
+    })
+    .or_else(|| {
+        route
+            .meters
+            .first()
+            .map(|(name, _)| ("meters", format!("{name:?}")))
+    });
+    if let Some((setting, value)) = unread {
+        return Err(ConfigError::new(
+            join(field, setting),
+            value,
+            format!("{here} is exempt: nothing is charged or counted there, so nothing reads this; delete it or give the route policies"),
+        ));
+    }
+    Ok(())
 }
 
 /// Compiles one policy set; `at` is its field and its route's label.
