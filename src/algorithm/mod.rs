@@ -142,9 +142,10 @@ impl PolicyDecision {
     /// capacity in force ([`limit`](Self::limit)) and the `slack` a shaping policy adds to
     /// it ([`Limits::shaping_slack`](crate::policy::Limits)), which no wait would cure. The
     /// stores mark every decision they answer (the memory store and the Redis stores alike).
+    /// `slack` is asked only of a denial: an admitted request pays nothing for it.
     #[inline]
-    pub(crate) fn for_cost(mut self, cost: u64, slack: u64) -> Self {
-        if !self.allowed && cost > self.limit.saturating_add(slack) {
+    pub(crate) fn for_cost(mut self, cost: u64, slack: impl FnOnce() -> u64) -> Self {
+        if !self.allowed && cost > self.limit && cost > self.limit.saturating_add(slack()) {
             self.delay_ms = cost;
         }
         self
@@ -507,7 +508,7 @@ macro_rules! algorithms {
                 match self {
                     $(AnyState::$variant(s) => <$alg>::evaluate(s, now, limits, cost),)*
                 }
-                .for_cost(cost, limits.shaping_slack())
+                .for_cost(cost, || limits.shaping_slack())
             }
 
             /// See [`LimitAlgorithm::commit`].
@@ -558,7 +559,7 @@ macro_rules! algorithms {
                         (d, expires, asked)
                     })*
                 };
-                (d.for_cost(asked, limits.shaping_slack()), expires)
+                (d.for_cost(asked, || limits.shaping_slack()), expires)
             }
 
             /// See [`LimitAlgorithm::expires_at`].

@@ -279,7 +279,7 @@ impl<S: LeaseBackend> Shared<S> {
                     a.retry_after_ms,
                     0,
                 )
-                .for_cost(cost, p.limits().shaping_slack())
+                .for_cost(cost, || p.limits().shaping_slack())
             })
             .collect();
         let wait = answers.iter().map(|a| a.retry_after_ms).max().unwrap_or(0);

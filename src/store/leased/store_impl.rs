@@ -180,7 +180,7 @@ impl<S: LeaseBackend> LeasedStore<S> {
                             a.retry_after_ms,
                             0,
                         )
-                        .for_cost(cost, p.limits().shaping_slack())
+                        .for_cost(cost, || p.limits().shaping_slack())
                     },
                 ))
             };

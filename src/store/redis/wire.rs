@@ -455,7 +455,7 @@ impl<'a> Reader<'a> {
             );
             decisions.push(match amount.units() {
                 Some(cost) if asked && p[0] != IN_FLIGHT_SCRIPT_ID => {
-                    d.for_cost(cost, crate::policy::shaping_slack(limit, p[2], p[4]))
+                    d.for_cost(cost, || crate::policy::shaping_slack(limit, p[2], p[4]))
                 }
                 _ => d,
             });
