@@ -96,24 +96,36 @@ pub(crate) struct Metered {
 /// no runtime (a response body dropped outside one), a Redis slot comes back when its lease
 /// ends instead.
 pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) {
-    let mut cx = Context::from_waker(Waker::noop());
-    match call.as_mut().poll(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        Poll::Ready(Err(error)) => report(what, &error),
-        Poll::Pending => match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(error) = call.await {
-                        report(what, &error);
-                    }
-                });
+    if done_at_once(what, &mut call) {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                if let Err(error) = call.await {
+                    report(what, &error);
+                }
+            });
+        }
+        Err(_) => tracing::warn!(
+            target: "tollgate::store",
+            what,
+            "no Tokio runtime to finish the store call; a held slot comes back when its lease ends"
+        ),
+    }
+}
+
+/// Polls `call` once, at once: whether it is done (the memory store always is), a failure
+/// reported.
+fn done_at_once(what: &'static str, call: &mut BoxFuture<Result<(), StoreError>>) -> bool {
+    match call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(outcome) => {
+            if let Err(error) = outcome {
+                report(what, &error);
             }
-            Err(_) => tracing::warn!(
-                target: "tollgate::store",
-                what,
-                "no Tokio runtime to finish the store call; a held slot comes back when its lease ends"
-            ),
-        },
+            true
+        }
+        Poll::Pending => false,
     }
 }
 
@@ -148,16 +160,7 @@ impl Completing {
     /// `call`, polled once at once: `None` when it is done then (the memory store always
     /// is; a failure is reported), otherwise what is left to await.
     fn started(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) -> Option<Self> {
-        let mut cx = Context::from_waker(Waker::noop());
-        match call.as_mut().poll(&mut cx) {
-            Poll::Ready(outcome) => {
-                if let Err(error) = outcome {
-                    report(what, &error);
-                }
-                None
-            }
-            Poll::Pending => Some(Self::new(what, call)),
-        }
+        (!done_at_once(what, &mut call)).then(|| Self::new(what, call))
     }
 
     /// Awaits the call, reporting a failure: for a caller whose answer does not depend on
