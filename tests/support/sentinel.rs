@@ -208,7 +208,22 @@ impl SentinelSet {
     }
 
     /// Kills the server the sentinels name as master with SIGKILL: when it is dead.
+    ///
+    /// First waits until the replica has acknowledged every write the master took so far
+    /// (`WAIT 1`): a replica linked and not syncing when the load began can still start a
+    /// full resync under it, and a kill in the middle of one would lose everything before
+    /// the kill, not only the last moments' writes that a failover may lose by design.
     pub fn kill_master(&mut self) -> Instant {
+        let (master, _) = self.roles();
+        wait_until(
+            "the replica acknowledges the master's writes",
+            Duration::from_secs(15),
+            || {
+                master
+                    .query::<i64>(&["WAIT", "1", "500"])
+                    .is_ok_and(|acknowledged| acknowledged >= 1)
+            },
+        );
         if self.first_is_master() {
             self.master.kill();
         } else {
