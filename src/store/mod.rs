@@ -216,8 +216,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// A number that changes when the store notices it may have lost the state it held (a
     /// Redis server that answers with a new `run_id` after a restart or a failover), so that
-    /// anything caching the store's answers (the [`ResilientStore`] deny cache) can drop
-    /// them. The default, for stores that cannot lose state behind the caller's back, is 0.
+    /// anything caching the store's answers (the [`ResilientStore`] deny cache, a
+    /// [`LeasedStore`](crate::store::leased::LeasedStore)'s blocks) can drop them. The
+    /// default, for stores that cannot lose state behind the caller's back, is 0.
+    ///
+    /// A Redis store on one server (a URL, a pool, Sentinel's master) reads the server's
+    /// `run_id` on the first call after a connection failure, after a `NOSCRIPT`, after
+    /// Sentinel names another master, and in any case once a second while calls go through:
+    /// a restart no call failed on (a pool that replaced a dead connection while recycling
+    /// it, a RESP3 connection that reconnected on the server's notice) is seen within a
+    /// second of calls. A Redis Cluster store's generation stays 0 (its nodes answer `INFO`
+    /// for themselves only).
     ///
     /// ```
     /// use tollgate::store::{MemoryStore, Store};

@@ -179,7 +179,10 @@
 //! * An instance killed (or dropped without [`shutdown`](LeasedStore::shutdown)) loses at
 //!   most its blocks: those units stay charged until their window or refill frees them.
 //! * A Redis restart or failover (a new `run_id`, see [`Store::generation`](crate::store::Store::generation)) drops every
-//!   block granted before it: the ledger that charged them is gone.
+//!   block granted before it: the ledger that charged them is gone. The store sees it at the
+//!   first call after a failed one or a `NOSCRIPT`, and within a second of calls in any
+//!   case; a block given back before that gives its unused units to the fresh ledger, so
+//!   the fresh window can admit up to one block per instance more than its limit.
 //! * Redis Cluster: the ledger call touches one key per policy (two for the log), all under
 //!   the key's hash tag.
 //!

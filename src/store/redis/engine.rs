@@ -42,6 +42,19 @@ pub const DEFAULT_MAX_BATCH: usize = 128;
 /// The default number of script calls in flight per lane before decisions queue.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 2;
 
+/// Sets the store's `verify` flag again when dropped: a `run_id` read that did not finish.
+struct VerifyPending<'a>(&'a AtomicBool);
+
+impl Drop for VerifyPending<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// How often a store on one server reads the server's `run_id` while calls go through, to
+/// see a restart that no failed call revealed: see [`Store::generation`](crate::store::Store::generation).
+pub(crate) const VERIFY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The largest `max_batch` accepted: a script call blocks Redis while it runs.
 pub(crate) const MAX_BATCH_LIMIT: usize = 1024;
 
@@ -69,9 +82,16 @@ pub(crate) struct Core<C: Connector> {
     /// Bumped when the server answers with another `run_id` than before: it restarted (or
     /// failed over) and lost the state it held. See [`Store::generation`](crate::store::Store).
     generation: AtomicU64,
-    /// Set at start and after any connection failure: the next call that gets through also
-    /// reads the server's `run_id`.
+    /// Set at start, after any connection failure and on `NOSCRIPT`: the next call that gets
+    /// through also reads the server's `run_id`.
     verify: AtomicBool,
+    /// When the `run_id` was last read, in ms since `started`: it is read again after
+    /// [`VERIFY_INTERVAL`] of calls, so that a restart hidden from the store (a pool that
+    /// replaces a dead connection while recycling it, a RESP3 connection that reconnects on
+    /// the server's disconnect notice, another instance that reloaded the script first) is
+    /// seen within that interval.
+    verified_at: AtomicU64,
+    started: std::time::Instant,
     /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
     /// read: a connector that has moved to another server since has it read again.
     verified_epoch: AtomicU64,
@@ -130,6 +150,8 @@ impl<C: Connector> Core<C> {
             ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
             generation: AtomicU64::new(0),
             verify: AtomicBool::new(true),
+            verified_at: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             verified_epoch: AtomicU64::new(0),
             run_id: parking_lot::Mutex::new(None),
         }
@@ -138,6 +160,18 @@ impl<C: Connector> Core<C> {
     /// See [`Store::generation`](crate::store::Store::generation).
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the `run_id` was last read [`VERIFY_INTERVAL`] ago or more; if so, the
+    /// interval starts again for every other call (one reads it).
+    fn verify_due(&self) -> bool {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.verified_at.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= VERIFY_INTERVAL.as_millis() as u64
+            && self
+                .verified_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Reads the server's `run_id` and bumps the generation when it is not the one seen
@@ -183,7 +217,7 @@ impl<C: Connector> Core<C> {
                 return Err(e);
             }
         };
-        let mut reply = inv.send(&mut conn).await;
+        let mut reply = inv.send(&mut conn, &self.verify).await;
         if reply.as_ref().is_err_and(RedisError::is_connection_refusal) {
             conn = match self.connector.connection().await {
                 Ok(c) => c,
@@ -192,16 +226,20 @@ impl<C: Connector> Core<C> {
                     return Err(e);
                 }
             };
-            reply = inv.send(&mut conn).await;
+            reply = inv.send(&mut conn, &self.verify).await;
         }
         match reply {
             Ok(r) => {
                 if self.connector.one_server() {
                     let moved = self.connector.server_epoch()
                         != self.verified_epoch.load(Ordering::Acquire);
-                    if self.verify.swap(false, Ordering::AcqRel) || moved {
+                    if self.verify.swap(false, Ordering::AcqRel) || moved || self.verify_due() {
                         self.verified_epoch.store(epoch, Ordering::Release);
+                        // A caller that gives up during the read (a timeout, a hang-up)
+                        // leaves it to the next call, rather than taking it along.
+                        let pending = VerifyPending(&self.verify);
                         self.verify_server(&mut conn).await;
+                        std::mem::forget(pending);
                     }
                 }
                 Ok(r)

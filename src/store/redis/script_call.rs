@@ -5,6 +5,8 @@
 //! the store's hottest path. A [`ScriptCall`] writes keys and arguments once, in order, into
 //! one [`Cmd`], and loads the script on `NOSCRIPT` as `ScriptInvocation` does.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
 /// An `EVALSHA` of `script` naming as many keys as it was made for: the keys first
@@ -59,13 +61,14 @@ impl ScriptCall {
     }
 
     /// Sends the call; on `NOSCRIPT` (a restarted or flushed server) loads the script and
-    /// sends it once more.
-    pub(crate) async fn send<C>(&self, conn: &mut C) -> RedisResult<Vec<u8>>
+    /// sends it once more, and sets `reloaded`: the server may be another one than before.
+    pub(crate) async fn send<C>(&self, conn: &mut C, reloaded: &AtomicBool) -> RedisResult<Vec<u8>>
     where
         C: redis::aio::ConnectionLike + Send,
     {
         match self.cmd.query_async(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                reloaded.store(true, Ordering::Release);
                 self.script.load_async(conn).await?;
                 self.cmd.query_async(conn).await
             }

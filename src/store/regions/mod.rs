@@ -118,7 +118,9 @@
 //!   then by their failure mode; the other regions are unaffected.
 //! * An instance killed: at most its blocks stay charged. A region's Redis lost: its deposits
 //!   stay charged at the home until their windows roll over or their buckets refill.
-//! * The home restarted (its state lost): deposits granted before the restart are spent out
+//! * The home restarted (its state lost), once its store sees it (see
+//!   [`Store::generation`](crate::store::Store::generation): within a second of calls):
+//!   deposits granted before the restart are spent out
 //!   (each at most one home lease), as blocks in hand are after a single Redis's restart,
 //!   and their unused units are not given back to the fresh home (they would come off what
 //!   other regions were charged since): they are dropped and counted in

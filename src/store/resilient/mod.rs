@@ -36,8 +36,9 @@
 //!
 //!   1. **Generation.** Each denial remembers the store's [`generation`](Store::generation)
 //!      it was learned under and is never answered once the store's generation differs (a
-//!      Redis store reads the server's `run_id` on the first call after a connection failure;
-//!      a new one means a restart or failover).
+//!      Redis store reads the server's `run_id` on the first call after a connection failure
+//!      or a `NOSCRIPT`, and once a second while calls go through; a new one means a restart
+//!      or failover).
 //!   2. **Recheck.** A `FLUSHALL` or `FLUSHDB` keeps the `run_id`, and a restart can go
 //!      unnoticed (a pool that replaced its connections without failing a call, or no call
 //!      at all while the cache answers every request of the key), so while a denial is
