@@ -418,6 +418,44 @@ async fn in_flight_and_rate_policies_are_decided_together() {
     }
 }
 
+/// A slot released through the store under the request's whole plan (its rate policies
+/// beside the in-flight one) frees the slot and gives nothing back to the rates: on Redis the
+/// slot's name used to be refunded to them as units, wiping a full window.
+async fn a_release_under_the_whole_plan_frees_the_slot_only<S: Store>(store: S) {
+    let plan = [
+        Policy::builder("window", Rate::per_minute(10))
+            .algorithm(Algorithm::FixedWindow)
+            .build()
+            .unwrap(),
+        Policy::new("counter", Rate::per_minute(10)).unwrap(),
+        in_flight(5, Duration::from_secs(30)),
+    ];
+    let key = Key::new("tenant", "release");
+    for _ in 0..10 {
+        let d = store.check(&key, &plan, &[1, 1, 1]).await.unwrap();
+        assert!(d.is_allowed());
+        store.release(&key, &plan, d.slot()).await.unwrap();
+    }
+    let refused = store.check(&key, &plan, &[1, 1, 1]).await.unwrap();
+    assert!(!refused.is_allowed(), "the rates are spent: {refused:?}");
+    let peeked = store.peek(&key, &plan[..2], &[1, 1]).await.unwrap();
+    assert_eq!(peeked.remaining(), 0, "{peeked:?}");
+    // Every slot came back: a request now would leave 4 of the 5.
+    let slots = store.peek(&key, &plan[2..], &[1]).await.unwrap();
+    assert_eq!(slots.remaining(), 4, "{slots:?}");
+}
+
+#[tokio::test]
+async fn a_release_under_the_whole_plan_frees_the_slot_only_memory() {
+    a_release_under_the_whole_plan_frees_the_slot_only(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn a_release_under_the_whole_plan_frees_the_slot_only_redis() {
+    let server = RedisServer::start();
+    a_release_under_the_whole_plan_frees_the_slot_only(redis_store(&server, "release")).await;
+}
+
 #[test]
 fn in_flight_policies_refuse_settings_nothing_would_read() {
     let b = || {

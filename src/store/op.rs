@@ -180,7 +180,8 @@ pub enum Op {
         actual: Costs,
     },
     /// Gives back the slot `slot` ([`Decision::slot`]) a request held under each of the
-    /// policies named (all [in-flight](crate::Algorithm::InFlight)). A slot the store does
+    /// [in-flight](crate::Algorithm::InFlight) policies named; every other policy named (a
+    /// request's whole plan, say) is left as it is, on every store. A slot the store does
     /// not hold (already released, or taken before a [reset](Op::Reset)) gives back nothing
     /// on the Redis stores, which keep each slot's name. The memory store keeps a count and
     /// the name of the slot that started it: there a slot taken before a reset gives back

@@ -112,8 +112,11 @@ impl<C: Connector> Core<C> {
         (!policies.is_empty()).then(|| self.decide(key, &policies, amounts, Mode::Settle))
     }
 
-    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`;
-    /// `None` for slot 0, which names no slot here (a failure mode decided the request).
+    /// Gives back (`Mode::Refund`) or extends (`Mode::Refresh`) the in-flight slot `slot`
+    /// under the in-flight policies among `policies`; `None` for slot 0, which names no slot
+    /// here (a failure mode decided the request), and when none is in flight. A rate policy
+    /// named beside them is left alone, as in the memory store: the script's refund of a
+    /// rate state would read the slot's name as units and give them back.
     fn slot(
         self: &Arc<Self>,
         key: &Key,
@@ -121,10 +124,15 @@ impl<C: Connector> Core<C> {
         slot: u64,
         mode: Mode,
     ) -> Option<BoxFuture<Result<Decision, StoreError>>> {
-        (slot != 0).then(|| {
-            let slots = policies.iter().map(|_| Amount::Slot(slot)).collect();
-            self.decide(key, policies, slots, mode)
-        })
+        if slot == 0 {
+            return None;
+        }
+        let (policies, slots): (SmallVec<[Policy; 2]>, SmallVec<[Amount; 2]>) = policies
+            .iter()
+            .filter(|p| p.is_in_flight())
+            .map(|p| (p.clone(), Amount::Slot(slot)))
+            .unzip();
+        (!policies.is_empty()).then(|| self.decide(key, &policies, slots, mode))
     }
 
     /// A refund ([`Op::Refund`]): units only; a slot comes back only by its release (the
