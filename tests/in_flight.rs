@@ -14,7 +14,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use tollgate::key::{Global, Key};
-use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::store::{FailureMode, MemoryStore, RedisStore, ResilientStore, Store};
 use tollgate::{Algorithm, HeaderStyle, Limiter, Policy, Rate, RateLimitLayer};
 
 use support::RedisServer;
@@ -454,6 +454,47 @@ async fn a_release_under_the_whole_plan_frees_the_slot_only_memory() {
 async fn a_release_under_the_whole_plan_frees_the_slot_only_redis() {
     let server = RedisServer::start();
     a_release_under_the_whole_plan_frees_the_slot_only(redis_store(&server, "release")).await;
+}
+
+/// A permit handed to code with no Tokio runtime (a plain thread) and dropped there gives its
+/// slot back at once, without a panic: on a store whose calls need a runtime's timer (a
+/// `ResilientStore`'s timeout, a Redis connection's response timeout) too.
+async fn a_permit_dropped_outside_a_runtime_gives_its_slot_back<S: Store>(store: S) {
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(in_flight(1, Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "thread");
+    let permit = limiter.acquire(&key).await.unwrap();
+    assert!(permit.is_allowed());
+    std::thread::spawn(move || drop(permit))
+        .join()
+        .expect("dropping a permit outside a runtime panicked");
+    let next = limiter.acquire(&key).await.unwrap();
+    assert!(next.is_allowed(), "the slot came back: {next:?}");
+}
+
+fn resilient<S: Store>(store: S) -> ResilientStore<S> {
+    ResilientStore::builder(store, FailureMode::FailClosed)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_dropped_outside_a_runtime_gives_its_slot_back_memory() {
+    a_permit_dropped_outside_a_runtime_gives_its_slot_back(MemoryStore::new()).await;
+    a_permit_dropped_outside_a_runtime_gives_its_slot_back(resilient(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_dropped_outside_a_runtime_gives_its_slot_back_redis() {
+    let server = RedisServer::start();
+    a_permit_dropped_outside_a_runtime_gives_its_slot_back(redis_store(&server, "thread")).await;
+    a_permit_dropped_outside_a_runtime_gives_its_slot_back(resilient(redis_store(
+        &server, "thread_r",
+    )))
+    .await;
 }
 
 #[test]

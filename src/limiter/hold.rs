@@ -92,26 +92,54 @@ pub(crate) struct Metered {
 }
 
 /// Runs a store call that nobody awaits (a release, a settlement): polled once at once —
-/// the memory store is done then — and otherwise finished on the current Tokio runtime. With
-/// no runtime (a response body dropped outside one), a Redis slot comes back when its lease
-/// ends instead.
+/// the memory store is done then — and otherwise finished on the current Tokio runtime.
+/// Outside any runtime (a permit or body dropped by code on a plain thread) see
+/// [`finish_outside_a_runtime`].
 pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) {
+    // Polled only in a runtime's context: a store's timeout or a Redis connection's timer
+    // panics without one.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        finish_outside_a_runtime(what, call);
+        return;
+    };
     if done_at_once(what, &mut call) {
         return;
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(async move {
-                if let Err(error) = call.await {
-                    report(what, &error);
-                }
-            });
+    runtime.spawn(async move {
+        if let Err(error) = call.await {
+            report(what, &error);
         }
-        Err(_) => tracing::warn!(
-            target: "tollgate::store",
-            what,
-            "no Tokio runtime to finish the store call; a held slot comes back when its lease ends"
-        ),
+    });
+}
+
+/// The longest a thread with no runtime waits for a store call it drops a hold on.
+const OUTSIDE_A_RUNTIME_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Finishes `call` on a thread that has no Tokio runtime, on a runtime of its own, waiting
+/// at most [`OUTSIDE_A_RUNTIME_WAIT`]: a Redis connection's own tasks run on the runtime
+/// that made it, and answer while that one runs. When it does not (it has shut down), the
+/// call fails and a Redis slot comes back when its lease ends.
+fn finish_outside_a_runtime(what: &'static str, call: BoxFuture<Result<(), StoreError>>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::warn!(
+                target: "tollgate::store",
+                what,
+                %error,
+                "no Tokio runtime to finish the store call; a held slot comes back when its lease ends"
+            );
+            return;
+        }
+    };
+    // The timer is made inside the runtime: it needs one to be made.
+    match runtime.block_on(async { tokio::time::timeout(OUTSIDE_A_RUNTIME_WAIT, call).await }) {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => report(what, &error),
+        Err(_) => report(what, &StoreError::Timeout),
     }
 }
 
