@@ -700,3 +700,48 @@ async fn a_buckets_refill_before_an_override_change_is_at_the_old_rate() {
         }
     }
 }
+
+/// A raised override set and removed at once on a spent bucket leaves the ledger's key for as
+/// long as the plan's slower rate needs to refill it: the override's faster rate used to size
+/// its expiry (setting an override writes the state again), so the key vanished within two
+/// seconds and the whole burst came back, where the memory store refills 2 tokens. Real time
+/// here: Redis expires keys on its own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_override_removed_at_once_does_not_shorten_the_ledgers_memory() {
+    let server = RedisServer::start();
+    for a in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let p = Policy::builder("api", Rate::per_minute(60).with_burst(60))
+            .algorithm(a)
+            .build()
+            .unwrap();
+        let exact = limiter(tollgate::store::MemoryStore::new(), &p);
+        let leased_redis = limiter(
+            LeasedStore::builder(
+                RedisStore::builder()
+                    .prefix(format!("raised-{}", a.as_str()))
+                    .build_with_url(&server.url())
+                    .unwrap(),
+            )
+            .lease_time(Duration::from_millis(LEASE))
+            .build()
+            .unwrap(),
+            &p,
+        );
+        let key = Key::new("tenant", format!("raised-{}", a.as_str()));
+        assert!(exact.check(&key, 60).await.unwrap().is_allowed());
+        assert!(leased_redis.check(&key, 60).await.unwrap().is_allowed());
+        let raised = Override::new("api", 6_000).burst(60);
+        exact.set_override(&key, raised.clone()).await.unwrap();
+        leased_redis.set_override(&key, raised).await.unwrap();
+        exact.remove_override(&key, "api").await.unwrap();
+        leased_redis.remove_override(&key, "api").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let model = exact.check(&key, 30).await.unwrap();
+        let ledger = leased_redis.check(&key, 30).await.unwrap();
+        assert!(!model.is_allowed(), "{a:?}: {model:?}");
+        assert!(
+            !ledger.is_allowed(),
+            "{a:?}: the ledger forgot the spent bucket: {ledger:?}"
+        );
+    }
+}

@@ -327,17 +327,11 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
             };
             if keep {
                 // A token bucket's under the limits in force until now: the plan's (or an
-                // override set before, which the ledger reads), so that its refill until now
-                // is at the old rate, as the memory store takes it. (GCRA keeps the time until
-                // its TAT instead, which the new rate reads.)
-                let plan = policy.plan_limits();
-                let before =
-                    if policy.algorithm() != Algorithm::TokenBucket || plan == *policy.limits() {
-                        None
-                    } else {
-                        policy.with_limit(plan.limit(), Some(plan.capacity())).ok()
-                    };
-                keep_state(std::slice::from_ref(before.as_ref().unwrap_or(&policy))).await?;
+                // override set before, which the ledger reads; a ledger call carries the
+                // plan's limits), so that its refill until now is at the old rate, as the
+                // memory store takes it. (GCRA keeps the time until its TAT instead, which
+                // the new rate reads.)
+                keep_state(policies).await?;
             }
             shared.inner.set_override(&key, &policy, ttl).await?;
             if keep {

@@ -48,12 +48,16 @@ pub(crate) struct Returned {
 }
 
 impl Part {
+    /// The part of `policy` with the plan's limit and capacity, also for an override's policy
+    /// (as setting one hands it): the ledger reads the override in force itself, and keeps
+    /// its states for the slower of the plan's rate and that one.
     pub(crate) fn new(kind: Kind, policy: &Policy) -> Self {
+        let plan = policy.plan_limits();
         Self {
             kind,
-            limit: policy.limit(),
+            limit: plan.limit(),
             window_ms: policy.window_millis(),
-            capacity: policy.capacity(),
+            capacity: plan.capacity(),
             cost: 0,
             wanted: 0,
             returned: Returned::default(),
