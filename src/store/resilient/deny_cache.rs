@@ -16,24 +16,80 @@ use crate::decision::{DecidedBy, Decision};
 use crate::key::Key;
 use crate::policy::Policy;
 
+/// How many counters of forgotten keys there are: a key's is the one its hash picks. Keys
+/// that share one only lose a denial to each other's forgets while a check is under way.
+const FORGET_STRIPES: usize = 64;
+
 /// Current denials from the store, keyed by (key, policies, costs), each until its moment
-/// (at most `max_age_ms` after it was cached).
+/// (at most `max_age_ms` after it was cached), grouped by key: forgetting a key touches its
+/// own entries only, whatever else the cache holds.
 pub(super) struct DenyCache {
     capacity: usize,
     max_age_ms: u64,
     /// How long a denial is answered before the store is asked to confirm it.
     recheck_ms: u64,
     hasher: foldhash::fast::RandomState,
-    /// entry (a hash of the key, policies and costs) → the denial.
-    entries: Mutex<HashMap<u64, Cached>>,
+    entries: Mutex<Entries>,
     /// The store's generation the entries were cached under.
     generation: AtomicU64,
-    /// Bumped, under the entries' lock, by every [`forget`](Self::forget): a denial the store
-    /// gave a check that began before (a reset or an override crossed it) is not cached.
-    forgotten: AtomicU64,
+    /// Bumped, under the entries' lock, by every [`forget`](Self::forget) of a key whose
+    /// hash picks it: a denial the store gave a check of that key that began before (a reset
+    /// or an override crossed it) is not cached.
+    forgotten: [AtomicU64; FORGET_STRIPES],
+}
+
+/// The denials, by the key's hash, then by their entry.
+#[derive(Default)]
+struct Entries {
+    by_key: HashMap<u64, SmallVec<[Cached; 1]>>,
+    len: usize,
+}
+
+impl Entries {
+    fn find(&mut self, entry: Entry) -> Option<&mut Cached> {
+        self.by_key
+            .get_mut(&entry.key)?
+            .iter_mut()
+            .find(|c| c.entry == entry.full)
+    }
+
+    fn remove(&mut self, entry: Entry) {
+        if let Some(list) = self.by_key.get_mut(&entry.key) {
+            let before = list.len();
+            list.retain(|c| c.entry != entry.full);
+            self.len -= before - list.len();
+            if list.is_empty() {
+                self.by_key.remove(&entry.key);
+            }
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Cached) -> bool) {
+        let mut len = 0;
+        self.by_key.retain(|_, list| {
+            list.retain(|c| keep(c));
+            len += list.len();
+            !list.is_empty()
+        });
+        self.len = len;
+    }
+
+    fn clear(&mut self) {
+        self.by_key.clear();
+        self.len = 0;
+    }
+}
+
+/// Where a request's denial is kept: its key's hash, and the hash of the key, policies and
+/// costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    key: u64,
+    full: u64,
 }
 
 struct Cached {
+    entry: u64,
     key: Key,
     /// The request, to ask the store again.
     policies: SmallVec<[Policy; 2]>,
@@ -54,7 +110,7 @@ struct Cached {
 
 /// A cached denial the store should confirm: the request to peek, and which entry it is.
 pub(super) struct Recheck {
-    pub(super) entry: u64,
+    pub(super) entry: Entry,
     pub(super) key: Key,
     pub(super) policies: SmallVec<[Policy; 2]>,
     pub(super) costs: SmallVec<[u64; 2]>,
@@ -68,20 +124,33 @@ impl DenyCache {
             max_age_ms: max_age.as_millis().try_into().unwrap_or(u64::MAX),
             recheck_ms: recheck.as_millis().try_into().unwrap_or(u64::MAX),
             hasher: foldhash::fast::RandomState::default(),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
             generation: AtomicU64::new(0),
-            forgotten: AtomicU64::new(0),
+            forgotten: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
-    pub(super) fn entry_of(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> u64 {
+    fn key_hash(&self, key: &Key) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    pub(super) fn entry_of(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Entry {
+        let key_hash = self.key_hash(key);
         let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
+        key_hash.hash(&mut h);
         for (p, c) in policies.iter().zip(costs) {
             p.name().hash(&mut h);
             c.hash(&mut h);
         }
-        h.finish()
+        Entry {
+            key: key_hash,
+            full: h.finish(),
+        }
+    }
+
+    fn stripe(&self, key_hash: u64) -> &AtomicU64 {
+        // The high bits: the low ones also pick the map's buckets.
+        &self.forgotten[(key_hash >> 58) as usize % FORGET_STRIPES]
     }
 
     /// Drops every entry when the store's generation moved: it lost the state they stand for.
@@ -98,20 +167,20 @@ impl DenyCache {
     /// or more ago and no peek is under way, the peek to send (off the request path).
     pub(super) fn get(
         &self,
-        entry: u64,
+        entry: Entry,
         key: &Key,
         now: u64,
         generation: u64,
     ) -> Option<(Decision, Option<Recheck>)> {
         let mut entries = self.entries.lock();
-        let cached = entries.get_mut(&entry)?;
+        let cached = entries.find(entry)?;
         if cached.key != *key {
             return None;
         }
         // A denial from state the store has lost (it restarted, as far as it noticed) is
         // never answered, whatever its moment.
         if now >= cached.until || cached.generation != generation {
-            entries.remove(&entry);
+            entries.remove(entry);
             return None;
         }
         let decision = shift(
@@ -146,7 +215,7 @@ impl DenyCache {
         generation: u64,
     ) {
         let mut entries = self.entries.lock();
-        let Some(cached) = entries.get_mut(&job.entry) else {
+        let Some(cached) = entries.find(job.entry) else {
             return;
         };
         if cached.key != job.key || cached.at != job.at {
@@ -155,10 +224,10 @@ impl DenyCache {
         cached.checking = false;
         match answer {
             _ if cached.generation != generation => {
-                entries.remove(&job.entry);
+                entries.remove(job.entry);
             }
             Some((true, _)) => {
-                entries.remove(&job.entry);
+                entries.remove(job.entry);
             }
             Some((false, retry_after)) => {
                 let store_until = now.saturating_add(retry_after);
@@ -173,7 +242,7 @@ impl DenyCache {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &self,
-        entry: u64,
+        entry: Entry,
         key: &Key,
         policies: &[Policy],
         costs: &[u64],
@@ -197,42 +266,52 @@ impl DenyCache {
         let store_until = now.saturating_add(decision.retry_after_millis());
         let until = store_until.min(now.saturating_add(self.max_age_ms));
         let mut entries = self.entries.lock();
-        if self.forgotten.load(Ordering::Acquire) != forgotten {
+        if self.stripe(entry.key).load(Ordering::Acquire) != forgotten {
             return;
         }
-        if entries.len() >= self.capacity {
-            entries.retain(|_, c| c.until > now && c.generation == generation);
-            if entries.len() >= self.capacity {
+        entries.remove(entry);
+        if entries.len >= self.capacity {
+            entries.retain(|c| c.until > now && c.generation == generation);
+            if entries.len >= self.capacity {
                 return;
             }
         }
-        entries.insert(
-            entry,
-            Cached {
-                key: key.clone(),
-                policies: policies.iter().cloned().collect(),
-                costs: costs.iter().copied().collect(),
-                generation,
-                at: now,
-                until,
-                store_until,
-                confirmed: now,
-                checking: false,
-                decision,
-            },
-        );
+        entries.len += 1;
+        entries.by_key.entry(entry.key).or_default().push(Cached {
+            entry: entry.full,
+            key: key.clone(),
+            policies: policies.iter().cloned().collect(),
+            costs: costs.iter().copied().collect(),
+            generation,
+            at: now,
+            until,
+            store_until,
+            confirmed: now,
+            checking: false,
+            decision,
+        });
     }
 
+    /// Drops `key`'s denials: its own entries only, in time independent of the cache's size.
     pub(super) fn forget(&self, key: &Key) {
+        let key_hash = self.key_hash(key);
         let mut entries = self.entries.lock();
-        entries.retain(|_, c| c.key != *key);
-        self.forgotten.fetch_add(1, Ordering::AcqRel);
+        if let Some(list) = entries.by_key.get_mut(&key_hash) {
+            let before = list.len();
+            list.retain(|c| c.key != *key);
+            let removed = before - list.len();
+            if list.is_empty() {
+                entries.by_key.remove(&key_hash);
+            }
+            entries.len -= removed;
+        }
+        self.stripe(key_hash).fetch_add(1, Ordering::AcqRel);
     }
 
-    /// How many times keys were forgotten: read when a check begins, and given to
-    /// [`insert`](Self::insert).
-    pub(super) fn forgotten(&self) -> u64 {
-        self.forgotten.load(Ordering::Acquire)
+    /// How many times keys that share `entry`'s counter were forgotten: read when a check
+    /// begins, and given to [`insert`](Self::insert).
+    pub(super) fn forgotten(&self, entry: Entry) -> u64 {
+        self.stripe(entry.key).load(Ordering::Acquire)
     }
 }
 
@@ -270,13 +349,13 @@ mod tests {
     /// Caches a denial of `key` given at `now` under `generation`, by a check no forget crossed.
     fn cache_denial(
         cache: &DenyCache,
-        entry: u64,
+        entry: Entry,
         key: &Key,
         policies: &[Policy],
         now: u64,
         generation: u64,
     ) {
-        let forgotten = cache.forgotten();
+        let forgotten = cache.forgotten(entry);
         cache.insert(
             entry,
             key,
@@ -290,7 +369,7 @@ mod tests {
     }
 
     /// A cache that rechecks every `recheck`, a key, its one policy and its entry.
-    fn one_entry(recheck: Duration) -> (DenyCache, Key, [Policy; 1], u64) {
+    fn one_entry(recheck: Duration) -> (DenyCache, Key, [Policy; 1], Entry) {
         let cache = DenyCache::new(10, Duration::from_secs(600), recheck);
         let key = Key::new("user", "1");
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
@@ -302,12 +381,42 @@ mod tests {
     fn a_denial_from_a_check_a_forget_crossed_is_not_cached() {
         let (cache, key, policies, entry) = one_entry(Duration::from_secs(600));
         // The check began; a reset or an override of a key landed; then the store said no.
-        let began = cache.forgotten();
+        let began = cache.forgotten(entry);
         cache.forget(&key);
         cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0, began);
         assert!(cache.get(entry, &key, 1_001, 0).is_none());
         cache_denial(&cache, entry, &key, &policies, 1_000, 0);
         assert!(cache.get(entry, &key, 1_001, 0).is_some());
+    }
+
+    #[test]
+    fn forgetting_a_key_leaves_other_keys_alone() {
+        let (cache, key, policies, entry) = one_entry(Duration::from_secs(600));
+        // Another key, whose forgets are counted apart from this key's.
+        let other = (0..)
+            .map(|i| Key::new("user", format!("other-{i}")))
+            .find(|k| {
+                !std::ptr::eq(
+                    cache.stripe(cache.key_hash(k)),
+                    cache.stripe(cache.key_hash(&key)),
+                )
+            })
+            .unwrap();
+        let other_entry = cache.entry_of(&other, &policies, &[1]);
+        cache_denial(&cache, other_entry, &other, &policies, 1_000, 0);
+        // A check of `key` began; `other` was given units back (a refund, a settlement)
+        // meanwhile; then the store said no to `key`: that denial is cached.
+        let began = cache.forgotten(entry);
+        cache.forget(&other);
+        cache.insert(entry, &key, &policies, &[1], denied(), 1_000, 0, began);
+        assert!(cache.get(entry, &key, 1_001, 0).is_some());
+        assert!(cache.get(other_entry, &other, 1_001, 0).is_none());
+        // Forgetting `key` drops its denial and no other.
+        cache_denial(&cache, other_entry, &other, &policies, 1_002, 0);
+        cache.forget(&key);
+        assert!(cache.get(entry, &key, 1_003, 0).is_none());
+        assert!(cache.get(other_entry, &other, 1_003, 0).is_some());
+        assert_eq!(cache.entries.lock().len, 1);
     }
 
     #[test]

@@ -28,7 +28,8 @@ impl<S: Store> Store for ResilientStore<S> {
         let generation = inner.primary.generation();
         let entry = inner.deny_cache.as_ref().map(|c| {
             c.sync(generation);
-            (c.entry_of(key, policies, costs), c.forgotten())
+            let entry = c.entry_of(key, policies, costs);
+            (entry, c.forgotten(entry))
         });
         if let (Some(cache), Some((entry, _))) = (&inner.deny_cache, entry) {
             if let Some((d, recheck)) = cache.get(entry, key, now, generation) {
@@ -111,8 +112,9 @@ impl<S: Store> Store for ResilientStore<S> {
             op => op,
         };
         if op.gives_back() {
-            // The store may now allow what it refused: this key's cached denials go.
-            if let Some(cache) = &inner.deny_cache {
+            // The store may now allow what it refused: this key's cached denials go. (Not
+            // for a slot given back: no refusal by an in-flight policy is cached.)
+            if let (Some(cache), false) = (&inner.deny_cache, matches!(op, Op::Release { .. })) {
                 cache.forget(key);
             }
             self.mirror_in_fallback(key, policies, &op);
