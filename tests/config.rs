@@ -402,6 +402,10 @@ fn trust_everything_proxies_are_errors_wherever_they_are() {
             format!("{BASE}{login}\n[login.ip_key]\nkind = \"client_ip\"\ntrusted_proxies = [\"::ffff:0:0/96\"]"),
             "login.ip_key.trusted_proxies[0]",
         ),
+        // NAT64's well-known prefix holds every IPv4 address: trusting it trusts every IPv4
+        // client (addresses are compared in canonical form).
+        (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"64:ff9b::/96\"]\n{BASE}"), "key.trusted_proxies[0]"),
+        (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"64:ff9b::/100\"]\n{BASE}"), "key.trusted_proxies[1]"),
     ];
     for (text, field) in cases {
         let report = audit(&Plan::from_toml(text).unwrap());
@@ -416,7 +420,7 @@ fn trust_everything_proxies_are_errors_wherever_they_are() {
     }
     // Private, loopback and link-local ranges, and CDN-sized public ranges, are fine.
     let fine = format!(
-        "[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"172.16.0.0/12\", \"192.168.0.0/16\", \"127.0.0.1\", \"169.254.0.0/16\", \"104.16.0.0/13\", \"198.51.100.8/29\", \"fc00::/7\", \"fe80::/10\", \"2400:cb00::/32\"]\n{BASE}"
+        "[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"172.16.0.0/12\", \"192.168.0.0/16\", \"127.0.0.1\", \"169.254.0.0/16\", \"104.16.0.0/13\", \"198.51.100.8/29\", \"fc00::/7\", \"fe80::/10\", \"2400:cb00::/32\", \"64:ff9b::a00:0/104\"]\n{BASE}"
     );
     let report = audit(&Plan::from_toml(&fine).unwrap());
     assert!(

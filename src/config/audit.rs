@@ -43,6 +43,9 @@
 //! (IPv6) and not inside private space (IPv6 unique-local `fc00::/7` or link-local
 //! `fe80::/10`; every IPv4 range wider than /8 holds public addresses). Private, loopback
 //! and link-local ranges of any usual size, and CDN ranges (a /13, a /29) stay legitimate.
+//! IPv4 written in IPv6 (mapped, `::ffff:0:0/96`, or NAT64's `64:ff9b::/96`) is judged as
+//! the IPv4 range it holds, as addresses are compared: `64:ff9b::/96` trusts every IPv4
+//! client.
 //! An IPv4-mapped IPv6 range (`::ffff:0:0/96`) is judged as the IPv4 range it maps.
 //!
 //! The score starts at 100 and loses 25 per error and 10 per warning (never below 0); a plan
@@ -92,7 +95,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use serde::Serialize;
 
 use crate::config::{FailureModeName, KeyConfig, Plan, RouteConfig, RouteKind, StoreKind};
@@ -282,16 +285,9 @@ pub fn rules() -> &'static [Rule] {
 
 /// Whether `net` trusts other people's networks (see the [module docs](mod@crate::audit)).
 fn trusts_everyone(net: IpNet) -> bool {
-    let mapped =
-        Ipv6Net::new(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).unwrap_or_default();
-    match net {
-        IpNet::V6(v6) if v6.prefix_len() >= 96 && mapped.contains(&v6) => {
-            match v6.addr().to_ipv4_mapped() {
-                Some(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96)
-                    .is_ok_and(|v4| trusts_everyone(IpNet::V4(v4))),
-                None => false,
-            }
-        }
+    // As addresses are compared: IPv4 written in IPv6 (mapped, or NAT64's `64:ff9b::/96`)
+    // is the IPv4 range it holds, so `64:ff9b::/96` trusts every IPv4 client.
+    match crate::key::canonical_net(net) {
         IpNet::V4(v4) => v4.prefix_len() < 8,
         IpNet::V6(v6) => {
             let private = ["fc00::/7", "fe80::/10"]
