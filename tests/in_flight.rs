@@ -497,6 +497,55 @@ async fn a_permit_dropped_outside_a_runtime_gives_its_slot_back_redis() {
     .await;
 }
 
+/// A release that waits in the store's queue (Redis busy with the call before it) is sent
+/// even when the `ResilientStore` around it stops waiting for its answer: the slot comes back
+/// as soon as Redis answers again, not when its lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .prefix("queued")
+        .max_in_flight(1)
+        .build_with_url(&server.url())
+        .unwrap();
+    let store = ResilientStore::builder(redis.clone(), FailureMode::FailClosed)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(in_flight(1, Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "queued");
+    let permit = limiter.acquire(&key).await.unwrap();
+    assert!(permit.is_allowed());
+    // Redis stops; a call takes the store's only call under way and waits for it.
+    server.signal("STOP");
+    let other = Key::new("tenant", "other");
+    let plan = [in_flight(1, Duration::from_secs(30))];
+    let busy = {
+        let redis = redis.clone();
+        tokio::spawn(async move { redis.check(&other, &plan, &[1]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The release queues behind it; the resilient store's timeout gives up waiting.
+    drop(permit);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.signal("CONT");
+    let _ = busy.await;
+    let mut freed = false;
+    for _ in 0..20 {
+        if limiter.acquire(&key).await.unwrap().is_allowed() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "the slot stayed held after Redis answered again");
+}
+
 #[test]
 fn in_flight_policies_refuse_settings_nothing_would_read() {
     let b = || {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::request::Request;
+use super::request::{Mode, Request};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -34,7 +34,11 @@ pub(crate) trait Queued: Send + 'static {
     /// Where its answer goes, once it is queued.
     fn reply_to(&mut self, tx: oneshot::Sender<Result<Self::Output, StoreError>>);
 
-    /// Whether its caller gave up waiting.
+    /// Whether it is skipped rather than sent: its caller gave up waiting, and it asks only
+    /// for an answer or a charge (a look, a check). What gives back or settles (a refund,
+    /// a settlement, a slot's release or refresh, a block's return) is sent whoever waits:
+    /// a caller's timeout must not leave a slot held until its lease ends, or a settlement
+    /// unmade.
     fn abandoned(&self) -> bool;
 
     /// Sends its answer (dropped when the caller gave up).
@@ -49,7 +53,8 @@ impl Queued for Request {
     }
 
     fn abandoned(&self) -> bool {
-        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+        matches!(self.mode, Mode::Peek | Mode::Charge)
+            && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
     }
 
     fn answer(self, result: Result<Decision, StoreError>) {

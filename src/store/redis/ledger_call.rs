@@ -11,7 +11,7 @@ use super::batch::Queued;
 use super::lua_constants;
 use super::script_call::ScriptCall;
 use crate::error::StoreError;
-use crate::store::leased::{LedgerCall, LedgerReply};
+use crate::store::leased::{LedgerCall, LedgerMode, LedgerReply};
 
 /// The lease script: `lua/integers.lua`, `lua/sliding_window_counter_math.lua` (shared with
 /// the decision script) and `lua/lease.lua`, the shared constants written in.
@@ -62,7 +62,8 @@ impl Queued for LedgerRequest {
     }
 
     fn abandoned(&self) -> bool {
-        self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+        matches!(self.call.mode, LedgerMode::Grant | LedgerMode::Peek)
+            && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
     }
 
     fn answer(self, result: Result<LedgerReply, StoreError>) {
