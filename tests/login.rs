@@ -616,3 +616,71 @@ async fn a_plan_that_fails_open_keeps_logins_closed_through_an_outage() {
         .expect_err("a memory store has no outage");
     assert_eq!(err.field(), "login.failure_mode");
 }
+
+/// A store whose refunds reach it 20 ms late, as over a network.
+#[derive(Debug, Clone)]
+struct LateRefund(MemoryStore);
+
+impl tollgate::store::Store for LateRefund {
+    type CheckFuture = <MemoryStore as tollgate::store::Store>::CheckFuture;
+
+    fn check(
+        &self,
+        key: &tollgate::key::Key,
+        policies: &[tollgate::Policy],
+        costs: &[u64],
+    ) -> Self::CheckFuture {
+        self.0.check(key, policies, costs)
+    }
+
+    fn apply(
+        &self,
+        key: &tollgate::key::Key,
+        policies: &[tollgate::Policy],
+        op: tollgate::store::Op,
+    ) -> tollgate::store::ApplyFuture {
+        if !matches!(op, tollgate::store::Op::Refund { .. }) {
+            return self.0.apply(key, policies, op);
+        }
+        let (inner, key, policies) = (self.0.clone(), key.clone(), policies.to_vec());
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            inner.apply(&key, &policies, op).await
+        })
+    }
+
+    fn override_store(&self) -> Option<&dyn tollgate::store::OverrideStore> {
+        self.0.override_store()
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+
+    fn name(&self) -> &'static str {
+        "late-refund"
+    }
+}
+
+/// A success recorded by a caller that stops waiting at once (a client that hangs up) still
+/// gives both of its refunds: the username limit's came after the IP limit's was awaited,
+/// so it was never made, and the account kept a failure it never had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_recorded_by_a_caller_that_gives_up_refunds_every_limit() {
+    let guard = LoginGuard::builder()
+        .store(LateRefund(MemoryStore::new()))
+        .user_rate(Rate::per_hour(1))
+        .build()
+        .unwrap();
+    let first = guard.attempt_with_ip_key(tollgate::key::Key::new("ip", "192.0.2.1"), "alice");
+    assert!(guard.check(&first).await.unwrap().is_allowed());
+    let cut = tokio::time::timeout(Duration::from_millis(1), guard.record_success(&first)).await;
+    assert!(cut.is_err(), "the record was to be cut short");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The username limit (1 an hour) has its unit back: a login from elsewhere is allowed.
+    let second = guard.attempt_with_ip_key(tollgate::key::Key::new("ip", "192.0.2.2"), "alice");
+    assert!(
+        guard.check(&second).await.unwrap().is_allowed(),
+        "the username limit kept the success's charge"
+    );
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use super::{normalise_username, LoginDecision, LoginGuardBuilder, LoginMode, IP, IP_USER, USER};
 use crate::decision::{DecidedBy, Decision};
@@ -386,7 +387,10 @@ impl<S: Store> LoginGuard<S> {
     /// [`LoginMode::EveryAttempt`] the IP and username limits keep the charge.
     ///
     /// Call it once per checked attempt: each call refunds one attempt's units, once (a
-    /// second call refunds nothing). Nothing is refunded for a limit whose charge the store
+    /// second call refunds nothing). The refunds are made once the future is first polled,
+    /// whether or not it is awaited to its end; the tuple is cleared only by a future
+    /// awaited to its end ([`LoginLayer`](crate::login::LoginLayer) records in a task of its
+    /// own, so a client that hangs up does not cut it short). Nothing is refunded for a limit whose charge the store
     /// did not take (a failure mode admitted the attempt while the store was down), nor
     /// after an [`unlock_user`](Self::unlock_user) or other reset of its key since the
     /// check: the refund would come off the failures counted since.
@@ -397,43 +401,52 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails (the attempt then keeps its charge).
     pub async fn record_success(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
-        let mut refunded = Ok(());
-        if self.inner.mode == LoginMode::FailuresOnly {
-            for i in [IP, USER] {
-                refunded = refunded.and(self.refund_one(attempt, i).await);
-            }
-        }
+        // Both refunds are under way before anything is awaited: a caller that stops
+        // waiting (a client that hangs up) leaves none of them unmade.
+        let refunds = if self.inner.mode == LoginMode::FailuresOnly {
+            [self.refund_one(attempt, IP), self.refund_one(attempt, USER)]
+        } else {
+            [None, None]
+        };
         let reset = self.inner.limiters[IP_USER]
             .reset(&attempt.keys[IP_USER])
             .await;
+        let mut refunded = Ok(());
+        for call in refunds.into_iter().flatten() {
+            refunded = refunded.and(call.await);
+        }
         refunded.and(reset)
     }
 
     /// Refunds the tuples `which` (charged by this attempt's `check` before it failed or
-    /// was refused). A store that fails here leaves the charge, which errs on the side of
-    /// counting; it is logged.
+    /// was refused), all under way before the first is awaited. A store that fails here
+    /// leaves the charge, which errs on the side of counting; it is logged.
     async fn refund(&self, attempt: &LoginAttempt, which: std::ops::Range<usize>) {
-        for i in which {
-            if let Err(error) = self.refund_one(attempt, i).await {
+        let calls: SmallVec<[_; 3]> = which.filter_map(|i| self.refund_one(attempt, i)).collect();
+        for call in calls {
+            if let Err(error) = call.await {
                 tracing::warn!(%error, "tollgate: could not refund a refused login attempt's charge");
             }
         }
     }
 
-    /// Refunds limit `i`'s charge of `attempt`, once, if the store took it and no reset
-    /// of its key (an unlock) has begun or ended since: otherwise the refund would come off
-    /// the counts of other attempts (an attacker's failures since the unlock).
-    async fn refund_one(&self, attempt: &LoginAttempt, i: usize) -> Result<(), CheckError> {
+    /// Starts the refund of limit `i`'s charge of `attempt`, once, if the store took it and
+    /// no reset of its key (an unlock) has begun or ended since: otherwise the refund would
+    /// come off the counts of other attempts (an attacker's failures since the unlock). The
+    /// store call is made whether or not the answer is awaited.
+    fn refund_one(
+        &self,
+        attempt: &LoginAttempt,
+        i: usize,
+    ) -> Option<impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static> {
         let limiter = &self.inner.limiters[i];
         let key = &attempt.keys[i];
         let mark = attempt.charges[i].swap(0, Ordering::AcqRel);
         if mark == 0 || !limiter.untouched_since(key, (mark >> 1) - 1) {
-            return Ok(());
+            return None;
         }
         let fallback = mark & 1 == 1;
-        limiter
-            .refund_to(key, self.inner.policies[i].cost(), fallback)
-            .await
+        Some(limiter.refund_to(key, self.inner.policies[i].cost(), fallback))
     }
 
     /// Clears the username limit of `username` (an administrator unlocking an account).

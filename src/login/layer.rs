@@ -599,7 +599,16 @@ where
                 });
                 return Ok(res.map(|body| RateLimitBody::watched(body, watch)));
             };
-            if let Err(error) = record(guard, &attempt, (shared.classify)(status)).await {
+            let outcome = (shared.classify)(status);
+            let guard = guard.clone();
+            let recorded = async move { record(&guard, &attempt, outcome).await };
+            // In a task of its own, awaited: the next attempt sees it, and a client that
+            // hangs up meanwhile does not cut it short (a refund made, the tuple not cleared).
+            let result = match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => runtime.spawn(recorded).await.unwrap_or(Ok(())),
+                Err(_) => recorded.await,
+            };
+            if let Err(error) = result {
                 tracing::warn!(%error, "tollgate: could not record a login outcome");
             }
             Ok(res.map(RateLimitBody::inner))
