@@ -25,9 +25,56 @@ struct Master {
     /// Which resolution made it, so that a failure on an older master's connection does
     /// not drop a newer one.
     epoch: u64,
-    /// When the oldest call still unanswered was sent, in [`Link::now`] units (0: none): set
-    /// by a call whose caller gave up, cleared by any reply.
+    /// How long the master has gone without answering calls given up on.
+    silence: Silence,
+}
+
+/// What a call given up on says about its master.
+#[derive(Debug, PartialEq, Eq)]
+enum Silent {
+    /// No reply to calls given up on for this long (ms).
+    For(u64),
+    /// The first call given up on after a quiet time: whether the master answers is unknown.
+    AfterQuiet,
+}
+
+/// How long a master has gone without a reply while calls to it were given up on, in
+/// [`Link::now`] units.
+#[derive(Default)]
+struct Silence {
+    /// When the oldest call still unanswered was sent (0: none): set by a call whose caller
+    /// gave up, cleared by any reply.
     unanswered_since: AtomicU64,
+    /// When a caller last gave up on a call (0: never).
+    last_abandoned: AtomicU64,
+}
+
+impl Silence {
+    /// A call sent at `sent` was given up at `now`: how long the master has been silent,
+    /// counted from the oldest call given up since the last reply — unless no call was
+    /// given up for longer than `timeout` before this one was sent: a quiet time with no
+    /// calls is not a master that does not answer, and the reply to the call given up
+    /// before it may have come unseen. The silence then starts with this call, and the
+    /// master is to be asked whether it answers ([`Silent::AfterQuiet`]).
+    fn abandoned(&self, sent: u64, now: u64, timeout: u64) -> Silent {
+        let last = self.last_abandoned.swap(now, Ordering::AcqRel);
+        if last != 0 && sent.saturating_sub(last) > timeout {
+            self.unanswered_since.store(sent, Ordering::Release);
+            return Silent::AfterQuiet;
+        }
+        let _ =
+            self.unanswered_since
+                .compare_exchange(0, sent, Ordering::AcqRel, Ordering::Acquire);
+        match self.unanswered_since.load(Ordering::Acquire) {
+            0 => Silent::For(0),
+            since => Silent::For(now.saturating_sub(since)),
+        }
+    }
+
+    /// The master answered.
+    fn answered(&self) {
+        self.unanswered_since.store(0, Ordering::Release);
+    }
 }
 
 /// One sentinel, with the connection redis-rs keeps to it; locked by the lookup asking it.
@@ -186,16 +233,40 @@ impl Link {
     /// long before the connection's own timeout, so a stalled master (a stopped process, a
     /// partition) would never fail a call: once calls have gone unanswered for longer than
     /// the timeout, with no reply meanwhile, the master is dropped as lost.
-    fn abandoned(&self, master: &Master, sent: u64) {
-        let _ =
-            master
-                .unanswered_since
-                .compare_exchange(0, sent, Ordering::AcqRel, Ordering::Acquire);
-        let since = master.unanswered_since.load(Ordering::Acquire);
-        let silent = self.now().saturating_sub(since);
-        if since != 0 && silent > u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX) {
-            self.lose(master.epoch, format_args!("no reply for {silent} ms"));
+    fn abandoned(self: &Arc<Self>, master: &Arc<Master>, sent: u64) {
+        let timeout = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        match master.silence.abandoned(sent, self.now(), timeout) {
+            Silent::For(silent) if silent > timeout => {
+                self.lose(master.epoch, format_args!("no reply for {silent} ms"));
+            }
+            Silent::For(_) => {}
+            Silent::AfterQuiet => self.probe(master),
         }
+    }
+
+    /// Asks `master` for a `PING` within the timeout, in a task of its own: a reply ends
+    /// its silence, none drops it as lost. Without a runtime, the next call given up on
+    /// counts the silence from this one.
+    fn probe(self: &Arc<Self>, master: &Arc<Master>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (link, master) = (Arc::clone(self), Arc::clone(master));
+        let mut connection = master.connection.clone();
+        runtime.spawn(async move {
+            let ping = redis::cmd("PING");
+            match tokio::time::timeout(link.timeout, ping.query_async::<String>(&mut connection))
+                .await
+            {
+                Ok(Ok(_)) => master.silence.answered(),
+                Ok(Err(e)) if !master_lost(&e) => master.silence.answered(),
+                Ok(Err(e)) => link.lose(master.epoch, format_args!("{e}")),
+                Err(_) => link.lose(
+                    master.epoch,
+                    format_args!("no reply to a PING for {} ms", link.timeout.as_millis()),
+                ),
+            }
+        });
     }
 
     /// Drops the master of `epoch`, unless another has replaced it; later calls resolve
@@ -224,7 +295,7 @@ impl Link {
             Err(e) if master_lost(e) => self.lose(master.epoch, format_args!("{e}")),
             Err(_) => {}
             Ok(value) => {
-                master.unanswered_since.store(0, Ordering::Release);
+                master.silence.answered();
                 if demoted(value) {
                     self.lose(master.epoch, format_args!("READONLY: it is a replica now"));
                 }
@@ -282,7 +353,7 @@ impl Link {
             address,
             connection,
             epoch: self.epochs.fetch_add(1, Ordering::AcqRel) + 1,
-            unanswered_since: AtomicU64::new(0),
+            silence: Silence::default(),
         });
         self.master.store(Some(Arc::clone(&master)));
         Ok(master)
@@ -345,8 +416,8 @@ pub(crate) struct Watched {
 
 /// A call in flight: dropped before it is answered, it tells the link its caller gave up.
 struct InFlight<'a> {
-    link: &'a Link,
-    master: &'a Master,
+    link: &'a Arc<Link>,
+    master: &'a Arc<Master>,
     sent: u64,
     answered: bool,
 }
@@ -360,7 +431,7 @@ impl Drop for InFlight<'_> {
 }
 
 impl<'a> InFlight<'a> {
-    fn new(link: &'a Link, master: &'a Master) -> Self {
+    fn new(link: &'a Arc<Link>, master: &'a Arc<Master>) -> Self {
         InFlight {
             link,
             master,
@@ -411,5 +482,35 @@ impl ConnectionLike for Watched {
 
     fn get_db(&self) -> i64 {
         self.connection.get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Silence, Silent};
+
+    #[test]
+    fn calls_given_up_without_a_reply_for_longer_than_the_timeout_are_silence() {
+        let silence = Silence::default();
+        // A stalled master under load: a call given up every 50 ms, none answered.
+        let mut silent = Silent::For(0);
+        for sent in (1..=600).step_by(50) {
+            silent = silence.abandoned(sent, sent + 50, 500);
+        }
+        assert_eq!(silent, Silent::For(600));
+        // A reply ends it.
+        silence.answered();
+        assert_eq!(silence.abandoned(700, 750, 500), Silent::For(50));
+    }
+
+    #[test]
+    fn a_quiet_time_between_two_calls_given_up_is_not_silence() {
+        let silence = Silence::default();
+        // One call given up, then nothing for ten seconds, then another given up 5 ms after
+        // it was sent: the master was not asked meanwhile, and is asked now (a PING).
+        assert_eq!(silence.abandoned(1, 51, 500), Silent::For(50));
+        assert_eq!(silence.abandoned(10_000, 10_005, 500), Silent::AfterQuiet);
+        // Calls given up on after it count from it.
+        assert_eq!(silence.abandoned(10_050, 10_100, 500), Silent::For(100));
     }
 }
