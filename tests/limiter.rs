@@ -1215,3 +1215,60 @@ async fn a_shaped_policy_refuses_a_cost_its_wait_admits_for_the_rate() {
         .unwrap();
     run(redis, "redis").await;
 }
+
+/// A store that never answers a check of the shadow policy (a stalled Redis, as far as the
+/// shadow check sees) and answers the rest as the memory store.
+#[derive(Debug, Clone)]
+struct ShadowNeverAnswers(MemoryStore);
+
+impl tollgate::store::Store for ShadowNeverAnswers {
+    type CheckFuture = tollgate::store::BoxFuture<Result<tollgate::Decision, tollgate::StoreError>>;
+
+    fn check(&self, key: &Key, policies: &[Policy], costs: &[u64]) -> Self::CheckFuture {
+        if policies.iter().any(|p| p.name() == "shadow") {
+            return Box::pin(std::future::pending());
+        }
+        Box::pin(self.0.check(key, policies, costs))
+    }
+
+    fn apply(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        op: tollgate::store::Op,
+    ) -> tollgate::store::ApplyFuture {
+        self.0.apply(key, policies, op)
+    }
+
+    fn now_millis(&self) -> u64 {
+        tollgate::store::Store::now_millis(&self.0)
+    }
+
+    fn name(&self) -> &'static str {
+        "shadow-never-answers"
+    }
+}
+
+/// Shadow checks waiting for a store that does not answer are bounded: past 1 024 a
+/// request's shadow check is skipped and counted, instead of one more task per request.
+#[tokio::test]
+async fn shadow_checks_waiting_for_a_stalled_store_are_bounded() {
+    let limiter = Limiter::builder()
+        .store(ShadowNeverAnswers(MemoryStore::new()))
+        .policy(Policy::new("api", Rate::per_minute(1_000_000)).unwrap())
+        .policy(
+            Policy::builder("shadow", Rate::per_minute(1))
+                .shadow(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    for _ in 0..3_000 {
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let counts = limiter.shadow_counts();
+    assert_eq!((counts.allowed, counts.denied), (0, 0));
+    assert_eq!(counts.skipped, 3_000 - 1_024, "{counts:?}");
+}

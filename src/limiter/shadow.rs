@@ -1,6 +1,6 @@
 //! Shadow policies: checked and counted beside the enforced ones, never refusing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use smallvec::SmallVec;
 
@@ -17,13 +17,38 @@ pub struct ShadowCounts {
     pub allowed: u64,
     /// Checks at least one shadow policy would have denied.
     pub denied: u64,
+    /// Checks not made: 1 024 of this limiter's were already waiting for a store that does
+    /// not answer at once (a stalled Redis), so the shadow policies' tasks stay bounded
+    /// whatever the request rate.
+    pub skipped: u64,
 }
+
+/// The most shadow checks one limiter has waiting for its store at once; past it a request's
+/// shadow check is skipped and counted in [`ShadowCounts::skipped`].
+pub(crate) const MAX_SHADOW_CHECKS: usize = 1024;
 
 /// The running counts behind [`ShadowCounts`].
 #[derive(Debug, Default)]
 pub(crate) struct ShadowCounters {
     allowed: AtomicU64,
     denied: AtomicU64,
+    skipped: AtomicU64,
+    /// Shadow checks waiting for the store now.
+    waiting: AtomicUsize,
+}
+
+/// One shadow check waiting for the store: counted until its task ends, however it ends.
+struct Waiting<S: Store>(Limiter<S>);
+
+impl<S: Store> Drop for Waiting<S> {
+    fn drop(&mut self) {
+        self.0
+            .inner
+            .common
+            .shadow
+            .waiting
+            .fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ShadowCounters {
@@ -31,6 +56,7 @@ impl ShadowCounters {
         ShadowCounts {
             allowed: self.allowed.load(Ordering::Relaxed),
             denied: self.denied.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
         }
     }
 }
@@ -61,13 +87,19 @@ impl<S: Store> Limiter<S> {
             );
             return;
         };
+        if common.shadow.waiting.fetch_add(1, Ordering::AcqRel) >= MAX_SHADOW_CHECKS {
+            common.shadow.waiting.fetch_sub(1, Ordering::AcqRel);
+            common.shadow.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let waiting = Waiting(self.clone());
         let future = common.store.check(key, &set.shadow, &costs);
-        let this = self.clone();
         let key = key.clone();
         let set = std::sync::Arc::clone(set);
         handle.spawn(async move {
             let outcome = future.await;
-            this.record_shadow(&key, &set, outcome);
+            waiting.0.record_shadow(&key, &set, outcome);
+            drop(waiting);
         });
     }
 
