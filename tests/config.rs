@@ -929,6 +929,16 @@ async fn settings_nothing_would_read_are_refused_naming_the_field() {
     .unwrap();
     let e = plan.build().unwrap_err();
     assert_eq!(e.field(), "login.max_body_bytes", "{e}");
+    // One so large that any client could make every login buffer gigabytes.
+    let plan = Plan::from_toml(&format!(
+        "{api}{login}[default]\npolicies = [\"api\"]\n[login]\nroutes = [\"POST /login\"]\n\
+         username_field = \"username\"\nmax_body_bytes = 10000000000\nip_username = \"l\"\nip = \"l\"\n\
+         username = \"l\"\n"
+    ))
+    .unwrap();
+    let e = plan.build().unwrap_err();
+    assert_eq!(e.field(), "login.max_body_bytes", "{e}");
+    assert!(e.to_string().contains("10000000000"), "{e}");
 
     use std::time::Duration;
     use tollgate::store::{FailureMode, MemoryStore, RedisStore, ResilientStore};

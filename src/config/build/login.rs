@@ -241,6 +241,10 @@ fn guard_error(e: ConfigError, limits: &[LoginLimit; 3]) -> ConfigError {
     ConfigError::new(field, e.value(), e.reason())
 }
 
+/// The largest `login.max_body_bytes` a plan accepts: a login form or JSON body is far
+/// smaller, and every attempt's body is buffered before the guard decides.
+const MAX_LOGIN_BODY: usize = 1 << 20;
+
 /// The layer applying `guard`, reading the username from `login.username_header`,
 /// `login.username_field` or `login.username_form_field` (exactly one of them).
 fn login_layer<S: Store + Clone>(
@@ -253,6 +257,14 @@ fn login_layer<S: Store + Clone>(
             0,
             "no body fits in 0 bytes: every login would be refused (413); give the \
              largest login body to read (the default is 16384)",
+        )),
+        Some(max) if max > MAX_LOGIN_BODY => Err(ConfigError::new(
+            "login.max_body_bytes",
+            max,
+            format!(
+                "at most {MAX_LOGIN_BODY} (1 MiB): every login body, refused ones included, \
+                 is buffered up to this size before the guard is asked (the default is 16384)"
+            ),
         )),
         Some(max) => Ok(layer.max_body_bytes(max)),
         None => Ok(layer),
