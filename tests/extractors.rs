@@ -161,7 +161,8 @@ fn many_header_instances() {
             .append("x-forwarded-for", HeaderValue::from_static("10.0.0.3"));
     }
     assert_eq!(key_of(&xff(), &req), "ip:10.0.0.3");
-    assert_eq!(key_of(&xff().max_hops(2000), &req), "ip:1.2.3.4");
+    assert_eq!(key_of(&xff().max_hops(2000).unwrap(), &req), "ip:1.2.3.4");
+    assert_eq!(xff().max_hops(0).unwrap_err().field(), "max_hops");
 }
 
 #[test]

@@ -290,9 +290,30 @@ impl ClientIp {
 
     /// Examines at most `hops` header entries (default 16); past them the last trusted
     /// address is the client.
-    pub fn max_hops(mut self, hops: usize) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `max_hops` for 0: no entry would be read, and behind a trusted
+    /// proxy every client would share the proxy's key.
+    ///
+    /// ```
+    /// use tollgate::key::{ClientIp, TrustedProxies};
+    ///
+    /// let ip = ClientIp::new(TrustedProxies::private_networks());
+    /// assert!(ip.clone().max_hops(4).is_ok());
+    /// assert_eq!(ip.max_hops(0).unwrap_err().field(), "max_hops");
+    /// ```
+    pub fn max_hops(mut self, hops: usize) -> Result<Self, ConfigError> {
+        if hops == 0 {
+            return Err(ConfigError::new(
+                "max_hops",
+                hops,
+                "at least 1: with 0 no forwarded address is read, and behind a trusted proxy \
+                 every client shares the proxy's key",
+            ));
+        }
         self.max_hops = hops;
-        self
+        Ok(self)
     }
 
     /// The trusted networks.
