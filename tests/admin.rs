@@ -485,21 +485,48 @@ async fn tuples_and_digested_keys_are_reached_as_shown_or_by_their_digest() {
     assert_eq!(status(&long).await, StatusCode::OK);
 
     // A key with escapes of its own, pasted as shown, names that key and no other (read
-    // twice, `50%2520off` would be `50 off`); a digest's `#` travels as `%23`.
+    // twice, `50%2520off` would be `50 off`); a digested key travels encoded (its `#` as
+    // `%23`, its `:` as `%3A`); a key with no material, encoded too.
     let escaped = Key::new("tenant", "50%20off");
     let digested = Key::new("tenant", "x".repeat(200));
+    let anonymous = Key::new("anonymous", "");
     assert_eq!(escaped.as_str(), "tenant:50%2520off");
     assert!(digested.as_str().starts_with("tenant:#"));
-    for key in [&escaped, &digested] {
+    for (key, sent) in [
+        (&escaped, escaped.as_str().to_owned()),
+        (
+            &digested,
+            digested.as_str().replace(':', "%3A").replace('#', "%23"),
+        ),
+        (&anonymous, "anonymous%3A".to_owned()),
+    ] {
         limiter.check(key, 1).await.unwrap();
         assert!(!limiter.check(key, 1).await.unwrap().is_allowed());
-        let sent = key.as_str().replace('#', "%23");
         answered_ok(client.delete(format!("http://{addr}/admin/keys?key={sent}"))).await;
         assert!(
             limiter.check(key, 1).await.unwrap().is_allowed(),
             "{key} was not the key reset"
         );
     }
+    // A client's material that looks like a digest, pasted as shown (`%23…`), names that
+    // client's key, never the digested key it imitates.
+    let hex = digested.as_str().trim_start_matches("tenant:#").to_owned();
+    let imitation = Key::new("tenant", format!("#{hex}"));
+    assert_eq!(imitation.as_str(), format!("tenant:%23{hex}"));
+    for key in [&imitation, &digested] {
+        limiter.check(key, 1).await.unwrap();
+        assert!(!limiter.check(key, 1).await.unwrap().is_allowed());
+    }
+    answered_ok(client.delete(format!(
+        "http://{addr}/admin/keys?key={}",
+        imitation.as_str()
+    )))
+    .await;
+    assert!(limiter.check(&imitation, 1).await.unwrap().is_allowed());
+    assert!(
+        !limiter.check(&digested, 1).await.unwrap().is_allowed(),
+        "the digested key was reset in the imitation's place"
+    );
 
     // What names no key, or names it twice, is refused and changes nothing.
     for (url, status, field) in [

@@ -28,12 +28,14 @@
 //!   that is not a letter, a digit or one of `- . _ ~ : / @ + = ,` is written `%XX`, as a key
 //!   shows it (`header.x-tenant:acme%FF`, material that is not UTF-8, is reached at
 //!   `/keys/header.x-tenant/acme%FF`).
-//! - **As the key is shown**, `?key=source:material`, pasted as it stands (a `#` as `%23`) or
+//! - **As the key is shown**, `?key=source:material`, pasted as it stands or
 //!   percent-encoded by a client library (its `:` arriving as `%3A`, the value is decoded
 //!   once); the key's own `%XX` escapes are read once either way (see [`Key`]'s `FromStr`).
 //!   The one way to reach a tuple such as [`IpUserAgent`](crate::key::IpUserAgent)'s
-//!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts) or a digested key
-//!   (`user:%23<32 hex digits>`).
+//!   `ip+ua:10.0.0.1|curl/8.0` (`|` separates the parts), a digested key (`user:#<32 hex
+//!   digits>`, which a URL carries only encoded: `user%3A%23<32 hex digits>`; pasted,
+//!   `user:%23…` is the key whose material begins with `#`, as it is shown) or a key with
+//!   no material (`anonymous%3A`).
 //! - **By the digest `GET /top` shows**, `?digest=<16 hex digits>`, for a key counted among
 //!   the refused keys still (404 otherwise): `GET /top` shows a key only as a prefix and a
 //!   digest, and this reaches it whatever its length.
@@ -365,31 +367,28 @@ fn raw_param(query: &str, name: &str) -> Result<Option<String>, Failure> {
 /// The text of a `?key=` value, read once whichever way it was sent. A key's text carries
 /// `%XX` escapes of its own, so decoding the URL's escapes and then the key's would read a
 /// shown `50%2520off` as `50 off`, another key. Pasted as shown, the value holds its `:`:
-/// it is the key's text as it stands (a `#`, which a URL cannot carry, is written `%23`:
-/// `%23` and 32 hex digits opening the source or the material is a digest). Encoded by a
-/// client library, its `:` is `%3A`: it is decoded once.
+/// it is the key's text as it stands, `%23` included (a material that begins with `#`, as
+/// the key shows it: never read as a digest, which a client could otherwise pick to name
+/// another key). Encoded by a client library, its `:` is `%3A`: it is decoded once, and a
+/// digested key's `#` arrives as `%23`.
 fn shown_key_text(raw: &str) -> Result<String, Failure> {
-    let text = if raw.contains(':') {
-        let undigested = |part: &str| match part.strip_prefix("%23") {
-            Some(hex) if crate::key::is_hex_digest(hex) => format!("#{hex}"),
-            _ => part.to_owned(),
-        };
-        let (source, material) = raw.split_once(':').unwrap_or((raw, ""));
-        format!("{}:{}", undigested(source), undigested(material))
-    } else {
-        percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| Failure::bad("key", raw, "UTF-8 text"))?
-            .into_owned()
-    };
-    if text.ends_with(':') {
-        return Err(Failure::bad(
-            "key",
-            &text,
-            "a key with no material: was a # left unencoded? (a URL cannot carry it: write %23)",
-        ));
+    if raw.contains(':') {
+        if raw.ends_with(':') {
+            // A `#` left unencoded ends the URL there: `user:#…` arrives as `user:`.
+            return Err(Failure::bad(
+                "key",
+                raw,
+                "a key with no material: was a # left unencoded? A URL cannot carry it: \
+                 encode the whole key (`:` as %3A, `#` as %23); a key whose material is \
+                 empty is `source%3A`",
+            ));
+        }
+        return Ok(raw.to_owned());
     }
-    Ok(text)
+    Ok(percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| Failure::bad("key", raw, "UTF-8 text"))?
+        .into_owned())
 }
 
 /// A request's query parameters; a parameter given twice is a 400 naming it, not a silent
