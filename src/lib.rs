@@ -140,6 +140,7 @@
 //! │   ├── api_key.rs         ApiKey: a hashed API key or bearer token
 //! │   ├── user.rs            User: the principal an auth layer left in the extensions
 //! │   ├── ip_user_agent.rs   IpUserAgent: address plus User-Agent
+//! │   ├── networks.rs        NetworkSet: allow and deny networks, one binary search a question
 //! │   └── chain.rs           Chain (first key wins) and Composite (several keys as one)
 //! ├── policy/                what a limit is
 //! │   ├── mod.rs             Policy, Algorithm, FailureMode

@@ -45,6 +45,7 @@ mod extractor;
 #[doc(hidden)]
 pub mod forwarded;
 mod ip_user_agent;
+mod networks;
 mod user;
 
 pub use api_key::ApiKey;
@@ -55,6 +56,7 @@ pub use ip_user_agent::IpUserAgent;
 
 pub(crate) use client_ip::canonical_net;
 pub(crate) use extractor::canonical as canonical_ip;
+pub(crate) use networks::NetworkSet;
 pub use user::{User, UserFn};
 
 use std::fmt;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::error::ConfigError;
-use crate::key::Key;
+use crate::key::{Key, NetworkSet};
 
 /// Which list: a deny list refuses a key that only overlaps one of its networks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,8 +30,9 @@ pub(crate) enum Side {
 pub(crate) struct AccessList {
     keys: HashSet<Key>,
     /// The listed networks, and the listed IP keys as networks (so that a listed address
-    /// is matched against the client's address as well as against its key).
-    nets: Vec<IpNet>,
+    /// is matched against the client's address as well as against its key): a binary
+    /// search per question, however long the list.
+    nets: NetworkSet,
     side: Side,
     /// Nothing listed: the common case, answered without a call on every request.
     empty: bool,
@@ -49,6 +50,7 @@ impl AccessList {
         let keys: HashSet<Key> = keys.into_iter().collect();
         let mut nets = parse_cidrs(field, cidrs)?;
         nets.extend(keys.iter().filter_map(key_net));
+        let nets = NetworkSet::new(&nets);
         Ok(Self {
             empty: keys.is_empty() && nets.is_empty(),
             keys,
@@ -82,9 +84,7 @@ impl AccessList {
     /// as written, or as the IPv4 address it carries (IPv4-mapped, NAT64).
     pub(crate) fn contains_addr(&self, ip: IpAddr) -> bool {
         let canonical = crate::key::canonical_ip(ip);
-        self.nets
-            .iter()
-            .any(|n| n.contains(&canonical) || n.contains(&ip))
+        self.nets.contains_addr(canonical) || self.nets.contains_addr(ip)
     }
 
     fn lookup(&self, key: &Key) -> bool {
@@ -98,11 +98,8 @@ impl AccessList {
             return false;
         };
         match self.side {
-            Side::Allow => self.nets.iter().any(|n| n.contains(&net)),
-            Side::Deny => self
-                .nets
-                .iter()
-                .any(|n| n.contains(&net) || net.contains(n)),
+            Side::Allow => self.nets.contains_net(net),
+            Side::Deny => self.nets.overlaps(net),
         }
     }
 }
