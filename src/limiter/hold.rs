@@ -98,9 +98,22 @@ pub(crate) struct Metered {
 pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) {
     // Polled only in a runtime's context: a store's timeout or a Redis connection's timer
     // panics without one.
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        finish_outside_a_runtime(what, call);
-        return;
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime,
+        Err(e) if e.is_thread_local_destroyed() => {
+            // A thread that is ending: no runtime can be entered here. The memory store's
+            // calls were made when they were created; a Redis slot comes back with its lease.
+            tracing::warn!(
+                target: "tollgate::store",
+                what,
+                "a store call dropped while its thread ends; a held Redis slot comes back when its lease ends"
+            );
+            return;
+        }
+        Err(_) => {
+            finish_outside_a_runtime(what, call);
+            return;
+        }
     };
     if done_at_once(what, &mut call) {
         return;
@@ -115,26 +128,47 @@ pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreErro
 /// The longest a thread with no runtime waits for a store call it drops a hold on.
 const OUTSIDE_A_RUNTIME_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Finishes `call` on a thread that has no Tokio runtime, on a runtime of its own, waiting
-/// at most [`OUTSIDE_A_RUNTIME_WAIT`]: a Redis connection's own tasks run on the runtime
-/// that made it, and answer while that one runs. When it does not (it has shut down), the
-/// call fails and a Redis slot comes back when its lease ends.
-fn finish_outside_a_runtime(what: &'static str, call: BoxFuture<Result<(), StoreError>>) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+/// A runtime of one worker thread for store calls dropped on threads with none, made the
+/// first time one is (`None` when it cannot be: the calls are then left, see
+/// [`finish_outside_a_runtime`]).
+fn outside_runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("tollgate-outside-runtime")
+                .enable_all()
+                .build()
+                .map_err(|error| {
+                    tracing::warn!(
+                        target: "tollgate::store",
+                        %error,
+                        "no Tokio runtime for store calls dropped outside one"
+                    );
+                })
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Finishes `call` on a thread that has no Tokio runtime: polled once in the context of a
+/// runtime kept for this (the memory store is done then), else waited for there, at most
+/// [`OUTSIDE_A_RUNTIME_WAIT`]. A Redis connection's own tasks run on the runtime that made
+/// it, and answer while that one runs; when it does not (it has shut down), the call fails
+/// and a Redis slot comes back when its lease ends. With no runtime to be had, the call is
+/// dropped: the memory store's calls were made when they were created.
+fn finish_outside_a_runtime(what: &'static str, mut call: BoxFuture<Result<(), StoreError>>) {
+    let Some(runtime) = outside_runtime() else {
+        return;
+    };
     {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            tracing::warn!(
-                target: "tollgate::store",
-                what,
-                %error,
-                "no Tokio runtime to finish the store call; a held slot comes back when its lease ends"
-            );
+        let _context = runtime.enter();
+        if done_at_once(what, &mut call) {
             return;
         }
-    };
+    }
     // The timer is made inside the runtime: it needs one to be made.
     match runtime.block_on(async { tokio::time::timeout(OUTSIDE_A_RUNTIME_WAIT, call).await }) {
         Ok(Ok(())) => {}
