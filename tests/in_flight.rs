@@ -546,6 +546,52 @@ async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
     assert!(freed, "the slot stayed held after Redis answered again");
 }
 
+/// A release that runs its own call but cannot send it before the `ResilientStore` timeout
+/// (waiting for the pool's only connection, which a stalled call holds) is finished in the
+/// background: the slot comes back once Redis answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_waits_for_a_connection_past_the_timeout_still_frees_the_slot() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .prefix("unsent")
+        .build_with_pool(server.pool(1))
+        .unwrap();
+    let store = ResilientStore::builder(redis.clone(), FailureMode::FailClosed)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(in_flight(1, Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = Key::new("tenant", "unsent");
+    let permit = limiter.acquire(&key).await.unwrap();
+    assert!(permit.is_allowed());
+    server.signal("STOP");
+    let other = Key::new("tenant", "other");
+    let plan = [in_flight(1, Duration::from_secs(30))];
+    let busy = {
+        let redis = redis.clone();
+        tokio::spawn(async move { redis.check(&other, &plan, &[1]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(permit);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.signal("CONT");
+    let _ = busy.await;
+    let mut freed = false;
+    for _ in 0..20 {
+        if limiter.acquire(&key).await.unwrap().is_allowed() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "the slot stayed held after Redis answered again");
+}
+
 #[test]
 fn in_flight_policies_refuse_settings_nothing_would_read() {
     let b = || {

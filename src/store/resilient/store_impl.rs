@@ -2,6 +2,7 @@
 //! operation within the store's timeout, through the breaker where it changes state, and
 //! mirrored in the local fallback where it gives back.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -320,9 +321,14 @@ impl<S: Store> ResilientStore<S> {
         let call = call(&inner.primary);
         let this = Arc::clone(inner);
         Some(Box::pin(async move {
-            let result = tokio::time::timeout(this.timeout, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout));
+            let mut call = call;
+            let result = match tokio::time::timeout(this.timeout, &mut call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    finish_in_background(call);
+                    Err(StoreError::Timeout)
+                }
+            };
             match &result {
                 Ok(_) => this.breaker.success(),
                 Err(error) => {
@@ -333,6 +339,37 @@ impl<S: Store> ResilientStore<S> {
             result
         }))
     }
+}
+
+/// The most calls [`finish_in_background`] has under way at once, per process.
+const MAX_BACKGROUND_CALLS: usize = 1024;
+
+/// Calls under way in [`finish_in_background`].
+static BACKGROUND_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Lets a call the caller stopped waiting for (the store's timeout) run to its end: a
+/// release, refund, settlement or refresh not yet sent when the timeout fired (waiting for a
+/// pooled connection, or for the script to load) would otherwise never be, and a slot would
+/// stay held until its lease ends. At most [`MAX_BACKGROUND_CALLS`] at once; past that,
+/// during a long outage under load, a call is dropped as before.
+fn finish_in_background(call: ApplyFuture) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if BACKGROUND_CALLS.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_CALLS {
+        BACKGROUND_CALLS.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    runtime.spawn(async move {
+        struct Counted;
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                BACKGROUND_CALLS.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _counted = Counted;
+        let _ = call.await;
+    });
 }
 
 /// Overrides are the wrapped store's, set and read within its timeout; setting or removing
