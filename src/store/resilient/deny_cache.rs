@@ -16,6 +16,9 @@ use crate::decision::{DecidedBy, Decision};
 use crate::key::Key;
 use crate::policy::Policy;
 
+/// The most denials kept for one key (one per set of policies and costs).
+const MAX_PER_KEY: usize = 4;
+
 /// How many counters of forgotten keys there are: a key's is the one its hash picks. Keys
 /// that share one only lose a denial to each other's forgets while a check is under way.
 const FORGET_STRIPES: usize = 64;
@@ -276,7 +279,17 @@ impl DenyCache {
                 return;
             }
         }
-        entries.len += 1;
+        let list = entries.by_key.entry(entry.key).or_default();
+        // A key's denials are few (a cost or two per route); a client that sends a new cost
+        // each time replaces its own oldest rather than lengthening the list every lookup
+        // of the key scans.
+        let replaced = if list.len() >= MAX_PER_KEY {
+            list.remove(0);
+            1
+        } else {
+            0
+        };
+        entries.len = entries.len + 1 - replaced;
         entries.by_key.entry(entry.key).or_default().push(Cached {
             entry: entry.full,
             key: key.clone(),
@@ -417,6 +430,34 @@ mod tests {
         assert!(cache.get(entry, &key, 1_003, 0).is_none());
         assert!(cache.get(other_entry, &other, 1_003, 0).is_some());
         assert_eq!(cache.entries.lock().len, 1);
+    }
+
+    #[test]
+    fn a_key_keeps_its_latest_few_denials_only() {
+        let (cache, key, policies, _) = one_entry(Duration::from_secs(600));
+        let entries: Vec<Entry> = (1..=10)
+            .map(|cost| {
+                let entry = cache.entry_of(&key, &policies, &[cost]);
+                let forgotten = cache.forgotten(entry);
+                cache.insert(
+                    entry,
+                    &key,
+                    &policies,
+                    &[cost],
+                    denied(),
+                    1_000,
+                    0,
+                    forgotten,
+                );
+                entry
+            })
+            .collect();
+        assert_eq!(cache.entries.lock().len, MAX_PER_KEY);
+        assert!(cache.get(entries[0], &key, 1_001, 0).is_none());
+        assert!(cache.get(entries[9], &key, 1_001, 0).is_some());
+        assert!(cache
+            .get(entries[10 - MAX_PER_KEY], &key, 1_001, 0)
+            .is_some());
     }
 
     #[test]
