@@ -296,15 +296,34 @@ impl<S: LeaseBackend> LeasedStore<S> {
     }
 }
 
+/// Runs `steps` to their end whoever waits: in a task of its own, started now, where there
+/// is a runtime.
+fn to_the_end(
+    steps: impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+) -> BoxFuture<Result<(), StoreError>> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Box::pin(steps);
+    };
+    let task = runtime.spawn(steps);
+    Box::pin(async move {
+        task.await.unwrap_or_else(|e| {
+            Err(StoreError::Backend(crate::error::Cause::from(format!(
+                "an override's steps did not finish: {e}"
+            ))))
+        })
+    })
+}
+
 impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
     /// Sets the override in the wrapped store, where the ledger reads it (the exact store's
-    /// override key on Redis), and gives back this instance's blocks of the key. For a token
-    /// bucket or GCRA, the key's ledger state is kept at least as long as the override's
-    /// refill rate needs it both before the override is written (so that a caller giving up
-    /// half way cannot leave an override whose slower rate outlives the state) and after (a
-    /// write of another instance that landed in between set the state's TTL for the plan's
-    /// faster rate; every write after the override reads it). Every instance decides under
-    /// the override within one lease time: see [Per-key overrides](super#per-key-overrides).
+    /// override key on Redis), and gives back this instance's blocks of the key. A token
+    /// bucket's state is first brought up to date under the limits in force until now; after
+    /// the override is written, the key's ledger state (a bucket's, a window's debt) is kept
+    /// at least as long as the slower of the plan's rate and the override's needs it. The
+    /// steps run in a task of their own where there is a runtime, so a caller that gives up
+    /// half way (an admin request's timeout) does not leave an override whose slower rate
+    /// outlives the state. Every instance decides under the override within one lease time:
+    /// see [Per-key overrides](super#per-key-overrides).
     fn set(
         &self,
         key: &Key,
@@ -319,7 +338,7 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
-        Box::pin(async move {
+        to_the_end(async move {
             let policies = std::slice::from_ref(&policy);
             let keep_state = |policies: &[Policy]| {
                 let call = shared.call(LedgerMode::Keep, 0, 0, policies);
@@ -354,7 +373,7 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
-        Box::pin(async move {
+        to_the_end(async move {
             let policies = std::slice::from_ref(&policy);
             if kind == Kind::Bucket && policy.algorithm() == Algorithm::TokenBucket {
                 let call = shared.call(LedgerMode::Keep, 0, 0, policies);
