@@ -406,6 +406,9 @@ fn trust_everything_proxies_are_errors_wherever_they_are() {
         // client (addresses are compared in canonical form).
         (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"64:ff9b::/96\"]\n{BASE}"), "key.trusted_proxies[0]"),
         (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"64:ff9b::/100\"]\n{BASE}"), "key.trusted_proxies[1]"),
+        // Wider ranges holding NAT64's prefix or the IPv4-mapped range hold every IPv4 client.
+        (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"64:ff9b::/64\"]\n{BASE}"), "key.trusted_proxies[0]"),
+        (format!("[key]\nkind = \"client_ip\"\ntrusted_proxies = [\"::ffff:0:0/95\"]\n{BASE}"), "key.trusted_proxies[0]"),
     ];
     for (text, field) in cases {
         let report = audit(&Plan::from_toml(text).unwrap());

@@ -45,7 +45,7 @@
 //! and link-local ranges of any usual size, and CDN ranges (a /13, a /29) stay legitimate.
 //! IPv4 written in IPv6 (mapped, `::ffff:0:0/96`, or NAT64's `64:ff9b::/96`) is judged as
 //! the IPv4 range it holds, as addresses are compared: `64:ff9b::/96` trusts every IPv4
-//! client.
+//! client, and so does any wider IPv6 range that holds it or `::ffff:0:0/96`.
 //! An IPv4-mapped IPv6 range (`::ffff:0:0/96`) is judged as the IPv4 range it maps.
 //!
 //! The score starts at 100 and loses 25 per error and 10 per warning (never below 0); a plan
@@ -290,11 +290,18 @@ fn trusts_everyone(net: IpNet) -> bool {
     match crate::key::canonical_net(net) {
         IpNet::V4(v4) => v4.prefix_len() < 8,
         IpNet::V6(v6) => {
-            let private = ["fc00::/7", "fe80::/10"]
+            let nets = |list: &[&str]| -> Vec<Ipv6Net> {
+                list.iter().filter_map(|p| p.parse().ok()).collect()
+            };
+            let private = nets(&["fc00::/7", "fe80::/10"])
                 .iter()
-                .filter_map(|p| p.parse::<Ipv6Net>().ok())
                 .any(|p| p.contains(&v6));
-            v6.prefix_len() == 0 || (v6.prefix_len() < 16 && !private)
+            // A wider range holding the IPv4 ranges written in IPv6 holds every IPv4
+            // client that reaches the service through NAT64 or a dual-stack socket.
+            let holds_ipv4 = nets(&["::ffff:0:0/96", "64:ff9b::/96"])
+                .iter()
+                .any(|p| v6.contains(p));
+            v6.prefix_len() == 0 || (v6.prefix_len() < 16 && !private) || holds_ipv4
         }
     }
 }

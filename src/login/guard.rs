@@ -401,8 +401,9 @@ impl<S: Store> LoginGuard<S> {
     ///
     /// [`CheckError::Store`] when the store fails (the attempt then keeps its charge).
     pub async fn record_success(&self, attempt: &LoginAttempt) -> Result<(), CheckError> {
-        // Both refunds are under way before anything is awaited: a caller that stops
-        // waiting (a client that hangs up) leaves none of them unmade.
+        // Both refunds are made whether or not they are awaited (each is finished if
+        // dropped): a caller that stops waiting (a client that hangs up) leaves none of them
+        // unmade.
         let refunds = if self.inner.mode == LoginMode::FailuresOnly {
             [self.refund_one(attempt, IP), self.refund_one(attempt, USER)]
         } else {
@@ -419,7 +420,7 @@ impl<S: Store> LoginGuard<S> {
     }
 
     /// Refunds the tuples `which` (charged by this attempt's `check` before it failed or
-    /// was refused), all under way before the first is awaited. A store that fails here
+    /// was refused), each made whether or not it is awaited. A store that fails here
     /// leaves the charge, which errs on the side of counting; it is logged.
     async fn refund(&self, attempt: &LoginAttempt, which: std::ops::Range<usize>) {
         let calls: SmallVec<[_; 3]> = which.filter_map(|i| self.refund_one(attempt, i)).collect();

@@ -605,7 +605,11 @@ where
             // In a task of its own, awaited: the next attempt sees it, and a client that
             // hangs up meanwhile does not cut it short (a refund made, the tuple not cleared).
             let result = match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => runtime.spawn(recorded).await.unwrap_or(Ok(())),
+                Ok(runtime) => runtime.spawn(recorded).await.unwrap_or_else(|e| {
+                    Err(CheckError::Store(StoreError::Backend(
+                        crate::error::Cause::from(format!("the record did not finish: {e}")),
+                    )))
+                }),
                 Err(_) => recorded.await,
             };
             if let Err(error) = result {
