@@ -494,3 +494,68 @@ async fn a_reload_reaches_the_lists_of_limiters_made_for_routes() {
         "the route's policy stays the one it was made with"
     );
 }
+
+/// A reservation made before a reload and given back after it gives back nothing to a policy
+/// the reload changed: its units were counted under the old window, and giving them back
+/// under the old definition rewrote or expired the key's state, so a key refused under the
+/// new limit got the whole new limit again. On the memory store and on Redis.
+async fn a_give_back_after_a_reload_leaves_a_changed_policy_alone<
+    S: tollgate::store::Store + Clone,
+>(
+    store: S,
+) {
+    let build = |policy: Policy| {
+        Limiter::builder()
+            .store(store.clone())
+            .policy(policy)
+            .build()
+            .unwrap()
+    };
+    let window = |limit: u64, per: Duration| {
+        Policy::builder("api", Rate::new(limit, per))
+            .algorithm(tollgate::Algorithm::FixedWindow)
+            .build()
+            .unwrap()
+    };
+    let limiter = build(window(100, Duration::from_secs(60)));
+    let key = Key::new("user", "reloaded");
+    let early = limiter.reserve(&key, 10).await.unwrap();
+    assert!(early.decision().is_allowed());
+    let refunded = limiter.reserve(&key, 10).await.unwrap();
+    assert!(refunded.decision().is_allowed());
+    let over = limiter.reserve(&key, 10).await.unwrap();
+    assert!(over.decision().is_allowed());
+    limiter.reload(&build(window(50, Duration::from_secs(3_600))));
+    // The key spends the new limit and is refused.
+    let mut admitted = 0;
+    while limiter.check(&key, 1).await.unwrap().is_allowed() {
+        admitted += 1;
+        assert!(admitted <= 50, "past the new limit");
+    }
+    // The requests admitted before the reload end: one settles below its reservation,
+    // one is refunded whole, and one settles above it.
+    early.settle(0).await.unwrap();
+    refunded.refund().await.unwrap();
+    over.settle(20).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let after = limiter.check(&key, 1).await.unwrap();
+    assert!(
+        !after.is_allowed(),
+        "the key got its new limit again after a give-back under the old policy: {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_after_a_reload_leaves_a_changed_policy_alone_memory() {
+    a_give_back_after_a_reload_leaves_a_changed_policy_alone(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_after_a_reload_leaves_a_changed_policy_alone_redis() {
+    let server = support::RedisServer::start();
+    let store = tollgate::store::RedisStore::builder()
+        .prefix("reloaded")
+        .build_with_url(&server.url())
+        .unwrap();
+    a_give_back_after_a_reload_leaves_a_changed_policy_alone(store).await;
+}

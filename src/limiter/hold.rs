@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::reload::InForce;
 use super::{Limiter, PolicySet, Reserved, ReservedUnits};
 use crate::decision::{DecidedBy, Decision};
 use crate::error::StoreError;
@@ -457,11 +458,21 @@ impl<S: Store> Limiter<S> {
         if charged.is_empty() {
             return None;
         }
-        let policies: SmallVec<[Policy; 2]> = charged
+        let mut policies: SmallVec<[Policy; 2]> = charged
             .iter()
             .map(|&(i, _)| set.enforced[i].clone())
             .collect();
-        let costs: SmallVec<[u64; 2]> = charged.iter().map(|&(_, c)| c).collect();
+        let mut costs: SmallVec<[u64; 2]> = charged.iter().map(|&(_, c)| c).collect();
+        if let Some(states) = self.in_force(set, &policies) {
+            // Counted under a definition a reload replaced: left as counted.
+            let same = |i: &usize| matches!(states[*i], InForce::Same);
+            let kept: SmallVec<[usize; 2]> = (0..policies.len()).filter(same).collect();
+            policies = kept.iter().map(|&i| policies[i].clone()).collect();
+            costs = kept.iter().map(|&i| costs[i]).collect();
+            if policies.is_empty() {
+                return None;
+            }
+        }
         Some(self.give_back(key, &policies, Op::refund(&costs[..]), fallback))
     }
 
@@ -585,6 +596,21 @@ impl<S: Store> Limiter<S> {
                     acts.push(a);
                 }
             }
+        }
+        if let Some(states) = self.in_force(set, &ps) {
+            // A policy a reload changed: what was reserved stays counted, and a cost above
+            // the reservation is charged under the policy in force; one it removed, nothing.
+            let (mut ps2, mut rs2, mut acts2) = (SmallVec::new(), SmallVec::new(), SmallVec::new());
+            for (((p, r), a), state) in ps.into_iter().zip(rs).zip(acts).zip(states) {
+                match state {
+                    InForce::Same => (ps2.push(p), rs2.push(r), acts2.push(a)),
+                    InForce::Changed(now) if a > r => {
+                        (ps2.push(now), rs2.push(0), acts2.push(a - r))
+                    }
+                    InForce::Changed(_) | InForce::Gone => continue,
+                };
+            }
+            (ps, rs, acts) = (ps2, rs2, acts2);
         }
         if ps.is_empty() {
             return None;

@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
-use super::{CompiledPlan, Limiter};
+use smallvec::SmallVec;
+
+use super::{CompiledPlan, Limiter, PolicySet};
 #[cfg(feature = "config")]
 use crate::error::ConfigError;
+use crate::policy::Policy;
 use crate::store::Store;
 use crate::telemetry;
 
@@ -30,7 +33,13 @@ impl<S: Store> Limiter<S> {
     /// | in flight | held slots stay; a lower maximum refuses new requests until enough end | the new lease applies from the next refresh |
     ///
     /// A policy renamed, or given another algorithm, starts afresh (its state is kept under
-    /// another name); a removed policy's state expires by itself. On a
+    /// another name); a removed policy's state expires by itself. A request admitted before
+    /// the reload and ending after it (a refund by a counting rule, a reservation settled)
+    /// gives nothing back to a policy the reload changed or removed: its units stay counted
+    /// (given back under the old window, they would rewrite or expire the key's state under
+    /// the new one), and a cost above its reservation is charged under the policy in force.
+    /// Overrides are kept by policy name and algorithm: a policy given another algorithm
+    /// leaves its overrides behind (set them again). On a
     /// [`LeasedStore`](crate::store::leased::LeasedStore), blocks granted under the old
     /// limits are spent until their lease ends (at most one block per instance and key, as
     /// for an override), and a GCRA policy that gains or loses shaping starts afresh (a
@@ -163,5 +172,56 @@ impl<S> Limiter<S> {
     /// The response settings of the plan this limiter was built from, if any.
     pub(crate) fn layer_headers(&self) -> Option<crate::response::LayerHeaders> {
         self.inner.common.layer_headers.get().copied()
+    }
+}
+
+/// How a policy a request was admitted under stands in the plan in force now.
+#[derive(Debug, Clone)]
+pub(crate) enum InForce {
+    /// The same policy: a give-back under it is what it was.
+    Same,
+    /// A reload changed its algorithm or limits: the plan's policy of that name now.
+    Changed(Policy),
+    /// A reload removed it.
+    Gone,
+}
+
+impl<S: Store> Limiter<S> {
+    /// How each of `policies` (of `set`, the set a request was admitted under) stands in the
+    /// plan in force: `None` when `set` is still the plan's (no reload since, the common
+    /// case, one pointer comparison per set). A give-back under a policy a reload changed
+    /// would read the state in the old window and limits: a refund or settlement could
+    /// rewrite or expire the key's state under the new ones, and a key the new limit refuses
+    /// would start afresh.
+    pub(crate) fn in_force(
+        &self,
+        set: &PolicySet,
+        policies: &[Policy],
+    ) -> Option<SmallVec<[InForce; 2]>> {
+        let plan = self.plan();
+        if plan.sets.iter().any(|s| std::ptr::eq(&**s, set)) {
+            return None;
+        }
+        let attached = self.inner.common.attached_sets();
+        let current = |p: &Policy| {
+            plan.sets
+                .iter()
+                .chain(&attached)
+                .flat_map(|s| s.enforced.iter())
+                .find(|q| q.name() == p.name())
+                .cloned()
+        };
+        Some(
+            policies
+                .iter()
+                .map(|p| match current(p) {
+                    Some(q) if q.algorithm() == p.algorithm() && q.limits() == p.limits() => {
+                        InForce::Same
+                    }
+                    Some(q) => InForce::Changed(q),
+                    None => InForce::Gone,
+                })
+                .collect(),
+        )
     }
 }
