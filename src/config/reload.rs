@@ -235,6 +235,11 @@ mod watcher {
     /// symlink swapped for another (`current -> v2`) is not followed: watch a path through
     /// the swapped link's own directory, or the file behind it.
     ///
+    /// Replace the file whole (write a new one beside it, then rename it over): the file is
+    /// read 100 ms after the last change seen, and a writer that pauses longer half way
+    /// through can leave a shorter plan that still parses and builds (a route, a deny
+    /// entry cut off) in force until the next change.
+    ///
     /// ```no_run
     /// use tollgate::config::{Plan, PlanWatcher};
     ///

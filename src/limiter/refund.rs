@@ -71,7 +71,11 @@ impl<S: Store> Limiter<S> {
     /// store never charged it, and the refund, applied once the store is back, comes off
     /// other requests' units — nor one made before a [`reset`](Self::reset) of the key.
     /// [`Reservation`](crate::Reservation)s, the layer and the login guard keep to this by
-    /// themselves.
+    /// themselves for resets made through this limiter (or one made from it with
+    /// [`for_route`](Self::for_route)) in this process. A reset made elsewhere (another
+    /// instance, `tollgate reset`) while a request is under way here is not known here: that
+    /// request's give-back can come off what was counted since the reset, at most what it
+    /// reserved.
     ///
     /// # Errors
     ///
