@@ -36,7 +36,7 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
 /// Where a store gets a connection for one decision.
 pub(crate) trait Connector: Send + Sync + 'static {
     /// A connection (or a cheap handle to a shared one).
-    type Conn: ConnectionLike + Send;
+    type Conn: ConnectionLike + Send + 'static;
 
     /// What decisions must share to go in one script call: nothing on one server, the hash
     /// hash slot in a cluster.

@@ -79,6 +79,15 @@ pub(crate) struct Core<C: Connector> {
     lanes: Lanes<C::Lane>,
     /// The lease ledger's calls queue on lanes of their own (see `lease.rs`).
     ledger_lanes: Lanes<C::Lane, LedgerRequest>,
+    /// Which server answers, as far as its `run_id` tells.
+    server: Arc<ServerIdentity>,
+    /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
+    /// read: a connector that has moved to another server since has it read again.
+    verified_epoch: AtomicU64,
+}
+
+/// The server's `run_id` as last read, and when to read it again.
+struct ServerIdentity {
     /// Bumped when the server answers with another `run_id` than before: it restarted (or
     /// failed over) and lost the state it held. See [`Store::generation`](crate::store::Store).
     generation: AtomicU64,
@@ -92,10 +101,55 @@ pub(crate) struct Core<C: Connector> {
     /// seen within that interval.
     verified_at: AtomicU64,
     started: std::time::Instant,
-    /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
-    /// read: a connector that has moved to another server since has it read again.
-    verified_epoch: AtomicU64,
     run_id: parking_lot::Mutex<Option<Box<str>>>,
+}
+
+impl ServerIdentity {
+    fn new() -> Self {
+        Self {
+            generation: AtomicU64::new(0),
+            verify: AtomicBool::new(true),
+            verified_at: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            run_id: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Whether the `run_id` was last read [`VERIFY_INTERVAL`] ago or more; if so, the
+    /// interval starts again for every other call (one reads it).
+    fn verify_due(&self) -> bool {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.verified_at.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= VERIFY_INTERVAL.as_millis() as u64
+            && self
+                .verified_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Reads the server's `run_id` and bumps the generation when it is not the one seen
+    /// before. A failure leaves the check for the next call.
+    async fn verify_server(&self, conn: &mut impl redis::aio::ConnectionLike) {
+        let info: Result<String, _> = redis::cmd("INFO").arg("server").query_async(conn).await;
+        let run_id = info.ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|id| Box::<str>::from(id.trim()))
+        });
+        let Some(run_id) = run_id else {
+            self.verify.store(true, Ordering::Release);
+            return;
+        };
+        let mut known = self.run_id.lock();
+        if known.as_ref().is_some_and(|k| *k != run_id) {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!(
+                target: "tollgate::store",
+                "the Redis server restarted or failed over (new run_id): its rate-limit state was lost"
+            );
+        }
+        *known = Some(run_id);
+    }
 }
 
 impl<C: Connector> fmt::Debug for Core<C> {
@@ -148,54 +202,14 @@ impl<C: Connector> Core<C> {
                 .unwrap_or_else(|| Arc::new(SystemClock::new())),
             lanes: Lanes::new(options.max_batch, options.max_in_flight),
             ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
-            generation: AtomicU64::new(0),
-            verify: AtomicBool::new(true),
-            verified_at: AtomicU64::new(0),
-            started: std::time::Instant::now(),
+            server: Arc::new(ServerIdentity::new()),
             verified_epoch: AtomicU64::new(0),
-            run_id: parking_lot::Mutex::new(None),
         }
     }
 
     /// See [`Store::generation`](crate::store::Store::generation).
     pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// Whether the `run_id` was last read [`VERIFY_INTERVAL`] ago or more; if so, the
-    /// interval starts again for every other call (one reads it).
-    fn verify_due(&self) -> bool {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.verified_at.load(Ordering::Relaxed);
-        now.saturating_sub(last) >= VERIFY_INTERVAL.as_millis() as u64
-            && self
-                .verified_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-
-    /// Reads the server's `run_id` and bumps the generation when it is not the one seen
-    /// before. A failure leaves the check for the next call.
-    async fn verify_server(&self, conn: &mut C::Conn) {
-        let info: Result<String, _> = redis::cmd("INFO").arg("server").query_async(conn).await;
-        let run_id = info.ok().and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("run_id:"))
-                .map(|id| Box::<str>::from(id.trim()))
-        });
-        let Some(run_id) = run_id else {
-            self.verify.store(true, Ordering::Release);
-            return;
-        };
-        let mut known = self.run_id.lock();
-        if known.as_ref().is_some_and(|k| *k != run_id) {
-            self.generation.fetch_add(1, Ordering::AcqRel);
-            tracing::warn!(
-                target: "tollgate::store",
-                "the Redis server restarted or failed over (new run_id): its rate-limit state was lost"
-            );
-        }
-        *known = Some(run_id);
+        self.server.generation.load(Ordering::Acquire)
     }
 
     /// One script call on a connection of the connector.
@@ -207,50 +221,69 @@ impl<C: Connector> Core<C> {
     /// through also reads the server's `run_id` (see [`Store::generation`](crate::store::Store)),
     /// and so does the first call after the connector moved to another server.
     pub(crate) async fn invoke(&self, inv: &ScriptCall) -> Result<Vec<u8>, StoreError> {
+        let server = &self.server;
         // Read before the connection: a move while it is made is then seen by this call or
         // the next, never missed.
         let epoch = self.connector.server_epoch();
         let mut conn = match self.connector.connection().await {
             Ok(c) => c,
             Err(e) => {
-                self.verify.store(true, Ordering::Release);
+                server.verify.store(true, Ordering::Release);
                 return Err(e);
             }
         };
-        let mut reply = inv.send(&mut conn, &self.verify).await;
+        let mut reply = inv.send(&mut conn, &server.verify).await;
         if reply.as_ref().is_err_and(RedisError::is_connection_refusal) {
             conn = match self.connector.connection().await {
                 Ok(c) => c,
                 Err(e) => {
-                    self.verify.store(true, Ordering::Release);
+                    server.verify.store(true, Ordering::Release);
                     return Err(e);
                 }
             };
-            reply = inv.send(&mut conn, &self.verify).await;
+            reply = inv.send(&mut conn, &server.verify).await;
         }
         match reply {
             Ok(r) => {
                 if self.connector.one_server() {
                     let moved = self.connector.server_epoch()
                         != self.verified_epoch.load(Ordering::Acquire);
-                    if self.verify.swap(false, Ordering::AcqRel) || moved || self.verify_due() {
+                    if server.verify.swap(false, Ordering::AcqRel) || moved {
                         self.verified_epoch.store(epoch, Ordering::Release);
                         // A caller that gives up during the read (a timeout, a hang-up)
                         // leaves it to the next call, rather than taking it along.
-                        let pending = VerifyPending(&self.verify);
-                        self.verify_server(&mut conn).await;
+                        let pending = VerifyPending(&server.verify);
+                        server.verify_server(&mut conn).await;
                         std::mem::forget(pending);
+                    } else if server.verify_due() {
+                        self.verify_later(conn);
                     }
                 }
                 Ok(r)
             }
             Err(e) => {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    self.verify.store(true, Ordering::Release);
+                    server.verify.store(true, Ordering::Release);
                 }
                 Err(store_error(e))
             }
         }
+    }
+
+    /// The once-a-second `run_id` read, off the answer's path: in a task of its own on
+    /// `conn` (the callers of this call have their answer meanwhile). Without a runtime, the
+    /// next call reads it.
+    fn verify_later(&self, mut conn: C::Conn) {
+        let server = Arc::clone(&self.server);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            server.verify.store(true, Ordering::Release);
+            return;
+        };
+        runtime.spawn(async move {
+            let pending = VerifyPending(&server.verify);
+            server.verify_server(&mut conn).await;
+            std::mem::forget(pending);
+        });
     }
 
     /// The lane a call whose first key is `state_key` runs on.
