@@ -129,27 +129,34 @@ pub(crate) fn drive(what: &'static str, mut call: BoxFuture<Result<(), StoreErro
 /// The longest a thread with no runtime waits for a store call it drops a hold on.
 const OUTSIDE_A_RUNTIME_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A runtime of one worker thread for store calls dropped on threads with none, made the
-/// first time one is (`None` when it cannot be: the calls are then left, see
-/// [`finish_outside_a_runtime`]).
-fn outside_runtime() -> Option<&'static tokio::runtime::Runtime> {
-    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
+/// A runtime for store calls dropped on threads with none: a current-thread runtime driven
+/// by a thread of its own, made the first time one is (`None` when it cannot be: the calls
+/// are then left, see [`finish_outside_a_runtime`]).
+fn outside_runtime() -> Option<&'static tokio::runtime::Handle> {
+    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Handle>> =
         std::sync::OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("tollgate-outside-runtime")
+            let made = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map_err(|error| {
-                    tracing::warn!(
-                        target: "tollgate::store",
-                        %error,
-                        "no Tokio runtime for store calls dropped outside one"
-                    );
-                })
-                .ok()
+                .map_err(|e| e.to_string())
+                .and_then(|runtime| {
+                    let handle = runtime.handle().clone();
+                    std::thread::Builder::new()
+                        .name("tollgate-outside-runtime".into())
+                        .spawn(move || runtime.block_on(std::future::pending::<()>()))
+                        .map(|_| handle)
+                        .map_err(|e| e.to_string())
+                });
+            made.map_err(|error| {
+                tracing::warn!(
+                    target: "tollgate::store",
+                    %error,
+                    "no Tokio runtime for store calls dropped outside one"
+                );
+            })
+            .ok()
         })
         .as_ref()
 }
