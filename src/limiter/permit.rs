@@ -246,7 +246,9 @@ impl<S: Store> Reservation<S> {
     ///
     /// # Errors
     ///
-    /// [`CheckError::Store`] when the store fails (the reservation then stands).
+    /// [`CheckError::Store`] when the store fails. The settlement may still be made: one a
+    /// [`ResilientStore`](crate::store::ResilientStore)'s timeout cut short is finished in
+    /// the background, as a call already sent may be by Redis. Do not make it again.
     pub fn settle(
         mut self,
         actual: u64,
@@ -303,7 +305,9 @@ impl<S: Store> Reservation<S> {
     ///
     /// # Errors
     ///
-    /// [`CheckError::Store`] when the store fails (the charge then stands).
+    /// [`CheckError::Store`] when the store fails. The refund may still be made: one a
+    /// [`ResilientStore`](crate::store::ResilientStore)'s timeout cut short is finished in
+    /// the background, as a call already sent may be by Redis. Do not make it again.
     pub fn refund(
         mut self,
     ) -> impl std::future::Future<Output = Result<(), CheckError>> + Send + 'static {

@@ -79,7 +79,9 @@ impl<S: Store> Limiter<S> {
     ///
     /// # Errors
     ///
-    /// [`CheckError::Store`] when the store fails (the charge may then stand).
+    /// [`CheckError::Store`] when the store fails. The refund may still be made: one a
+    /// [`ResilientStore`](crate::store::ResilientStore)'s timeout cut short is finished in
+    /// the background, as a call already sent may be by Redis. Do not make it again.
     pub fn refund(
         &self,
         key: &Key,

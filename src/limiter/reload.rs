@@ -199,29 +199,51 @@ impl<S: Store> Limiter<S> {
         policies: &[Policy],
     ) -> Option<SmallVec<[InForce; 2]>> {
         let plan = self.plan();
-        if plan.sets.iter().any(|s| std::ptr::eq(&**s, set)) {
+        // A labelled copy of a set (a route attached through axum) shares its policies.
+        if plan
+            .sets
+            .iter()
+            .any(|s| Arc::ptr_eq(&s.enforced, &set.enforced))
+        {
             return None;
         }
         let attached = self.inner.common.attached_sets();
-        let current = |p: &Policy| {
-            plan.sets
+        let named = |p: &Policy| -> SmallVec<[Policy; 2]> {
+            let mut found: SmallVec<[Policy; 2]> = SmallVec::new();
+            for q in plan
+                .sets
                 .iter()
                 .chain(&attached)
                 .flat_map(|s| s.enforced.iter())
-                .find(|q| q.name() == p.name())
-                .cloned()
+            {
+                if q.name() == p.name() && !found.iter().any(|f| same(f, q)) {
+                    found.push(q.clone());
+                }
+            }
+            found
         };
         Some(
             policies
                 .iter()
-                .map(|p| match current(p) {
-                    Some(q) if q.algorithm() == p.algorithm() && q.limits() == p.limits() => {
+                .map(|p| {
+                    let found = named(p);
+                    if found.iter().any(|q| same(p, q)) {
                         InForce::Same
+                    } else if let [only] = &found[..] {
+                        InForce::Changed(only.clone())
+                    } else {
+                        // Removed, or a name several tiers now define differently: which
+                        // one the request would have had is not known.
+                        InForce::Gone
                     }
-                    Some(q) => InForce::Changed(q),
-                    None => InForce::Gone,
                 })
                 .collect(),
         )
     }
+}
+
+/// Whether two policies of one name count the same way: algorithm, limits, window, burst
+/// and delay.
+fn same(p: &Policy, q: &Policy) -> bool {
+    p.algorithm() == q.algorithm() && p.limits() == q.limits()
 }

@@ -126,6 +126,7 @@ impl<S: LeaseBackend> LeasedStoreBuilder<S> {
                 charges: Default::default(),
                 counters: Counters::default(),
                 sweeper: AtomicBool::new(false),
+                overrides_in_order: Arc::default(),
             }),
         })
     }

@@ -73,6 +73,10 @@ pub(super) struct Shared<S> {
     pub(super) charges: super::charges::ExactCharges,
     pub(super) counters: Counters,
     pub(super) sweeper: AtomicBool,
+    /// Taken by an override's set or remove for all its steps: one finishing in the
+    /// background after its caller gave up cannot land between, or after, the steps of the
+    /// next one.
+    pub(super) overrides_in_order: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<S: LeaseBackend> LeasedStore<S> {

@@ -81,9 +81,6 @@ pub(crate) struct Core<C: Connector> {
     ledger_lanes: Lanes<C::Lane, LedgerRequest>,
     /// Which server answers, as far as its `run_id` tells.
     server: Arc<ServerIdentity>,
-    /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
-    /// read: a connector that has moved to another server since has it read again.
-    verified_epoch: AtomicU64,
 }
 
 /// The server's `run_id` as last read, and when to read it again.
@@ -101,6 +98,9 @@ struct ServerIdentity {
     /// seen within that interval.
     verified_at: AtomicU64,
     started: std::time::Instant,
+    /// The connector's [server epoch](Connector::server_epoch) when the `run_id` was last
+    /// read: a connector that has moved to another server since has it read again.
+    verified_epoch: AtomicU64,
     run_id: parking_lot::Mutex<Option<Box<str>>>,
 }
 
@@ -111,6 +111,7 @@ impl ServerIdentity {
             verify: AtomicBool::new(true),
             verified_at: AtomicU64::new(0),
             started: std::time::Instant::now(),
+            verified_epoch: AtomicU64::new(0),
             run_id: parking_lot::Mutex::new(None),
         }
     }
@@ -128,8 +129,11 @@ impl ServerIdentity {
     }
 
     /// Reads the server's `run_id` and bumps the generation when it is not the one seen
-    /// before. A failure leaves the check for the next call.
-    async fn verify_server(&self, conn: &mut impl redis::aio::ConnectionLike) {
+    /// before. A failure leaves the check for the next call. With `epoch`, what is read is
+    /// kept only if the connector is still on that server's epoch as far as the last read
+    /// knows (a read on an old master's connection that answers after the new master's is
+    /// not taken for another restart).
+    async fn verify_server(&self, conn: &mut impl redis::aio::ConnectionLike, epoch: Option<u64>) {
         let info: Result<String, _> = redis::cmd("INFO").arg("server").query_async(conn).await;
         let run_id = info.ok().and_then(|text| {
             text.lines()
@@ -141,6 +145,9 @@ impl ServerIdentity {
             return;
         };
         let mut known = self.run_id.lock();
+        if epoch.is_some_and(|e| e != self.verified_epoch.load(Ordering::Acquire)) {
+            return;
+        }
         if known.as_ref().is_some_and(|k| *k != run_id) {
             self.generation.fetch_add(1, Ordering::AcqRel);
             tracing::warn!(
@@ -203,7 +210,6 @@ impl<C: Connector> Core<C> {
             lanes: Lanes::new(options.max_batch, options.max_in_flight),
             ledger_lanes: Lanes::new(options.max_batch, options.max_in_flight),
             server: Arc::new(ServerIdentity::new()),
-            verified_epoch: AtomicU64::new(0),
         }
     }
 
@@ -247,16 +253,16 @@ impl<C: Connector> Core<C> {
             Ok(r) => {
                 if self.connector.one_server() {
                     let moved = self.connector.server_epoch()
-                        != self.verified_epoch.load(Ordering::Acquire);
+                        != server.verified_epoch.load(Ordering::Acquire);
                     if server.verify.swap(false, Ordering::AcqRel) || moved {
-                        self.verified_epoch.store(epoch, Ordering::Release);
+                        server.verified_epoch.store(epoch, Ordering::Release);
                         // A caller that gives up during the read (a timeout, a hang-up)
                         // leaves it to the next call, rather than taking it along.
                         let pending = VerifyPending(&server.verify);
-                        server.verify_server(&mut conn).await;
+                        server.verify_server(&mut conn, None).await;
                         std::mem::forget(pending);
                     } else if server.verify_due() {
-                        self.verify_later(conn);
+                        self.verify_later(conn, epoch);
                     }
                 }
                 Ok(r)
@@ -273,7 +279,7 @@ impl<C: Connector> Core<C> {
     /// The once-a-second `run_id` read, off the answer's path: in a task of its own on
     /// `conn` (the callers of this call have their answer meanwhile). Without a runtime, the
     /// next call reads it.
-    fn verify_later(&self, mut conn: C::Conn) {
+    fn verify_later(&self, mut conn: C::Conn, epoch: u64) {
         let server = Arc::clone(&self.server);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             server.verify.store(true, Ordering::Release);
@@ -281,8 +287,16 @@ impl<C: Connector> Core<C> {
         };
         runtime.spawn(async move {
             let pending = VerifyPending(&server.verify);
-            server.verify_server(&mut conn).await;
-            std::mem::forget(pending);
+            // Bounded: a connection that never answers must not be held for good.
+            if tokio::time::timeout(
+                VERIFY_INTERVAL,
+                server.verify_server(&mut conn, Some(epoch)),
+            )
+            .await
+            .is_ok()
+            {
+                std::mem::forget(pending);
+            }
         });
     }
 

@@ -273,23 +273,22 @@ impl DenyCache {
             return;
         }
         entries.remove(entry);
+        // A key's denials are few (a cost or two per route); a client that sends a new cost
+        // each time replaces its own oldest rather than lengthening the list every lookup
+        // of the key scans.
+        if let Some(list) = entries.by_key.get_mut(&entry.key) {
+            if list.len() >= MAX_PER_KEY {
+                list.remove(0);
+                entries.len -= 1;
+            }
+        }
         if entries.len >= self.capacity {
             entries.retain(|c| c.until > now && c.generation == generation);
             if entries.len >= self.capacity {
                 return;
             }
         }
-        let list = entries.by_key.entry(entry.key).or_default();
-        // A key's denials are few (a cost or two per route); a client that sends a new cost
-        // each time replaces its own oldest rather than lengthening the list every lookup
-        // of the key scans.
-        let replaced = if list.len() >= MAX_PER_KEY {
-            list.remove(0);
-            1
-        } else {
-            0
-        };
-        entries.len = entries.len + 1 - replaced;
+        entries.len += 1;
         entries.by_key.entry(entry.key).or_default().push(Cached {
             entry: entry.full,
             key: key.clone(),

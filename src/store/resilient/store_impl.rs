@@ -325,7 +325,7 @@ impl<S: Store> ResilientStore<S> {
             let result = match tokio::time::timeout(this.timeout, &mut call).await {
                 Ok(result) => result,
                 Err(_) => {
-                    finish_in_background(call);
+                    finish_in_background(call, (this.timeout * 10).max(Duration::from_secs(1)));
                     Err(StoreError::Timeout)
                 }
             };
@@ -350,9 +350,17 @@ static BACKGROUND_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::Ato
 /// Lets a call the caller stopped waiting for (the store's timeout) run to its end: a
 /// release, refund, settlement or refresh not yet sent when the timeout fired (waiting for a
 /// pooled connection, or for the script to load) would otherwise never be, and a slot would
-/// stay held until its lease ends. At most [`MAX_BACKGROUND_CALLS`] at once; past that,
-/// during a long outage under load, a call is dropped as before.
-fn finish_in_background(call: ApplyFuture) {
+/// stay held until its lease ends. Each for at most `grace` (ten timeouts, at least a
+/// second, as a check that timed out), and at most [`MAX_BACKGROUND_CALLS`] at once; past
+/// that, during a long outage under load, a call is dropped as before.
+fn finish_in_background(call: ApplyFuture, grace: Duration) {
+    /// One call counted in [`BACKGROUND_CALLS`] until it is dropped, run or not.
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            BACKGROUND_CALLS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -360,15 +368,11 @@ fn finish_in_background(call: ApplyFuture) {
         BACKGROUND_CALLS.fetch_sub(1, Ordering::AcqRel);
         return;
     }
+    // Made before the task: a task a closing runtime drops unpolled still uncounts.
+    let counted = Counted;
     runtime.spawn(async move {
-        struct Counted;
-        impl Drop for Counted {
-            fn drop(&mut self) {
-                BACKGROUND_CALLS.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let _counted = Counted;
-        let _ = call.await;
+        let _counted = counted;
+        let _ = tokio::time::timeout(grace, call).await;
     });
 }
 
