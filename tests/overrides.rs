@@ -199,10 +199,21 @@ async fn an_override_reaches_a_key_another_instances_deny_cache_holds_within_its
             .build()
             .unwrap()
     };
-    let (a, b) = (
-        limiter(store(), Algorithm::FixedWindow),
-        limiter(store(), Algorithm::FixedWindow),
-    );
+    // A day's window: a minute's could roll over between the steps and admit afresh.
+    let daily = |store| {
+        Limiter::builder()
+            .store(store)
+            .policy(
+                Policy::builder("api", Rate::per_day(10))
+                    .algorithm(Algorithm::FixedWindow)
+                    .build()
+                    .unwrap(),
+            )
+            .extractor(support::by_tenant())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (daily(store()), daily(store()));
     let key = Key::new("tenant", "raised");
     for _ in 0..10 {
         assert!(b.check(&key, 1).await.unwrap().is_allowed());
