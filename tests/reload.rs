@@ -559,3 +559,69 @@ async fn a_give_back_after_a_reload_leaves_a_changed_policy_alone_redis() {
         .unwrap();
     a_give_back_after_a_reload_leaves_a_changed_policy_alone(store).await;
 }
+
+/// A request of a tier ending after a reload is given back under its own tier's policy: a
+/// name several tiers define (`share_usage`) is matched by its whole definition, never by
+/// the first tier that has the name. Here the reload is of the same plan, so the success the
+/// counting rule does not count is refunded as without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiers_request_ending_after_a_reload_is_refunded_under_its_own_tier() {
+    use std::convert::Infallible;
+    use tollgate::route::{CountWhen, Route};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let store = MemoryStore::new();
+    let free = Policy::new("api", Rate::per_minute(2)).unwrap();
+    let pro = Policy::new("api", Rate::per_minute(100)).unwrap();
+    let build = || {
+        Limiter::builder()
+            .store(store.clone())
+            .default_route(
+                Route::new()
+                    .policy(free.clone())
+                    .tier("pro", [pro.clone()])
+                    .count_when(CountWhen::failures()),
+            )
+            .tier_fn(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
+            .share_usage("api")
+            .extractor(tollgate::key::from_fn(|_| Some(Key::new("tenant", "pro"))))
+            .build()
+            .unwrap()
+    };
+    let limiter = build();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = Arc::new(std::sync::Mutex::new(Some(released)));
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter.clone()))
+        .service_fn(move |_req: http::Request<String>| {
+            let wait = released.lock().unwrap().take();
+            async move {
+                if let Some(wait) = wait {
+                    let _ = wait.await;
+                }
+                Ok::<_, Infallible>(http::Response::new(String::new()))
+            }
+        });
+    let request = http::Request::get("/")
+        .header("x-plan", "pro")
+        .body(String::new())
+        .unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+    // Admitted and in the handler; the plan is reloaded meanwhile.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    limiter.reload(&build());
+    release.send(()).unwrap();
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), http::StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let key = Key::new("tenant", "pro");
+    let left = store
+        .peek(&key, std::slice::from_ref(&pro), &[1])
+        .await
+        .unwrap();
+    assert_eq!(
+        left.remaining(),
+        99,
+        "the success was not refunded under the pro tier: {left:?}"
+    );
+}
