@@ -497,17 +497,14 @@ async fn a_permit_dropped_outside_a_runtime_gives_its_slot_back_redis() {
     .await;
 }
 
-/// A release that waits in the store's queue (Redis busy with the call before it) is sent
-/// even when the `ResilientStore` around it stops waiting for its answer: the slot comes back
-/// as soon as Redis answers again, not when its lease ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
-    let server = RedisServer::start();
-    let redis = RedisStore::builder()
-        .prefix("queued")
-        .max_in_flight(1)
-        .build_with_url(&server.url())
-        .unwrap();
+/// Holds a slot through a `ResilientStore` (50 ms timeout) around `redis`, stops Redis while
+/// another call holds the store's only call or connection, drops the permit (its release
+/// cannot be sent before the timeout), resumes Redis: the slot must come back then, not
+/// when its lease ends.
+async fn a_release_past_the_resilient_timeout_frees_the_slot(
+    server: &RedisServer,
+    redis: RedisStore,
+) {
     let store = ResilientStore::builder(redis.clone(), FailureMode::FailClosed)
         .timeout(Duration::from_millis(50))
         .circuit_breaker(1_000, Duration::from_millis(100))
@@ -518,10 +515,11 @@ async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
         .policy(in_flight(1, Duration::from_secs(30)))
         .build()
         .unwrap();
-    let key = Key::new("tenant", "queued");
+    let key = Key::new("tenant", "held");
     let permit = limiter.acquire(&key).await.unwrap();
     assert!(permit.is_allowed());
-    // Redis stops; a call takes the store's only call under way and waits for it.
+    // Redis stops; a call takes what the store has (its one call under way, or its pool's
+    // one connection) and waits.
     server.signal("STOP");
     let other = Key::new("tenant", "other");
     let plan = [in_flight(1, Duration::from_secs(30))];
@@ -530,7 +528,7 @@ async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
         tokio::spawn(async move { redis.check(&other, &plan, &[1]).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // The release queues behind it; the resilient store's timeout gives up waiting.
+    // The release waits behind it; the resilient store's timeout gives up waiting.
     drop(permit);
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.signal("CONT");
@@ -546,9 +544,22 @@ async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
     assert!(freed, "the slot stayed held after Redis answered again");
 }
 
+/// A release that waits in the store's queue (Redis busy with the call before it) is sent
+/// even when the `ResilientStore` around it stops waiting for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_queued_past_the_resilient_timeout_still_frees_the_slot() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder()
+        .prefix("queued")
+        .max_in_flight(1)
+        .build_with_url(&server.url())
+        .unwrap();
+    a_release_past_the_resilient_timeout_frees_the_slot(&server, redis).await;
+}
+
 /// A release that runs its own call but cannot send it before the `ResilientStore` timeout
 /// (waiting for the pool's only connection, which a stalled call holds) is finished in the
-/// background: the slot comes back once Redis answers again.
+/// background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_waits_for_a_connection_past_the_timeout_still_frees_the_slot() {
     let server = RedisServer::start();
@@ -556,40 +567,7 @@ async fn a_release_that_waits_for_a_connection_past_the_timeout_still_frees_the_
         .prefix("unsent")
         .build_with_pool(server.pool(1))
         .unwrap();
-    let store = ResilientStore::builder(redis.clone(), FailureMode::FailClosed)
-        .timeout(Duration::from_millis(50))
-        .circuit_breaker(1_000, Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let limiter = Limiter::builder()
-        .store(store)
-        .policy(in_flight(1, Duration::from_secs(30)))
-        .build()
-        .unwrap();
-    let key = Key::new("tenant", "unsent");
-    let permit = limiter.acquire(&key).await.unwrap();
-    assert!(permit.is_allowed());
-    server.signal("STOP");
-    let other = Key::new("tenant", "other");
-    let plan = [in_flight(1, Duration::from_secs(30))];
-    let busy = {
-        let redis = redis.clone();
-        tokio::spawn(async move { redis.check(&other, &plan, &[1]).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    drop(permit);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    server.signal("CONT");
-    let _ = busy.await;
-    let mut freed = false;
-    for _ in 0..20 {
-        if limiter.acquire(&key).await.unwrap().is_allowed() {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(freed, "the slot stayed held after Redis answered again");
+    a_release_past_the_resilient_timeout_frees_the_slot(&server, redis).await;
 }
 
 #[test]

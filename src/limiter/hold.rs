@@ -465,20 +465,24 @@ impl<S: Store> Limiter<S> {
         if charged.is_empty() {
             return None;
         }
-        let mut policies: SmallVec<[Policy; 2]> = charged
+        let (policies, costs): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) = charged
             .iter()
-            .map(|&(i, _)| set.enforced[i].clone())
-            .collect();
-        let mut costs: SmallVec<[u64; 2]> = charged.iter().map(|&(_, c)| c).collect();
-        if let Some(states) = self.in_force(set, &policies) {
-            // Counted under a definition a reload replaced: left as counted.
-            let same = |i: &usize| matches!(states[*i], InForce::Same);
-            let kept: SmallVec<[usize; 2]> = (0..policies.len()).filter(same).collect();
-            policies = kept.iter().map(|&i| policies[i].clone()).collect();
-            costs = kept.iter().map(|&i| costs[i]).collect();
-            if policies.is_empty() {
-                return None;
-            }
+            .map(|&(i, c)| (set.enforced[i].clone(), c))
+            .unzip();
+        let (policies, costs): (SmallVec<[Policy; 2]>, SmallVec<[u64; 2]>) =
+            match self.in_force(set, &policies) {
+                None => (policies, costs),
+                // Counted under a definition a reload replaced: left as counted.
+                Some(states) => policies
+                    .into_iter()
+                    .zip(costs)
+                    .zip(states)
+                    .filter(|(_, state)| matches!(state, InForce::Same))
+                    .map(|(kept, _)| kept)
+                    .unzip(),
+            };
+        if policies.is_empty() {
+            return None;
         }
         Some(self.give_back(key, &policies, Op::refund(&costs[..]), fallback))
     }

@@ -604,14 +604,11 @@ where
             let recorded = async move { record(&guard, &attempt, outcome).await };
             // In a task of its own, awaited: the next attempt sees it, and a client that
             // hangs up meanwhile does not cut it short (a refund made, the tuple not cleared).
-            let result = match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => runtime.spawn(recorded).await.unwrap_or_else(|e| {
-                    Err(CheckError::Store(StoreError::Backend(
-                        crate::error::Cause::from(format!("the record did not finish: {e}")),
-                    )))
-                }),
-                Err(_) => recorded.await,
-            };
+            let result = crate::store::to_the_end(recorded).await.unwrap_or_else(|| {
+                Err(CheckError::Store(StoreError::Backend(
+                    crate::error::Cause::from("the record did not finish"),
+                )))
+            });
             if let Err(error) = result {
                 tracing::warn!(%error, "tollgate: could not record a login outcome");
             }

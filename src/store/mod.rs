@@ -398,6 +398,21 @@ pub trait StoreExt: Store {
 
 impl<S: Store + ?Sized> StoreExt for S {}
 
+/// Runs `work` to its end whoever waits for it: in a task of its own where there is a
+/// runtime, so that a caller who stops waiting (a timeout, a client that hangs up) does not
+/// cut it short; otherwise here. `None` when the task did not finish (it panicked, or its
+/// runtime shut down).
+pub(crate) async fn to_the_end<F>(work: F) -> Option<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime.spawn(work).await.ok(),
+        Err(_) => Some(work.await),
+    }
+}
+
 /// An operation's answer, its decision (if any) dropped.
 fn done(call: ApplyFuture) -> BoxFuture<Result<(), StoreError>> {
     Box::pin(async move { call.await.map(drop) })

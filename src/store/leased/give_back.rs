@@ -117,17 +117,9 @@ impl<S: LeaseBackend> Shared<S> {
                 rate: 0,
             };
         }
-        let call = self.inner.ledger(key, policies, call);
-        // In a task of its own where there is a runtime: a caller that stops waiting (its
-        // check dropped) does not leave the refused request's units charged.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let _ = runtime.spawn(call).await;
-            }
-            Err(_) => {
-                let _ = call.await;
-            }
-        }
+        // A caller that stops waiting (its check dropped) does not leave the refused
+        // request's units charged.
+        let _ = crate::store::to_the_end(self.inner.ledger(key, policies, call)).await;
     }
 
     /// Gives back units a request took, where `taken` says they came from (a mixed request

@@ -296,28 +296,25 @@ impl<S: LeaseBackend> LeasedStore<S> {
     }
 }
 
-/// Runs an override's `steps` to their end whoever waits, one override change at a time:
-/// once this store's turn (`in_order`) is had, in a task of its own that holds it until the
-/// last step, where there is a runtime. A caller that gives up while waiting for its turn
-/// changes nothing.
-fn to_the_end(
+/// Runs an override's `steps` to their end whoever waits ([`to_the_end`]), one override
+/// change at a time: once this store's turn (`in_order`) is had, holding it until the last
+/// step. A caller that gives up while waiting for its turn changes nothing.
+///
+/// [`to_the_end`]: crate::store::to_the_end
+fn in_turn(
     in_order: Arc<tokio::sync::Mutex<()>>,
     steps: impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
 ) -> BoxFuture<Result<(), StoreError>> {
     Box::pin(async move {
         let turn = in_order.lock_owned().await;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let _turn = turn;
-            return steps.await;
-        };
-        let task = runtime.spawn(async move {
+        let steps = async move {
             let _turn = turn;
             steps.await
-        });
-        task.await.unwrap_or_else(|e| {
-            Err(StoreError::Backend(crate::error::Cause::from(format!(
-                "an override's steps did not finish: {e}"
-            ))))
+        };
+        crate::store::to_the_end(steps).await.unwrap_or_else(|| {
+            Err(StoreError::Backend(crate::error::Cause::from(
+                "an override's steps did not finish",
+            )))
         })
     })
 }
@@ -346,7 +343,7 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
-        to_the_end(Arc::clone(&self.shared.overrides_in_order), async move {
+        in_turn(Arc::clone(&self.shared.overrides_in_order), async move {
             let policies = std::slice::from_ref(&policy);
             let keep_state = |policies: &[Policy]| {
                 let call = shared.call(LedgerMode::Keep, 0, 0, policies);
@@ -381,7 +378,7 @@ impl<S: LeaseBackend> OverrideStore for LeasedStore<S> {
         let shared = self.shared.clone();
         let key = key.clone();
         let policy = policy.clone();
-        to_the_end(Arc::clone(&self.shared.overrides_in_order), async move {
+        in_turn(Arc::clone(&self.shared.overrides_in_order), async move {
             let policies = std::slice::from_ref(&policy);
             if kind == Kind::Bucket && policy.algorithm() == Algorithm::TokenBucket {
                 let call = shared.call(LedgerMode::Keep, 0, 0, policies);

@@ -57,12 +57,17 @@ impl Entries {
     }
 
     fn remove(&mut self, entry: Entry) {
-        if let Some(list) = self.by_key.get_mut(&entry.key) {
+        self.remove_where(entry.key, |c| c.entry == entry.full);
+    }
+
+    /// Drops the denials under `key_hash` that `gone` picks.
+    fn remove_where(&mut self, key_hash: u64, gone: impl Fn(&Cached) -> bool) {
+        if let Some(list) = self.by_key.get_mut(&key_hash) {
             let before = list.len();
-            list.retain(|c| c.entry != entry.full);
+            list.retain(|c| !gone(c));
             self.len -= before - list.len();
             if list.is_empty() {
-                self.by_key.remove(&entry.key);
+                self.by_key.remove(&key_hash);
             }
         }
     }
@@ -308,15 +313,7 @@ impl DenyCache {
     pub(super) fn forget(&self, key: &Key) {
         let key_hash = self.key_hash(key);
         let mut entries = self.entries.lock();
-        if let Some(list) = entries.by_key.get_mut(&key_hash) {
-            let before = list.len();
-            list.retain(|c| c.key != *key);
-            let removed = before - list.len();
-            if list.is_empty() {
-                entries.by_key.remove(&key_hash);
-            }
-            entries.len -= removed;
-        }
+        entries.remove_where(key_hash, |c| c.key == *key);
         self.stripe(key_hash).fetch_add(1, Ordering::AcqRel);
     }
 
