@@ -625,3 +625,33 @@ async fn a_tiers_request_ending_after_a_reload_is_refunded_under_its_own_tier() 
         "the success was not refunded under the pro tier: {left:?}"
     );
 }
+
+/// A route attached with `for_route` keeps its policies across a reload, so their names stay
+/// taken: a route attached after the reload cannot define one of them differently (two
+/// definitions would count under one name). The reload once replaced the names with the new
+/// plan's alone, and such a route was accepted.
+#[tokio::test]
+async fn an_attached_routes_policy_names_stay_taken_after_a_reload() {
+    use tollgate::route::Route;
+    let store = MemoryStore::new();
+    let base = || {
+        Limiter::builder()
+            .store(store.clone())
+            .default_route(Route::exempt())
+            .extractor(Global::new())
+            .build()
+            .unwrap()
+    };
+    let limiter = base();
+    let uploads = |per_minute| {
+        Route::new().policy(Policy::new("uploads", Rate::per_minute(per_minute)).unwrap())
+    };
+    let _attached = limiter.for_route(uploads(3)).unwrap();
+    limiter.reload(&base());
+    let err = limiter
+        .for_route(uploads(300))
+        .expect_err("a second definition of \"uploads\" is refused after the reload too");
+    assert!(err.to_string().contains("uploads"), "{err}");
+    // The same definition is the same policy: still accepted.
+    limiter.for_route(uploads(3)).unwrap();
+}

@@ -258,6 +258,25 @@ fn compile_set(
 }
 
 impl PolicyNames {
+    /// Keeps the names of the policies an attached route (`for_route`) still enforces after a
+    /// reload replaced the names with the new plan's: a later route or plan is checked
+    /// against them too. A name the new plan defines differently keeps the plan's definition
+    /// and is returned, for the reload to report.
+    pub(super) fn keep_attached(&mut self, sets: &[Arc<PolicySet>]) -> Vec<String> {
+        let mut clashes = vec![];
+        for p in sets
+            .iter()
+            .flat_map(|s| s.enforced.iter().chain(s.shadow.iter()))
+        {
+            if self.register("a route attached with for_route", p).is_err()
+                && !clashes.iter().any(|n: &String| n == p.name())
+            {
+                clashes.push(p.name().to_owned());
+            }
+        }
+        clashes
+    }
+
     /// Records `policy`, declared at `at`; refuses a second, different definition under its
     /// name unless the name shares usage on purpose.
     fn register(&mut self, at: &str, policy: &Policy) -> Result<(), ConfigError> {

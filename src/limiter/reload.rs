@@ -45,7 +45,9 @@ impl<S: Store> Limiter<S> {
     /// for an override), and a GCRA policy that gains or loses shaping starts afresh (a
     /// shaping GCRA is decided exactly, its state apart from the ledger's). Limiters made earlier with
     /// [`for_route`](Self::for_route) keep the route's policies they were made with and take
-    /// the new allow and deny lists, key extractor and tier function.
+    /// the new allow and deny lists, key extractor and tier function; their policy names stay
+    /// taken, so a route attached later cannot define one differently (a new plan that does is
+    /// logged as a warning under `tollgate::reload`: both definitions count under one name).
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -71,13 +73,28 @@ impl<S: Store> Limiter<S> {
     /// ```
     pub fn reload(&self, next: &Limiter<S>) {
         let plan = next.plan_full();
-        let names = next
+        let mut names = next
             .inner
             .common
             .names
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        // The routes attached with `for_route` keep their policies, so their names stay taken.
+        for attached in self.inner.common.attached_limiters() {
+            if Arc::ptr_eq(&attached, &self.inner) {
+                continue;
+            }
+            for name in names.keep_attached(&attached.plan_in_force().sets) {
+                tracing::warn!(
+                    target: "tollgate::reload",
+                    policy = %name,
+                    "the new plan defines policy {name:?} differently from a route attached \
+                     with for_route, which keeps its own definition: both count under one \
+                     name; rename one"
+                );
+            }
+        }
         // The names first: a `for_route` made meanwhile is checked against the new plan.
         *self
             .inner
