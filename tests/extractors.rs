@@ -68,6 +68,19 @@ fn spoofed_headers_from_untrusted_client_are_ignored() {
     }
 }
 
+/// A trusted proxy that quotes the client's `Host` in its `Forwarded` element: the commas and
+/// semicolons the client put in it are not hops, so the client cannot name its own address.
+#[test]
+fn client_text_a_proxy_quoted_in_forwarded_is_not_a_hop() {
+    let written = format!("for={CLIENT};host=\"a,for=6.6.6.6;x=\";proto=https");
+    let req = request("10.0.0.2:1", &[("forwarded", written.as_bytes())]);
+    assert_eq!(key_of(&forwarded(), &req), format!("ip:{CLIENT}"));
+    // One quote left open by the client swallows only its own text.
+    let written = format!("for=6.6.6.6;x=\", for={CLIENT}");
+    let req = request("10.0.0.2:1", &[("forwarded", written.as_bytes())]);
+    assert_eq!(key_of(&forwarded(), &req), format!("ip:{CLIENT}"));
+}
+
 #[test]
 fn two_trusted_hops_use_third_from_right() {
     let req = request(

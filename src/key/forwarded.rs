@@ -5,11 +5,12 @@
 //! fuzz targets and custom extractors can call them. They never allocate and never panic,
 //! whatever the bytes.
 //!
-//! Parsing is deliberately split from right to left on every `,` (between hops) and `;`
-//! (between `Forwarded` parameters), even inside quotes: no valid node identifier contains
-//! either, and splitting without tracking quote state means that a quote the client left
-//! unbalanced at the left end of a header can never swallow the entries a trusted proxy
-//! appended on the right.
+//! `X-Forwarded-For` is split on every `,`. `Forwarded` is split from right to left on each
+//! `,` (between elements) and `;` (between parameters) outside a quoted string: a trusted
+//! proxy may quote client text in another parameter (`host="a,for=6.6.6.6"`), which must not
+//! read as a hop. The quotes are followed from the right, where the trusted proxies' own
+//! elements are, so a quote the client left unbalanced on the left can swallow only the
+//! client's own entries (which then read as [`Hop::Invalid`]), never a proxy's.
 //!
 //! # Examples
 //!
@@ -133,7 +134,10 @@ pub fn parse_node(raw: &[u8]) -> Hop {
 /// ```
 pub fn parse_forwarded_element(element: &[u8]) -> Hop {
     let mut found: Option<&[u8]> = None;
-    for pair in element.split(|&b| b == b';') {
+    for pair in SplitUnquoted::new(element, b';') {
+        let Some(pair) = pair else {
+            return Hop::Invalid;
+        };
         let pair = trim_ows(pair);
         if pair.is_empty() {
             continue;
@@ -194,7 +198,7 @@ pub fn forwarded_hops<'a, I>(values: I) -> impl Iterator<Item = Hop> + 'a
 where
     I: DoubleEndedIterator<Item = &'a [u8]> + 'a,
 {
-    hops_rev(values, parse_forwarded_element)
+    forwarded_hops_rev(values)
 }
 
 /// The comma-separated entries of `values`, right to left, each parsed with `parse`.
@@ -205,6 +209,66 @@ where
     values
         .rev()
         .flat_map(move |value| value.rsplit(|&b| b == b',').map(parse))
+}
+
+/// The `Forwarded` elements of `values`, right to left, each parsed with
+/// [`parse_forwarded_element`]; commas inside quoted strings do not split.
+fn forwarded_hops_rev<'a, I>(values: I) -> impl Iterator<Item = Hop> + 'a
+where
+    I: DoubleEndedIterator<Item = &'a [u8]> + 'a,
+{
+    values.rev().flat_map(|value| {
+        SplitUnquoted::new(value, b',')
+            .map(|element| element.map_or(Hop::Invalid, parse_forwarded_element))
+    })
+}
+
+/// Splits on `sep` outside quoted strings (RFC 9110 `quoted-string`, with `\` escapes),
+/// right to left. A part whose quotes do not balance is `None`: it runs from the unbalanced
+/// quote to the start, so it can only be text left of every balanced part.
+struct SplitUnquoted<'a> {
+    rest: Option<&'a [u8]>,
+    sep: u8,
+}
+
+impl<'a> SplitUnquoted<'a> {
+    fn new(value: &'a [u8], sep: u8) -> Self {
+        Self {
+            rest: Some(value),
+            sep,
+        }
+    }
+}
+
+impl<'a> Iterator for SplitUnquoted<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest?;
+        let mut quoted = false;
+        let mut i = rest.len();
+        while i > 0 {
+            i -= 1;
+            match rest[i] {
+                b'"' if !quoted => quoted = true,
+                // Read from the right, a quote ends the quoted string unless an odd run of
+                // backslashes escapes it.
+                b'"' => {
+                    let slashes = rest[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                    if slashes % 2 == 0 {
+                        quoted = false;
+                    }
+                }
+                b if b == self.sep && !quoted => {
+                    self.rest = Some(&rest[..i]);
+                    return Some(Some(&rest[i + 1..]));
+                }
+                _ => {}
+            }
+        }
+        self.rest = None;
+        Some((!quoted).then_some(rest))
+    }
 }
 
 /// Picks the client address out of a forwarding chain.
@@ -376,6 +440,35 @@ mod tests {
             parse_forwarded_element(b"for=1.2.3.4;garbage"),
             Hop::Invalid
         );
+    }
+
+    /// A trusted proxy may quote client text (the `Host` it was sent) in another parameter:
+    /// commas and semicolons in it are not hops. They once were, and a client chose its
+    /// address with `Host: a,for=6.6.6.6;x=`.
+    #[test]
+    fn quoted_client_text_in_a_proxys_element_is_not_a_hop() {
+        let trusted = |ip: IpAddr| matches!(ip, IpAddr::V4(v4) if v4.octets()[0] == 127);
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let client = |values: &[&[u8]]| {
+            resolve_client(peer, forwarded_hops(values.iter().copied()), 8, trusted)
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let written: &[u8] = b"for=203.0.113.9;host=\"a,for=6.6.6.6;x=\";proto=https";
+        assert_eq!(client(&[written]), ip("203.0.113.9"));
+        assert_eq!(
+            parse_forwarded_element(b"for=1.2.3.4;host=\"x;for=5.6.7.8\""),
+            addr("1.2.3.4")
+        );
+        // An escaped quote does not end the quoted string.
+        let escaped: &[u8] = b"for=203.0.113.9;host=\"a\\\",for=6.6.6.6\"";
+        assert_eq!(client(&[escaped]), ip("203.0.113.9"));
+        // A quote the client left open on the left swallows only the client's own text.
+        let open: &[u8] = b"for=6.6.6.6;x=\", for=127.0.0.2, for=198.51.100.1";
+        assert_eq!(client(&[open]), ip("198.51.100.1"));
+        let open: &[u8] = b"for=\"6.6.6.6, for=127.0.0.2";
+        assert_eq!(client(&[open]), ip("127.0.0.2"));
+        let hops: Vec<Hop> = forwarded_hops([&b"x=\"a, for=1.2.3.4"[..]].into_iter()).collect();
+        assert_eq!(hops, [addr("1.2.3.4"), Hop::Invalid]);
     }
 
     fn resolve_xff(peer: &str, values: &[&[u8]]) -> IpAddr {
