@@ -10,8 +10,11 @@
 //! pattern wins — static segments over `{param}` segments over `{*catch_all}` — and within
 //! the winning pattern a route for the request's method beats one for any method. A `GET`
 //! route also covers `HEAD` (axum serves `HEAD` with `GET` handlers) unless a `HEAD` route is
-//! declared. If the winning pattern has no route for the method, the default route applies.
-//! gRPC methods are paths too (`/package.Service/Method`). axum 0.7's `:id` and `*rest` are
+//! declared. If the winning pattern has no route for the method, the default route applies,
+//! except for a gRPC call: gRPC methods are paths too (`/package.Service/Method`), and a gRPC
+//! server serves a call whatever its HTTP method (tonic matches the path alone), so a call
+//! with a gRPC content type, or on a path of that shape (two segments, the first with a
+//! `.`), takes the pattern's `POST` route whatever its method. axum 0.7's `:id` and `*rest` are
 //! build errors naming the `{id}` / `{*rest}` form (matchit would match them literally).
 //!
 //! What is declared is enforced: a route without policies is a build error (use

@@ -764,3 +764,107 @@ async fn a_call_no_wait_admits_tells_the_client_not_to_retry() {
     );
     assert!(status.metadata().get("retry-after").is_none());
 }
+
+/// A unary `Check` call sent with another HTTP method than `POST`: tonic serves a call
+/// whatever its method, so a route declared as `POST /pkg.Service/Method` must count it. It
+/// once fell to the default route (here exempt), and a `PUT` was never limited.
+async fn check_with_method(
+    channel: &mut tonic::transport::Channel,
+    method: &[u8],
+    content_type: Option<&str>,
+) -> String {
+    use tower::{Service, ServiceExt};
+    let mut request = http::Request::builder()
+        .method(http::Method::from_bytes(method).unwrap())
+        .uri("/grpc.health.v1.Health/Check")
+        .header("te", "trailers");
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    let framed = tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from_static(&[
+        0, 0, 0, 0, 0,
+    ])));
+    let res = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(request.body(framed).unwrap())
+        .await
+        .unwrap();
+    if let Some(status) = res.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_owned();
+    }
+    use http_body_util::BodyExt;
+    let trailers = res.into_body().collect().await.unwrap().trailers().cloned();
+    trailers
+        .and_then(|t| t.get("grpc-status").map(|v| v.to_str().unwrap().to_owned()))
+        .unwrap_or_else(|| "429".to_owned())
+}
+
+#[tokio::test]
+async fn a_method_route_counts_a_grpc_call_whatever_its_http_method() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .default_route(Route::exempt())
+        .route(
+            "POST /grpc.health.v1.Health/Check",
+            Route::new().policy(fixed("health-check", 2).build().unwrap()),
+        )
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let mut channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let grpc = Some("application/grpc");
+    assert_eq!(check_with_method(&mut channel, b"PUT", grpc).await, "0");
+    assert_eq!(check_with_method(&mut channel, b"post", None).await, "0");
+    // The third call, whatever its method, is over the route's limit of 2.
+    for (method, content_type) in [(&b"PUT"[..], grpc), (b"GET", None), (b"POST", grpc)] {
+        let status = check_with_method(&mut channel, method, content_type).await;
+        assert_ne!(status, "0", "{}", String::from_utf8_lossy(method));
+    }
+}
+
+/// The same for a login route declared with its method: a `PUT` is guarded too.
+#[tokio::test]
+async fn a_login_route_with_a_method_guards_a_grpc_call_whatever_its_http_method() {
+    use tollgate::login::{LoginLayer, LoginOutcome};
+    let guard = tollgate::login::LoginGuard::builder()
+        .ip_user_rate(Rate::per_hour(2))
+        .build()
+        .unwrap();
+    let login = LoginLayer::header(guard, http::HeaderName::from_static("x-username"))
+        .classify(|_| LoginOutcome::Failure)
+        .routes(["POST /grpc.health.v1.Health/Check"])
+        .unwrap();
+    let layers = tower::ServiceBuilder::new()
+        .map_request(|req: http::Request<tonic::body::Body>| req.map(axum::body::Body::new))
+        .layer(login);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layers)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let mut channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut statuses = vec![];
+    for _ in 0..3 {
+        statuses.push(check_with_method(&mut channel, b"PUT", None).await);
+    }
+    assert_eq!(statuses[..2], ["0", "0"]);
+    assert_ne!(statuses[2], "0", "the third attempt is over the limit");
+}

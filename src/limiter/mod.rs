@@ -331,7 +331,14 @@ impl CompiledPlan {
         let route_idx = self
             .table
             .as_ref()
-            .and_then(|t| t.lookup_request(request.method(), request.uri(), request.extensions()))
+            .and_then(|t| {
+                t.lookup_request(
+                    request.method(),
+                    request.uri(),
+                    request.headers(),
+                    request.extensions(),
+                )
+            })
             .unwrap_or(self.routes.len() - 1);
         let route = &self.routes[route_idx];
         if route.exempt {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use http::{Extensions, Method, Uri};
+use http::{Extensions, HeaderMap, Method, Uri};
 
 use crate::error::ConfigError;
 
@@ -93,8 +93,11 @@ impl RouteTable {
 
     /// The route index for a request, if a pattern matches: the route for the request's
     /// method, else (for `HEAD`, which axum serves with `GET` handlers) the `GET` route, else
-    /// the route for any method.
-    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<usize> {
+    /// the route for any method, else, for a gRPC call (`grpc`, or a path of a gRPC method's
+    /// shape), the `POST` route: a gRPC server serves a call whatever its HTTP method (tonic's
+    /// router and generated services match the path alone), so a `PUT` or `post` must not
+    /// step around a route declared as `POST /pkg.Service/Method`.
+    pub(crate) fn lookup(&self, method: &Method, path: &str, grpc: bool) -> Option<usize> {
         let routes = self.router.at(path).ok()?.value;
         let for_method = |wanted: &Method| {
             routes
@@ -105,6 +108,7 @@ impl RouteTable {
         for_method(method)
             .or_else(|| (method == Method::HEAD).then(|| for_method(&Method::GET))?)
             .or_else(|| routes.iter().find(|(m, _)| m.is_none()).map(|(_, i)| *i))
+            .or_else(|| (grpc || is_grpc_method_path(path)).then(|| for_method(&Method::POST))?)
     }
 
     /// The route index for a request as the layer sees it, or, when no pattern matches that
@@ -116,14 +120,16 @@ impl RouteTable {
         &self,
         method: &Method,
         uri: &Uri,
+        headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Option<usize> {
-        let found = self.lookup(method, uri.path());
+        let grpc = crate::grpc::content_type(headers).is_some();
+        let found = self.lookup(method, uri.path(), grpc);
         #[cfg(feature = "axum")]
         if found.is_none() {
             if let Some(axum::extract::OriginalUri(original)) = extensions.get() {
                 if original.path() != uri.path() {
-                    return self.lookup(method, original.path());
+                    return self.lookup(method, original.path(), grpc);
                 }
             }
         }
@@ -131,6 +137,20 @@ impl RouteTable {
         let _ = extensions;
         found
     }
+}
+
+/// Whether `path` has the shape of a gRPC method's: `/package.Service/Method`, two segments,
+/// the first naming a service in a package.
+fn is_grpc_method_path(path: &str) -> bool {
+    let Some((service, method)) = path.strip_prefix('/').and_then(|rest| rest.split_once('/'))
+    else {
+        return false;
+    };
+    service.contains('.')
+        && !service.starts_with('.')
+        && !service.ends_with('.')
+        && !method.is_empty()
+        && !method.contains('/')
 }
 
 #[cfg(test)]
@@ -168,21 +188,44 @@ mod tests {
             ("/users/{id}".into(), 3),
         ])
         .unwrap();
-        assert_eq!(t.lookup(&Method::GET, "/api/x/y"), Some(0));
-        assert_eq!(t.lookup(&Method::GET, "/api/search"), Some(1));
-        assert_eq!(t.lookup(&Method::POST, "/api/search"), Some(2));
-        assert_eq!(t.lookup(&Method::GET, "/users/7"), Some(3));
-        assert_eq!(t.lookup(&Method::GET, "/other"), None);
+        assert_eq!(t.lookup(&Method::GET, "/api/x/y", false), Some(0));
+        assert_eq!(t.lookup(&Method::GET, "/api/search", false), Some(1));
+        assert_eq!(t.lookup(&Method::POST, "/api/search", false), Some(2));
+        assert_eq!(t.lookup(&Method::GET, "/users/7", false), Some(3));
+        assert_eq!(t.lookup(&Method::GET, "/other", false), None);
     }
 
     #[test]
     fn head_takes_the_get_route_unless_it_has_its_own() {
         let t = RouteTable::build(&[("GET /search".into(), 0), ("/any".into(), 1)]).unwrap();
-        assert_eq!(t.lookup(&Method::HEAD, "/search"), Some(0));
-        assert_eq!(t.lookup(&Method::POST, "/search"), None);
-        assert_eq!(t.lookup(&Method::HEAD, "/any"), Some(1));
+        assert_eq!(t.lookup(&Method::HEAD, "/search", false), Some(0));
+        assert_eq!(t.lookup(&Method::POST, "/search", false), None);
+        assert_eq!(t.lookup(&Method::HEAD, "/any", false), Some(1));
         let t = RouteTable::build(&[("GET /s".into(), 0), ("HEAD /s".into(), 1)]).unwrap();
-        assert_eq!(t.lookup(&Method::HEAD, "/s"), Some(1));
+        assert_eq!(t.lookup(&Method::HEAD, "/s", false), Some(1));
+    }
+
+    #[test]
+    fn a_grpc_call_takes_the_post_route_whatever_its_method() {
+        let t = RouteTable::build(&[
+            ("POST /auth.v1.Auth/Login".into(), 0),
+            ("POST /Greeter/SayHello".into(), 1),
+            ("POST /v1/items".into(), 2),
+        ])
+        .unwrap();
+        let put = Method::PUT;
+        let lower = Method::from_bytes(b"post").unwrap();
+        for m in [&put, &lower, &Method::GET, &Method::DELETE] {
+            assert_eq!(t.lookup(m, "/auth.v1.Auth/Login", false), Some(0), "{m}");
+        }
+        // A service without a package is known by its content type alone.
+        assert_eq!(t.lookup(&put, "/Greeter/SayHello", false), None);
+        assert_eq!(t.lookup(&put, "/Greeter/SayHello", true), Some(1));
+        // Plain HTTP paths keep axum's rule: another method is another route.
+        assert_eq!(t.lookup(&put, "/v1/items", false), None);
+        assert!(!is_grpc_method_path("/a.b/c/d"));
+        assert!(!is_grpc_method_path("/./c"));
+        assert!(!is_grpc_method_path("/a.b/"));
     }
 
     #[test]

@@ -524,7 +524,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let guarded = self.shared.routes.as_ref().is_none_or(|routes| {
             routes
-                .lookup_request(req.method(), req.uri(), req.extensions())
+                .lookup_request(req.method(), req.uri(), req.headers(), req.extensions())
                 .is_some()
         });
         if !guarded {
