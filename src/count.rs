@@ -204,6 +204,11 @@ impl CountWhen {
 
     /// Counts the responses whose head (status, headers, extensions) `f` accepts.
     ///
+    /// For a gRPC call whose status comes in the trailers, `f` is asked when they arrive,
+    /// with the status's HTTP equivalent, the head's headers (the initial metadata) with the
+    /// trailers over them, and the head's extensions: the same view as for a call answered
+    /// trailers-only.
+    ///
     /// ```
     /// use tollgate::route::CountWhen;
     ///
@@ -296,6 +301,11 @@ impl CountWhen {
             headers.insert(GRPC_STATUS.clone(), value);
         }
         self.counts_call(code, &headers, None)
+    }
+
+    /// Whether the rule reads the whole response head ([`from_fn`](Self::from_fn)).
+    pub(crate) fn reads_head(&self) -> bool {
+        matches!(self.rule, Rule::Head(_))
     }
 
     /// The rule for a gRPC call that ended with `code`, whose status arrived in `headers`

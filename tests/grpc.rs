@@ -868,3 +868,52 @@ async fn a_login_route_with_a_method_guards_a_grpc_call_whatever_its_http_method
     assert_eq!(statuses[..2], ["0", "0"]);
     assert_ne!(statuses[2], "0", "the third attempt is over the limit");
 }
+
+/// A rule over the whole head (`CountWhen::from_fn`) sees a successful call's initial
+/// metadata and extensions, though its status comes later, in the trailers: it once saw the
+/// trailers alone, so a handler's mark was never seen (every call refunded) and a header
+/// telling a cache hit never read (every hit counted).
+#[tokio::test]
+async fn a_rule_over_the_head_sees_the_metadata_of_a_call_whose_status_is_in_the_trailers() {
+    #[derive(Clone)]
+    struct Billable;
+    async fn serve_marked(limiter: Limiter) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let layers = tower::ServiceBuilder::new()
+            .layer(RateLimitLayer::new(limiter))
+            .map_response(|mut res: http::Response<tonic::body::Body>| {
+                res.extensions_mut().insert(Billable);
+                res.headers_mut()
+                    .insert("x-cache-hit", http::HeaderValue::from_static("1"));
+                res
+            });
+        tokio::spawn(async move {
+            Server::builder()
+                .layer(layers)
+                .add_service(health)
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }
+    use tollgate::route::CountWhen;
+    let clock = ManualClock::new(T0);
+    let marked = CountWhen::from_fn(|head| head.extensions.get::<Billable>().is_some());
+    let addr = serve_marked(counting(&clock, 2, marked)).await;
+    let mut c = client(addr, None).await;
+    for _ in 0..2 {
+        assert!(c.check(check()).await.is_ok());
+    }
+    let status = c.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "marked calls count");
+
+    let misses = CountWhen::from_fn(|head| !head.headers.contains_key("x-cache-hit"));
+    let addr = serve_marked(counting(&clock, 2, misses)).await;
+    let mut c = client(addr, None).await;
+    for _ in 0..5 {
+        assert!(c.check(check()).await.is_ok(), "cache hits do not count");
+    }
+}

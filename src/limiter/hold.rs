@@ -63,6 +63,9 @@ pub(crate) struct Counting {
     pub(crate) when: CountWhen,
     /// The units refunded to each enforced policy (its index in the set).
     pub(crate) charged: SmallVec<[(usize, u64); 2]>,
+    /// The response head's headers and extensions, kept for a rule over the whole head
+    /// ([`CountWhen::from_fn`]) while a gRPC call's status is awaited in its trailers.
+    pub(crate) head: Option<Box<(http::HeaderMap, http::Extensions)>>,
     refund: Box<dyn FnOnce() + Send + Sync>,
 }
 
@@ -422,6 +425,7 @@ impl<S: Store> Limiter<S> {
         Some(Counting {
             when,
             charged,
+            head: None,
             refund: Box::new(move || {
                 if let Some(call) = limiter.refund_call(&set, &key, &reserved, resets) {
                     drive("refund", call);

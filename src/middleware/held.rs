@@ -75,7 +75,13 @@ pub(crate) fn count<B>(
         && grpc_status(res.headers()).is_none()
     {
         // A gRPC call's outcome comes in its trailers: the body decides (`BodyHold::trailers`).
-        // (Another HTTP status with no gRPC one, a proxy's error, is the outcome itself.)
+        // (Another HTTP status with no gRPC one, a proxy's error, is the outcome itself.) A
+        // rule over the whole head sees the head's metadata and extensions then, as it does
+        // for a call answered trailers-only.
+        let mut counting = counting;
+        if counting.when.reads_head() {
+            counting.head = Some(Box::new((res.headers().clone(), res.extensions().clone())));
+        }
         held.counting = Some(counting);
         return res;
     }
@@ -199,12 +205,25 @@ impl BodyHold {
 
     /// The body's trailers: a gRPC call's status, which its counting rule judges (once).
     pub(crate) fn trailers(&mut self, trailers: &http::HeaderMap) {
-        if let Some(counting) = self.counting.take() {
-            match grpc_status(trailers) {
-                Some(code) if !counting.when.counts_call(code, trailers, None) => {
-                    counting.refund();
+        if let Some(mut counting) = self.counting.take() {
+            let Some(code) = grpc_status(trailers) else {
+                return;
+            };
+            let counts = match counting.head.take() {
+                Some(head) => {
+                    let (mut headers, extensions) = *head;
+                    for name in trailers.keys() {
+                        headers.remove(name);
+                    }
+                    for (name, value) in trailers {
+                        headers.append(name, value.clone());
+                    }
+                    counting.when.counts_call(code, &headers, Some(&extensions))
                 }
-                _ => {}
+                None => counting.when.counts_call(code, trailers, None),
+            };
+            if !counts {
+                counting.refund();
             }
         }
     }
