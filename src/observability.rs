@@ -81,7 +81,7 @@
 //! | `tollgate_degraded_total` | counter | `outcome` (`fail_open`, `fail_closed`, `fallback`): decisions a failure mode took because the store failed |
 //! | `tollgate_store_errors_total` | counter | `kind` (`connection`, `timeout`, `backend`, `protocol`, `circuit_open`, `capacity`) |
 //! | `tollgate_store_latency_seconds` | histogram | `store`: each call a [`ResilientStore`] makes to the store it wraps, a timeout counting as the time waited |
-//! | `tollgate_breaker_transitions_total` | counter | `state` (`open`, `half_open`, `closed`) |
+//! | `tollgate_breaker_transitions_total` | counter | `state`: `open` (closed to open, once per outage: a failed probe keeps it open uncounted), `half_open` (each probe), `closed` |
 //! | `tollgate_memory_evictions_total` | counter | — (live entries a full memory store evicted to admit a new key) |
 //! | `tollgate_memory_evicted_usage_ratio` | histogram | — (the share of its limit each evicted entry had used) |
 //! | `tollgate_fallback_overadmitted_total` | counter | — (requests the local fallback admitted that the store, answering late, refused) |

@@ -71,11 +71,26 @@ impl Breaker {
         }
     }
 
+    /// A failed call. The circuit opens once the failures reach the threshold: one thread
+    /// opens it (a compare-and-swap), so concurrent failures count one opening. A failed probe
+    /// keeps it open for another cool-down and is not counted as an opening (the circuit was
+    /// never closed): every `open` transition is followed by one `closed`, which the alert
+    /// rules' `open - closed` relies on.
     pub(super) fn failure(&self, now: u64, probe: bool) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if probe || (failures >= self.threshold && self.open_until.load(Ordering::Acquire) == 0) {
-            self.open_until
-                .store(now + self.cooldown_ms, Ordering::Release);
+        let until = now.saturating_add(self.cooldown_ms).max(1);
+        if probe {
+            self.open_until.store(until, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::warn!(target: "tollgate::breaker", state = "open", failures, cooldown_ms = self.cooldown_ms, "rate-limit store probe failed: circuit stays open");
+            return;
+        }
+        if failures >= self.threshold
+            && self
+                .open_until
+                .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
             self.probing.store(false, Ordering::Release);
             tracing::warn!(target: "tollgate::breaker", state = "open", failures, cooldown_ms = self.cooldown_ms, "rate-limit store circuit open: skipping the store");
             telemetry::breaker("open");
@@ -128,5 +143,96 @@ mod tests {
         // That probe's caller went away without an answer: after a while another probe goes.
         assert!(matches!(b.gate(1_500), Gate::Skip));
         assert!(matches!(b.gate(2_000), Gate::Probe));
+    }
+
+    /// The transitions counted for an outage of three cool-downs: one opening and one
+    /// closing, so the alert rule's `open - closed` is 0 once the store is back. Failed
+    /// probes were once counted as openings and kept the alert firing after recovery, and
+    /// failures at the same moment could each count one.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn an_outage_counts_one_opening_and_one_closing_whatever_the_probes() {
+        use std::collections::BTreeMap;
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Default)]
+        struct Counts(Mutex<BTreeMap<String, u64>>);
+        struct One(Arc<Counts>, String);
+        impl metrics::CounterFn for One {
+            fn increment(&self, by: u64) {
+                *self.0 .0.lock().unwrap().entry(self.1.clone()).or_default() += by;
+            }
+            fn absolute(&self, _: u64) {}
+        }
+        struct Recorder(Arc<Counts>);
+        impl metrics::Recorder for Recorder {
+            fn describe_counter(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_gauge(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_histogram(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn register_counter(
+                &self,
+                key: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Counter {
+                let state = key
+                    .labels()
+                    .find(|l| l.key() == "state")
+                    .map_or_else(String::new, |l| l.value().to_owned());
+                metrics::Counter::from_arc(Arc::new(One(Arc::clone(&self.0), state)))
+            }
+            fn register_gauge(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Gauge {
+                metrics::Gauge::noop()
+            }
+            fn register_histogram(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Histogram {
+                metrics::Histogram::noop()
+            }
+        }
+
+        let counts = Arc::new(Counts::default());
+        let recorder = Recorder(Arc::clone(&counts));
+        metrics::with_local_recorder(&recorder, || {
+            let b = breaker();
+            for _ in 0..5 {
+                b.failure(0, false);
+            }
+            let mut now = 500;
+            for _ in 0..3 {
+                assert!(matches!(b.gate(now), Gate::Probe));
+                b.failure(now, true);
+                now += 500;
+            }
+            assert!(matches!(b.gate(now), Gate::Probe));
+            b.success();
+        });
+        let counts = counts.0.lock().unwrap().clone();
+        assert_eq!(counts.get("open"), Some(&1), "{counts:?}");
+        assert_eq!(counts.get("closed"), Some(&1), "{counts:?}");
+        assert_eq!(counts.get("half_open"), Some(&4), "{counts:?}");
     }
 }
