@@ -864,3 +864,27 @@ async fn a_locked_account_and_client_are_unlocked_by_the_cli_and_the_admin_api()
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `GET /plan` shows the plan in force: after a reload, the new one. It once kept showing the
+/// plan given when the router was made, beside the new limits in `limiter`.
+#[tokio::test]
+async fn the_plan_shown_is_the_plan_in_force_after_a_reload() {
+    let plan = |limit: u64| {
+        Plan::from_toml(&format!(
+            "[[policies]]\nname = \"api\"\nlimit = {limit}\nwindow = \"1m\"\n\
+             [default]\npolicies = [\"api\"]\n"
+        ))
+        .unwrap()
+    };
+    let v1 = plan(100);
+    let built = v1.build().unwrap();
+    let limiter = built.limiter().clone();
+    let addr = support::serve(Admin::new(limiter.clone()).plan(&v1).router()).await;
+    let client = reqwest::Client::new();
+    let shown = get_json(&client, format!("http://{addr}/plan")).await;
+    assert_eq!(shown["plan"]["policies"][0]["limit"], 100, "{shown}");
+    limiter.reload_plan(&plan(500)).unwrap();
+    let shown = get_json(&client, format!("http://{addr}/plan")).await;
+    assert_eq!(shown["plan"]["policies"][0]["limit"], 500, "{shown}");
+    assert!(shown["limiter"].to_string().contains("500"), "{shown}");
+}

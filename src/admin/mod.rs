@@ -14,7 +14,7 @@
 //! | `PUT /overrides/{source}/{material}?policy=api&limit=5000[&burst=…][&ttl_ms=…]` | sets an override ([`Limiter::set_override`]), answering the overrides in force; an invalid one is a 400 naming the field |
 //! | `DELETE /overrides/{source}/{material}?policy=api` | removes it: the plan's limit applies again |
 //! | `GET /top?n=20` | the keys refused most often lately, the most refused first ([`Limiter::top_refused`]; `n` defaults to 20, at most 1000): `{"keys": [RefusedKey, …]}` |
-//! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]; the routes of limiters made with [`Limiter::for_route`] under their metrics label, `for_route`), and the plan the limiter was built from (`plan`, when given with [`Admin::plan`]) |
+//! | `GET /plan` | the policies enforced, route by route, with the key each route's requests are keyed by (`limiter`: [`EffectivePlan`]; the routes of limiters made with [`Limiter::for_route`] under their metrics label, `for_route`), and the plan in force (`plan`, when asked for with [`Admin::plan`]; a reload replaces it) |
 //!
 //! With a login guard ([`Admin::login`]), `DELETE /login/users?username=…` and `DELETE
 //! /login/ips?key=…` clear a username's or a client's login limit, and `GET /login/top` lists
@@ -164,25 +164,15 @@ impl<S: Store> Admin<S> {
         }
     }
 
-    /// Shows `plan` in `GET /plan`, next to what the limiter enforces (any URL in it without
-    /// its user and password).
+    /// Shows the plan in `GET /plan`, next to what the limiter enforces (any URL in it without
+    /// its user and password): the plan in force, which a reload
+    /// ([`Limiter::reload_plan`], a [`PlanWatcher`](crate::config::PlanWatcher)) replaces, or
+    /// `plan` while the limiter was not built from one.
     ///
     /// See the [module docs](self) for an example.
     #[cfg(feature = "config")]
     pub fn plan(mut self, plan: &crate::config::Plan) -> Self {
-        // The store's URLs may carry passwords: `GET /plan` shows them without.
-        fn redact(value: &mut serde_json::Value) {
-            match value {
-                serde_json::Value::String(s) => *s = crate::error::without_credentials(s),
-                serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
-                serde_json::Value::Object(map) => map.values_mut().for_each(redact),
-                _ => {}
-            }
-        }
-        self.plan = serde_json::to_value(plan).ok().map(|mut v| {
-            redact(&mut v);
-            v
-        });
+        self.plan = shown(plan);
         self
     }
 
@@ -604,15 +594,40 @@ fn top_answer(
 }
 
 #[derive(Serialize)]
-struct PlanAnswer<'a> {
+struct PlanAnswer {
     limiter: EffectivePlan,
-    plan: Option<&'a serde_json::Value>,
+    plan: Option<serde_json::Value>,
+}
+
+/// `plan` as `GET /plan` shows it: the store's URLs may carry passwords, shown without.
+#[cfg(feature = "config")]
+fn shown(plan: &crate::config::Plan) -> Option<serde_json::Value> {
+    fn redact(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::String(s) => *s = crate::error::without_credentials(s),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+            serde_json::Value::Object(map) => map.values_mut().for_each(redact),
+            _ => {}
+        }
+    }
+    serde_json::to_value(plan).ok().map(|mut v| {
+        redact(&mut v);
+        v
+    })
 }
 
 async fn plan<S: Store>(State(admin): Shared<S>) -> Response {
+    // The plan in force (a reload replaces it), when the limiter was built from one.
+    #[cfg(feature = "config")]
+    let in_force = admin.plan.as_ref().and_then(|_| {
+        let source = admin.limiter.source()?;
+        shown(source.downcast_ref::<crate::config::Plan>()?)
+    });
+    #[cfg(not(feature = "config"))]
+    let in_force = None;
     Json(PlanAnswer {
         limiter: admin.limiter.effective_plan(),
-        plan: admin.plan.as_ref(),
+        plan: in_force.or_else(|| admin.plan.clone()),
     })
     .into_response()
 }
