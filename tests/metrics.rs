@@ -246,6 +246,26 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     // The first failure opened the breaker: the second request skips the store.
     assert_eq!(send(get(open_addr, "/"), Some("acme")).await, ok);
 
+    // 4. A watched plan file, broken: refused before it is a plan, and counted all the same.
+    let dir = std::env::temp_dir().join(format!("tollgate-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.toml");
+    std::fs::write(
+        &path,
+        "[[policies]]\nname = \"api\"\nlimit = 3\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]\n",
+    )
+    .unwrap();
+    let watched = Limiter::from_config(&tollgate::config::Plan::from_file(&path).unwrap()).unwrap();
+    let watcher = tollgate::config::PlanWatcher::spawn(&path, watched).unwrap();
+    std::fs::write(&path, "[[policies]]\nname = \"api\"\nlimit = ").unwrap();
+    let start = std::time::Instant::now();
+    while watcher.refused() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no refusal");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(watcher);
+    let _ = std::fs::remove_dir_all(&dir);
+
     let text = reqwest::get(format!("http://{metrics_addr}/metrics"))
         .await
         .unwrap()
@@ -293,6 +313,13 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     ] {
         assert_eq!(value(s, refusals, &[("kind", kind)]), n, "{kind}\n{text}");
     }
+
+    // A plan file that does not parse is a refused reload.
+    assert_eq!(
+        value(s, "tollgate_plan_reloads_total", &[("result", "refused")]),
+        1.0,
+        "{text}"
+    );
 
     // A deny-cache hit is its own outcome, not a degraded decision.
     let cached_deny = [

@@ -314,14 +314,24 @@ mod watcher {
             if self.last.as_ref() == Some(&read) {
                 return;
             }
+            // A file that cannot be read or parsed is refused before `reload_plan`, which
+            // counts the plans it refuses: counted here, as one refusal.
             let result = match &read {
-                Ok(text) => Plan::from_file_text(&self.path, text)
-                    .and_then(|plan| self.limiter.reload_plan(&plan)),
-                Err(e) => Err(ConfigError::new(
-                    "(file)",
-                    self.path.display(),
-                    format!("cannot be read: {e}"),
-                )),
+                Ok(text) => match Plan::from_file_text(&self.path, text) {
+                    Ok(plan) => self.limiter.reload_plan(&plan),
+                    Err(error) => {
+                        crate::telemetry::plan_reload(false);
+                        Err(error)
+                    }
+                },
+                Err(e) => {
+                    crate::telemetry::plan_reload(false);
+                    Err(ConfigError::new(
+                        "(file)",
+                        self.path.display(),
+                        format!("cannot be read: {e}"),
+                    ))
+                }
             };
             self.last = Some(read);
             let counts = &self.counts;
