@@ -78,7 +78,7 @@
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `outcome` (`decided`, `cached_deny`, `fail_open`, `fail_closed`, `fallback`), `allowed` (`true`/`false`), `store` ([`Store::name`]: `memory`, `redis`, `redis-cluster`, `redis-sentinel`), `policy` (the governing policy's name), `route` (see below) |
 //! | `tollgate_refusals_total` | counter | `kind` ([`RefusalKind::as_str`]: `rate_limited`, `cost_exceeds_capacity`, `missing_key`, `forbidden`, `store_unavailable`, `login_refused`, `login_body_too_large`, `login_body_unreadable`, `login_username_ambiguous`) |
-//! | `tollgate_degraded_total` | counter | `outcome` (`fail_open`, `fail_closed`, `fallback`): decisions a failure mode took because the store failed |
+//! | `tollgate_degraded_total` | counter | `outcome` (`fail_open`, `fail_closed`, `fallback`): requests (and login attempts) a failure mode decided because the store failed, one each however many store calls it made (a shadow policy's check is not a request); a `ResilientStore` called directly, without a limiter, counts none |
 //! | `tollgate_store_errors_total` | counter | `kind` (`connection`, `timeout`, `backend`, `protocol`, `circuit_open`, `capacity`) |
 //! | `tollgate_store_latency_seconds` | histogram | `store`: each call a [`ResilientStore`] makes to the store it wraps, a timeout counting as the time waited |
 //! | `tollgate_breaker_transitions_total` | counter | `state`: `open` (closed to open, once per outage: a failed probe keeps it open uncounted), `half_open` (each probe), `closed` |

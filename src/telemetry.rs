@@ -268,6 +268,14 @@ mod counting {
             Some((_, key)) => counter(key).increment(1),
             None => counter(&decision_key(decision, store, policies, route)).increment(1),
         }
+        // One request (or login attempt) decided by a failure mode: counted here, once, not
+        // per store call (a login attempt asks three limits, a shadow policy asks again).
+        if matches!(
+            decision.decided_by(),
+            DecidedBy::FailOpen | DecidedBy::FailClosed | DecidedBy::Fallback
+        ) {
+            outcome(decision.decided_by());
+        }
     }
 
     /// A refusal of `kind` ([`RefusalKind::as_str`](crate::RefusalKind::as_str)), counted

@@ -391,6 +391,53 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
     }
 
     promtool_check(&text);
+
+    // A failure mode's decisions are counted once per request or login attempt, however many
+    // store calls each made: a login attempt asks three limits, a shadow policy asks again.
+    let dead = || {
+        let store = RedisStore::builder()
+            .prefix("tollgate-metrics-dead-again")
+            .build_with_url(&format!("redis://127.0.0.1:{}", support::free_port()))
+            .unwrap();
+        ResilientStore::builder(store, FailureMode::FailOpen)
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    let guard = LoginGuard::builder().store(dead()).build().unwrap();
+    let shadowed = Limiter::builder()
+        .store(dead())
+        .policy(Policy::new("shadowed-open", Rate::per_minute(1)).unwrap())
+        .policy(
+            Policy::builder("shadow-open", Rate::per_minute(1))
+                .shadow(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let before = value(s, "tollgate_degraded_total", &[("outcome", "fail_open")]);
+    let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "carol");
+    assert!(guard.check(&attempt).await.unwrap().is_allowed());
+    let key = Key::new("tenant", "acme");
+    assert!(shadowed.check(&key, 1).await.unwrap().is_allowed());
+    let start = std::time::Instant::now();
+    while support::shadow_counts(&shadowed) == (0, 0) {
+        assert!(start.elapsed() < Duration::from_secs(5), "no shadow check");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let text = reqwest::get(format!("http://{metrics_addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let after = value(
+        &parse(&text),
+        "tollgate_degraded_total",
+        &[("outcome", "fail_open")],
+    );
+    assert_eq!(after - before, 2.0, "{text}");
 }
 
 /// Lints the exposition with `promtool check metrics`, which CI installs (Debian package

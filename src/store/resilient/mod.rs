@@ -496,11 +496,8 @@ impl<S: Store> Inner<S> {
         if let Some(local) = &local {
             decision = decision.with_slot_of(local);
         }
-        // A look is counted only when it refuses: then no check follows it (a penalty's
-        // look under fail closed), and the request was decided by the failure mode.
-        if charge || !decision.is_allowed() {
-            telemetry::outcome(outcome);
-        }
+        // Counted in `tollgate_degraded_total` by whoever decides the request with it (the
+        // limiter, the login guard), once per request, not here per call.
         decision
     }
 }
