@@ -417,6 +417,21 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
         .build()
         .unwrap();
     let before = value(s, "tollgate_degraded_total", &[("outcome", "fail_open")]);
+    // Store errors over store calls, the ratio `TollgateStoreErrors` reads (calls the open
+    // circuit skipped are neither).
+    let calls = |s: &[Sample]| {
+        let errors = value(s, "tollgate_store_errors_total", &[])
+            - value(
+                s,
+                "tollgate_store_errors_total",
+                &[("kind", "circuit_open")],
+            );
+        (
+            errors,
+            value(s, "tollgate_store_latency_seconds_count", &[]),
+        )
+    };
+    let (errors_before, calls_before) = calls(s);
     let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.1"), "carol");
     assert!(guard.check(&attempt).await.unwrap().is_allowed());
     let key = Key::new("tenant", "acme");
@@ -426,18 +441,28 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
         assert!(start.elapsed() < Duration::from_secs(5), "no shadow check");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // A reset is a store call too: its error once had no call to be counted against.
+    assert!(shadowed.reset(&key).await.is_err());
     let text = reqwest::get(format!("http://{metrics_addr}/metrics"))
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
+    let samples = parse(&text);
     let after = value(
-        &parse(&text),
+        &samples,
         "tollgate_degraded_total",
         &[("outcome", "fail_open")],
     );
     assert_eq!(after - before, 2.0, "{text}");
+    let (errors, calls) = calls(&samples);
+    assert!(errors > errors_before, "{text}");
+    assert_eq!(
+        errors - errors_before,
+        calls - calls_before,
+        "every failed call is a call\n{text}"
+    );
 }
 
 /// Lints the exposition with `promtool check metrics`, which CI installs (Debian package

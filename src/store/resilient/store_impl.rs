@@ -280,9 +280,11 @@ impl<S: Store> ResilientStore<S> {
         let call = inner.primary.apply(key, policies, Op::Reset);
         let this = Arc::clone(inner);
         Box::pin(async move {
+            let started = Instant::now();
             let result = tokio::time::timeout(this.timeout, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout));
+            telemetry::store_latency(this.primary.name(), started.elapsed());
             if let Err(error) = &result {
                 telemetry::store_error(error);
                 this.breaker.failure(this.clock.now_millis(), false);
@@ -321,6 +323,7 @@ impl<S: Store> ResilientStore<S> {
         let call = call(&inner.primary);
         let this = Arc::clone(inner);
         Some(Box::pin(async move {
+            let started = Instant::now();
             let mut call = call;
             let result = match tokio::time::timeout(this.timeout, &mut call).await {
                 Ok(result) => result,
@@ -329,6 +332,9 @@ impl<S: Store> ResilientStore<S> {
                     Err(StoreError::Timeout)
                 }
             };
+            // Every call whose errors are counted is counted here too: the error ratio the
+            // alert rules read is errors over these.
+            telemetry::store_latency(this.primary.name(), started.elapsed());
             match &result {
                 Ok(_) => this.breaker.success(),
                 Err(error) => {
