@@ -62,6 +62,10 @@ async fn main() -> Result<(), report::Report> {
             Matcher::Full("tollgate_store_latency_seconds".to_owned()),
             tollgate::observability::STORE_LATENCY_BUCKETS,
         )?
+        .set_buckets_for_metric(
+            Matcher::Full("tollgate_sentinel_failover_seconds".to_owned()),
+            tollgate::observability::SENTINEL_FAILOVER_BUCKETS,
+        )?
         .install()?;
 
     let limiter = Limiter::builder()

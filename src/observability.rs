@@ -115,23 +115,29 @@
 //! Metrics are described (Prometheus `# HELP`) on the first one recorded, so install the
 //! recorder before traffic.
 //!
-//! ## Store latency buckets
+//! ## Histogram buckets
 //!
 //! A histogram's buckets are chosen by the recorder, not by the code that records.
 //! [`STORE_LATENCY_BUCKETS`] fits a network store (a Redis round trip on a local network is
 //! well under a millisecond, across zones a few, and [`ResilientStore`]'s default timeout is
-//! 50 ms); `metrics-exporter-prometheus` renders histograms as summaries unless told, so set
-//! them:
+//! 50 ms), [`SENTINEL_FAILOVER_BUCKETS`] a Sentinel failover (seconds to minutes);
+//! `metrics-exporter-prometheus` renders histograms as summaries unless told, and the alert
+//! rules and the dashboard read `_bucket` series, so set them:
 //!
 //! ```
 //! # #[cfg(feature = "metrics")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 //!
-//! let builder = PrometheusBuilder::new().set_buckets_for_metric(
-//!     Matcher::Full("tollgate_store_latency_seconds".to_owned()),
-//!     tollgate::observability::STORE_LATENCY_BUCKETS,
-//! )?;
+//! let builder = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Full("tollgate_store_latency_seconds".to_owned()),
+//!         tollgate::observability::STORE_LATENCY_BUCKETS,
+//!     )?
+//!     .set_buckets_for_metric(
+//!         Matcher::Full("tollgate_sentinel_failover_seconds".to_owned()),
+//!         tollgate::observability::SENTINEL_FAILOVER_BUCKETS,
+//!     )?;
 //! // builder.with_http_listener(addr).install()?;
 //! # let _ = builder;
 //! # Ok(()) }
@@ -178,4 +184,19 @@
 /// ```
 pub const STORE_LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Histogram buckets (seconds) for `tollgate_sentinel_failover_seconds`: 0.5 s to 5 minutes,
+/// dense around Sentinel's usual failover (its `down-after-milliseconds`, 30 s by default,
+/// and the election after it). The dashboard's failover panel reads them as `_bucket`
+/// series, which `metrics-exporter-prometheus` renders only for a histogram given buckets;
+/// see the [module docs](self).
+///
+/// ```
+/// let buckets = tollgate::observability::SENTINEL_FAILOVER_BUCKETS;
+/// assert!(buckets.windows(2).all(|w| w[0] < w[1]));
+/// assert!(buckets.contains(&30.0)); // Sentinel's default down-after
+/// ```
+pub const SENTINEL_FAILOVER_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
 ];

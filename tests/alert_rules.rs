@@ -122,3 +122,36 @@ fn metric_names_strip_histogram_suffixes() {
         ["tollgate_store_latency_seconds", "tollgate_x_total"]
     );
 }
+
+/// A histogram the rules or the dashboard read by its `_bucket` series is given buckets in
+/// the documented recorder set-up and in the `metrics` example: `metrics-exporter-prometheus`
+/// renders a histogram without buckets as a summary, which has no `_bucket` series, and the
+/// dashboard's Sentinel failover panel was once empty for that reason.
+#[test]
+fn every_histogram_read_by_buckets_is_given_buckets_where_the_recorder_is_set_up() {
+    let read: String = [
+        "prometheus/tollgate-alerts.yml",
+        "grafana/tollgate-dashboard.json",
+    ]
+    .iter()
+    .map(|f| std::fs::read_to_string(dir().join(f)).unwrap())
+    .collect();
+    let mut bucketed = BTreeSet::new();
+    let mut rest = read.as_str();
+    while let Some(at) = rest.find("_bucket") {
+        let start = rest[..at].rfind("tollgate_").unwrap();
+        bucketed.insert(rest[start..at].to_owned());
+        rest = &rest[at + "_bucket".len()..];
+    }
+    assert!(!bucketed.is_empty());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for setup in ["docs/observability.md", "examples/metrics.rs"] {
+        let text = std::fs::read_to_string(root.join(setup)).unwrap();
+        for name in &bucketed {
+            assert!(
+                text.contains(&format!("Matcher::Full(\"{name}\"")),
+                "{setup} sets no buckets for {name}, which the rules or the dashboard read"
+            );
+        }
+    }
+}
