@@ -121,6 +121,20 @@ fn help_lists_commands_rules_and_exit_codes() {
     );
 }
 
+/// The admin API answers 1 to 1000 keys: a count outside that is a bad argument (2), named,
+/// not a failure of the call (1).
+#[test]
+fn a_top_count_out_of_range_is_a_bad_argument() {
+    for n in ["0", "5000"] {
+        let out = tollgate(&["top", "http://127.0.0.1:1", "-n", n]);
+        assert_eq!(out.status.code(), Some(2), "-n {n}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("1..=1000"),
+            "-n {n}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_exit_2_with_usage() {
     for args in [

@@ -124,6 +124,35 @@ fn every_target_matches_its_golden_file() {
     }
 }
 
+/// A plan the origin refuses to build exports nothing: its edge rules would put limits in
+/// front of an origin that cannot start. The export once checked the routes' patterns only,
+/// and a default naming no policy exported (and `tollgate edge` exited 0).
+#[test]
+fn a_plan_that_does_not_build_exports_nothing() {
+    let plan = Plan::from_toml(
+        "[[policies]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\n\
+         [default]\npolicies = [\"nope\"]\n\
+         [[edge.rules]]\nname = \"all\"\nroutes = [\"/\"]\nkey = \"global\"\nlimit = 50\nwindow = \"10s\"\n",
+    )
+    .unwrap();
+    assert!(plan.build().is_err());
+    for target in EdgeTarget::ALL {
+        let err = plan
+            .export_edge(target, &ExportOptions::new())
+            .expect_err("a plan that does not build is refused");
+        let fields: Vec<String> = plan
+            .build_errors()
+            .iter()
+            .map(|e| e.field().to_owned())
+            .collect();
+        assert!(fields.iter().any(|f| f == err.field()), "{target}: {err}");
+        assert!(
+            fields.iter().any(|f| f.starts_with("default.policies")),
+            "{fields:?}"
+        );
+    }
+}
+
 /// The same plan as JSON exports the same configuration.
 #[test]
 fn a_json_plan_is_the_same_plan() {

@@ -76,9 +76,9 @@ pub(crate) struct TopArgs {
     /// The admin API's base URL, where the application nests it
     /// (`http://127.0.0.1:3000/admin/ratelimit`).
     url: String,
-    /// How many keys.
-    #[arg(short, default_value_t = 20)]
-    n: usize,
+    /// How many keys, 1 to 1000 (what the admin API answers).
+    #[arg(short, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    n: u64,
     /// A header for the application's auth, `Name: value` (repeatable).
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,

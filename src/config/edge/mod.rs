@@ -246,8 +246,8 @@ impl Plan {
     ///
     /// A [`ConfigError`] naming the field (`edge.rules[0].window`) when the rule is invalid,
     /// or when the target cannot express it (naming the target's constraint); the plan has
-    /// no `[edge]` rule for the target (`edge.rules`); the plan's routes do not make a route
-    /// table (`routes[i].pattern`, as when the plan is built).
+    /// no `[edge]` rule for the target (`edge.rules`); the plan does not build (the first of
+    /// [`build_errors`](Plan::build_errors), as [`build`](Plan::build) would refuse it).
     ///
     /// See the [module docs](self) for examples.
     pub fn export_edge(
@@ -255,15 +255,11 @@ impl Plan {
         target: EdgeTarget,
         options: &ExportOptions,
     ) -> Result<EdgeExport, ConfigError> {
-        // The edge mirrors the origin's routes: a route set the origin refuses has no
-        // origin to mirror.
-        let patterns: Vec<(String, usize)> = self
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.pattern.clone(), i))
-            .collect();
-        crate::limiter::RouteTable::build(&patterns)?;
+        // The edge mirrors the origin: a plan the origin refuses to build has no origin to
+        // mirror, and exporting it would put limits at the edge that nothing behind enforces.
+        if let Some(error) = self.build_errors().into_iter().next() {
+            return Err(error);
+        }
         let rules = resolve::rules(self)?;
         let rules: Vec<_> = rules
             .into_iter()
