@@ -209,6 +209,70 @@ fn at_the_key_cap_a_flood_admits_new_clients_and_heavy_users_keep_their_state() 
     }
 }
 
+/// Eviction measures a client's usage against the plan's limits, not against an override's
+/// that happened to be the first a shard saw: with a limit-1 override charged first, every
+/// flood key counted as full, eviction turned uniform, and a refused client was soon
+/// forgotten (its limit afresh). The same after a reload that changes the limit.
+#[tokio::test]
+async fn eviction_measures_usage_by_the_plans_limits_not_an_overrides() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(100)
+        .background_sweep(false)
+        .build()
+        .unwrap();
+    let plan = |limit| {
+        Limiter::builder()
+            .store(store.clone())
+            .policy(
+                Policy::builder("p", Rate::per_hour(limit))
+                    .algorithm(Algorithm::FixedWindow)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    };
+    let limiter = plan(10);
+    let vip = Key::new("user", "vip");
+    limiter
+        .set_override(&vip, tollgate::overrides::Override::new("p", 1))
+        .await
+        .unwrap();
+    assert!(limiter.check(&vip, 1).await.unwrap().is_allowed());
+    let victim = Key::new("user", "victim");
+    for _ in 0..10 {
+        assert!(limiter.check(&victim, 1).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&victim, 1).await.unwrap().is_allowed());
+    for i in 0..2_000 {
+        let d = limiter
+            .check(&Key::new("ip", format!("flood{i}")), 1)
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+    }
+    assert!(
+        !limiter.check(&victim, 1).await.unwrap().is_allowed(),
+        "the refused client was evicted and starts afresh"
+    );
+    // A reload to a limit of 20: the victim (10 of 20) still outweighs one-request keys.
+    limiter.reload(&plan(20));
+    for _ in 0..10 {
+        assert!(limiter.check(&victim, 1).await.unwrap().is_allowed());
+    }
+    for i in 0..2_000 {
+        let d = limiter
+            .check(&Key::new("ip", format!("again{i}")), 1)
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+    }
+    assert!(!limiter.check(&victim, 1).await.unwrap().is_allowed());
+}
+
 /// The stated bound, measured: the entry evicted is the least used of a random sample, so
 /// entries above the median usage are evicted with probability at most 0.5^8 each time.
 #[test]

@@ -15,7 +15,11 @@
 //! [`Key::new`]), its expiry, and the state of its one policy, held inline with the policy's id
 //! (keys with several policies keep a list in the same space). With the table's 5 to 11 bytes
 //! per key (its load swings as it doubles), a live key costs 77 to 83 bytes of resident memory,
-//! plus what the allocator keeps of the smaller arrays the shards grew out of.
+//! plus what the allocator keeps of the smaller arrays the shards grew out of. A key longer
+//! than 24 bytes is kept on the heap beside its entry, its length rounded up by the allocator:
+//! an API key's digest (`apikey:` and 32 hex, 39 bytes) or an IP and User-Agent key (up to
+//! about 100 bytes) costs that much more per live key. The key cap bounds the number of keys
+//! whatever their length.
 //!
 //! # Expiry
 //!
@@ -269,7 +273,32 @@ impl MemoryStore {
         let effective = inner.overrides.effective(key, policies, now);
         let plan = policies;
         let policies: &[Policy] = &effective;
-        if let Some(i) = shard.find(hash, key) {
+        let mut found = shard.find(hash, key);
+        if found.is_none() && create {
+            let room = if shard.entries.len() >= inner.max_keys_per_shard {
+                shard.evict_one(now, &inner.hasher)
+            } else {
+                None
+            };
+            let entry = Entry {
+                key: key.clone(),
+                expires_at: 0,
+                states: EntryStates::new(),
+            };
+            match room {
+                Some(i) => {
+                    shard.put_at(i, hash, entry, &inner.hasher);
+                    found = Some(i);
+                }
+                None => {
+                    if shard.insert(hash, entry, &inner.hasher).is_ok() {
+                        found = shard.find(hash, key);
+                    }
+                }
+            }
+            shard.remember(plan);
+        }
+        if let Some(i) = found {
             let entry = &mut shard.entries[i];
             for (p, &c) in policies.iter().zip(costs) {
                 if c == 0 {
@@ -469,7 +498,7 @@ impl Inner {
                         keep_for_plan(entry, plan);
                     }
                     let decision = name_slots(entry, policies, costs, decision);
-                    shard.remember(policies);
+                    shard.remember(plan.unwrap_or(policies));
                     return Ok(decision);
                 }
                 Ok(decision)
@@ -493,7 +522,7 @@ impl Inner {
                     if let Some(plan) = plan {
                         keep_for_plan(&mut entry, plan);
                     }
-                    shard.remember(policies);
+                    shard.remember(plan.unwrap_or(policies));
                     let decision = name_slots(&mut entry, policies, costs, decision);
                     match room {
                         Some(i) => shard.put_at(i, hash, entry, &self.hasher),

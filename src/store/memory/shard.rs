@@ -88,17 +88,25 @@ impl Shard {
         Ok(())
     }
 
-    /// Notes the policies an entry was charged for, so that its usage can be measured when
-    /// the shard must evict. A few comparisons: a shard sees few distinct policies.
+    /// Notes the policies an entry was charged for (the plan's, never an override's), so that
+    /// its usage can be measured when the shard must evict. A policy whose limits changed (a
+    /// reload) is measured by its new limits from then on. A few comparisons: a shard sees
+    /// few distinct policies.
     #[inline]
     pub(super) fn remember(&mut self, policies: &[Policy]) {
         for p in policies {
-            let known = self
+            let at = self
                 .known
                 .iter()
-                .any(|k| k.id() == p.id() && k.algorithm() == p.algorithm());
-            if !known && self.known.len() < MAX_KNOWN_POLICIES {
-                self.known.push(p.clone());
+                .position(|k| k.id() == p.id() && k.algorithm() == p.algorithm());
+            match at {
+                Some(at) => {
+                    if self.known[at].limits() != p.limits() {
+                        self.known[at] = p.clone();
+                    }
+                }
+                None if self.known.len() < MAX_KNOWN_POLICIES => self.known.push(p.clone()),
+                None => {}
             }
         }
     }

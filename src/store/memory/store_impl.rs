@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::shard::{hash_key, Entry};
-use super::states::EntryStates;
 use super::MemoryStore;
 use crate::algorithm::AnyState;
 use crate::decision::Decision;
@@ -256,7 +254,8 @@ impl MemoryStore {
     }
 
     /// Applies `charge` to the key's state for each policy, creating the key's entry and
-    /// states when it has none.
+    /// states when it has none (under the same lock: an entry created and left for a
+    /// second lock could be swept or evicted in between, and the charge lost).
     fn charge_now(
         &self,
         key: &Key,
@@ -264,31 +263,6 @@ impl MemoryStore {
         costs: &[u64],
         charge: impl Fn(&mut AnyState, u64, &Limits, u64),
     ) {
-        let inner = &self.inner;
-        let hash = hash_key(&inner.hasher, key);
-        let mut shard = inner.shard(hash).lock();
-        if shard.find(hash, key).is_none() {
-            let room = if shard.entries.len() >= inner.max_keys_per_shard {
-                shard.evict_one(inner.clock.now_millis(), &inner.hasher)
-            } else {
-                None
-            };
-            let entry = Entry {
-                key: key.clone(),
-                expires_at: 0,
-                states: EntryStates::new(),
-            };
-            match room {
-                Some(i) => shard.put_at(i, hash, entry, &inner.hasher),
-                None => {
-                    if shard.insert(hash, entry, &inner.hasher).is_err() {
-                        return;
-                    }
-                }
-            }
-            shard.remember(policies);
-        }
-        drop(shard);
         self.adjust_now(key, policies, costs, true, charge);
     }
 }
