@@ -100,11 +100,8 @@ impl Shard {
                 .iter()
                 .position(|k| k.id() == p.id() && k.algorithm() == p.algorithm());
             match at {
-                Some(at) => {
-                    if self.known[at].limits() != p.limits() {
-                        self.known[at] = p.clone();
-                    }
-                }
+                Some(at) if self.known[at].limits() != p.limits() => self.known[at] = p.clone(),
+                Some(_) => {}
                 None if self.known.len() < MAX_KNOWN_POLICIES => self.known.push(p.clone()),
                 None => {}
             }
