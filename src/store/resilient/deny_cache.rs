@@ -46,7 +46,15 @@ pub(super) struct DenyCache {
 struct Entries {
     by_key: HashMap<u64, SmallVec<[Cached; 1]>>,
     len: usize,
+    /// While full: the earliest moment a scan for expired denials can free room (the
+    /// soonest end among them, and at least [`FULL_RESCAN_MS`] after the last scan).
+    full_until: u64,
 }
+
+/// The least time between two scans of a full cache for expired denials: a client that keeps
+/// it full (thousands of live denials) must not make every new denial scan all of them under
+/// the lock every check takes.
+const FULL_RESCAN_MS: u64 = 100;
 
 impl Entries {
     fn find(&mut self, entry: Entry) -> Option<&mut Cached> {
@@ -85,6 +93,7 @@ impl Entries {
     fn clear(&mut self) {
         self.by_key.clear();
         self.len = 0;
+        self.full_until = 0;
     }
 }
 
@@ -288,8 +297,19 @@ impl DenyCache {
             }
         }
         if entries.len >= self.capacity {
-            entries.retain(|c| c.until > now && c.generation == generation);
+            if now < entries.full_until {
+                return;
+            }
+            let mut soonest = u64::MAX;
+            entries.retain(|c| {
+                let keep = c.until > now && c.generation == generation;
+                if keep {
+                    soonest = soonest.min(c.until);
+                }
+                keep
+            });
             if entries.len >= self.capacity {
+                entries.full_until = soonest.max(now.saturating_add(FULL_RESCAN_MS));
                 return;
             }
         }
@@ -384,6 +404,30 @@ mod tests {
         let policies = [Policy::new("p", crate::Rate::per_hour(5)).unwrap()];
         let entry = cache.entry_of(&key, &policies, &[1]);
         (cache, key, policies, entry)
+    }
+
+    /// A full cache takes no new denial while its own are live, and takes them again as soon
+    /// as they end (it scans for ended ones at most every `FULL_RESCAN_MS`, not per denial).
+    #[test]
+    fn a_full_cache_takes_denials_again_once_its_own_end() {
+        let (cache, _, policies, _) = one_entry(Duration::from_secs(600));
+        let key = |i: usize| Key::new("user", format!("k{i}"));
+        for i in 0..10 {
+            let entry = cache.entry_of(&key(i), &policies, &[1]);
+            cache_denial(&cache, entry, &key(i), &policies, 1_000, 0);
+        }
+        let late = key(10);
+        let entry = cache.entry_of(&late, &policies, &[1]);
+        for now in [1_001, 1_050, 50_000, 90_999] {
+            cache_denial(&cache, entry, &late, &policies, now, 0);
+            assert!(
+                cache.get(entry, &late, now + 1, 0).is_none(),
+                "full at {now}"
+            );
+        }
+        // The first ten end at 91 000 (a 90 s retry): room again.
+        cache_denial(&cache, entry, &late, &policies, 91_000, 0);
+        assert!(cache.get(entry, &late, 91_001, 0).is_some());
     }
 
     #[test]
