@@ -851,3 +851,35 @@ async fn the_cli_overrides_and_resets_a_regional_plan_at_home() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A key held at its limit in every region: a renewal that runs ahead of need and finds room
+/// at the home for one request but not a block is decided exactly there, one unit charged.
+/// That unit goes back home: it was dropped (14 in a run of this test before), and every
+/// renewal in that band ate a unit of the key's refill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_ahead_of_need_do_not_eat_a_limited_keys_refill() {
+    let policy = Policy::builder("api", Rate::per_minute(12_000))
+        .algorithm(Algorithm::TokenBucket)
+        .build()
+        .unwrap();
+    let fleet = Fleet::start(&policy, 0.25).await;
+    let key = Key::new("tenant", "at-limit");
+    let run = Duration::from_secs(4);
+    let samples = load(&fleet.instances, &key, Duration::from_millis(5), run).await;
+    let admitted = samples.iter().filter(|s| s.allowed).count();
+    let stats = fleet.stats();
+    let errors = samples.iter().filter(|s| s.error).count();
+    let t0 = samples.iter().map(|s| s.start_us).min().unwrap();
+    let mut per_s = [0usize; 6];
+    for s in samples.iter().filter(|s| s.allowed) {
+        per_s[(((s.start_us - t0) / 1_000_000) as usize).min(5)] += 1;
+    }
+    eprintln!(
+        "admitted {admitted} of {} in {run:?} ({errors} errors, per second {per_s:?}); {stats:?}",
+        samples.len()
+    );
+    // The burst (12 000), less what the regions hold unspent at the end.
+    assert!(admitted >= 9_000, "admitted {admitted}: {stats:?}");
+    // Every unit charged at the home went to a request or back home.
+    assert_eq!(stats.units_dropped, 0, "{stats:?}");
+}

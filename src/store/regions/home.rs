@@ -376,6 +376,49 @@ impl<H: LeaseBackend> Region<H> {
         })
     }
 
+    /// Gives back the one unit the home charged renewal `id` (ahead of need, decided exactly
+    /// at the home's `at`).
+    async fn untake_renewal(
+        &self,
+        key: &Key,
+        policies: &[Policy],
+        kinds: &[Kind],
+        id: u64,
+        at: u64,
+    ) {
+        let parts = policies
+            .iter()
+            .zip(kinds)
+            .map(|(p, &kind)| {
+                let mut part = Part::new(kind, p);
+                part.returned = Returned {
+                    granted: 1,
+                    unused: 1,
+                    granted_at: at,
+                    lease_ms: 0,
+                    rate: 0,
+                };
+                part
+            })
+            .collect();
+        let call = LedgerCall {
+            mode: LedgerMode::Return,
+            lease_ms: 0,
+            block_id: id,
+            previous_block: 0,
+            parts,
+        };
+        match self.home.ledger(key, policies, call).await {
+            Ok(_) => {
+                bump(&self.counters.returns, 1);
+                bump(&self.counters.units_returned, 1);
+                self.home_call("return");
+                self.units("returned", 1);
+            }
+            Err(e) => self.lost(1, &e),
+        }
+    }
+
     /// The units a deposit of `policy` asks the home for: the region's observed rate over
     /// two home leases, at least what the instance asked for four times over, at most the
     /// largest deposit.
@@ -430,8 +473,8 @@ impl<H: LeaseBackend> Region<H> {
             return Ok(self.refused(reply, &keys, took.now, costs.is_some()).await);
         }
         if reply.lease_ms == 0 {
-            // The home lends this key no block (its limit too small to share): the request
-            // was decided exactly; a renewal ahead of need charged one unit for nothing.
+            // The home lends this key no block (its limit too small to share, or room for
+            // one request and not a block): the request was decided exactly.
             bump(&self.counters.exact_at_home, 1);
             self.home_call("exact");
             let _ = deposit::deny(&self.local, &keys, &vec![0; keys.len()]).await;
@@ -444,8 +487,11 @@ impl<H: LeaseBackend> Region<H> {
                     })
                 }
                 None => {
-                    bump(&self.counters.units_dropped, 1);
-                    self.units("dropped", 1);
+                    // A renewal ahead of need was charged one unit no request takes: it goes
+                    // straight back. Dropped, a key held at its limit lost a unit of its
+                    // refill to every renewal, and its requests were starved.
+                    self.untake_renewal(&key, &policies, &kinds, id, reply.now_ms)
+                        .await;
                     None
                 }
             });
