@@ -435,7 +435,11 @@ impl Meter {
 
     /// Settles with the number in response header `name`, which is removed before the
     /// response is sent (a backend reports its cost to the gateway, not to the client). A
-    /// header that is not a whole number leaves the reservation standing.
+    /// header that is not a whole number leaves the reservation standing. A gRPC call may
+    /// report it in its trailers (trailing metadata, for a cost known at the end) when the
+    /// head has none: settled as they pass, and removed from them (a gRPC-Web body's
+    /// trailers frame is read, not rewritten); a call cut short before them leaves the
+    /// reservation standing.
     pub fn settle_from_header(mut self, name: http::HeaderName) -> Self {
         self.actual = Actual::Header(name);
         self

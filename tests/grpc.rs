@@ -917,3 +917,84 @@ async fn a_rule_over_the_head_sees_the_metadata_of_a_call_whose_status_is_in_the
         assert!(c.check(check()).await.is_ok(), "cache hits do not count");
     }
 }
+
+/// A gRPC response body: one message, then trailers with `grpc-status: 0` and the tokens the
+/// call used (known only at the end, so reported as trailing metadata).
+struct AnswerThenTrailers {
+    sent: u8,
+    used: &'static str,
+}
+
+impl http_body::Body for AnswerThenTrailers {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.sent += 1;
+        std::task::Poll::Ready(match self.sent {
+            1 => Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(&[
+                0, 0, 0, 0, 0,
+            ])))),
+            2 => {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                trailers.insert("x-tokens-used", http::HeaderValue::from_static(self.used));
+                Some(Ok(http_body::Frame::trailers(trailers)))
+            }
+            _ => None,
+        })
+    }
+}
+
+/// `settle_from_header` reads a gRPC call's cost from its trailers when the head has none,
+/// and removes it there: a gRPC server knows what a call used at its end. The reservation once
+/// stood and the header reached the client.
+#[tokio::test]
+async fn a_grpc_calls_cost_reported_in_its_trailers_settles_its_reservation() {
+    use http_body_util::BodyExt;
+    use tollgate::route::Meter;
+    use tower::{Service, ServiceExt};
+    let clock = ManualClock::new(T0);
+    let tokens = fixed("tokens", 1_000).build().unwrap();
+    let limiter = Limiter::builder()
+        .store(MemoryStore::builder().clock(clock.clone()).build().unwrap())
+        .default_route(Route::new().metered(
+            tokens,
+            Meter::fixed(100).settle_from_header("x-tokens-used".parse().unwrap()),
+        ))
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let mut service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter.clone()))
+        .service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(AnswerThenTrailers { sent: 0, used: "7" })
+                    .unwrap(),
+            )
+        });
+    let call = || {
+        http::Request::post("/demo.v1.Llm/Complete")
+            .header("content-type", "application/grpc")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let res = service.ready().await.unwrap().call(call()).await.unwrap();
+    let key = Key::global("all");
+    // Reserved while the answer streams (a peek answers as for one more unit).
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 899);
+    let body = res.into_body().collect().await.unwrap();
+    let trailers = body.trailers().cloned().unwrap();
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert!(trailers.get("x-tokens-used").is_none(), "{trailers:?}");
+    assert_eq!(
+        limiter.peek(&key).await.unwrap().remaining(),
+        992,
+        "settled at the 7 tokens the trailers reported"
+    );
+}

@@ -141,13 +141,13 @@ where
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Held { mut body, hold } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                match &frame {
+                let mut frame = ready!(body.as_mut().poll_frame(cx));
+                match &mut frame {
                     Some(Ok(f)) => {
                         if let Some(data) = f.data_ref() {
                             hold.frame(data);
-                        } else if let Some(trailers) = f.trailers_ref() {
-                            hold.trailers(trailers);
+                        } else if let Some(trailers) = f.trailers_mut() {
+                            hold.trailers_mut(trailers);
                         }
                         if body.is_end_stream() {
                             hold.end();

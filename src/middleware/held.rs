@@ -6,7 +6,7 @@
 //!
 //! | the request ends … | in-flight slots | a reservation to settle |
 //! |---|---|---|
-//! | with a response whose body is sent to the end | given back when the body is dropped | settled from the extension or header as the response head passes, or from the frames counted when the body ends |
+//! | with a response whose body is sent to the end | given back when the body is dropped | settled from the extension or header as the response head passes (a gRPC call's header, from its trailers as they pass), or from the frames counted when the body ends |
 //! | the client disconnects mid-body | given back (the body is dropped) | a stream count is settled with what was counted so far, at least the reservation |
 //! | the handler panics, or the future is cancelled | given back (the future is dropped) | the reservation stands |
 //! | the store is unreachable at release or settlement | Redis: the slot comes back when its lease ends | the reservation stands (the error is logged) |
@@ -40,6 +40,15 @@ pub(crate) struct BodyHold {
     counting: Option<Counting>,
     /// A gRPC-Web body's reader, whose trailers travel in the body.
     web: Option<WebTrailers>,
+    /// A gRPC call's metered policies whose cost header was not in the head: read from the
+    /// trailers (gRPC's trailing metadata, where a server reports what it learned at the end).
+    trailer_costs: Option<TrailerCosts>,
+}
+
+/// The cost headers a gRPC call's trailers may carry, and how to settle them.
+struct TrailerCosts {
+    meters: SmallVec<[(usize, http::HeaderName); 1]>,
+    settle: Arc<SettleFn>,
 }
 
 /// One counted policy of a stream: its index in the set, the frame cost, the units
@@ -111,9 +120,12 @@ pub(crate) fn on_response<B>(
         counting,
     } = held;
     let mut stream = None;
+    let mut trailer_costs = None;
     if let Some(settlement) = settlement {
         let mut now: SmallVec<[(usize, u64); 2]> = SmallVec::new();
         let mut counters = SmallVec::new();
+        let mut later: SmallVec<[(usize, http::HeaderName); 1]> = SmallVec::new();
+        let grpc = crate::grpc::content_type(res.headers()).is_some();
         for m in &settlement.meters {
             match &m.actual {
                 Actual::Extension => {
@@ -131,8 +143,12 @@ pub(crate) fn on_response<B>(
                         .as_ref()
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok());
-                    if let Some(cost) = cost {
-                        now.push((m.index, cost));
+                    match cost {
+                        Some(cost) => now.push((m.index, cost)),
+                        None if value.is_none() && grpc => {
+                            later.push((m.index, name.clone()));
+                        }
+                        None => {}
                     }
                 }
                 Actual::Stream(count) => counters.push((m.index, Arc::clone(count), m.reserved, 0)),
@@ -150,6 +166,12 @@ pub(crate) fn on_response<B>(
                     decision.settled(i, reserved, actual);
                 }
             }
+        }
+        if !later.is_empty() {
+            trailer_costs = Some(TrailerCosts {
+                meters: later,
+                settle: Arc::clone(&settlement.settle),
+            });
         }
         if !counters.is_empty() {
             let no_body = matches!(
@@ -176,14 +198,15 @@ pub(crate) fn on_response<B>(
             });
         }
     }
-    let web = counting
-        .as_ref()
-        .and_then(|_| WebTrailers::for_response(res.headers()));
+    let web = (counting.is_some() || trailer_costs.is_some())
+        .then(|| WebTrailers::for_response(res.headers()))
+        .flatten();
     BodyHold {
         _slots: slots,
         stream,
         counting,
         web,
+        trailer_costs,
     }
 }
 
@@ -200,11 +223,49 @@ impl std::fmt::Debug for BodyHold {
 impl BodyHold {
     /// Whether the body must be wrapped to keep this.
     pub(crate) fn is_empty(&self) -> bool {
-        self._slots.is_none() && self.stream.is_none() && self.counting.is_none()
+        self._slots.is_none()
+            && self.stream.is_none()
+            && self.counting.is_none()
+            && self.trailer_costs.is_none()
     }
 
-    /// The body's trailers: a gRPC call's status, which its counting rule judges (once).
+    /// The body's trailers frame: as [`trailers`](Self::trailers), and the cost headers read
+    /// from it are removed (meant for the gateway, as from the head).
+    pub(crate) fn trailers_mut(&mut self, trailers: &mut http::HeaderMap) {
+        let names: SmallVec<[http::HeaderName; 1]> = self
+            .trailer_costs
+            .iter()
+            .flat_map(|t| t.meters.iter().map(|(_, name)| name.clone()))
+            .collect();
+        self.trailers(trailers);
+        for name in &names {
+            trailers.remove(name);
+        }
+    }
+
+    /// The body's trailers: a gRPC call's status, which its counting rule judges (once), and
+    /// the costs its metered policies report there (settled once; a body that ends without
+    /// them leaves the reservation standing).
     pub(crate) fn trailers(&mut self, trailers: &http::HeaderMap) {
+        if let Some(costs) = self.trailer_costs.take() {
+            let now: SmallVec<[(usize, u64); 2]> = costs
+                .meters
+                .iter()
+                .filter_map(|(i, name)| {
+                    let cost = trailers
+                        .get(name)?
+                        .to_str()
+                        .ok()?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()?;
+                    Some((*i, cost))
+                })
+                .collect();
+            if !now.is_empty() {
+                (costs.settle)(&now);
+            }
+        }
         if let Some(mut counting) = self.counting.take() {
             let Some(code) = grpc_status(trailers) else {
                 return;
