@@ -59,7 +59,10 @@ pub enum Hop {
 ///
 /// Accepted: `1.2.3.4`, `1.2.3.4:8080`, `2001:db8::1`, `[2001:db8::1]`,
 /// `[2001:db8::1]:8080`, obfuscated ports (`1.2.3.4:_abc`), surrounding spaces and tabs.
-/// A bare IPv6 address followed by a port is ambiguous and [`Hop::Invalid`].
+/// A bare IPv6 address followed by a port cannot be told from an address: `2001:db8::1:80`
+/// is read as the address it spells (RFC 7239 brackets an IPv6 node with a port, and
+/// `X-Forwarded-For` carries none); one that spells no address (`2001:db8:0:0:0:0:0:1:80`)
+/// is [`Hop::Invalid`].
 ///
 /// ```
 /// use tollgate::key::forwarded::{parse_node, Hop};
@@ -68,6 +71,8 @@ pub enum Hop {
 /// assert_eq!(parse_node(b"[::ffff:192.0.2.1]"), Hop::Addr("192.0.2.1".parse().unwrap()));
 /// assert_eq!(parse_node(b"_proxy1"), Hop::Obfuscated);
 /// assert_eq!(parse_node(b"1.2.3.4:99999999"), Hop::Invalid);
+/// assert_eq!(parse_node(b"2001:db8::1:80"), Hop::Addr("2001:db8::1:80".parse().unwrap()));
+/// assert_eq!(parse_node(b"2001:db8:0:0:0:0:0:1:80"), Hop::Invalid);
 /// assert_eq!(parse_node(b"\xff"), Hop::Invalid);
 /// ```
 pub fn parse_node(raw: &[u8]) -> Hop {
