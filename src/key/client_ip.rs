@@ -33,10 +33,21 @@ use crate::ConfigError;
 /// assert!(local.contains("172.20.0.1".parse().unwrap()));
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct TrustedProxies {
     nets: Vec<IpNet>,
+    /// `nets` merged, for a binary search per hop: a forwarding chain asks up to
+    /// `max_hops + 1` times a request, and a CDN's published ranges run to hundreds.
+    set: super::networks::NetworkSet,
 }
+
+impl PartialEq for TrustedProxies {
+    fn eq(&self, other: &Self) -> bool {
+        self.nets == other.nets
+    }
+}
+
+impl Eq for TrustedProxies {}
 
 const LOOPBACK: [IpNet; 2] = [
     IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8)),
@@ -87,43 +98,42 @@ impl TrustedProxies {
             };
             nets.push(canonical_net(net));
         }
-        Ok(Self { nets })
+        Ok(Self::of(nets))
+    }
+
+    fn of(nets: Vec<IpNet>) -> Self {
+        let set = super::networks::NetworkSet::new(&nets);
+        Self { nets, set }
     }
 
     /// `127.0.0.0/8` and `::1`: a proxy on the same host.
     pub fn loopback() -> Self {
-        Self {
-            nets: LOOPBACK.to_vec(),
-        }
+        Self::of(LOOPBACK.to_vec())
     }
 
     /// The private ranges `10.0.0.0/8`, `172.16.0.0/12`, `192.168.0.0/16` and `fc00::/7`:
     /// a proxy inside your network (a cluster's pod network, a VPC). Trust them only when
     /// nothing outside your network can connect to the service directly.
     pub fn private_networks() -> Self {
-        Self {
-            nets: PRIVATE.to_vec(),
-        }
+        Self::of(PRIVATE.to_vec())
     }
 
     /// Adds one network.
     pub fn with(mut self, net: IpNet) -> Self {
         self.nets.push(canonical_net(net));
-        self
+        Self::of(self.nets)
     }
 
     /// Adds every network of `other`.
     pub fn and(mut self, other: TrustedProxies) -> Self {
         self.nets.extend(other.nets);
-        self
+        Self::of(self.nets)
     }
 
     /// Whether `ip` is in one of the networks.
     pub fn contains(&self, ip: IpAddr) -> bool {
         let canonical = super::extractor::canonical(ip);
-        self.nets
-            .iter()
-            .any(|net| net.contains(&canonical) || net.contains(&ip))
+        self.set.contains_addr(canonical) || self.set.contains_addr(ip)
     }
 
     /// The networks.
