@@ -140,6 +140,33 @@ async fn a_penalised_policy_is_limited_by_the_local_fallback() {
     assert_eq!(allowed, [true, true, true, false, false]);
 }
 
+/// The local fallback follows a reload: it divides the policy in force, not the first
+/// definition it saw under the name (it kept a share of 100 a minute after a reload to 2).
+#[tokio::test]
+async fn the_local_fallback_follows_a_reload() {
+    let store = resilient(FailureMode::LocalFallback { replicas: 1 });
+    let plan = |per_minute| {
+        Limiter::builder()
+            .store(store.clone())
+            .policy(Policy::new("api", Rate::per_minute(per_minute)).unwrap())
+            .build()
+            .unwrap()
+    };
+    let limiter = plan(100);
+    assert!(limiter
+        .check(&Key::new("user", "0"), 1)
+        .await
+        .unwrap()
+        .is_allowed());
+    limiter.reload(&plan(2));
+    let key = Key::new("user", "1");
+    let mut allowed = vec![];
+    for _ in 0..3 {
+        allowed.push(limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(allowed, [true, true, false]);
+}
+
 /// The login guard looks at its other limits after a refusal; that look reached the dead
 /// store and the refusal came back as a store error.
 #[tokio::test]

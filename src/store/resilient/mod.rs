@@ -220,6 +220,10 @@ impl<S: fmt::Debug> fmt::Debug for ResilientStore<S> {
     }
 }
 
+/// A policy's definition and the replicas it is divided among: the local fallback's share of
+/// it is kept under this.
+type FallbackKey = (u32, u32, crate::policy::Limits, crate::Algorithm, bool);
+
 struct Inner<S> {
     primary: S,
     mode: FailureMode,
@@ -227,7 +231,10 @@ struct Inner<S> {
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
     fallback: MemoryStore,
-    fallback_policies: RwLock<HashMap<(u32, u32), Policy>>,
+    /// Each policy's share, by its definition and the replicas: a reload that changes a
+    /// policy under the same name gets its own share (keyed by the name alone, the first
+    /// definition's share stayed in force).
+    fallback_policies: RwLock<HashMap<FallbackKey, Policy>>,
     /// When each key's overrides were last read for the fallback.
     followed: overrides::Followed,
     clock: Arc<dyn Clock>,
@@ -279,12 +286,19 @@ impl<S: Store> Inner<S> {
     }
 
     fn fallback_policy(&self, policy: &Policy, replicas: u32) -> Policy {
-        if let Some(p) = self.fallback_policies.read().get(&(policy.id(), replicas)) {
+        let key: FallbackKey = (
+            policy.id(),
+            replicas,
+            *policy.limits(),
+            policy.algorithm(),
+            policy.is_sensitive(),
+        );
+        if let Some(p) = self.fallback_policies.read().get(&key) {
             return p.clone();
         }
         let mut cache = self.fallback_policies.write();
         cache
-            .entry((policy.id(), replicas))
+            .entry(key)
             .or_insert_with(|| {
                 let share = |n: u64| overrides::share(n, replicas);
                 let rate = policy.rate();
