@@ -193,23 +193,38 @@ async fn the_login_guard_refuses_in_local_fallback_rather_than_failing() {
 /// out the store's timeout on every successful login.
 #[tokio::test]
 async fn the_login_guard_reports_the_failure_mode_and_skips_an_open_circuit() {
-    for (mode, outcome) in [
-        (FailureMode::FailOpen, DecidedBy::FailOpen),
+    // A store that fails open: the guard fails closed unless told otherwise.
+    for (mode, guard_mode, outcome) in [
+        (
+            FailureMode::FailOpen,
+            Some(FailureMode::FailOpen),
+            DecidedBy::FailOpen,
+        ),
+        (FailureMode::FailOpen, None, DecidedBy::FailClosed),
         (
             FailureMode::LocalFallback { replicas: 1 },
+            None,
             DecidedBy::Fallback,
         ),
-        (FailureMode::FailClosed, DecidedBy::FailClosed),
+        (FailureMode::FailClosed, None, DecidedBy::FailClosed),
     ] {
         let store = ResilientStore::builder(dead_redis(), mode)
             .circuit_breaker(1, Duration::from_secs(60))
             .build()
             .unwrap();
-        let guard = LoginGuard::builder().store(store).build().unwrap();
+        let mut builder = LoginGuard::builder().store(store);
+        if let Some(guard_mode) = guard_mode {
+            builder = builder.failure_mode(guard_mode);
+        }
+        let guard = builder.build().unwrap();
         let attempt = guard.attempt_with_ip_key(Key::new("ip", "192.0.2.7"), "alice");
         let decision = guard.check(&attempt).await.unwrap();
-        assert_eq!(decision.decision().decided_by(), outcome, "{mode:?}");
-        if mode == FailureMode::FailClosed {
+        assert_eq!(
+            decision.decision().decided_by(),
+            outcome,
+            "{mode:?}, {guard_mode:?}"
+        );
+        if outcome == DecidedBy::FailClosed {
             let refusal = decision.refusal().expect("fail closed refuses");
             assert_eq!(refusal.status(), 503, "{mode:?}");
             assert_eq!(refusal.kind(), tollgate::RefusalKind::StoreUnavailable);
@@ -1000,14 +1015,21 @@ fn behind_proxy(proxy: &support::proxy::Proxy, mode: FailureMode) -> ResilientSt
 }
 
 // Over HTTP, through the login layer: a fail-closed outage answers the store's 503 (not a
-// lockout), and a fail-open one lets the attempt reach the handler.
+// lockout); so does a store that fails open, unless the guard opts in to failing open (an
+// outage an attacker causes must not open logins to guessing); a guard that opts in lets the
+// attempt reach the handler.
 #[tokio::test]
 async fn the_login_layer_answers_a_fail_closed_outage_with_503() {
-    for (mode, status) in [(FailureMode::FailClosed, 503), (FailureMode::FailOpen, 200)] {
-        let guard = LoginGuard::builder()
-            .store(resilient(mode))
-            .build()
-            .unwrap();
+    for (mode, guard_mode, status) in [
+        (FailureMode::FailClosed, None, 503),
+        (FailureMode::FailOpen, None, 503),
+        (FailureMode::FailOpen, Some(FailureMode::FailOpen), 200),
+    ] {
+        let mut builder = LoginGuard::builder().store(resilient(mode));
+        if let Some(guard_mode) = guard_mode {
+            builder = builder.failure_mode(guard_mode);
+        }
+        let guard = builder.build().unwrap();
         let app = Router::new().route(
             "/login",
             axum::routing::post(|| async { "welcome" })
@@ -1020,7 +1042,7 @@ async fn the_login_layer_answers_a_fail_closed_outage_with_503() {
             .send()
             .await
             .unwrap();
-        assert_eq!(res.status(), status, "{mode:?}");
+        assert_eq!(res.status(), status, "{mode:?}, the guard's {guard_mode:?}");
         if status == 503 {
             let body: serde_json::Value = res.json().await.unwrap();
             assert_eq!(body["error"], "rate_limiter_unavailable", "{body}");

@@ -195,10 +195,12 @@ impl<S> LoginGuardBuilder<S> {
 
 impl<S: Store> LoginGuardBuilder<S> {
     /// What the three limits do while a [`ResilientStore`](crate::store::ResilientStore)'s
-    /// store is unavailable, whatever that store's own mode (default: the store's). A guard
-    /// that must not open to brute force during an outage sets
-    /// [`FailureMode::FailClosed`] (its layer then answers `503`) or
-    /// [`FailureMode::LocalFallback`] on a store that fails open. Only a store that answers
+    /// store is unavailable, whatever that store's own mode. Unset, they follow the store's
+    /// mode ([`Store::failure_mode`]), except that where the store fails open the guard fails
+    /// closed (its layer then answers `503`): an outage, which an attacker can cause by
+    /// overloading the store, must not open logins to guessing. Set
+    /// [`FailureMode::FailOpen`] to keep logins open through an outage knowingly, or
+    /// [`FailureMode::LocalFallback`] to keep limiting in process. Only a store that answers
     /// by failure modes reads it: on another, [`build`](Self::build) refuses it.
     ///
     /// ```
@@ -262,11 +264,22 @@ impl<S: Store> LoginGuardBuilder<S> {
                  never be given back)",
             ));
         }
+        // Unset, the guard's limits fail closed where the store fails open: an outage (one an
+        // attacker can cause by overloading the store) must not open logins to guessing. A
+        // store that falls back locally keeps limiting; one that fails closed does.
+        let store_mode = match (&self.store, &self.make_store) {
+            (Some(store), _) => store.failure_mode(),
+            _ => None,
+        };
+        let failure_mode = self.failure_mode.or(match store_mode {
+            Some(FailureMode::FailOpen) => Some(FailureMode::FailClosed),
+            _ => None,
+        });
         let build = |suffix: &str, field: &str, rate: Rate| {
             let mut policy = Policy::builder(format!("{}.{suffix}", self.name), rate)
                 .algorithm(self.algorithm)
                 .sensitive(true);
-            if let Some(mode) = self.failure_mode {
+            if let Some(mode) = failure_mode {
                 policy = policy.failure_mode(mode);
             }
             policy.build().map_err(|e| e.within(field))

@@ -257,6 +257,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn applies_failure_modes(&self) -> bool {
         true
     }
+
+    /// The failure mode this store decides by when its backend fails, for policies that set
+    /// none: [`ResilientStore`]'s, [`DynStore`]'s store's; `None` for a store that does not
+    /// say (the default) or never answers by one. The login guard reads it: its limits fail
+    /// closed where the store would fail open.
+    ///
+    /// ```
+    /// use tollgate::store::{FailureMode, MemoryStore, ResilientStore, Store};
+    ///
+    /// assert_eq!(MemoryStore::new().failure_mode(), None);
+    /// let resilient = ResilientStore::builder(MemoryStore::new(), FailureMode::FailOpen).build()?;
+    /// assert_eq!(resilient.failure_mode(), Some(FailureMode::FailOpen));
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    fn failure_mode(&self) -> Option<FailureMode> {
+        None
+    }
 }
 
 /// The operations of a [`Store`] by name, each one [`Op`] given to
@@ -464,6 +481,7 @@ trait ErasedStore: Send + Sync + fmt::Debug + 'static {
     fn store_name(&self) -> &'static str;
     fn store_generation(&self) -> u64;
     fn store_applies_failure_modes(&self) -> bool;
+    fn store_failure_mode(&self) -> Option<FailureMode>;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -495,6 +513,9 @@ impl<S: Store> ErasedStore for S {
     }
     fn store_applies_failure_modes(&self) -> bool {
         self.applies_failure_modes()
+    }
+    fn store_failure_mode(&self) -> Option<FailureMode> {
+        self.failure_mode()
     }
 }
 
@@ -540,5 +561,9 @@ impl Store for DynStore {
 
     fn applies_failure_modes(&self) -> bool {
         self.inner.store_applies_failure_modes()
+    }
+
+    fn failure_mode(&self) -> Option<FailureMode> {
+        self.inner.store_failure_mode()
     }
 }

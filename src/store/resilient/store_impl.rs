@@ -164,6 +164,10 @@ impl<S: Store> Store for ResilientStore<S> {
     fn applies_failure_modes(&self) -> bool {
         true
     }
+
+    fn failure_mode(&self) -> Option<crate::store::FailureMode> {
+        Some(self.inner.mode)
+    }
 }
 
 impl<S: Store> ResilientStore<S> {
