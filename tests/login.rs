@@ -245,6 +245,24 @@ async fn a_duplicated_username_field_is_refused_before_anything_is_charged() {
     assert_generic_429(s.login(80, "/api/login", "victim", "guess").await).await;
 }
 
+/// A JSON array is read by position by the handler's derived `Deserialize` (axum's `Json`
+/// takes `["victim","guess"]` as the victim's attempt), while the guard found no username in
+/// it and charged the empty name: refused, like a username given twice.
+#[tokio::test]
+async fn a_positional_json_body_is_refused_before_anything_is_charged() {
+    let s = server().await;
+    let res = client_from(81)
+        .post(format!("http://{}/api/login", s.addr))
+        .header("content-type", "application/json")
+        .body(r#"["victim","guess"]"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "ambiguous_username");
+}
+
 #[tokio::test]
 async fn every_spelling_of_one_user_shares_the_username_limit() {
     let s = server().await;

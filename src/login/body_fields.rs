@@ -5,14 +5,17 @@ use std::fmt;
 
 use crate::refusal::RefusalKind;
 
-/// The string value of `field` in a JSON object body: `Ok(None)` when the body is not a JSON
-/// object or has no such string field, `Err` when the field appears more than once.
+/// The string value of `field` in a JSON object body: `Ok(None)` when the body is not JSON or
+/// has no such string field, `Err` when the field appears more than once, or when the body is
+/// a JSON array (serde's derived `Deserialize`, behind axum's `Json`, reads a struct from an
+/// array by position: `["victim","guess"]` is the victim's attempt to the handler).
 pub(super) fn json_string_field(body: &[u8], field: &str) -> Result<Option<String>, RefusalKind> {
     use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
     enum Found {
         Once(Option<String>),
         Twice,
+        Positional,
     }
     struct Field<'f>(&'f str);
     impl<'de> Visitor<'de> for Field<'_> {
@@ -35,10 +38,15 @@ pub(super) fn json_string_field(body: &[u8], field: &str) -> Result<Option<Strin
             }
             Ok(Found::Once(found.flatten()))
         }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Found::Positional)
+        }
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    match de.deserialize_map(Field(field)) {
+    match de.deserialize_any(Field(field)) {
         Ok(Found::Twice) => Err(RefusalKind::LoginUsernameAmbiguous),
+        Ok(Found::Positional) if de.end().is_ok() => Err(RefusalKind::LoginUsernameAmbiguous),
         Ok(Found::Once(username)) if de.end().is_ok() => Ok(username),
         _ => Ok(None),
     }
@@ -69,6 +77,15 @@ mod tests {
     #[test]
     fn a_duplicated_username_field_is_refused() {
         let read = |body: &str| json_string_field(body.as_bytes(), "username");
+        // An array is read by position by a derived `Deserialize`: the guard cannot tell
+        // which element the handler takes for the username.
+        assert_eq!(
+            read(r#"["alice","guess"]"#),
+            Err(RefusalKind::LoginUsernameAmbiguous)
+        );
+        assert_eq!(read(r#""alice""#), Ok(None));
+        assert_eq!(read("42"), Ok(None));
+        assert_eq!(read(r#"["alice""#), Ok(None));
         assert_eq!(
             read(r#"{"username":"alice","password":"x"}"#),
             Ok(Some("alice".into()))
@@ -91,7 +108,7 @@ mod tests {
             read(r#"{"x":{"username":"a"},"username":"bob"}"#),
             Ok(Some("bob".into()))
         );
-        assert_eq!(read("[1,2]"), Ok(None));
+        assert_eq!(read("[1,2]"), Err(RefusalKind::LoginUsernameAmbiguous));
         assert_eq!(read("not json"), Ok(None));
         assert_eq!(read(r#"{"username":7}"#), Ok(None));
         assert_eq!(read(r#"{"username":"a"} trailing"#), Ok(None));

@@ -236,7 +236,8 @@ impl<St> LoginLayer<St> {
     /// ([`RefusalKind::LoginUsernameAmbiguous`]): JSON parsers disagree on which duplicate
     /// wins (this crate's would take the last, many take the first), so a body like
     /// `{"username":"decoy","username":"victim"}` could charge the decoy's limits while the
-    /// handler checks the victim's password.
+    /// handler checks the victim's password. So is a JSON array: serde's derived
+    /// `Deserialize` (axum's `Json`) reads a struct from one by position.
     ///
     /// See the type docs for an example.
     pub fn json_field(guard: LoginGuard<St>, field: impl Into<String>) -> Self {

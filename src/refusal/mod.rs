@@ -91,8 +91,8 @@ pub enum RefusalKind {
     /// A request body that could not be read (by the same layers): 400.
     LoginBodyUnreadable,
     /// A login request whose username is given more than once (a JSON body with the
-    /// username field twice, the username header twice): 400, since parsers disagree on
-    /// which one counts.
+    /// username field twice, the username header twice) or by position (a JSON array): 400,
+    /// since parsers disagree on which one counts.
     LoginUsernameAmbiguous,
 }
 
