@@ -563,3 +563,51 @@ async fn a_leased_store_settles_an_estimate_too_large_for_a_block_through_http()
     assert_eq!(post(9_880).await.unwrap().status(), 200);
     assert_eq!(post(9_880).await.unwrap().status(), 429);
 }
+
+/// `EstimateFromJsonLayer` over a whole app reads JSON bodies only: an upload on another route
+/// streams to its handler whatever its size. It once buffered every body under its 64 KiB cap
+/// and refused a 100 KiB upload with `413`.
+#[tokio::test]
+async fn the_json_estimate_leaves_other_bodies_alone() {
+    let limiter = Limiter::builder()
+        .route(
+            "POST /v1/completions",
+            Route::new().metered(
+                Policy::new("tokens", Rate::per_minute(90_000)).unwrap(),
+                Meter::from_body(1_000),
+            ),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/v1/completions", post(|| async { "done" }))
+        .route(
+            "/upload",
+            post(|body: Bytes| async move { body.len().to_string() }),
+        )
+        .layer(RateLimitLayer::new(limiter))
+        .layer(EstimateFromJsonLayer::new("max_tokens"));
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let big = vec![b'x'; 100 * 1024];
+    let res = client
+        .post(format!("http://{addr}/upload"))
+        .header("content-type", "application/octet-stream")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.text().await.unwrap(), "102400");
+    // A JSON body is still read, and capped.
+    let res = client
+        .post(format!("http://{addr}/v1/completions"))
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+}

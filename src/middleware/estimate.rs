@@ -24,9 +24,11 @@ pub const DEFAULT_MAX_ESTIMATE_BODY: usize = 64 * 1024;
 /// [`Meter::from_body`](crate::route::Meter::from_body) to reserve. Put it outside the
 /// [`RateLimitLayer`](crate::RateLimitLayer) (added after it in axum, so that it runs first).
 ///
-/// The body is read into memory with a cap ([`max_body_bytes`](Self::max_body_bytes),
-/// default 64 KiB): a larger one is refused with `413` before anything is charged, an
-/// unreadable one with `400`; the inner service gets the same bytes. A body that is not a JSON
+/// A JSON body (`Content-Type: application/json`, or a `+json` type) is read into memory
+/// with a cap ([`max_body_bytes`](Self::max_body_bytes), default 64 KiB): a larger one is
+/// refused with `413` before anything is charged, an unreadable one with `400`; the inner
+/// service gets the same bytes. Any other body is passed on as it streams, unread (an upload,
+/// a gRPC stream), with no estimate. A body that is not a JSON
 /// object, or has no such field, or whose field is not a whole number, gets no estimate (the
 /// meter's default applies). A field given twice counts at its larger value, so a client
 /// cannot reserve little and be served for much; a value of 0 reserves one unit, so a spent
@@ -118,6 +120,13 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         let grpc = crate::grpc::call_content_type(&req).cloned();
+        if !is_json(req.headers()) {
+            // Not JSON: nothing to read an estimate from, and the body is left streaming
+            // (an upload, a gRPC stream) rather than buffered under a cap it was never meant
+            // to fit.
+            let future = inner.call(req);
+            return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
+        }
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let bytes = match super::read_capped(body, layer.max_body).await {
@@ -140,6 +149,26 @@ where
             Ok(inner.call(req).await?.map(RateLimitBody::inner))
         })
     }
+}
+
+/// Whether the request says its body is JSON: `application/json` or a `+json` type
+/// (`application/merge-patch+json`), any parameters, any letter case.
+fn is_json(headers: &http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case("application")
+        && (subtype.eq_ignore_ascii_case("json")
+            || subtype.len() > 5
+                && subtype.is_char_boundary(subtype.len() - 5)
+                && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
 /// The largest whole-number value of top-level `field` in a JSON object body, if any.
