@@ -273,6 +273,13 @@ impl Policy {
     /// [`crate::algorithm::in_flight`]. Put it on a route beside rate policies: a request
     /// refused by either takes nothing from the other.
     ///
+    /// A response that switches protocols (a WebSocket's `101`, an HTTP/2 extended
+    /// `CONNECT`) has an empty body that the server drops as soon as the head is sent, so
+    /// through the layer the slot is given back then: on such a route the policy limits
+    /// handshakes in progress, not open sockets. To limit open sockets, take a
+    /// [`Permit`](crate::Permit) with [`Limiter::acquire`](crate::Limiter::acquire) in the
+    /// handler and move it into the socket's task, which gives it back when the socket ends.
+    ///
     /// For another lease (how long a slot held in Redis by an instance that crashed stays
     /// taken), build it as `Policy::builder(name, Rate::new(max, lease)).algorithm(Algorithm::InFlight)`.
     ///
