@@ -316,7 +316,7 @@ async fn patterns_with_the_nest_prefix_guard_routes_inside_a_nested_router() {
 /// 429 carries the route's numbers, not the outer policy's that admitted the request (the
 /// outer layer wrote its own quota headers over the refusal's: `Retry-After` from the login
 /// policy beside `RateLimit-Remaining: 118` from the pages policy). An allowed response
-/// still carries the outer layer's headers.
+/// carries the headers of the layer with fewer units left.
 #[tokio::test]
 async fn an_inner_refusal_keeps_its_own_quota_headers_under_an_outer_layer() {
     let limits = RateLimitLayer::new(
@@ -338,7 +338,20 @@ async fn an_inner_refusal_keeps_its_own_quota_headers_under_an_outer_layer() {
     let addr = support::serve(app).await;
     let client = reqwest::Client::new();
     let post = || client.post(format!("http://{addr}/login")).send();
-    assert_eq!(post().await.unwrap().status(), 200);
+    let allowed = post().await.unwrap();
+    assert_eq!(allowed.status(), 200);
+    // The allowed response's headers are the tighter layer's: the route's last unit is gone,
+    // though the outer policy has 119 left (it once wrote 120 / 119 over the route's 1 / 0,
+    // and the client's next request was refused without warning).
+    let allowed_header = |name: &str| allowed.headers().get(name).unwrap().to_str().unwrap();
+    assert_eq!(
+        allowed_header("ratelimit-limit"),
+        "1",
+        "{:?}",
+        allowed.headers()
+    );
+    assert_eq!(allowed_header("ratelimit-remaining"), "0");
+    assert_eq!(allowed_header("x-ratelimit-remaining"), "0");
     let refused = post().await.unwrap();
     assert_eq!(refused.status(), 429);
     let header = |name: &str| {

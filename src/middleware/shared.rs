@@ -111,7 +111,13 @@ impl<St: Store> Shared<St> {
             return;
         }
         let policies = &set.enforced;
-        if kept.headers {
+        // A layer further in (a route's own, attached with `for_route`) may have written its
+        // quota headers already: the fewer remaining is what the client must heed, so this
+        // layer's replace them only when it has fewer left.
+        let inner_tighter = kept.headers
+            && crate::response::remaining_already_sent(res.headers())
+                .is_some_and(|inner| inner <= kept.decision.remaining());
+        if kept.headers && !inner_tighter {
             let style = self.response.style;
             write_quota_headers(
                 res.headers_mut(),
