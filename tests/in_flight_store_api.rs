@@ -215,3 +215,36 @@ async fn a_look_under_a_lowered_limit_answers_alike() {
     let redis = a_look_under_a_lowered_limit(redis_store(&server, "look")).await;
     assert_eq!(memory, redis);
 }
+
+/// A route cost that nothing reads is refused when the limiter is built, naming the field: an
+/// in-flight policy takes one slot a request whatever the cost, so `cost(5)` beside in-flight
+/// policies alone said something the limiter never did. It was accepted (and `cost(0)` too).
+#[test]
+fn a_route_cost_beside_in_flight_policies_alone_is_refused() {
+    use tollgate::route::Route;
+    for cost in [5, 0] {
+        let err = tollgate::Limiter::builder()
+            .default_route(Route::exempt())
+            .route(
+                "/uploads",
+                Route::new()
+                    .policy(tollgate::Policy::in_flight("uploads", 3).unwrap())
+                    .cost(cost),
+            )
+            .build()
+            .expect_err("a cost nothing reads");
+        assert_eq!(err.field(), "routes[0].cost", "{err}");
+    }
+    // Beside a rate policy the cost is read (by that policy).
+    tollgate::Limiter::builder()
+        .default_route(Route::exempt())
+        .route(
+            "/uploads",
+            Route::new()
+                .policy(tollgate::Policy::in_flight("uploads", 3).unwrap())
+                .policy(tollgate::Policy::new("bytes", tollgate::Rate::per_minute(100)).unwrap())
+                .cost(5),
+        )
+        .build()
+        .unwrap();
+}

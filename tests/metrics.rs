@@ -404,7 +404,11 @@ async fn the_exposition_after_traffic_names_policies_routes_and_refusals() {
             .build()
             .unwrap()
     };
-    let guard = LoginGuard::builder().store(dead()).build().unwrap();
+    let guard = LoginGuard::builder()
+        .store(dead())
+        .failure_mode(FailureMode::FailOpen)
+        .build()
+        .unwrap();
     let shadowed = Limiter::builder()
         .store(dead())
         .policy(Policy::new("shadowed-open", Rate::per_minute(1)).unwrap())

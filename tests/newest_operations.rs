@@ -743,8 +743,10 @@ async fn login_success_recorded_after_outage_refunds_nothing() {
     use tollgate::login::LoginGuard;
     let primary = Flaky::new(MemoryStore::new());
     let store = resilient(primary.clone(), FailureMode::FailOpen);
+    // Failing open on purpose (a guard fails closed on such a store unless told).
     let guard = LoginGuard::builder()
         .store(store)
+        .failure_mode(FailureMode::FailOpen)
         .user_rate(Rate::per_hour(2))
         .build()
         .unwrap();

@@ -200,6 +200,19 @@ fn compile_set(
         .collect();
     let shadow: Box<[Policy]> = policies.iter().filter(|p| p.is_shadow()).cloned().collect();
     let metered = |p: &Policy| meters.iter().any(|(name, _)| name == p.name());
+    let reads_cost = |p: &&Policy| !p.is_in_flight() && !metered(p);
+    if !matches!(cost, Cost::PolicyDefault) && !enforced.iter().any(|p| reads_cost(&p)) {
+        let value = match cost {
+            Cost::Fixed(c) => c.to_string(),
+            _ => "a function".to_owned(),
+        };
+        return Err(ConfigError::new(
+            cost_field,
+            value,
+            "no policy of this route reads a cost (an in-flight policy takes one slot a \
+             request, a metered one its meter's estimate): delete the setting",
+        ));
+    }
     if let Cost::Fixed(c) = cost {
         for p in enforced.iter().filter(|p| !p.is_in_flight() && !metered(p)) {
             if *c == 0 || *c > p.capacity() {
