@@ -304,7 +304,7 @@ mod counting {
         .increment(1);
     }
 
-    pub(crate) fn outcome(outcome: DecidedBy) {
+    fn outcome(outcome: DecidedBy) {
         describe();
         match outcome {
             DecidedBy::Decided => {
@@ -414,7 +414,7 @@ mod counting {
 mod counting {
     use std::sync::Arc;
 
-    use crate::decision::{DecidedBy, Decision};
+    use crate::decision::Decision;
     use crate::error::StoreError;
     use crate::policy::Policy;
 
@@ -439,8 +439,6 @@ mod counting {
     }
     #[inline(always)]
     pub(crate) fn refusal(_: &'static str) {}
-    #[inline(always)]
-    pub(crate) fn outcome(_: DecidedBy) {}
     #[inline(always)]
     pub(crate) fn store_error(_: &StoreError) {}
     #[inline(always)]
