@@ -702,3 +702,41 @@ async fn a_success_recorded_by_a_caller_that_gives_up_refunds_every_limit() {
         "the username limit kept the success's charge"
     );
 }
+
+/// A `LoginLayer` over a route that serves the login page (`GET`) beside the login (`POST`):
+/// the page load is not an attempt. Guarded, its `200` read as a success and cleared the
+/// (IP, username) failures a guesser had earned, so guessing went on at four tries a page load.
+#[tokio::test]
+async fn the_login_page_on_the_same_path_is_not_an_attempt() {
+    use axum::routing::get;
+    let guard = tollgate::login::LoginGuard::builder()
+        .ip_user_rate(tollgate::Rate::per_hour(3))
+        .build()
+        .unwrap();
+    let app = axum::Router::new().route(
+        "/login",
+        get(|| async { "the login form" })
+            .post(|| async { axum::http::StatusCode::UNAUTHORIZED })
+            .route_layer(tollgate::login::LoginLayer::header(
+                guard,
+                http::HeaderName::from_static("x-username"),
+            )),
+    );
+    let addr = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |method: reqwest::Method| {
+        client
+            .request(method, format!("http://{addr}/login"))
+            .header("x-username", "victim")
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(send(reqwest::Method::POST).await.unwrap().status(), 401);
+    }
+    assert_eq!(send(reqwest::Method::GET).await.unwrap().status(), 200);
+    assert_eq!(
+        send(reqwest::Method::POST).await.unwrap().status(),
+        429,
+        "the page load cleared the guesser's failures"
+    );
+}

@@ -111,6 +111,30 @@ impl RouteTable {
             .or_else(|| (grpc || is_grpc_method_path(path)).then(|| for_method(&Method::POST))?)
     }
 
+    /// Whether a pattern matching the request names its method itself (`GET /login`), not
+    /// one for any method: the login guard takes a safe method (a page load) for an attempt
+    /// only then.
+    pub(crate) fn names_method(&self, method: &Method, uri: &Uri, extensions: &Extensions) -> bool {
+        let names = |path: &str| {
+            self.router.at(path).is_ok_and(|found| {
+                found.value.iter().any(|(m, _)| {
+                    m.as_ref() == Some(method)
+                        || (method == Method::HEAD && m.as_ref() == Some(&Method::GET))
+                })
+            })
+        };
+        if names(uri.path()) {
+            return true;
+        }
+        #[cfg(feature = "axum")]
+        if let Some(axum::extract::OriginalUri(original)) = extensions.get() {
+            return original.path() != uri.path() && names(original.path());
+        }
+        #[cfg(not(feature = "axum"))]
+        let _ = extensions;
+        false
+    }
+
     /// The route index for a request as the layer sees it, or, when no pattern matches that
     /// path and the request went through axum's `Router::nest` (which strips the prefix
     /// from what its layers see and keeps the whole path as `OriginalUri`), for the whole

@@ -374,7 +374,11 @@ impl<St> LoginLayer<St> {
     /// Guards only the requests that match one of `patterns` — route patterns as in
     /// [`crate::route`], such as `POST /login` (a method is optional) — and passes every other
     /// request to the inner service untouched (no body buffering, no count). Without it, the
-    /// layer guards every request it sees, so it belongs on the login route only.
+    /// layer guards every request it sees but those of a safe method (`GET`, `HEAD`,
+    /// `OPTIONS`, `TRACE`), so it belongs on the login route only. A safe method is guarded
+    /// only by a pattern that names it (`GET /login`, for a login sent as a query): the
+    /// login page served on the same path is not an attempt, and its `200` must not read as
+    /// a success that clears a guesser's failures.
     ///
     /// # Errors
     ///
@@ -523,11 +527,20 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let guarded = self.shared.routes.as_ref().is_none_or(|routes| {
-            routes
+        // A safe method (a `GET` of the login page on the same path) is not an attempt unless
+        // a route names it: counted, its `200` would read as a success and clear the
+        // (IP, username) failures a guesser earned.
+        let safe = matches!(
+            *req.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS | http::Method::TRACE
+        );
+        let guarded = match &self.shared.routes {
+            None => !safe,
+            Some(routes) if safe => routes.names_method(req.method(), req.uri(), req.extensions()),
+            Some(routes) => routes
                 .lookup_request(req.method(), req.uri(), req.headers(), req.extensions())
-                .is_some()
-        });
+                .is_some(),
+        };
         if !guarded {
             let future = inner.call(req);
             return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
