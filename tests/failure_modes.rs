@@ -1049,3 +1049,25 @@ async fn the_login_layer_answers_a_fail_closed_outage_with_503() {
         }
     }
 }
+
+/// Two definitions of one name that differ in their failure mode alone are two policies, and
+/// one name is one policy: refused when built. They once counted as the same, and during an
+/// outage one route failed closed and the other open for the same key and counter.
+#[test]
+fn one_name_with_two_failure_modes_is_refused() {
+    use tollgate::route::Route;
+    let api = |mode| {
+        Policy::builder("api", Rate::per_minute(10))
+            .failure_mode(mode)
+            .build()
+            .unwrap()
+    };
+    let err = Limiter::builder()
+        .store(resilient(FailureMode::FailOpen))
+        .policy(api(FailureMode::FailClosed))
+        .route("/open", Route::new().policy(api(FailureMode::FailOpen)))
+        .build()
+        .expect_err("one name, two failure modes");
+    assert!(err.field().ends_with(".name"), "{err}");
+    assert!(err.to_string().contains("FailOpen"), "{err}");
+}

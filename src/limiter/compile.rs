@@ -351,5 +351,14 @@ fn describe(p: &Policy) -> String {
     if p.cost() != 1 {
         out.push_str(&format!(", cost {}", p.cost()));
     }
+    if let Some(d) = p.max_delay() {
+        out.push_str(&format!(", shaped up to {} ms", d.as_millis()));
+    }
+    if p.penalty_policy().is_some() {
+        out.push_str(", with a penalty");
+    }
+    if let Some(mode) = p.failure_mode() {
+        out.push_str(&format!(", {mode:?} when the store fails"));
+    }
     out
 }

@@ -251,7 +251,8 @@ impl PartialEq for Policy {
                 && self.inner.sensitive == other.inner.sensitive
                 && self.inner.max_delay == other.inner.max_delay
                 && self.inner.shadow == other.inner.shadow
-                && self.inner.penalty == other.inner.penalty)
+                && self.inner.penalty == other.inner.penalty
+                && self.inner.failure_mode == other.inner.failure_mode)
     }
 }
 
