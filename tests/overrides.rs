@@ -105,6 +105,32 @@ async fn invalid_overrides_are_refused_naming_the_field() {
     assert_eq!(limiter.check(&key, 1).await.unwrap().limit(), 40);
 }
 
+/// A limit that a setting the override keeps from its policy refuses (a cost of 5 needs a
+/// capacity of 5) is refused naming `limit`, what the caller sent and can change: it named
+/// the policy's `cost`, which the caller never sent.
+#[tokio::test]
+async fn an_override_refused_for_its_policys_cost_names_the_limit() {
+    let limiter = Limiter::builder()
+        .policy(
+            Policy::builder("api", Rate::per_minute(100))
+                .cost(5)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let e = limiter
+        .set_override(&Key::new("tenant", "acme"), Override::new("api", 3))
+        .await
+        .unwrap_err();
+    let CheckError::Invalid(e) = e else {
+        panic!("not an invalid-input error: {e:?}");
+    };
+    assert_eq!(e.field(), "limit", "{e}");
+    assert_eq!(e.value(), "3", "{e}");
+    assert!(e.to_string().contains("cost"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_set_on_one_instance_applies_on_the_other_through_redis() {
     let server = RedisServer::start();

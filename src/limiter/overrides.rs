@@ -30,9 +30,27 @@ impl<S: Store> Limiter<S> {
     /// limit is an error; an expiry of 1 ms to 2^53 − 1 ms); [`CheckError::Store`] when the store fails or keeps no overrides.
     pub async fn set_override(&self, key: &Key, over: Override) -> Result<(), CheckError> {
         let policy = self.named_policy(&over.policy)?;
-        let overriding = policy
-            .with_limit(over.limit, over.burst)
-            .map_err(CheckError::Invalid)?;
+        let overriding = policy.with_limit(over.limit, over.burst).map_err(|e| {
+            // A setting the override keeps from the policy (its cost, its shaping) refuses
+            // the new limit: the limit is what the caller sent, and what to change.
+            if ["cost", "max_delay", "penalty"]
+                .iter()
+                .any(|f| e.field() == *f || e.field().starts_with(&format!("{f}.")))
+            {
+                CheckError::Invalid(ConfigError::new(
+                    "limit",
+                    over.limit,
+                    format!(
+                        "the policy's {} = {} does not fit it: {}",
+                        e.field(),
+                        e.value(),
+                        e.reason()
+                    ),
+                ))
+            } else {
+                CheckError::Invalid(e)
+            }
+        })?;
         if let Some(ttl) = over.expires_in {
             if ttl.as_millis() == 0 {
                 return Err(CheckError::Invalid(ConfigError::new(
