@@ -611,3 +611,44 @@ async fn the_json_estimate_leaves_other_bodies_alone() {
         .unwrap();
     assert_eq!(res.status(), 413);
 }
+
+/// Quota headers near the limit only (`QuotaHeaders::NearLimit`) are decided with the state the
+/// response leaves: a request reserved far from the limit that settles at nearly all of it
+/// tells the client. They were decided at admission, and the next request was refused
+/// without warning.
+#[tokio::test]
+async fn near_limit_headers_follow_the_settlement() {
+    let limiter = Limiter::builder()
+        .route(
+            "POST /v1/completions",
+            Route::new().metered(
+                Policy::new("tokens", Rate::per_minute(90_000)).unwrap(),
+                Meter::fixed(1_000).settle_from_header("x-tokens-used".parse().unwrap()),
+            ),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(|| async { ([("x-tokens-used", "89000")], "a long answer") }),
+        )
+        .layer(RateLimitLayer::new(limiter).quota_headers(tollgate::QuotaHeaders::NearLimit));
+    let addr = support::serve(app).await;
+    let res = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()
+            .get("ratelimit-remaining")
+            .map(|v| v.to_str().unwrap()),
+        Some("1000"),
+        "{:?}",
+        res.headers()
+    );
+}

@@ -102,7 +102,9 @@ impl<St> RateLimitLayer<St> {
     ///
     /// [`QuotaHeaders::NearLimit`] sends them only once the client has at most a tenth of
     /// its quota left, which the IETF draft allows and which spares most responses the
-    /// header lines; see [`QuotaHeaders`] for an example and the trade-off.
+    /// header lines; see [`QuotaHeaders`] for an example and the trade-off. On a route that
+    /// settles or refunds (a meter, a counting rule) it is asked with the state the response
+    /// leaves, so a settlement that spends the quota is announced on its own response.
     pub fn quota_headers(self, which: QuotaHeaders) -> Self {
         self.with_response(|r| r.quota_on_success = which)
     }

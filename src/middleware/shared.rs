@@ -75,15 +75,20 @@ impl<St: Store> Shared<St> {
         let delay = decision.delay();
         let policies = &set.enforced;
         let headers = self.response.decorates(&decision, policies);
+        // With headers near the limit only, a response that settles or refunds units can
+        // bring the key near its limit (or away from it): asked again when it passes.
+        let ask_again = !headers
+            && self.response.quota_on_success == crate::QuotaHeaders::NearLimit
+            && (!set.meters.is_empty() || set.count.is_some());
         if self.response.info {
             let info = RateLimitInfo::from_decision(&decision, policies);
             request.extensions_mut().insert(info);
-        } else if !headers {
+        } else if !headers && !ask_again {
             return (delay, None);
         }
         // `X-RateLimit-Reset` is a moment: the decision's `reset_after` counts from now, not
         // from when the handler is done.
-        let decided_at = if headers
+        let decided_at = if (headers || ask_again)
             && !matches!(
                 self.response.style,
                 HeaderStyle::Compact | HeaderStyle::Structured
@@ -97,6 +102,7 @@ impl<St: Store> Shared<St> {
             Some(Kept {
                 decision,
                 headers,
+                ask_again,
                 decided_at,
             }),
         )
@@ -114,10 +120,12 @@ impl<St: Store> Shared<St> {
         // A layer further in (a route's own, attached with `for_route`) may have written its
         // quota headers already: the fewer remaining is what the client must heed, so this
         // layer's replace them only when it has fewer left.
-        let inner_tighter = kept.headers
+        let headers =
+            kept.headers || (kept.ask_again && self.response.decorates(&kept.decision, policies));
+        let inner_tighter = headers
             && crate::response::remaining_already_sent(res.headers())
                 .is_some_and(|inner| inner <= kept.decision.remaining());
-        if kept.headers && !inner_tighter {
+        if headers && !inner_tighter {
             let style = self.response.style;
             write_quota_headers(
                 res.headers_mut(),
@@ -139,6 +147,9 @@ pub(crate) struct Kept {
     pub(crate) decision: Decision,
     /// Whether the response gets quota headers.
     headers: bool,
+    /// Whether to ask again, with the decision as the response left it (settled, refunded),
+    /// when the headers go near the limit only.
+    ask_again: bool,
     /// The store's clock at the decision, for `X-RateLimit-Reset` (0 when no header reads
     /// it).
     decided_at: u64,
