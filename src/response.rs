@@ -189,30 +189,11 @@ pub(crate) struct LayerHeaders {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Refused;
 
-/// The fewest units remaining that quota headers already on a response announce (a layer
-/// further in, on a route of its own, wrote them): `RateLimit-Remaining`, `X-RateLimit-Remaining`,
-/// or the least `r` of a structured `RateLimit` list. `None` when there are none.
-pub(crate) fn remaining_already_sent(headers: &HeaderMap) -> Option<u64> {
-    let number = |name: &HeaderName| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
-    if let Some(r) = number(&RATELIMIT_REMAINING).or_else(|| number(&X_RATELIMIT_REMAINING)) {
-        return Some(r);
-    }
-    let list = headers.get(&RATELIMIT)?.to_str().ok()?;
-    list.split(';')
-        .filter_map(|param| param.trim().strip_prefix("r="))
-        .filter_map(|digits| {
-            let end = digits
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(digits.len());
-            digits[..end].parse::<u64>().ok()
-        })
-        .min()
-}
+/// Marks a response whose quota headers a route's own layer (one made with `for_route`) wrote,
+/// with the units they announce left: a layer further out replaces them only when it has
+/// fewer left (the client must heed the tighter).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuotaSent(pub(crate) u64);
 
 /// Writes the quota headers for `decision` in `style`.
 pub fn write_quota_headers(
@@ -512,26 +493,4 @@ fn structured_fields(decision: &Decision, policies: &[Policy]) -> Option<(String
             .parameter(t, Integer::try_from(reset).ok()?);
     }
     Some((policy_list.finish()?, ratelimit_list.finish()?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_remaining_already_sent_is_read_from_any_style() {
-        let mut h = HeaderMap::new();
-        assert_eq!(remaining_already_sent(&h), None);
-        h.insert(
-            RATELIMIT.clone(),
-            HeaderValue::from_static("\"a\";r=7;t=3, \"b\";r=2;t=9"),
-        );
-        assert_eq!(remaining_already_sent(&h), Some(2));
-        h.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from_static("5"));
-        assert_eq!(remaining_already_sent(&h), Some(5));
-        h.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from_static(" 4 "));
-        assert_eq!(remaining_already_sent(&h), Some(4));
-        h.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from_static("x"));
-        assert_eq!(remaining_already_sent(&h), Some(5));
-    }
 }

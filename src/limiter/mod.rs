@@ -282,6 +282,13 @@ impl<S> Limiter<S> {
     }
 }
 
+impl<S> Limiter<S> {
+    /// Whether this limiter was made with [`for_route`](Self::for_route) (a route's own).
+    pub(crate) fn is_attached(&self) -> bool {
+        self.plan().attached.is_some()
+    }
+}
+
 impl<S> LimiterInner<S> {
     /// The plan in force, kept.
     fn plan_in_force(&self) -> Arc<CompiledPlan> {

@@ -234,6 +234,7 @@ impl<St: Store> RateLimitLayer<St> {
             shared: Arc::new(Shared {
                 limiter: self.shared.limiter.for_route(route)?,
                 response: self.shared.response.clone(),
+                marks_quota: true,
             }),
         })
     }

@@ -12,13 +12,16 @@ use super::rendering::ResponseConfig;
 use crate::decision::Decision;
 use crate::limiter::{Limiter, PolicySet};
 use crate::refusal::Refusal;
-use crate::response::{write_quota_headers, HeaderStyle, Refused};
+use crate::response::{write_quota_headers, HeaderStyle, QuotaSent, Refused};
 use crate::store::Store;
 
 /// What every service made by one layer shares: the limiter and how responses look.
 pub(crate) struct Shared<St> {
     pub(crate) limiter: Limiter<St>,
     pub(crate) response: ResponseConfig,
+    /// A route's own layer (its limiter made with `for_route`): its quota headers are marked
+    /// ([`QuotaSent`]) for a layer further out to weigh.
+    pub(crate) marks_quota: bool,
 }
 
 impl<St> Clone for Shared<St> {
@@ -26,6 +29,7 @@ impl<St> Clone for Shared<St> {
         Self {
             limiter: self.limiter.clone(),
             response: self.response.clone(),
+            marks_quota: self.marks_quota,
         }
     }
 }
@@ -40,7 +44,12 @@ impl<St> Shared<St> {
             response.quota_on_success = plan.quota_headers;
             response.retry_after = plan.retry_after;
         }
-        Self { limiter, response }
+        let marks_quota = limiter.is_attached();
+        Self {
+            limiter,
+            response,
+            marks_quota,
+        }
     }
 }
 
@@ -123,9 +132,15 @@ impl<St: Store> Shared<St> {
         let headers =
             kept.headers || (kept.ask_again && self.response.decorates(&kept.decision, policies));
         let inner_tighter = headers
-            && crate::response::remaining_already_sent(res.headers())
-                .is_some_and(|inner| inner <= kept.decision.remaining());
+            && res
+                .extensions()
+                .get::<QuotaSent>()
+                .is_some_and(|inner| inner.0 <= kept.decision.remaining());
         if headers && !inner_tighter {
+            if self.marks_quota {
+                res.extensions_mut()
+                    .insert(QuotaSent(kept.decision.remaining()));
+            }
             let style = self.response.style;
             write_quota_headers(
                 res.headers_mut(),
