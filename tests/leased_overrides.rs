@@ -545,8 +545,9 @@ async fn the_cli_resets_and_overrides_a_leased_plan() {
         "--burst",
         "20",
     ]);
-    // At 2 a minute the same 10 tokens take 300 s: the ledger's state is kept that long.
-    assert!(pttl() >= 299_000, "{}", pttl());
+    // At 2 a minute the same 10 tokens take 300 s: the ledger's state is kept that long (less
+    // the seconds a loaded machine takes to end the CLI and ask; 60 s under the plan's rate).
+    assert!(pttl() >= 280_000, "{}", pttl());
     tokio::time::sleep(Duration::from_millis(20)).await;
     let d = app.check(&key, 1).await.unwrap();
     assert_eq!(d.limit(), 20, "the override's capacity (its burst)");
