@@ -337,17 +337,19 @@ mod watcher {
             let counts = &self.counts;
             match result {
                 Ok(()) => {
-                    counts.reloaded.fetch_add(1, Ordering::Relaxed);
+                    counts.reloaded.fetch_add(1, Ordering::Release);
                 }
                 Err(error) => {
-                    counts.refused.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(
                         target: "tollgate::reload",
                         file = %self.path.display(),
                         %error,
                         "the plan file was refused; the plan in force stays"
                     );
+                    // The error is in place before the count says so: a caller who sees
+                    // `refused()` go up and then asks `last_error()` finds it.
                     *counts.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                    counts.refused.fetch_add(1, Ordering::Release);
                 }
             }
         }
@@ -422,12 +424,12 @@ mod watcher {
 
         /// Plans put in force so far.
         pub fn reloaded(&self) -> u64 {
-            self.counts.reloaded.load(Ordering::Relaxed)
+            self.counts.reloaded.load(Ordering::Acquire)
         }
 
         /// Plan files refused so far.
         pub fn refused(&self) -> u64 {
-            self.counts.refused.load(Ordering::Relaxed)
+            self.counts.refused.load(Ordering::Acquire)
         }
 
         /// Why the last plan file was refused, if one was.
