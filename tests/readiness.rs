@@ -104,3 +104,85 @@ async fn a_shaped_request_waits_then_calls_the_ready_service() {
         started.elapsed()
     );
 }
+
+/// A request a shaping policy delays holds none of the inner service's capacity while it
+/// waits: with `concurrency_limit(1)` inside the layer, another client's request is served
+/// at once, not after the delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_request_holds_none_of_the_inner_services_capacity() {
+    // Per client: one request every 2 s, up to 5 s of waiting.
+    let policy = Policy::builder("smooth", Rate::new(1, Duration::from_secs(2)))
+        .algorithm(Algorithm::Gcra)
+        .shape(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(MemoryStore::new())
+        .policy(policy)
+        .extractor(tollgate::key::from_fn(|req| {
+            let client = req.headers().get("x-client")?.to_str().ok()?;
+            Some(tollgate::key::Key::new("client", client))
+        }))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter))
+        .concurrency_limit(1)
+        .service(service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::from("hello")))
+        }));
+    let request = |client: &str| {
+        Request::builder()
+            .header("x-client", client)
+            .body(String::new())
+            .unwrap()
+    };
+    let mut a = svc.clone();
+    assert_eq!(
+        a.ready()
+            .await
+            .unwrap()
+            .call(request("a"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    // Client a's second request waits about 2 s.
+    let mut delayed = svc.clone();
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let res = delayed
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a"))
+            .await
+            .unwrap();
+        (res.status(), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Meanwhile client b is served at once.
+    let mut b = svc.clone();
+    let started = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(10), async {
+        b.ready()
+            .await
+            .unwrap()
+            .call(request("b"))
+            .await
+            .unwrap()
+            .status()
+    })
+    .await
+    .unwrap();
+    let b_took = started.elapsed();
+    assert_eq!(status, StatusCode::OK);
+    let (a_status, a_took) = waiting.await.unwrap();
+    assert_eq!(a_status, StatusCode::OK);
+    assert!(a_took >= Duration::from_millis(1500), "a waited {a_took:?}");
+    assert!(
+        b_took < Duration::from_millis(1000),
+        "b waited {b_took:?} behind a delayed request"
+    );
+}

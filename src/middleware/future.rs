@@ -51,8 +51,11 @@ pin_project! {
             shared: Option<Arc<Shared<St>>>,
         },
         Waiting {
-            sleep: Pin<Box<Sleep>>,
+            // `None` once the delay is over and only the inner service's readiness is left.
+            sleep: Option<Pin<Box<Sleep>>>,
             set: Arc<PolicySet>,
+            // A clone not yet driven to readiness: a delayed request holds none of the inner
+            // service's capacity (a `ConcurrencyLimit` permit, a `Buffer` slot) while it waits.
             inner: Option<Inner>,
             request: Option<Request<ReqBody>>,
             // Kept only when the response gets quota headers or a `RateLimitInfo`.
@@ -83,7 +86,7 @@ pin_project! {
 
 impl<Inner, ReqBody, St> ResponseFuture<Inner, ReqBody, St>
 where
-    Inner: Service<Request<ReqBody>>,
+    Inner: Service<Request<ReqBody>> + Clone,
     St: Store,
 {
     pub(crate) fn early(response: Response<Bytes>) -> Self {
@@ -127,9 +130,14 @@ where
                 (delay, decision) if delay.is_zero() => {
                     Self::calling(inner.call(request), set, decision, held, shared)
                 }
-                (delay, decision) => {
-                    Self::waiting(delay, set, inner.take(), request, (decision, held), shared)
-                }
+                (delay, decision) => Self::waiting(
+                    delay,
+                    set,
+                    inner.unready(),
+                    request,
+                    (decision, held),
+                    shared,
+                ),
             },
         }
     }
@@ -153,7 +161,7 @@ where
         }
     }
 
-    /// A shaping policy delays the request: sleep, then call `inner`.
+    /// A shaping policy delays the request: sleep, then drive `inner` to readiness and call it.
     fn waiting(
         delay: std::time::Duration,
         set: Arc<PolicySet>,
@@ -164,7 +172,7 @@ where
     ) -> Self {
         Self {
             state: State::Waiting {
-                sleep: Box::pin(tokio::time::sleep(delay)),
+                sleep: Some(Box::pin(tokio::time::sleep(delay))),
                 set,
                 inner: Some(inner),
                 request: Some(request),
@@ -195,12 +203,10 @@ where
     }
 }
 
-/// The inner service an admitted request goes to.
+/// The inner service an admitted request goes to, driven to readiness.
 pub(crate) enum Ready<'a, Inner> {
-    /// The middleware's own, driven to readiness by `poll_ready`: called in place, or, when
-    /// the call waits, swapped by the function for a clone left behind for the next
-    /// `poll_ready`.
-    InPlace(&'a mut Inner, fn(&mut Inner) -> Inner),
+    /// The middleware's own, driven to readiness by `poll_ready`.
+    InPlace(&'a mut Inner),
     /// One the future took from the middleware.
     Taken(Inner),
 }
@@ -212,15 +218,25 @@ impl<Inner> Ready<'_, Inner> {
         Inner: Service<R>,
     {
         match self {
-            Ready::InPlace(inner, _) => inner.call(request),
+            Ready::InPlace(inner) => inner.call(request),
             Ready::Taken(mut inner) => inner.call(request),
         }
     }
 
-    fn take(self) -> Inner {
+    /// A clone not driven to readiness, for a request that waits before its call. The ready
+    /// one is dropped, giving back what its readiness reserved (the middleware's own is
+    /// replaced by a fresh clone, which its next `poll_ready` drives).
+    fn unready(self) -> Inner
+    where
+        Inner: Clone,
+    {
         match self {
-            Ready::InPlace(inner, take) => take(inner),
-            Ready::Taken(inner) => inner,
+            Ready::InPlace(inner) => {
+                let waiting = inner.clone();
+                *inner = waiting.clone();
+                waiting
+            }
+            Ready::Taken(inner) => inner.clone(),
         }
     }
 }
@@ -231,7 +247,7 @@ fn into_body<B>(res: Response<Bytes>) -> Response<RateLimitBody<B>> {
 
 impl<Inner, ReqBody, ResBody, St> Future for ResponseFuture<Inner, ReqBody, St>
 where
-    Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: http_body::Body,
     St: Store,
 {
@@ -276,7 +292,14 @@ where
                     held,
                     shared,
                 } => {
-                    ready!(sleep.as_mut().poll(cx));
+                    if let Some(delay) = sleep {
+                        ready!(delay.as_mut().poll(cx));
+                        *sleep = None;
+                    }
+                    ready!(inner
+                        .as_mut()
+                        .expect("polled after completion")
+                        .poll_ready(cx))?;
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let shared = shared.take().expect("polled after completion");

@@ -109,7 +109,7 @@ where
                 pending,
                 outcome,
                 req,
-                Ready::InPlace(&mut self.inner, take_ready),
+                Ready::InPlace(&mut self.inner),
             ),
             Prepared::Check { future, pending } => {
                 ResponseFuture::checking(future, pending, take_ready(&mut self.inner), req, shared)
