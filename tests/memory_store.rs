@@ -633,3 +633,41 @@ async fn a_refund_on_one_policy_keeps_an_overridden_bucket_beside_it() {
         .unwrap()
         .is_allowed());
 }
+
+/// A key limited by a rate and an in-flight policy is reclaimed once its slot is back and its
+/// rate state has expired: the slot's "never expires" does not outlive the slot.
+#[tokio::test]
+async fn a_key_whose_slot_is_back_is_reclaimed_with_its_rate_state() {
+    for override_limit in [None, Some(1)] {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        let calls = Policy::new("calls", Rate::per_second(10)).unwrap();
+        let limiter = Limiter::builder()
+            .store(store.clone())
+            .policy(calls.clone())
+            .policy(Policy::in_flight("running", 5).unwrap())
+            .build()
+            .unwrap();
+        let key = Key::new("ip", "203.0.113.7");
+        if let Some(limit) = override_limit {
+            limiter
+                .set_override(&key, tollgate::Override::new("calls", limit))
+                .await
+                .unwrap();
+        }
+        let permit = limiter.acquire(&key).await.unwrap();
+        assert!(permit.decision().is_allowed());
+        drop(permit);
+        clock.advance(Duration::from_secs(3));
+        store.sweep();
+        assert_eq!(
+            store.len(),
+            0,
+            "the entry outlived its slot (override: {override_limit:?})"
+        );
+    }
+}

@@ -53,6 +53,10 @@ use crate::policy::{Algorithm, Limits};
 /// The `Retry-After` of a refusal by an in-flight policy, in milliseconds.
 pub const RETRY_AFTER_MS: u64 = 1_000;
 
+/// The expiry of a state with a slot held: never, in practice, and far below `u64::MAX` so that
+/// sums with it do not overflow. A store that finds it on an entry knows a slot was held.
+pub(crate) const HELD_EXPIRY: u64 = u64::MAX / 2;
+
 /// The slots held.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct InFlightState {
@@ -153,7 +157,7 @@ impl LimitAlgorithm for InFlight {
     /// back, at once.
     fn expires_at(state: &InFlightState, _limits: &Limits) -> u64 {
         if state.held > 0 {
-            u64::MAX / 2
+            HELD_EXPIRY
         } else {
             0
         }
@@ -181,7 +185,7 @@ mod tests {
         let (d, mut s) = InFlight::decide(s, 0, p.limits(), 1);
         assert!(!d.is_allowed());
         assert_eq!(d.retry_after_millis(), RETRY_AFTER_MS);
-        assert_eq!(InFlight::expires_at(&s, p.limits()), u64::MAX / 2);
+        assert_eq!(InFlight::expires_at(&s, p.limits()), HELD_EXPIRY);
         InFlight::refund(&mut s, 5, p.limits(), 1);
         let (d, mut s) = InFlight::decide(s, 5, p.limits(), 1);
         assert!(d.is_allowed());

@@ -91,6 +91,7 @@ mod store_impl;
 pub use builder::MemoryStoreBuilder;
 pub use store_impl::MemoryCheck;
 
+use crate::algorithm::in_flight::HELD_EXPIRY;
 use crate::algorithm::{AnyState, InFlight, LimitAlgorithm};
 use crate::clock::{Clock, SystemClock};
 use overrides::Overrides;
@@ -324,22 +325,49 @@ impl MemoryStore {
             // A refund can only move the expiry earlier, an overcharge later, and a slot given
             // back frees its entry: recomputed for the states this call names, under the
             // plan's limits and an override's where one is in force (see `keep_for_plan`).
-            // A state the call does not name keeps the entry's expiry as it was: its limits
-            // here are unknown (an override may be in force on it).
+            // A state the call does not name keeps the entry's expiry as it was, unless that
+            // was a held slot's (a release names only its in-flight policies): the other
+            // states are then measured by the limits the shard knows, overrides applied, or
+            // the entry would never expire once its last slot is back.
+            let shard = &mut *shard;
             let entry = &mut shard.entries[i];
+            let unnamed: Vec<Policy> = if entry.expires_at >= HELD_EXPIRY {
+                let named = |s: &EntryState| {
+                    plan.iter()
+                        .any(|p| p.id() == s.policy && p.algorithm() == s.state.algorithm())
+                };
+                entry
+                    .states
+                    .iter()
+                    .filter(|s| !named(s))
+                    .filter_map(|s| {
+                        shard
+                            .known
+                            .iter()
+                            .find(|k| k.id() == s.policy && k.algorithm() == s.state.algorithm())
+                            .cloned()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let unnamed_in_force = inner.overrides.effective(key, &unnamed, now);
+            let in_force = |s: &EntryState, plan: &[Policy], effective: &[Policy]| {
+                let same = |k: &Policy| k.id() == s.policy && k.algorithm() == s.state.algorithm();
+                let p = plan.iter().position(same)?;
+                Some(
+                    s.state
+                        .expires_at(plan[p].limits())
+                        .max(s.state.expires_at(effective[p].limits())),
+                )
+            };
             entry.expires_at = entry
                 .states
                 .iter()
                 .map(|s| {
-                    let same =
-                        |k: &&Policy| k.id() == s.policy && k.algorithm() == s.state.algorithm();
-                    match (plan.iter().find(same), policies.iter().find(same)) {
-                        (Some(p), Some(e)) => s
-                            .state
-                            .expires_at(p.limits())
-                            .max(s.state.expires_at(e.limits())),
-                        _ => entry.expires_at,
-                    }
+                    in_force(s, plan, policies)
+                        .or_else(|| in_force(s, &unnamed, &unnamed_in_force))
+                        .unwrap_or(entry.expires_at)
                 })
                 .max()
                 .unwrap_or(0);
