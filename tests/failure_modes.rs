@@ -1071,3 +1071,113 @@ fn one_name_with_two_failure_modes_is_refused() {
     assert!(err.field().ends_with(".name"), "{err}");
     assert!(err.to_string().contains("FailOpen"), "{err}");
 }
+
+/// A cost above a policy's whole capacity is refused as such during an outage too, charging
+/// nothing: the local fallback clamps only a cost above this instance's share. Through the
+/// direct API, with a penalty that a rate-limit denial would start.
+#[tokio::test]
+async fn a_cost_above_the_capacity_is_refused_as_such_by_the_local_fallback() {
+    let limiter = Limiter::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 2 }))
+        .policy(
+            Policy::builder("api", Rate::per_minute(100))
+                .penalty(Duration::from_secs(600))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    for cost in [101, u64::MAX] {
+        match limiter.check(&key, cost).await {
+            Err(tollgate::CheckError::CostExceedsCapacity { capacity, .. }) => {
+                assert_eq!(capacity, 100)
+            }
+            other => panic!("cost {cost}: {other:?}"),
+        }
+    }
+    // Nothing charged, no penalty: the instance's share (50) is whole.
+    let d = limiter.check(&key, 50).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!(d.decided_by(), DecidedBy::Fallback);
+}
+
+/// A denial for a cost above the capacity is never cached: the same cost asked again within
+/// the deny cache's life is refused as `CostExceedsCapacity` again, not as a rate-limit
+/// denial that a penalty would punish with a lockout.
+#[tokio::test]
+async fn a_cost_above_the_capacity_is_not_answered_from_the_deny_cache() {
+    let store = ResilientStore::builder(MemoryStore::new(), FailureMode::FailClosed)
+        .deny_cache(100)
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .store(store)
+        .policy(
+            Policy::builder("api", Rate::per_minute(3))
+                .penalty(Duration::from_secs(600))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    for _ in 0..3 {
+        match limiter.check(&key, 4).await {
+            Err(tollgate::CheckError::CostExceedsCapacity { capacity: 3, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert!(d.is_allowed(), "no penalty started: {d:?}");
+}
+
+/// An in-flight refusal the store answers because other instances hold the slots takes
+/// nothing from this instance's fallback share: once the store is down, the fallback admits
+/// up to its share.
+#[tokio::test]
+async fn slots_held_elsewhere_leave_the_fallback_share_whole() {
+    let mut server = support::RedisServer::start();
+    let redis = || {
+        RedisStore::builder()
+            .prefix("slots-elsewhere")
+            .timeout(Duration::from_millis(200))
+            .build_with_url(&server.url())
+            .unwrap()
+    };
+    let running = Policy::in_flight("running", 2).unwrap();
+    let other = Limiter::builder()
+        .store(redis())
+        .policy(running.clone())
+        .build()
+        .unwrap();
+    let this = Limiter::builder()
+        .store(
+            ResilientStore::builder(redis(), FailureMode::LocalFallback { replicas: 2 })
+                .build()
+                .unwrap(),
+        )
+        .policy(running)
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let held = [
+        other.acquire(&key).await.unwrap(),
+        other.acquire(&key).await.unwrap(),
+    ];
+    for _ in 0..3 {
+        let refused = this.acquire(&key).await.unwrap();
+        assert!(!refused.is_allowed());
+        assert_eq!(refused.decided_by(), DecidedBy::Decided);
+    }
+    server.kill();
+    let permit = this.acquire(&key).await.unwrap();
+    assert!(
+        permit.is_allowed(),
+        "the fallback's share of one: {:?}",
+        *permit
+    );
+    assert_eq!(permit.decided_by(), DecidedBy::Fallback);
+    drop(held);
+}

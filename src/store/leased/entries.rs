@@ -236,6 +236,12 @@ impl<S: LeaseBackend> Shared<S> {
             if d.generation == generation
                 && now < d.until
                 && costs.iter().zip(&d.costs).all(|(c, dc)| c >= dc)
+                // A cost above the limit may be above the capacity, refused as such by the
+                // ledger (no wait makes it fit), not as the rate-limit denial saved here.
+                && costs
+                    .iter()
+                    .zip(&d.decisions)
+                    .all(|(c, p)| *c <= p.limit())
             {
                 let elapsed = now.saturating_sub(d.sent);
                 let decision = Decision::from_policies(d.decisions.iter().map(|p| {

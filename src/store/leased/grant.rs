@@ -283,7 +283,9 @@ impl<S: LeaseBackend> Shared<S> {
             })
             .collect();
         let wait = answers.iter().map(|a| a.retry_after_ms).max().unwrap_or(0);
-        let Some(entry) = entry else {
+        // A cost above the capacity is not saved: the saved refusal answers as a rate-limit
+        // denial, which a penalty would punish. Asking the ledger again charges nothing.
+        let Some(entry) = entry.filter(|_| !decisions.iter().any(|d| d.exceeds_capacity())) else {
             return (Decision::from_policies(decisions), Taken::Nothing);
         };
         let mut st = entry.st.lock();

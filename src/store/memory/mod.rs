@@ -253,6 +253,16 @@ impl MemoryStore {
         self.inner.decide(key, policies, costs, charge)
     }
 
+    /// The capacity `policy` has for `key` now: an override's where one is in force.
+    pub(crate) fn capacity_in_force(&self, key: &Key, policy: &Policy) -> u64 {
+        let now = self.inner.clock.now_millis();
+        self.inner
+            .overrides
+            .effective(key, std::slice::from_ref(policy), now)
+            .first()
+            .map_or(policy.capacity(), Policy::capacity)
+    }
+
     /// Applies `change` to the key's state for each policy (with `create`, to a fresh state
     /// for a policy it has none of; otherwise such a policy is left alone), then moves the
     /// entry's expiry to what its states now need.

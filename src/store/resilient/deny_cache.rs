@@ -273,10 +273,13 @@ impl DenyCache {
         }
         // A slot given back on any instance frees it at once: an in-flight refusal has no
         // moment it lasts until, only a hint when to try again.
+        // A cost above the capacity in force is refused as such (no wait makes it fit, and it
+        // must not read as a rate-limit denial, which a penalty would punish): asked of the
+        // store each time, at no charge.
         if policies
             .iter()
             .zip(decision.policies())
-            .any(|(p, d)| p.is_in_flight() && !d.is_allowed())
+            .any(|(p, d)| (p.is_in_flight() && !d.is_allowed()) || d.exceeds_capacity())
         {
             return;
         }

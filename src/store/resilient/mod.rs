@@ -391,8 +391,14 @@ impl<S: Store> Inner<S> {
         // The store refused: no fallback decision in this window may hand out what the store
         // would not. Fill each refusing policy's local share.
         for (j, fp) in idx.iter().zip(&fps) {
-            let refused = store.policies().get(*j).is_some_and(|d| !d.is_allowed());
-            if !refused {
+            // Not a sign of the share being spent: a cost above the capacity (charged nothing
+            // anywhere), or slots held elsewhere (a slot taken here would never be given back;
+            // the slots this instance holds are followed as they are taken and released).
+            let refused = store
+                .policies()
+                .get(*j)
+                .is_some_and(|d| !d.is_allowed() && !d.exceeds_capacity());
+            if !refused || fp.is_in_flight() {
                 continue;
             }
             let one = std::slice::from_ref(fp);
@@ -440,6 +446,27 @@ impl<S: Store> Inner<S> {
         }
     }
 
+    /// The whole capacity in force of `policy` for `key` (an override's, as the fallback
+    /// follows it at its share `fallback`), if `cost` is above it.
+    fn capacity_exceeded(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        fallback: &Policy,
+        cost: u64,
+    ) -> Option<u64> {
+        let share = self.fallback.capacity_in_force(key, fallback);
+        let capacity = if share == fallback.capacity() {
+            policy.capacity()
+        } else {
+            // A followed override, kept at its share (rounded up): its whole capacity is at
+            // most this.
+            let replicas = self.replicas(policy).unwrap_or(1);
+            share.saturating_mul(u64::from(replicas.max(1)))
+        };
+        (cost > capacity).then_some(capacity)
+    }
+
     /// Decides without the store, by each policy's failure mode.
     fn degraded(
         &self,
@@ -457,15 +484,28 @@ impl<S: Store> Inner<S> {
         let retry_ms = self.breaker.cooldown_ms.max(1_000);
         let (fallback_idx, fallback_policies, fallback_costs) =
             self.fallback_parts(policies, costs);
+        // A cost above a policy's whole capacity is refused as the store refuses it, charging
+        // nothing: only a cost above this instance's share is clamped to be decided.
+        let over_capacity: SmallVec<[Option<u64>; 2]> = fallback_idx
+            .iter()
+            .zip(&fallback_policies)
+            .map(|(&i, fp)| self.capacity_exceeded(key, &policies[i], fp, costs[i]))
+            .collect();
+        let refused_for_cost = over_capacity.iter().any(Option::is_some);
         // Charge the fallback limiter only when nothing fails closed (all or nothing).
         let local = if fallback_policies.is_empty() {
             None
         } else {
+            let charge = charge && !closed && !refused_for_cost;
             self.fallback
-                .decide(key, &fallback_policies, &fallback_costs, charge && !closed)
+                .decide(key, &fallback_policies, &fallback_costs, charge)
                 .ok()
         };
-        if charge && !closed && local.as_ref().is_some_and(Decision::is_allowed) {
+        if charge
+            && !closed
+            && !refused_for_cost
+            && local.as_ref().is_some_and(Decision::is_allowed)
+        {
             self.charge_above_shares(key, &fallback_idx, &fallback_policies, costs);
         }
         let mut out: SmallVec<[PolicyDecision; 2]> = SmallVec::new();
@@ -479,6 +519,13 @@ impl<S: Store> Inner<S> {
                 }
                 FailureMode::LocalFallback { .. } => {
                     let j = fallback_idx.iter().position(|&k| k == i).unwrap_or(0);
+                    if let Some(capacity) = over_capacity.get(j).copied().flatten() {
+                        out.push(
+                            PolicyDecision::from_parts(false, capacity, 0, 0, 0, 0)
+                                .for_cost(costs[i], || 0),
+                        );
+                        continue;
+                    }
                     local
                         .as_ref()
                         .and_then(|l| l.policies().get(j).copied())
