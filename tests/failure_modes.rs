@@ -1181,3 +1181,30 @@ async fn slots_held_elsewhere_leave_the_fallback_share_whole() {
     assert_eq!(permit.decided_by(), DecidedBy::Fallback);
     drop(held);
 }
+
+/// With the circuit open, a check answered by the local fallback takes its slot when first
+/// polled: one dropped before that (a caller that gave up, a `select!` another branch won)
+/// holds nothing, and the instance's share stays whole.
+#[tokio::test]
+async fn a_fallback_check_dropped_before_its_first_poll_holds_no_slot() {
+    use tollgate::store::Store;
+    let store = ResilientStore::builder(dead_redis(), FailureMode::LocalFallback { replicas: 1 })
+        .circuit_breaker(1, Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let running = Policy::in_flight("running", 1).unwrap();
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .policy(running.clone())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    // The first call fails and opens the circuit; its slot is given back with the permit.
+    drop(limiter.acquire(&key).await.unwrap());
+    for _ in 0..3 {
+        drop(store.check(&key, std::slice::from_ref(&running), &[1]));
+    }
+    let permit = limiter.acquire(&key).await.unwrap();
+    assert!(permit.is_allowed(), "{:?}", *permit);
+    assert_eq!(permit.decided_by(), DecidedBy::Fallback);
+}

@@ -44,9 +44,16 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         let probe = match inner.breaker.gate(now) {
             Gate::Skip => {
-                telemetry::store_error(&StoreError::CircuitOpen);
-                let d = inner.degraded(key, policies, costs, &StoreError::CircuitOpen, true);
-                return Box::pin(std::future::ready(Ok(d)));
+                // Decided when first polled, not here: a local fallback's decision takes its
+                // slots, and a future dropped before its first poll must hold nothing.
+                let this = Arc::clone(inner);
+                let key = key.clone();
+                let policies: SmallVec<[Policy; 2]> = policies.iter().cloned().collect();
+                let costs: SmallVec<[u64; 2]> = costs.iter().copied().collect();
+                return Box::pin(async move {
+                    telemetry::store_error(&StoreError::CircuitOpen);
+                    Ok(this.degraded(&key, &policies, &costs, &StoreError::CircuitOpen, true))
+                });
             }
             Gate::Probe => true,
             Gate::Call => false,
