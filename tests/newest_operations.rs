@@ -1628,3 +1628,73 @@ async fn a_fallback_settlement_above_the_capacity_is_charged_in_full() {
         "the debt above one capacity was forgiven: {d:?}"
     );
 }
+
+/// A body that yields its frames and says nothing of its end (as `StreamBody` and a channel
+/// body do): `is_end_stream` stays false after its last frame.
+struct FramesThenSilence(std::collections::VecDeque<http_body::Frame<bytes::Bytes>>);
+
+impl http_body::Body for FramesThenSilence {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// A streamed body whose last frame is its trailers ends there: hyper sends the trailers and
+/// polls no further, so the body is dropped right after them. It settles at what was counted,
+/// not at the estimate kept for a body cut short.
+#[tokio::test]
+async fn a_streamed_body_ending_with_trailers_settles_at_what_was_counted() {
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+    let store = MemoryStore::new();
+    let tokens = Policy::new("tokens", Rate::per_minute(1_000)).unwrap();
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .route(
+            "POST /gen",
+            Route::new().metered(
+                tokens.clone(),
+                Meter::fixed(100).settle_from_stream(|f: &bytes::Bytes| f.len() as u64),
+            ),
+        )
+        .default_route(Route::exempt())
+        .extractor(Global::new())
+        .build()
+        .unwrap();
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter))
+        .service(tower::service_fn(|_req: http::Request<String>| async {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-done", "1".parse().unwrap());
+            let frames = [
+                http_body::Frame::data(bytes::Bytes::from_static(b"ab")),
+                http_body::Frame::data(bytes::Bytes::from_static(b"c")),
+                http_body::Frame::trailers(trailers),
+            ];
+            Ok::<_, std::convert::Infallible>(http::Response::new(FramesThenSilence(frames.into())))
+        }));
+    let req = http::Request::post("/gen").body(String::new()).unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let key = Key::global("all");
+    assert_eq!(
+        used(&store, &key, &tokens).await,
+        100,
+        "the estimate, while it runs"
+    );
+    let mut body = res.into_body();
+    for _ in 0..3 {
+        let frame = body.frame().await.unwrap().unwrap();
+        if frame.is_trailers() {
+            break;
+        }
+    }
+    // Dropped after its trailers, as hyper does.
+    drop(body);
+    assert_eq!(used(&store, &key, &tokens).await, 3, "three bytes sent");
+}

@@ -148,6 +148,9 @@ where
                             hold.frame(data);
                         } else if let Some(trailers) = f.trailers_mut() {
                             hold.trailers_mut(trailers);
+                            // Trailers are a body's last frame: hyper sends them and polls no
+                            // further, whatever `is_end_stream` says.
+                            hold.end();
                         }
                         if body.is_end_stream() {
                             hold.end();
