@@ -29,7 +29,7 @@
 //! | `cluster` | The Redis Cluster store (`store::RedisClusterStore`); implies `redis` |
 //! | `sentinel` | The Redis store through Sentinel (`store::RedisSentinelStore`): finds the master by its name and follows a failover; implies `redis` |
 //! | `regions` | Limits shared across regions (`store::regions::RegionalLedger`): each region's Redis lends from deposits its instances take blocks from, taken from a home ledger; implies `redis` |
-//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset`, `unlock` and `override` against the store, `top` through the admin API; implies `config`, `cluster` and `sentinel` |
+//! | `cli` | The `tollgate` command: `audit` and `edge` on a plan file, `inspect`, `reset`, `unlock` and `override` against the store, `top` through the admin API; implies `config`, `cluster`, `sentinel` and `regions` |
 //! | `tonic` | Reads the peer address tonic servers record (`TcpConnectInfo`); `Refusal::to_status` and `LoginDecision::to_status` |
 //!
 //! The features and their descriptions come from `Cargo.toml` (a test keeps this table and

@@ -227,6 +227,25 @@ fn ci_checks_every_feature_alone() {
     );
 }
 
+/// The `tollgate` command acts on any plan a service can build: its feature brings in every
+/// store a plan's `[store]` can name, or `audit`, `edge` and the store commands fail on a
+/// valid plan with "needs the cargo feature".
+#[test]
+fn the_cli_reads_every_store_a_plan_can_name() {
+    let line = CARGO_TOML
+        .lines()
+        .find(|l| l.starts_with("cli = ["))
+        .expect("Cargo.toml has a `cli` feature");
+    for store in ["redis", "cluster", "sentinel", "regions"] {
+        let implied = line.contains(&format!("\"{store}\""))
+            || (store == "redis" && line.contains("\"cluster\""));
+        assert!(
+            implied,
+            "the `cli` feature does not bring in `{store}`: {line}"
+        );
+    }
+}
+
 #[test]
 fn normalise_reduces_rustdoc_links() {
     assert_eq!(
