@@ -888,3 +888,41 @@ async fn the_plan_shown_is_the_plan_in_force_after_a_reload() {
     assert_eq!(shown["plan"]["policies"][0]["limit"], 500, "{shown}");
     assert!(shown["limiter"].to_string().contains("500"), "{shown}");
 }
+
+/// `--redis` points the command at a Redis whatever kind of store the plan names: the settings
+/// that say where the plan's own store is (a Sentinel's, a cluster's, the memory store's key
+/// cap) give way to the flag rather than refuse it.
+#[test]
+fn the_redis_flag_replaces_a_store_of_any_kind() {
+    let server = support::RedisServer::start();
+    let dir = std::env::temp_dir().join(unique_prefix());
+    std::fs::create_dir_all(&dir).unwrap();
+    let policies =
+        "[[policies]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\n[default]\npolicies = [\"api\"]\n";
+    for (kind, store) in [
+        (
+            "sentinel",
+            "[store]\nkind = \"sentinel\"\nsentinels = [\"redis://127.0.0.1:1\"]\nmaster = \"m\"\n",
+        ),
+        (
+            "cluster",
+            "[store]\nkind = \"redis_cluster\"\nurls = [\"redis://127.0.0.1:1\"]\n",
+        ),
+        ("memory", "[store]\nkind = \"memory\"\nmax_keys = 1000\n"),
+    ] {
+        let path = dir.join(format!("{kind}.toml"));
+        std::fs::write(&path, format!("{store}{policies}")).unwrap();
+        let out = tollgate(&[
+            "inspect",
+            path.to_str().unwrap(),
+            "user:42",
+            "--redis",
+            &server.url(),
+            "--json",
+        ]);
+        assert!(out.status.success(), "{kind}: {}", text(&out));
+        let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(state.policies[0].remaining, 5, "{kind}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -146,10 +146,21 @@ fn shared_store(
 ) -> Result<(Plan, DynStore), Failure> {
     let mut plan =
         Plan::from_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    // The flag replaces where the store is, so the settings of the plan's own kind that say
+    // where (and the memory store's key cap) go with it; its prefix, leasing and region stay.
+    let elsewhere = |store: &mut tollgate::config::StoreConfig| {
+        store.url = None;
+        store.urls.clear();
+        store.sentinels.clear();
+        store.master = None;
+        store.max_keys = None;
+    };
     if let Some(url) = redis {
+        elsewhere(&mut plan.store);
         plan.store.kind = StoreKind::Redis;
         plan.store.url = Some(url.to_owned());
     } else if !cluster.is_empty() {
+        elsewhere(&mut plan.store);
         plan.store.kind = StoreKind::RedisCluster;
         plan.store.urls = cluster.to_vec();
     } else if plan.store.kind == StoreKind::Memory {
