@@ -546,6 +546,19 @@ fn the_login_rule_needs_a_section_that_builds_and_covers_the_route() {
     // A [login] that does not build satisfies nothing.
     let broken = text.replace("username_field = \"username\"\n", "");
     assert_eq!(rules(&broken), ["TG000", "TG007"]);
+    // The guard's own failure mode, which the plan's Redis store reads, is no reason to
+    // think the guard does not build.
+    let with_mode = text.replace("\n[login]\n", "\n[login]\nfailure_mode = \"fail_closed\"\n");
+    assert_ne!(with_mode, text);
+    assert!(Plan::from_toml(&with_mode)
+        .unwrap()
+        .build_errors()
+        .is_empty());
+    assert!(
+        !rules(&with_mode).contains(&"TG007"),
+        "{:?}",
+        rules(&with_mode)
+    );
 }
 #[tokio::test]
 async fn a_plan_round_trips_into_a_working_layer() {

@@ -528,11 +528,23 @@ fn auth_routes_guarded(plan: &Plan, findings: &mut Findings) {
     if auth_routes.is_empty() {
         return;
     }
-    // The section must build (on a throwaway store) to count.
-    let guard_routes: Vec<&str> = match &plan.login {
-        Some(l) if matches!(plan.login(DynStore::new(MemoryStore::new())), Ok(Some(_))) => {
-            l.routes.iter().map(|r| r.trim()).collect()
+    // The section must build (on a throwaway store) to count. A memory store cannot be
+    // unavailable and refuses a failure mode, which the plan's shared store reads: that
+    // setting is checked where the plan builds, not here.
+    let builds = || {
+        if plan.store.kind == StoreKind::Memory
+            || plan.login.as_ref().is_none_or(|l| l.failure_mode.is_none())
+        {
+            return matches!(plan.login(DynStore::new(MemoryStore::new())), Ok(Some(_)));
         }
+        let mut shared = plan.clone();
+        if let Some(l) = &mut shared.login {
+            l.failure_mode = None;
+        }
+        matches!(shared.login(DynStore::new(MemoryStore::new())), Ok(Some(_)))
+    };
+    let guard_routes: Vec<&str> = match &plan.login {
+        Some(l) if builds() => l.routes.iter().map(|r| r.trim()).collect(),
         _ => vec![],
     };
     for (i, r) in &auth_routes {
