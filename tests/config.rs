@@ -92,7 +92,7 @@ fn build_errors_name_the_field() {
         ),
         (
             "[key]\nkind = \"client_ip\"\nheader = \"not a header\"",
-            "key.forwarded_header",
+            "key.header",
         ),
         ("[key]\nkind = \"user\"", "key.kind"),
         (

@@ -35,7 +35,11 @@
 //! * refused attempts are never counted, so hammering a locked account does not extend the
 //!   lock, and
 //! * the limits use the exact sliding window log by default, so an account is free again at
-//!   most **one username window** (default 15 minutes) after the last *counted* failure.
+//!   most **one username window** (default 15 minutes) after the last *counted* failure. (A
+//!   plan's `[login]` uses the algorithm of the policies it names: give them
+//!   `algorithm = "sliding_window_log"` for this bound; with the default sliding window
+//!   counter, failures at the start of a window keep the account locked up to one window
+//!   longer.)
 //!
 //! To keep a user locked, an attacker must therefore keep spending `user` failures per
 //! window, each of which also counts against the attacker's own IP and (IP, username) limits.
@@ -45,9 +49,11 @@
 //! with a `Retry-After` that is the earliest moment every exhausted tuple allows again. (With
 //! different windows per tuple, that value can still hint at which one tripped; give the
 //! three rates one window if even that must not show.) While the store is down, the
-//! guard's limits follow the store's failure mode: a limit that fails closed refuses with the
-//! store's 503 (`rate_limiter_unavailable`), not a 429 the user did not earn, and the
-//! decision says which mode decided it ([`DecidedBy`](crate::DecidedBy)).
+//! guard's limits fail closed unless [`failure_mode`](crate::LoginGuardBuilder::failure_mode)
+//! says otherwise (a store that fails open does not open logins to brute force; one with a
+//! local fallback keeps it): a limit that fails closed refuses with the store's 503
+//! (`rate_limiter_unavailable`), not a 429 the user did not earn, and the decision says which
+//! mode decided it ([`DecidedBy`](crate::DecidedBy)).
 //!
 //! # Usernames never reach the store
 //!

@@ -234,11 +234,11 @@ impl<S: Store> Reservation<S> {
     /// through another instance is not seen: there a settlement below its estimate can give
     /// back up to the estimate out of the fresh count.
     ///
-    /// Nor is anything refunded for a reservation a failure mode admitted while the store
-    /// was down ([`Decision::decided_by`] other than `Decided`): the store never charged
-    /// it, and the refund would come off other requests' units once it is back (a local
-    /// fallback keeps the estimate it charged, the safe way); an actual cost above the
-    /// estimate is charged.
+    /// Nor is anything refunded to the store for a reservation a failure mode admitted while
+    /// the store was down ([`Decision::decided_by`] other than `Decided`): the store never
+    /// charged it, and the refund would come off other requests' units once it is back. A
+    /// reservation the local fallback admitted is settled in the fallback alone, which
+    /// charged it; an actual cost above the estimate is charged.
     ///
     /// Cancel-safe: a settlement whose future is dropped before it answers still applies,
     /// once (its store call is finished on the current Tokio runtime), and the slots are

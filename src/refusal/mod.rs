@@ -3,8 +3,11 @@
 //! Like axum's rejections, a refusal knows its HTTP status, its gRPC code, a stable machine
 //! error code and a human message, and renders itself for HTTP (a JSON body) or gRPC (a
 //! trailers-only status). The layer, the direct [`Limiter`](crate::Limiter) API, the login
-//! guard and gRPC calls all produce this one type, and a custom response hook
-//! ([`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal)) sees every one of them.
+//! guard and gRPC calls all produce this one type. The layer's response hook
+//! ([`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal)) sees every refusal the
+//! layer gives; [`LoginLayer`](crate::login::LoginLayer) and
+//! [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer) answer theirs with
+//! [`default_response`](Refusal::default_response).
 //!
 //! | kind | HTTP | gRPC | `error` code | logged at |
 //! |---|---|---|---|---|

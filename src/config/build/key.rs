@@ -159,7 +159,10 @@ impl KeyConfig {
             .ipv6_prefix(ipv6_prefix)
             .map_err(|e| e.within(path))?;
         if let Some(h) = &self.header {
-            ip = ip.header(crate::key::ForwardedHeader::from_name(h).map_err(|e| e.within(path))?);
+            // Named as the plan names it (the builder's own name is `forwarded_header`).
+            let header = crate::key::ForwardedHeader::from_name(h)
+                .map_err(|e| ConfigError::new(format!("{path}.header"), e.value(), e.reason()))?;
+            ip = ip.header(header);
             // Read only from a trusted proxy's request: with none trusted, never.
             if self.trusted_proxies.is_empty() {
                 return Err(ConfigError::new(
