@@ -157,6 +157,40 @@ async fn shadow_policies_count_on_the_direct_path() {
     assert_eq!(support::shadow_counts(&limiter), (2, 3));
 }
 
+/// A shadow policy predicts what enforcing it would do with a cost above its capacity: a
+/// refusal that charges nothing, so the requests after it are counted as they would be
+/// decided.
+#[tokio::test]
+async fn a_shadow_policy_refuses_a_cost_above_its_capacity_charging_nothing() {
+    let limiter = Limiter::builder()
+        .policy(Policy::new("api", Rate::per_minute(100)).unwrap())
+        .policy(
+            Policy::builder("candidate", Rate::per_minute(10))
+                .shadow(true)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    assert!(limiter.check(&key, 50).await.unwrap().is_allowed());
+    assert_eq!(support::shadow_counts(&limiter), (0, 1), "50 never fits 10");
+    assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+    assert_eq!(
+        support::shadow_counts(&limiter),
+        (1, 1),
+        "the refused cost left the candidate's 10 whole"
+    );
+    // A refund of the big cost gives the candidate nothing back: it was never charged.
+    limiter.refund(&key, 50).await.unwrap();
+    for _ in 0..9 {
+        limiter.check(&key, 1).await.unwrap();
+    }
+    assert_eq!(support::shadow_counts(&limiter), (10, 1));
+    limiter.check(&key, 1).await.unwrap();
+    assert_eq!(support::shadow_counts(&limiter), (10, 2), "the 11th of 10");
+}
+
 #[tokio::test]
 async fn shadow_policies_agree_between_layer_and_direct_api() {
     let make = || {

@@ -10,7 +10,8 @@ use crate::store::Store;
 
 /// The policies a refund of `cost` gives back to, with their costs: the enforced ones when
 /// `charged` says the cost fitted them (a cost above a capacity in force was refused), and
-/// the shadow ones, which were charged with the cost capped at their capacity. Slots are not
+/// the shadow ones whose capacity the cost fits (a shadow policy refuses a cost above it,
+/// charging nothing, as it would if enforced). Slots are not
 /// units: an in-flight policy's slot comes back when its permit or response body is dropped,
 /// never by a refund.
 fn refund_parts(
@@ -25,13 +26,9 @@ fn refund_parts(
         policies.extend(set.enforced.iter().filter(units).cloned());
         costs.extend(set.enforced.iter().filter(units).map(|_| cost));
     }
-    policies.extend(set.shadow.iter().filter(units).cloned());
-    costs.extend(
-        set.shadow
-            .iter()
-            .filter(units)
-            .map(|p| cost.min(p.capacity())),
-    );
+    let fits = |p: &&Policy| units(p) && cost <= p.capacity();
+    policies.extend(set.shadow.iter().filter(fits).cloned());
+    costs.extend(set.shadow.iter().filter(fits).map(|_| cost));
     (policies, costs)
 }
 

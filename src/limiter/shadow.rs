@@ -71,9 +71,11 @@ impl<S: Store> Limiter<S> {
         set: &std::sync::Arc<PolicySet>,
         cost: Option<u64>,
     ) {
+        // The cost as asked: a shadow policy refuses one above its capacity (counted as a
+        // denial, charging nothing), as it would once enforced.
         let costs: SmallVec<[u64; 2]> = match cost {
             None => set.shadow_costs.clone(),
-            Some(c) => set.shadow.iter().map(|p| c.min(p.capacity())).collect(),
+            Some(c) => set.shadow.iter().map(|_| c).collect(),
         };
         let common = &self.inner.common;
         if let Some(outcome) = common.store.check_now(key, &set.shadow, &costs) {
