@@ -740,3 +740,65 @@ async fn the_login_page_on_the_same_path_is_not_an_attempt() {
         "the page load cleared the guesser's failures"
     );
 }
+
+/// `LoginLayer::on_refusal` renders every refusal of the layer in the application's own
+/// format: a login refused after three failures, and a body too large; a rate-limit layer
+/// outside leaves those responses alone, as it leaves its own.
+#[tokio::test]
+async fn the_login_layers_refusals_take_the_applications_format() {
+    use axum::routing::post;
+    let guard = LoginGuard::builder()
+        .ip_user_rate(Rate::per_hour(3))
+        .build()
+        .unwrap();
+    let layer = tollgate::login::LoginLayer::json_field(guard, "username")
+        .max_body_bytes(1024)
+        .on_refusal(|refusal| {
+            let mut res = refusal.http_response();
+            *res.body_mut() = bytes::Bytes::from(format!(
+                "{{\"code\":\"{}\",\"app\":\"ours\"}}",
+                refusal.kind().as_str()
+            ));
+            res
+        });
+    let outer = tollgate::Limiter::builder()
+        .policy(tollgate::Policy::new("api", Rate::per_minute(1_000)).unwrap())
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/login",
+            post(|| async { (axum::http::StatusCode::UNAUTHORIZED, "no") }),
+        )
+        .layer(layer)
+        .layer(tollgate::RateLimitLayer::new(outer));
+    let addr = serve(app).await;
+    let client = client_from(90);
+    let attempt = |password: String| {
+        client
+            .post(format!("http://{addr}/login"))
+            .json(&serde_json::json!({ "username": "alice", "password": password }))
+            .send()
+    };
+    for _ in 0..3 {
+        let res = attempt("guess".into()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = attempt("guess".into()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+    assert!(
+        !res.headers().contains_key("ratelimit-remaining"),
+        "the outer layer decorated the login refusal: {:?}",
+        res.headers()
+    );
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"code": "login_refused", "app": "ours"})
+    );
+    let res = attempt("x".repeat(4096)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["app"], "ours");
+}

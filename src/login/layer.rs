@@ -143,7 +143,11 @@ struct Shared<St> {
     routes: Option<Arc<RouteTable>>,
     /// How refusals look: whether 429s carry `Retry-After`.
     rendering: Rendering,
+    /// The user's response for a refusal, if set.
+    on_refusal: Option<OnRefusal>,
 }
+
+type OnRefusal = Arc<dyn Fn(&Refusal) -> Response<Bytes> + Send + Sync>;
 
 impl<St> Clone for Shared<St> {
     fn clone(&self) -> Self {
@@ -154,6 +158,7 @@ impl<St> Clone for Shared<St> {
             classify: Arc::clone(&self.classify),
             routes: self.routes.clone(),
             rendering: self.rendering.clone(),
+            on_refusal: self.on_refusal.clone(),
         }
     }
 }
@@ -193,6 +198,7 @@ impl<St> LoginLayer<St> {
                 classify: Arc::new(LoginOutcome::from_status),
                 routes: None,
                 rendering: Rendering::default(),
+                on_refusal: None,
             }),
         }
     }
@@ -345,6 +351,40 @@ impl<St> LoginLayer<St> {
     /// ```
     pub fn retry_after_header(self, enabled: bool) -> Self {
         self.edit(|s| s.rendering.retry_after = enabled)
+    }
+
+    /// Replaces the response of every [`Refusal`] this layer gives: a login refused (`429`),
+    /// the store unavailable (`503`), a body too large or unreadable, a username given twice,
+    /// no key, a deny-listed client. The function gets the refusal (its
+    /// [`kind`](Refusal::kind), status, retry time) and can start from
+    /// [`Refusal::default_response`], which follows
+    /// [`retry_after_header`](Self::retry_after_header). A gRPC call's refusal
+    /// ([`Refusal::is_grpc`]) is best answered with [`Refusal::grpc_response`]. The response
+    /// is marked as a refusal in its extensions, so a [`RateLimitLayer`](crate::RateLimitLayer)
+    /// outside leaves it alone, as it leaves its own.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tollgate::login::{LoginGuard, LoginLayer};
+    /// use tollgate::RefusalKind;
+    ///
+    /// let layer = LoginLayer::json_field(LoginGuard::builder().build()?, "username")
+    ///     .on_refusal(|refusal| {
+    ///         if refusal.is_grpc() || refusal.kind() != RefusalKind::LoginRefused {
+    ///             return refusal.default_response();
+    ///         }
+    ///         let mut res = refusal.http_response();
+    ///         *res.body_mut() = Bytes::from_static(b"{\"message\":\"Too many attempts.\"}");
+    ///         res
+    ///     });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_refusal<F>(self, f: F) -> Self
+    where
+        F: Fn(&Refusal) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.edit(|s| s.on_refusal = Some(Arc::new(f)))
     }
 
     /// The largest body buffered to read the username (default 16 KiB). A larger body is
@@ -554,7 +594,16 @@ where
                     grpc: grpc.clone(),
                     ..shared.rendering.clone()
                 };
-                let res = refusal.with_rendering(rendering).default_response();
+                let refusal = refusal.with_rendering(rendering);
+                let res = match &shared.on_refusal {
+                    Some(f) => {
+                        let mut res = f(&refusal);
+                        // The hook's response is as much a refusal as the default one.
+                        res.extensions_mut().insert(crate::response::Refused);
+                        res
+                    }
+                    None => refusal.default_response(),
+                };
                 Ok(res.map(RateLimitBody::full))
             };
             let (req, username) = match &shared.username {

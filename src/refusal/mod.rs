@@ -5,8 +5,8 @@
 //! trailers-only status). The layer, the direct [`Limiter`](crate::Limiter) API, the login
 //! guard and gRPC calls all produce this one type. The layer's response hook
 //! ([`RateLimitLayer::on_refusal`](crate::RateLimitLayer::on_refusal)) sees every refusal the
-//! layer gives; [`LoginLayer`](crate::login::LoginLayer) and
-//! [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer) answer theirs with
+//! layer gives; [`LoginLayer::on_refusal`](crate::login::LoginLayer::on_refusal) those of the
+//! login layer; [`EstimateFromJsonLayer`](crate::EstimateFromJsonLayer) answers its own with
 //! [`default_response`](Refusal::default_response).
 //!
 //! | kind | HTTP | gRPC | `error` code | logged at |
