@@ -982,10 +982,19 @@ async fn reset_frees_slots_all_stores() {
     reset_frees_slots(resilient, "resilient-redis").await;
 }
 
-/// A streamed body of `left` frames of `data: x\n` (8 bytes each), never saying it has
-/// ended until polled past its last frame (as a body forwarded from an upstream is).
-struct Frames {
-    left: usize,
+/// A streamed body of the given frames, never saying it has ended until polled past its last
+/// frame (as a body forwarded from an upstream is, and as `StreamBody` is).
+struct Frames(std::collections::VecDeque<http_body::Frame<bytes::Bytes>>);
+
+impl Frames {
+    /// `n` frames of `data: x\n` (8 bytes each).
+    fn events(n: usize) -> Self {
+        Self(
+            (0..n)
+                .map(|_| http_body::Frame::data(bytes::Bytes::from_static(b"data: x\n")))
+                .collect(),
+        )
+    }
 }
 
 impl http_body::Body for Frames {
@@ -996,13 +1005,7 @@ impl http_body::Body for Frames {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        if self.left == 0 {
-            return std::task::Poll::Ready(None);
-        }
-        self.left -= 1;
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
-            b"data: x\n",
-        )))))
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
     }
 }
 
@@ -1030,14 +1033,14 @@ async fn streamed_body_with_content_length_settles_at_what_was_counted() {
     let app = Router::new()
         .route(
             "/chunked",
-            get(|| async { axum::body::Body::new(Frames { left: 3 }) }),
+            get(|| async { axum::body::Body::new(Frames::events(3)) }),
         )
         .route(
             "/sized",
             get(|| async {
                 (
                     [("content-length", "24")],
-                    axum::body::Body::new(Frames { left: 3 }),
+                    axum::body::Body::new(Frames::events(3)),
                 )
             }),
         )
@@ -1629,22 +1632,6 @@ async fn a_fallback_settlement_above_the_capacity_is_charged_in_full() {
     );
 }
 
-/// A body that yields its frames and says nothing of its end (as `StreamBody` and a channel
-/// body do): `is_end_stream` stays false after its last frame.
-struct FramesThenSilence(std::collections::VecDeque<http_body::Frame<bytes::Bytes>>);
-
-impl http_body::Body for FramesThenSilence {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::task::Poll::Ready(self.0.pop_front().map(Ok))
-    }
-}
-
 /// A streamed body whose last frame is its trailers ends there: hyper sends the trailers and
 /// polls no further, so the body is dropped right after them. It settles at what was counted,
 /// not at the estimate kept for a body cut short.
@@ -1677,7 +1664,7 @@ async fn a_streamed_body_ending_with_trailers_settles_at_what_was_counted() {
                 http_body::Frame::data(bytes::Bytes::from_static(b"c")),
                 http_body::Frame::trailers(trailers),
             ];
-            Ok::<_, std::convert::Infallible>(http::Response::new(FramesThenSilence(frames.into())))
+            Ok::<_, std::convert::Infallible>(http::Response::new(Frames(frames.into())))
         }));
     let req = http::Request::post("/gen").body(String::new()).unwrap();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
