@@ -278,6 +278,7 @@
 //! │   ├── builder.rs         LoginGuardBuilder
 //! │   ├── decision.rs        LoginDecision and its generic refusal
 //! │   ├── layer.rs           LoginLayer and LoginService
+//! │   ├── outcome.rs         LoginOutcome: what a login response says of the attempt
 //! │   ├── body_fields.rs     the username in a JSON or form body
 //! │   ├── username.rs        username normalisation
 //! │   └── username/

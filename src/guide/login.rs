@@ -49,7 +49,7 @@
 //! with a `Retry-After` that is the earliest moment every exhausted tuple allows again. (With
 //! different windows per tuple, that value can still hint at which one tripped; give the
 //! three rates one window if even that must not show.) While the store is down, the
-//! guard's limits fail closed unless [`failure_mode`](crate::LoginGuardBuilder::failure_mode)
+//! guard's limits fail closed unless [`failure_mode`](crate::login::LoginGuardBuilder::failure_mode)
 //! says otherwise (a store that fails open does not open logins to brute force; one with a
 //! local fallback keeps it): a limit that fails closed refuses with the store's 503
 //! (`rate_limiter_unavailable`), not a 429 the user did not earn, and the decision says which

@@ -12,50 +12,13 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{LoginAttempt, LoginGuard};
+use super::{LoginAttempt, LoginGuard, LoginOutcome};
 use crate::error::{CheckError, ConfigError, StoreError};
 use crate::key::RequestView;
 use crate::limiter::RouteTable;
 use crate::middleware::{read_capped, RateLimitBody, TrailersWatch};
 use crate::refusal::{Refusal, RefusalKind, Rendering};
 use crate::store::{MemoryStore, Store};
-
-/// What a login route's response says about the attempt; see [`LoginLayer::classify`].
-///
-/// ```
-/// use http::StatusCode;
-/// use tollgate::login::LoginOutcome;
-///
-/// assert_eq!(LoginOutcome::from_status(StatusCode::OK), LoginOutcome::Success);
-/// assert_eq!(LoginOutcome::from_status(StatusCode::UNAUTHORIZED), LoginOutcome::Failure);
-/// assert_eq!(LoginOutcome::from_status(StatusCode::BAD_REQUEST), LoginOutcome::Unknown);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LoginOutcome {
-    /// The password was right: [`LoginGuard::record_success`].
-    Success,
-    /// The password was wrong: [`LoginGuard::record_failure`].
-    Failure,
-    /// Neither (a malformed request, a server error): nothing is recorded, so the attempt
-    /// keeps what [`LoginGuard::check`] charged and counts as a failure (see
-    /// [`LoginMode`](super::LoginMode)).
-    Unknown,
-}
-
-impl LoginOutcome {
-    /// The default classification: 2xx is a success, 401 and 403 are failures, anything else
-    /// is unknown.
-    pub fn from_status(status: StatusCode) -> Self {
-        if status.is_success() {
-            LoginOutcome::Success
-        } else if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            LoginOutcome::Failure
-        } else {
-            LoginOutcome::Unknown
-        }
-    }
-}
 
 type PartsFn = dyn Fn(&RequestView<'_>) -> Result<Option<String>, RefusalKind> + Send + Sync;
 /// Reads the username from the head and the buffered body; `Err` refuses the request.

@@ -94,6 +94,7 @@ mod builder;
 mod decision;
 mod guard;
 mod layer;
+mod outcome;
 mod username;
 
 pub use builder::LoginGuardBuilder;
@@ -101,7 +102,8 @@ pub use decision::LoginDecision;
 #[cfg(feature = "admin")]
 pub(crate) use guard::client_key;
 pub use guard::{LoginAttempt, LoginGuard};
-pub use layer::{LoginLayer, LoginOutcome, LoginService};
+pub use layer::{LoginLayer, LoginService};
+pub use outcome::LoginOutcome;
 pub use username::normalise_username;
 
 /// Which attempts a [`LoginGuard`] counts; see the [login guide](crate::guide::login).
