@@ -1381,3 +1381,63 @@ async fn nginx_picks_the_route_the_origin_picks() {
     assert_eq!(statuses("/file-1").await, [200, 429], "{text}");
     assert_eq!(statuses("/fun").await, [200, 200], "{text}");
 }
+
+/// A route's method reaches nginx `map` keys and AWS WAF regexes: one those read as syntax
+/// (`~` a regex, `#` a comment, `'` a quote, `|` and `*` regex operators) is refused, naming
+/// the route, rather than exported to match every method or none.
+#[test]
+fn a_method_the_edge_would_read_as_syntax_is_refused() {
+    for method in ["~", "#X", "'X", "A|B", ".*"] {
+        let pattern = format!("{method} /api/{{*rest}}");
+        let plan = one_rule(&[
+            (
+                "pattern = \"/api/{*rest}\"",
+                &format!("pattern = {pattern:?}"),
+            ),
+            (
+                "routes = [\"/api/{*rest}\"]",
+                &format!("routes = [{pattern:?}]"),
+            ),
+        ])
+        .unwrap();
+        for target in [
+            EdgeTarget::Nginx,
+            EdgeTarget::AwsWaf,
+            EdgeTarget::Cloudflare,
+        ] {
+            let err = plan
+                .export_edge(target, &ExportOptions::new())
+                .expect_err(&format!("{target} {method}"));
+            assert!(
+                err.field().starts_with("edge.rules[0].routes"),
+                "{target} {method}: {err}"
+            );
+            assert!(err.reason().contains("method"), "{target} {method}: {err}");
+        }
+    }
+    // An ordinary method is exported.
+    let plan = one_rule(&[
+        (
+            "pattern = \"/api/{*rest}\"",
+            "pattern = \"POST /api/{*rest}\"",
+        ),
+        (
+            "routes = [\"/api/{*rest}\"]",
+            "routes = [\"POST /api/{*rest}\"]",
+        ),
+    ])
+    .unwrap();
+    assert!(export(&plan, EdgeTarget::Nginx).contains("POST"));
+}
+
+/// With a one-address header (`x-real-ip`), nginx sends the origin the client it resolved,
+/// not the header as the client wrote it: the origin trusts nginx and keys by that header.
+#[test]
+fn nginx_passes_on_the_client_it_resolved_in_a_one_address_header() {
+    let text = export(&Plan::from_toml(VARIETY).unwrap(), EdgeTarget::Nginx);
+    assert!(text.contains("real_ip_header x-real-ip;"), "{text}");
+    assert!(
+        text.contains("proxy_set_header x-real-ip $remote_addr;"),
+        "{text}"
+    );
+}

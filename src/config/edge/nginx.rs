@@ -195,7 +195,11 @@ fn real_ip(plan: &Plan, out: &mut String) -> Result<(), ConfigError> {
     if header.eq_ignore_ascii_case("x-forwarded-for") {
         out.push_str("    real_ip_header X-Forwarded-For;\n    real_ip_recursive on;\n");
     } else {
-        out.push_str(&format!("    real_ip_header {header};\n"));
+        // A one-address header is passed on as nginx resolved it: forwarded as the client
+        // sent it, the origin (which trusts nginx) would key by whatever the client wrote.
+        out.push_str(&format!(
+            "    real_ip_header {header};\n    proxy_set_header {header} $remote_addr;\n"
+        ));
     }
     for net in &key.trusted_proxies {
         out.push_str(&format!(

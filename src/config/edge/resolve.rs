@@ -253,13 +253,35 @@ fn plain_path(s: &str) -> bool {
 
 /// Escapes the regex metacharacters a plain path can hold.
 fn regex_escape(s: &str) -> String {
-    s.replace('.', "\\.")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.^$|?*+()[]{}".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Parses a route pattern into what the edge matches; `field` names it in errors.
 pub(crate) fn route_match(field: &str, pattern: &str) -> Result<RouteMatch, ConfigError> {
     let bad = |why: String| ConfigError::new(field, format_args!("{pattern:?}"), why);
     let (method, path) = crate::limiter::parse_pattern(pattern).map_err(bad)?;
+    // A method reaches nginx `map` keys and AWS WAF regexes as written: letters, digits, `-`
+    // and `_` only (an HTTP token may hold `~`, `#`, `'`, `|`, `*`, which those read as
+    // syntax).
+    if let Some(m) = &method {
+        if !m
+            .as_str()
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(bad(format!(
+                "the edge cannot match the method {:?}: use letters, digits, `-` and `_`",
+                m.as_str()
+            )));
+        }
+    }
     let methods = method.map(|m| {
         let mut v = vec![m.as_str().to_owned()];
         if m == http::Method::GET {
