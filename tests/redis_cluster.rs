@@ -38,6 +38,7 @@ fn cluster_store_end_to_end() {
     differential_on_the_cluster(&cluster, &rt);
     aggregate_enforcement_on_the_cluster(&cluster, &rt);
     noscript_on_every_node(&cluster, &rt);
+    a_silent_node_fails_calls_within_the_default_reply_timeout(&cluster, &rt);
 }
 
 fn differential_on_the_cluster(cluster: &RedisCluster, rt: &tokio::runtime::Runtime) {
@@ -125,4 +126,31 @@ fn noscript_on_every_node(cluster: &RedisCluster, rt: &tokio::runtime::Runtime) 
         store.ping().await.unwrap();
         assert_eq!(store.name(), "redis-cluster");
     });
+}
+
+/// A node that stops answering (paused, its host gone without a reset) fails the calls for
+/// its slots within the default reply timeout (500 ms) on a store built from URLs without a
+/// timeout, rather than holding them until TCP gives up.
+fn a_silent_node_fails_calls_within_the_default_reply_timeout(
+    cluster: &RedisCluster,
+    rt: &tokio::runtime::Runtime,
+) {
+    use std::time::{Duration, Instant};
+    use tollgate::{Policy, Rate};
+    let store = RedisClusterStore::builder()
+        .prefix(scenarios::unique_prefix("silent"))
+        .build_cluster_with_urls(cluster.urls())
+        .unwrap();
+    let key = keys_on(cluster, &[0]).remove(0);
+    let policies = [Policy::new("api", Rate::per_minute(10)).unwrap()];
+    rt.block_on(store.check(&key, &policies, &[1])).unwrap();
+    cluster.nodes()[0].signal("STOP");
+    let started = Instant::now();
+    let answer = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), store.check(&key, &policies, &[1])).await
+    });
+    let took = started.elapsed();
+    cluster.nodes()[0].signal("CONT");
+    assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
+    assert!(took < Duration::from_secs(5), "the call waited {took:?}");
 }

@@ -102,11 +102,19 @@ impl RedisStoreBuilder {
     {
         self.read_without_sentinel()?;
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let mut builder = ClusterClient::builder(urls.iter().map(String::as_str));
-        if let Some(t) = self.options.timeout {
-            builder = builder.connection_timeout(t).response_timeout(t);
-        }
-        let client = builder
+        // The documented defaults (1 s to connect, 500 ms per reply), as the single-server
+        // client has them: the cluster client's own is to wait for a reply forever, so a node
+        // that stops answering would hold its slots' calls until TCP gives up.
+        let (connect, reply) = self.options.timeout.map_or(
+            (
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_millis(500),
+            ),
+            |t| (t, t),
+        );
+        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(connect)
+            .response_timeout(reply)
             .build()
             .map_err(|e| ConfigError::new("urls", format_args!("{urls:?}"), e.to_string()))?;
         let cluster = Cluster::Urls(Box::new((client, OnceCell::new())));
