@@ -1200,3 +1200,37 @@ async fn check_now_on_redis_defers_and_charges_nothing() {
     assert!(d.is_allowed());
     assert_eq!(d.remaining(), 2);
 }
+
+/// A full batch of many-policy requests on distinct keys (1 024 requests of 4 policies: 8 192
+/// keys, past what the script can unpack at once) is split into calls that each fit: every
+/// request is decided, none fails for its neighbours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_of_many_policy_requests_is_decided_whole() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .prefix(scenarios::unique_prefix("bigbatch"))
+        .max_batch(1024)
+        .max_in_flight(1)
+        .build_with_url(&server.url())
+        .unwrap();
+    let policies: Vec<Policy> = (0..4)
+        .map(|i| Policy::new(format!("p{i}"), Rate::per_minute(10)).unwrap())
+        .collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..1_100 {
+        let store = store.clone();
+        let policies = policies.clone();
+        tasks.spawn(async move {
+            store
+                .check(&Key::new("k", i.to_string()), &policies, &[1, 1, 1, 1])
+                .await
+        });
+    }
+    let mut allowed = 0;
+    while let Some(answer) = tasks.join_next().await {
+        let decision = answer.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert!(decision.is_allowed());
+        allowed += 1;
+    }
+    assert_eq!(allowed, 1_100);
+}

@@ -176,6 +176,11 @@ pub(crate) fn assemble(batch: &[Request]) -> SmallVec<[(Assembled<'_>, &[Request
     out
 }
 
+/// The most states one call names: the script reads them with `unpack(KEYS)` (two keys a
+/// state), and Redis's Lua unpacks fewer than 8 000 values at once; a batch with more is
+/// split into several calls rather than failed whole.
+const MAX_STATES_PER_CALL: usize = 1_900;
+
 /// Up to this many states a call's states are looked up by scanning them; past it, through
 /// a map. A scan of a few keys costs less than hashing one (and most calls name one to a
 /// dozen states); the map keeps a batch of hundreds of distinct keys linear.
@@ -223,11 +228,12 @@ impl<'a> Builder<'a> {
     }
 
     fn fits(&self, request: &Request) -> bool {
-        request
-            .keys
-            .iter()
-            .zip(&request.params)
-            .all(|(k, p)| self.state(k).is_none_or(|i| self.params_of(i) == p))
+        (self.keys.is_empty() || self.keys.len() + request.keys.len() <= MAX_STATES_PER_CALL)
+            && request
+                .keys
+                .iter()
+                .zip(&request.params)
+                .all(|(k, p)| self.state(k).is_none_or(|i| self.params_of(i) == p))
     }
 
     fn push(&mut self, request: &'a Request) {
@@ -479,6 +485,26 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use crate::store::redis::request::Amount;
+
+    /// A batch of many requests on distinct keys is split into calls the script can
+    /// unpack, each request in exactly one of them, in order.
+    #[test]
+    fn a_large_batch_is_split_below_luas_unpack_limit() {
+        let names: Vec<String> = (0..4096).map(|i| format!("k{i}")).collect();
+        let batch: Vec<Request> = names
+            .chunks(4)
+            .map(|keys| request(&keys.iter().map(String::as_str).collect::<Vec<_>>()))
+            .collect();
+        let calls = assemble(&batch);
+        assert!(calls.len() >= 3, "{} calls", calls.len());
+        let mut seen = 0;
+        for (assembled, requests) in &calls {
+            assert!(2 * assembled.keys.len() < 8_000, "{}", assembled.keys.len());
+            assert!(std::ptr::eq(&requests[0], &batch[seen]));
+            seen += requests.len();
+        }
+        assert_eq!(seen, batch.len());
+    }
 
     fn request(keys: &[&str]) -> Request {
         Request {
