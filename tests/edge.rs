@@ -1214,6 +1214,35 @@ async fn nginx_drops_excess_before_the_origin_which_still_limits_per_user() {
     assert_eq!(reached.load(Ordering::SeqCst), 6);
     assert_eq!(handled.load(Ordering::SeqCst), 5);
 
+    // The same client spelling the path so that nginx would choose another location (an
+    // unlimited one) while the origin routes it to /api/{*rest}: refused at the edge. Sent as
+    // raw bytes: an HTTP client would normalise the path first.
+    for path in [
+        "/api/a/../../x",
+        "/api/a/%2e%2e/%2E%2E/x",
+        "/api/a%2F..%2Fx",
+        "/x/../api/items",
+    ] {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: edge\r\nX-Forwarded-For: {a}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 400") || answer.starts_with("HTTP/1.1 429"),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        6,
+        "a re-spelt path reached the origin"
+    );
+
     // Another client still passes the edge, and is keyed as itself at the origin.
     let b = "198.51.100.9";
     let (status, _, body) = get(b, None).await;

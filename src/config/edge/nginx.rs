@@ -552,6 +552,12 @@ fn server(
     server.push_str(
         "    proxy_set_header Host $host;\n    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n",
     );
+    // nginx picks a location by the normalised path and forwards the path as sent, which the
+    // origin routes as written: `/api/a/../../x` or `/users/a%2Fb` would pass an unlimited
+    // location here and reach a limited route there. Such paths are refused.
+    server.push_str(
+        "    # A path nginx would rewrite before choosing a location (a dot segment, an encoded\n    # `.` or `/`) reaches the origin as sent, on another route: refused, not passed unlimited.\n    if ($request_uri ~* \"^[^?]*(/\\.\\.?(/|\\?|$)|%2e|%2f)\") {\n        return 400;\n    }\n",
+    );
     let mut body = Body {
         rules,
         limit_lines,
