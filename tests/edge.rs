@@ -869,9 +869,15 @@ fn rounding_is_toward_the_stricter_limit_and_only_when_asked() {
         .notes()
         .iter()
         .any(|n| n.contains("166 per 600 s instead of 1000 per 1h")));
-    // Cloudflare has the hour: exact, no note.
+    // Cloudflare has the hour: exact, no note of rounding (only that IPv6 addresses count
+    // alone).
     let out = plan.export_edge(EdgeTarget::Cloudflare, &round).unwrap();
-    assert!(out.text().contains("\"period\": 3600") && out.notes().is_empty());
+    assert!(out.text().contains("\"period\": 3600"));
+    assert!(
+        out.notes().len() == 1 && out.notes()[0].contains("IPv6"),
+        "{:?}",
+        out.notes()
+    );
     // Cloudflare, 90 s: the next shorter period, 60 s, with 2/3 of the requests, in the description.
     let plan = one_rule(&[(
         "limit = 600\nwindow = \"1m\"",
@@ -1469,4 +1475,35 @@ fn nginx_passes_on_the_client_it_resolved_in_a_one_address_header() {
         text.contains("proxy_set_header x-real-ip $remote_addr;"),
         "{text}"
     );
+}
+
+/// Where the edge counts less than the origin, the export says so: each IPv6 address alone
+/// (the origin groups them by prefix), and, keyed by a header, no request without it.
+#[test]
+fn what_the_edge_does_not_count_is_noted_for_every_target() {
+    let by_ip = one_rule(&[]).unwrap();
+    let by_header =
+        one_rule(&[("key = \"ip\"", "key = \"header\"\nheader = \"x-api-key\"")]).unwrap();
+    for target in [
+        EdgeTarget::Nginx,
+        EdgeTarget::AwsWaf,
+        EdgeTarget::Cloudflare,
+    ] {
+        let out = by_ip.export_edge(target, &ExportOptions::new()).unwrap();
+        assert!(
+            out.notes().iter().any(|n| n.contains("IPv6")),
+            "{target}: {:?}",
+            out.notes()
+        );
+    }
+    for target in [EdgeTarget::Nginx, EdgeTarget::AwsWaf] {
+        let out = by_header
+            .export_edge(target, &ExportOptions::new())
+            .unwrap();
+        assert!(
+            out.notes().iter().any(|n| n.contains("without x-api-key")),
+            "{target}: {:?}",
+            out.notes()
+        );
+    }
 }

@@ -87,6 +87,17 @@ fn rule_json(
         "ScopeDownStatement": any_of(rule.routes.iter().map(route_statement).collect()),
     });
     match &rule.key {
+        Key::Ip => notes.push(format!(
+            "edge.rules[{}] {:?}: AWS WAF counts each IPv6 address alone, where the origin groups IPv6 clients by prefix (/56 unless [key] says otherwise)",
+            rule.index, rule.name
+        )),
+        Key::Header(h) => notes.push(format!(
+            "edge.rules[{}] {:?}: AWS WAF leaves a request without {h} out of the rule: only the origin limits those",
+            rule.index, rule.name
+        )),
+        Key::Global => {}
+    }
+    match &rule.key {
         Key::Ip => statement["AggregateKeyType"] = json!("IP"),
         Key::Global => statement["AggregateKeyType"] = json!("CONSTANT"),
         Key::Header(h) => {

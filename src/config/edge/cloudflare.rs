@@ -54,6 +54,12 @@ fn rule_json(
         rule.name,
         rule.describe()
     );
+    if rule.key == Key::Ip {
+        notes.push(format!(
+            "edge.rules[{}] {:?}: Cloudflare counts each IPv6 address alone, where the origin groups IPv6 clients by prefix (/56 unless [key] says otherwise)",
+            rule.index, rule.name
+        ));
+    }
     if let Key::Header(h) = &rule.key {
         notes.push(format!(
             "edge.rules[{}] {:?}: Cloudflare advises against a header ({h}) as a rule's only characteristic besides cf.colo.id; it is used as the plan says",

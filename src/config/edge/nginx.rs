@@ -436,6 +436,12 @@ fn zones(
                 rule.index, rule.name
             ));
         }
+        if let Key::Header(h) = &rule.key {
+            notes.push(format!(
+                "edge.rules[{}] {:?}: nginx does not count a request without {h} (an empty key): only the origin limits those",
+                rule.index, rule.name
+            ));
+        }
         for note in &notes[before..] {
             out.header.push_str(&format!("#   note: {note}\n"));
         }
