@@ -1208,3 +1208,28 @@ async fn a_fallback_check_dropped_before_its_first_poll_holds_no_slot() {
     assert!(permit.is_allowed(), "{:?}", *permit);
     assert_eq!(permit.decided_by(), DecidedBy::Fallback);
 }
+
+/// A shaping policy admits a cost beyond its capacity by waiting, and the local fallback
+/// does too: only a cost past what shaping admits is refused as never fitting.
+#[tokio::test]
+async fn the_local_fallback_admits_what_shaping_admits_beyond_the_capacity() {
+    let limiter = Limiter::builder()
+        .store(resilient(FailureMode::LocalFallback { replicas: 1 }))
+        .policy(
+            Policy::builder("smooth", Rate::per_second(10))
+                .algorithm(tollgate::Algorithm::Gcra)
+                .shape(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = Key::new("user", "1");
+    let d = limiter.check(&key, 20).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!(d.decided_by(), DecidedBy::Fallback);
+    match limiter.check(&Key::new("user", "2"), 100).await {
+        Err(tollgate::CheckError::CostExceedsCapacity { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -253,14 +253,17 @@ impl MemoryStore {
         self.inner.decide(key, policies, costs, charge)
     }
 
-    /// The capacity `policy` has for `key` now: an override's where one is in force.
-    pub(crate) fn capacity_in_force(&self, key: &Key, policy: &Policy) -> u64 {
+    /// `policy` as `key`'s override in force now has it, if one is.
+    pub(crate) fn overridden(&self, key: &Key, policy: &Policy) -> Option<Policy> {
         let now = self.inner.clock.now_millis();
-        self.inner
+        match self
+            .inner
             .overrides
             .effective(key, std::slice::from_ref(policy), now)
-            .first()
-            .map_or(policy.capacity(), Policy::capacity)
+        {
+            std::borrow::Cow::Owned(mut over) => over.pop(),
+            std::borrow::Cow::Borrowed(_) => None,
+        }
     }
 
     /// Applies `change` to the key's state for each policy (with `create`, to a fresh state

@@ -446,25 +446,29 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    /// The whole capacity in force of `policy` for `key` (an override's, as the fallback
-    /// follows it at its share `fallback`), if `cost` is above it.
+    /// The whole capacity in force of `policy` for `key` and the units shaping admits beyond
+    /// it (an override's, as the fallback follows it at its share `fallback`), if `cost` is
+    /// above both.
     fn capacity_exceeded(
         &self,
         key: &Key,
         policy: &Policy,
         fallback: &Policy,
         cost: u64,
-    ) -> Option<u64> {
-        let share = self.fallback.capacity_in_force(key, fallback);
-        let capacity = if share == fallback.capacity() {
-            policy.capacity()
-        } else {
+    ) -> Option<(u64, u64)> {
+        let (capacity, slack) = match self.fallback.overridden(key, fallback) {
+            None => (policy.capacity(), policy.limits().shaping_slack()),
             // A followed override, kept at its share (rounded up): its whole capacity is at
             // most this.
-            let replicas = self.replicas(policy).unwrap_or(1);
-            share.saturating_mul(u64::from(replicas.max(1)))
+            Some(share) => {
+                let replicas = u64::from(self.replicas(policy).unwrap_or(1).max(1));
+                (
+                    share.capacity().saturating_mul(replicas),
+                    share.limits().shaping_slack().saturating_mul(replicas),
+                )
+            }
         };
-        (cost > capacity).then_some(capacity)
+        (cost > capacity.saturating_add(slack)).then_some((capacity, slack))
     }
 
     /// Decides without the store, by each policy's failure mode.
@@ -486,7 +490,7 @@ impl<S: Store> Inner<S> {
             self.fallback_parts(policies, costs);
         // A cost above a policy's whole capacity is refused as the store refuses it, charging
         // nothing: only a cost above this instance's share is clamped to be decided.
-        let over_capacity: SmallVec<[Option<u64>; 2]> = fallback_idx
+        let over_capacity: SmallVec<[Option<(u64, u64)>; 2]> = fallback_idx
             .iter()
             .zip(&fallback_policies)
             .map(|(&i, fp)| self.capacity_exceeded(key, &policies[i], fp, costs[i]))
@@ -519,10 +523,10 @@ impl<S: Store> Inner<S> {
                 }
                 FailureMode::LocalFallback { .. } => {
                     let j = fallback_idx.iter().position(|&k| k == i).unwrap_or(0);
-                    if let Some(capacity) = over_capacity.get(j).copied().flatten() {
+                    if let Some((capacity, slack)) = over_capacity.get(j).copied().flatten() {
                         out.push(
                             PolicyDecision::from_parts(false, capacity, 0, 0, 0, 0)
-                                .for_cost(costs[i], || 0),
+                                .for_cost(costs[i], || slack),
                         );
                         continue;
                     }
