@@ -924,5 +924,24 @@ fn the_redis_flag_replaces_a_store_of_any_kind() {
         let state: KeyState = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(state.policies[0].remaining, 5, "{kind}");
     }
+    // A regional plan's store is its region's Redis: `--cluster` cannot stand for it, and
+    // the refusal names the flag.
+    let path = dir.join("regional.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nregion = \"eu\"\nhome = \"redis://127.0.0.1:2\"\n{policies}"
+        ),
+    )
+    .unwrap();
+    let out = tollgate(&[
+        "inspect",
+        path.to_str().unwrap(),
+        "user:42",
+        "--cluster",
+        &server.url(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--cluster"), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -191,6 +191,46 @@ async fn a_shadow_policy_refuses_a_cost_above_its_capacity_charging_nothing() {
     assert_eq!(support::shadow_counts(&limiter), (10, 2), "the 11th of 10");
 }
 
+/// Shadow policies are checked together, all or nothing: a cost one of them refuses charges
+/// none, and a refund of it gives none of them anything back.
+#[tokio::test]
+async fn a_shadow_refund_mirrors_the_all_or_nothing_check() {
+    use tollgate::store::{MemoryStore, StoreExt};
+    let shadow = |name: &str, n: u64| {
+        Policy::builder(name, Rate::per_minute(n))
+            .shadow(true)
+            .build()
+            .unwrap()
+    };
+    let large = shadow("large", 100);
+    let store = MemoryStore::new();
+    let limiter = Limiter::builder()
+        .store(store.clone())
+        .policy(Policy::new("api", Rate::per_minute(1_000)).unwrap())
+        .policy(shadow("small", 30))
+        .policy(large.clone())
+        .build()
+        .unwrap();
+    let key = Key::new("user", "u1");
+    let large_used = || async {
+        let d = store
+            .peek(&key, std::slice::from_ref(&large), &[0])
+            .await
+            .unwrap();
+        100 - d.remaining()
+    };
+    for _ in 0..2 {
+        limiter.check(&key, 10).await.unwrap();
+    }
+    assert_eq!(large_used().await, 20);
+    // 50 fits the large one but not the small: the pair charges nothing, and its refund gives
+    // the large one nothing back either.
+    limiter.check(&key, 50).await.unwrap();
+    assert_eq!(large_used().await, 20);
+    limiter.refund(&key, 50).await.unwrap();
+    assert_eq!(large_used().await, 20, "a refund of what was never charged");
+}
+
 #[tokio::test]
 async fn shadow_policies_agree_between_layer_and_direct_api() {
     let make = || {

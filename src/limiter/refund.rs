@@ -10,8 +10,8 @@ use crate::store::Store;
 
 /// The policies a refund of `cost` gives back to, with their costs: the enforced ones when
 /// `charged` says the cost fitted them (a cost above a capacity in force was refused), and
-/// the shadow ones whose capacity the cost fits (a shadow policy refuses a cost above it,
-/// charging nothing, as it would if enforced). Slots are not
+/// the shadow ones when the cost fits them all (a shadow policy refuses a cost above its
+/// capacity, and the shadow check charges all or none). Slots are not
 /// units: an in-flight policy's slot comes back when its permit or response body is dropped,
 /// never by a refund.
 fn refund_parts(
@@ -26,9 +26,13 @@ fn refund_parts(
         policies.extend(set.enforced.iter().filter(units).cloned());
         costs.extend(set.enforced.iter().filter(units).map(|_| cost));
     }
-    let fits = |p: &&Policy| units(p) && cost <= p.capacity();
-    policies.extend(set.shadow.iter().filter(fits).cloned());
-    costs.extend(set.shadow.iter().filter(fits).map(|_| cost));
+    // The shadow policies are checked together, all or nothing: charged only when the cost
+    // fitted every one of them (shaping's slack beyond the capacity included).
+    let fits = |p: &Policy| cost <= p.capacity().saturating_add(p.limits().shaping_slack());
+    if set.shadow.iter().all(fits) {
+        policies.extend(set.shadow.iter().filter(units).cloned());
+        costs.extend(set.shadow.iter().filter(units).map(|_| cost));
+    }
     (policies, costs)
 }
 

@@ -160,6 +160,13 @@ fn shared_store(
         plan.store.kind = StoreKind::Redis;
         plan.store.url = Some(url.to_owned());
     } else if !cluster.is_empty() {
+        if plan.store.region.is_some() {
+            return Err(invalid(format!(
+                "--cluster: {} is a regional plan, whose store is its region's Redis: give \
+                 that with --redis",
+                path.display()
+            )));
+        }
         elsewhere(&mut plan.store);
         plan.store.kind = StoreKind::RedisCluster;
         plan.store.urls = cluster.to_vec();
