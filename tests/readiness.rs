@@ -186,3 +186,106 @@ async fn a_delayed_request_holds_none_of_the_inner_services_capacity() {
         "b waited {b_took:?} behind a delayed request"
     );
 }
+
+/// A body that sends what its channel gives, then ends when the channel closes.
+struct Trickle(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for Trickle {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+/// The layers that read a body before calling the inner service (the login layer, the JSON
+/// estimate) hold none of its capacity while a client trickles that body: with
+/// `concurrency_limit(1)` inside, another client is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_holds_none_of_the_inner_services_capacity() {
+    use axum::body::Body;
+    use tower::util::BoxCloneService;
+    type Svc = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
+    let inner = || {
+        ServiceBuilder::new()
+            .concurrency_limit(1)
+            .service(service_fn(|_req: Request<Body>| async {
+                Ok::<_, Infallible>(Response::new(Body::from("ok")))
+            }))
+    };
+    let login: Svc = BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(|res: Response<_>| res.map(Body::new))
+            .layer(tollgate::login::LoginLayer::json_field(
+                tollgate::login::LoginGuard::builder().build().unwrap(),
+                "username",
+            ))
+            .service(inner()),
+    );
+    let estimate: Svc = BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(|res: Response<_>| res.map(Body::new))
+            .layer(tollgate::EstimateFromJsonLayer::new("max_tokens"))
+            .service(inner()),
+    );
+    for (name, svc) in [("login", login), ("estimate", estimate)] {
+        let json =
+            |body: Body| {
+                let mut req = Request::builder()
+                    .method("POST")
+                    .uri("/login")
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .unwrap();
+                req.extensions_mut().insert(axum::extract::ConnectInfo(
+                    std::net::SocketAddr::from(([127, 0, 0, 1], 4000)),
+                ));
+                req
+            };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut slow = svc.clone();
+        let trickling = tokio::spawn(async move {
+            let req = json(Body::new(Trickle(rx)));
+            slow.ready()
+                .await
+                .unwrap()
+                .call(req)
+                .await
+                .unwrap()
+                .status()
+        });
+        tx.send(bytes::Bytes::from_static(b"{\"username\":"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut other = svc.clone();
+        let served = tokio::time::timeout(Duration::from_secs(2), async move {
+            let req = json(Body::from(r#"{"username":"bob","max_tokens":5}"#));
+            other
+                .ready()
+                .await
+                .unwrap()
+                .call(req)
+                .await
+                .unwrap()
+                .status()
+        })
+        .await;
+        assert_eq!(
+            served.ok(),
+            Some(StatusCode::OK),
+            "{name}: another client waited behind a trickled body"
+        );
+        tx.send(bytes::Bytes::from_static(b"\"alice\"}"))
+            .await
+            .unwrap();
+        drop(tx);
+        assert_eq!(trickling.await.unwrap(), StatusCode::OK, "{name}");
+    }
+}

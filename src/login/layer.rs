@@ -528,8 +528,6 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         // A safe method (a `GET` of the login page on the same path) is not an attempt unless
         // a route names it: counted, its `200` would read as a success and clear the
         // (IP, username) failures a guesser earned.
@@ -545,9 +543,14 @@ where
                 .is_some(),
         };
         if !guarded {
-            let future = inner.call(req);
+            let future = self.inner.call(req);
             return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
         }
+        // The body is read and the guard asked before the inner service is called: what its
+        // readiness holds (a `ConcurrencyLimit` permit, a `Buffer` slot) is given back now and
+        // asked again then, so a client trickling its body holds none of it.
+        let mut inner = self.inner.clone();
+        self.inner = inner.clone();
         let shared = Arc::clone(&self.shared);
         let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {
@@ -607,6 +610,7 @@ where
                     return early(Refusal::store_unavailable(Some(error), None), None);
                 }
             }
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let res = inner.call(req).await?;
             let Some(status) = answered_status(&res) else {
                 // A gRPC call's status comes in the trailers, after the body: the outcome is

@@ -116,17 +116,20 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        let grpc = crate::grpc::call_content_type(&req).cloned();
         if !is_json(req.headers()) {
             // Not JSON: nothing to read an estimate from, and the body is left streaming
             // (an upload, a gRPC stream) rather than buffered under a cap it was never meant
             // to fit.
-            let future = inner.call(req);
+            let future = self.inner.call(req);
             return Box::pin(async move { Ok(future.await?.map(RateLimitBody::inner)) });
         }
+        // The body is read before the inner service is called: what its readiness holds (a
+        // `ConcurrencyLimit` permit, a `Buffer` slot) is given back now and asked again then,
+        // so a client trickling its body holds none of it.
+        let mut inner = self.inner.clone();
+        self.inner = inner.clone();
+        let layer = self.layer.clone();
+        let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let bytes = match super::read_capped(body, layer.max_body).await {
@@ -146,6 +149,7 @@ where
                 parts.extensions.insert(CostEstimate(n));
             }
             let req = Request::from_parts(parts, ReqBody::from(bytes));
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             Ok(inner.call(req).await?.map(RateLimitBody::inner))
         })
     }
