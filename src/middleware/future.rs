@@ -296,10 +296,15 @@ where
                         ready!(delay.as_mut().poll(cx));
                         *sleep = None;
                     }
-                    ready!(inner
+                    let readiness = inner
                         .as_mut()
                         .expect("polled after completion")
-                        .poll_ready(cx))?;
+                        .poll_ready(cx);
+                    if let Err(error) = ready!(readiness) {
+                        // Done: a later poll must not call the service that failed.
+                        this.state.set(State::Early { response: None });
+                        return Poll::Ready(Err(error));
+                    }
                     let mut inner = inner.take().expect("polled after completion");
                     let request = request.take().expect("polled after completion");
                     let shared = shared.take().expect("polled after completion");
