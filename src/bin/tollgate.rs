@@ -112,6 +112,9 @@ const EDGE_HELP: &str = "Examples:
   tollgate edge aws-waf plan.toml > rules.json          # aws wafv2 update-web-acl --rules file://rules.json ...
   tollgate edge envoy plan.toml > edge.yaml
 
+  Both the Cloudflare PUT and `aws wafv2 update-web-acl --rules` replace every rule already
+  there (in that phase, in that web ACL): merge the exported rules with your own first.
+
 Exit codes:
   0  the configuration is on stdout
   1  the plan's [edge] rules cannot be exported to this target (the field and the constraint are named)

@@ -1,5 +1,6 @@
 //! AWS WAF (v2): one rule with a `RateBasedStatement` per edge rule, as the `Rules` list of
-//! a web ACL (`aws wafv2 update-web-acl --rules file://rules.json …`).
+//! a web ACL (`aws wafv2 update-web-acl --rules file://rules.json …`, which replaces the web
+//! ACL's rules: merge them with any it has first).
 
 use serde_json::{json, Value};
 

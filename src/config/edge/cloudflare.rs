@@ -1,5 +1,6 @@
 //! Cloudflare: rate limiting rules for the Rulesets API's `http_ratelimit` phase
-//! (`PUT /zones/{zone_id}/rulesets/phases/http_ratelimit/entrypoint` with this body).
+//! (`PUT /zones/{zone_id}/rulesets/phases/http_ratelimit/entrypoint` with this body, which
+//! replaces the phase's rules: merge them with any it has first).
 
 use serde_json::{json, Value};
 
