@@ -37,8 +37,16 @@
 //! equal.
 //!
 //! All arithmetic is on integers (scaled where a rate is fractional), so the Rust and Lua
-//! versions give the same answer to the millisecond. Times are assumed not to go backwards;
-//! [`SystemClock`](crate::clock::SystemClock) and Redis `TIME` never do.
+//! versions give the same answer to the millisecond. Times are assumed not to go backwards.
+//! [`SystemClock`](crate::clock::SystemClock) never does, so the memory store holds to it.
+//! Redis `TIME` is the server's wall clock and can: an NTP step, a leap second, a failover to
+//! a master whose clock is behind. What a step back of `J` does to a key touched shortly
+//! before it, stated as a bound: a fixed window or sliding window counter whose `now` falls
+//! in the window before its state's reads that state as fresh, so up to one more limit (and,
+//! for the fixed window, another at the next boundary) can be admitted; a token bucket stops
+//! refilling, and GCRA refuses, for up to `J` (a lockout, not an over-admission); the
+//! sliding window log is unaffected. Keep the Redis servers' clocks disciplined (chrony with
+//! slewing, no steps) where this matters.
 //!
 //! # Arithmetic on caller-controlled numbers
 //!
