@@ -404,6 +404,10 @@ end
 local function give(p, id)
   local k, u, g, lease, r = p.back_granted, p.back_unused, p.back_granted_at, p.back_lease,
     p.back_rate
+  -- A grant is never later than now on the ledger's clock: a give-back no charge names is
+  -- stamped with the instance's clock, which may run ahead of the server's, and read as a
+  -- later grant it would bring back the bucket's refill for the difference.
+  g = min(g, now)
   if not (u > 0 or p.kind == KIND_LOG or p.kind == KIND_BUCKET) then
     return
   end

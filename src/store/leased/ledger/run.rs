@@ -342,6 +342,9 @@ fn give_back(part: &Part, back: &Returned, state: &mut Option<LState>, now: u64,
         lease_ms: valid,
         rate,
     } = *back;
+    // Never later than now on the ledger's clock (as `lease.lua` has it): a give-back no
+    // charge names carries the instance's clock, which may run ahead.
+    let g = g.min(now);
     if unused == 0 && !matches!(part.kind, Kind::Bucket | Kind::Log) {
         return;
     }

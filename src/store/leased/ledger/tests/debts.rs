@@ -328,3 +328,43 @@ fn a_windows_debt_keeps_its_key() {
         );
     }
 }
+
+/// A give-back no charge names is stamped with the instance's clock, which may run ahead of
+/// the ledger's: read as a grant made later than now, it would bring back the bucket's refill
+/// for the difference. It gives back its units and no more.
+#[test]
+fn a_give_back_stamped_ahead_of_the_ledger_gives_back_its_units_only() {
+    let policy = Policy::builder(
+        "skew",
+        crate::Rate::new(10, std::time::Duration::from_secs(1)),
+    )
+    .algorithm(Algorithm::TokenBucket)
+    .build()
+    .unwrap();
+    let mut states: [Option<LState>; 1] = [None];
+    let now = 1_700_000_000_000u64;
+    let mut part = Part::new(Kind::Bucket, &policy);
+    part.cost = 10;
+    part.wanted = 10;
+    let r = run(&call(LedgerMode::Grant, 0, 1, 0, part), &mut states, now);
+    assert!(r.granted);
+    part.returned = Returned {
+        granted: 1,
+        unused: 1,
+        granted_at: now + 2_000,
+        lease_ms: 0,
+        rate: 0,
+    };
+    run(&call(LedgerMode::Return, 0, 2, 0, part), &mut states, now);
+    part.cost = 2;
+    part.wanted = 2;
+    let r = run(&call(LedgerMode::Peek, 0, 3, 0, part), &mut states, now);
+    assert!(
+        !r.granted,
+        "one unit came back, not the refill of 2 s: {r:?}"
+    );
+    part.cost = 1;
+    part.wanted = 1;
+    let r = run(&call(LedgerMode::Peek, 0, 4, 0, part), &mut states, now);
+    assert!(r.granted, "the unit given back: {r:?}");
+}
