@@ -41,6 +41,10 @@ pub(crate) trait Queued: Send + 'static {
     /// unmade.
     fn abandoned(&self) -> bool;
 
+    /// Whether it may be refused rather than queued when its lane's queue is full: it asks
+    /// only for an answer or a charge. What gives back or settles is always queued.
+    fn refusable(&self) -> bool;
+
     /// Sends its answer (dropped when the caller gave up).
     fn answer(self, result: Result<Self::Output, StoreError>);
 }
@@ -53,8 +57,11 @@ impl Queued for Request {
     }
 
     fn abandoned(&self) -> bool {
+        self.refusable() && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+    }
+
+    fn refusable(&self) -> bool {
         matches!(self.mode, Mode::Peek | Mode::Charge)
-            && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
     }
 
     fn answer(self, result: Result<Decision, StoreError>) {
@@ -134,9 +141,29 @@ impl<L: Copy + Hash + Eq + Send + 'static, R: Queued> Lanes<L, R> {
         } else {
             let (tx, rx) = oneshot::channel();
             request.reply_to(tx);
+            let most = lanes.max_waiting();
+            if state.waiting.len() >= most && request.refusable() {
+                // A lane whose calls do not come back (a node that stopped answering) would
+                // otherwise queue without end: those who gave up go, and past the cap a check
+                // is refused at once, for the failure mode to decide.
+                state.waiting.retain(|r| !r.abandoned());
+                if state.waiting.len() >= most {
+                    drop(map);
+                    request.answer(Err(StoreError::Connection(crate::error::Cause::from(
+                        format!("the store is not keeping up: {most} calls wait on this lane"),
+                    ))));
+                    return Admission::Queued(rx);
+                }
+            }
             state.waiting.push(request);
             Admission::Queued(rx)
         }
+    }
+
+    /// The most checks a lane queues: 64 full batches (8 192 at the default `max_batch`),
+    /// far more than a burst on a healthy store queues, which drains a batch per call.
+    fn max_waiting(&self) -> usize {
+        self.max_batch.saturating_mul(64).max(1_024)
     }
 }
 
@@ -205,4 +232,74 @@ pub(crate) async fn queued_answer<T>(
             "the batched script call was dropped before it answered",
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::request::Amount;
+
+    /// A runner whose calls never come back: a node that stopped answering.
+    struct Silent {
+        lanes: Lanes<u8>,
+    }
+
+    impl Runner<u8> for Silent {
+        fn run(self: Arc<Self>, _batch: Vec<Request>) -> crate::store::BoxFuture<()> {
+            Box::pin(std::future::pending())
+        }
+
+        fn lanes(&self) -> &Lanes<u8> {
+            &self.lanes
+        }
+    }
+
+    fn request(mode: Mode) -> Request {
+        Request {
+            keys: ["k".to_owned()].into_iter().collect(),
+            params: [[5, 10, 1_000, 10, 0]].into_iter().collect(),
+            amounts: [Amount::Units(1)].into_iter().collect(),
+            mode,
+            reply: None,
+        }
+    }
+
+    /// Behind a call that never ends, a lane queues at most 64 batches of checks and
+    /// refuses the rest at once; checks whose callers gave up make room; what gives back is
+    /// queued whatever the length.
+    #[test]
+    fn a_lane_whose_calls_never_end_queues_a_bounded_number_of_checks() {
+        let runner = Arc::new(Silent {
+            lanes: Lanes::new(16, 1),
+        });
+        let Admission::Run(permit, _) = Lanes::admit(&runner, 0, request(Mode::Charge)) else {
+            panic!("the first call runs");
+        };
+        let (mut waiting, mut refused) = (Vec::new(), 0);
+        for _ in 0..1_500 {
+            let Admission::Queued(mut rx) = Lanes::admit(&runner, 0, request(Mode::Charge)) else {
+                panic!("queued or refused");
+            };
+            match rx.try_recv() {
+                Ok(Err(_)) => refused += 1,
+                _ => waiting.push(rx),
+            }
+        }
+        assert_eq!((waiting.len(), refused), (1_024, 476));
+        // The callers give up: their checks make room for new ones.
+        waiting.clear();
+        let Admission::Queued(mut rx) = Lanes::admit(&runner, 0, request(Mode::Charge)) else {
+            panic!("queued");
+        };
+        assert!(rx.try_recv().is_err(), "queued, not refused");
+        let mut give_backs = Vec::new();
+        for _ in 0..200 {
+            let Admission::Queued(mut rx) = Lanes::admit(&runner, 0, request(Mode::Refund)) else {
+                panic!("queued");
+            };
+            assert!(rx.try_recv().is_err(), "a give-back is never refused");
+            give_backs.push(rx);
+        }
+        drop(permit);
+    }
 }

@@ -62,8 +62,11 @@ impl Queued for LedgerRequest {
     }
 
     fn abandoned(&self) -> bool {
+        self.refusable() && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
+    }
+
+    fn refusable(&self) -> bool {
         matches!(self.call.mode, LedgerMode::Grant | LedgerMode::Peek)
-            && self.reply.as_ref().is_some_and(oneshot::Sender::is_closed)
     }
 
     fn answer(self, result: Result<LedgerReply, StoreError>) {
