@@ -549,8 +549,7 @@ where
         // The body is read and the guard asked before the inner service is called: what its
         // readiness holds (a `ConcurrencyLimit` permit, a `Buffer` slot) is given back now and
         // asked again then, so a client trickling its body holds none of it.
-        let mut inner = self.inner.clone();
-        self.inner = inner.clone();
+        let mut inner = crate::middleware::give_back_readiness(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {

@@ -126,8 +126,7 @@ where
         // The body is read before the inner service is called: what its readiness holds (a
         // `ConcurrencyLimit` permit, a `Buffer` slot) is given back now and asked again then,
         // so a client trickling its body holds none of it.
-        let mut inner = self.inner.clone();
-        self.inner = inner.clone();
+        let mut inner = super::give_back_readiness(&mut self.inner);
         let layer = self.layer.clone();
         let grpc = crate::grpc::call_content_type(&req).cloned();
         Box::pin(async move {

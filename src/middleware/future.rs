@@ -231,11 +231,7 @@ impl<Inner> Ready<'_, Inner> {
         Inner: Clone,
     {
         match self {
-            Ready::InPlace(inner) => {
-                let waiting = inner.clone();
-                *inner = waiting.clone();
-                waiting
-            }
+            Ready::InPlace(inner) => super::give_back_readiness(inner),
             Ready::Taken(inner) => inner.clone(),
         }
     }

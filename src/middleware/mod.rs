@@ -53,3 +53,13 @@ pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
+
+/// A clone not driven to readiness, for a request that waits (a shaping delay, a body to
+/// read) before its call: the ready service is replaced by a fresh clone, giving back what
+/// its readiness reserved (a `ConcurrencyLimit` permit, a `Buffer` slot), and the caller
+/// drives the returned one to readiness when the wait is over.
+pub(crate) fn give_back_readiness<Inner: Clone>(ready: &mut Inner) -> Inner {
+    let waiting = ready.clone();
+    *ready = waiting.clone();
+    waiting
+}
